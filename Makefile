@@ -1,0 +1,34 @@
+# The two commands of the README's quickstart, plus the developer chores behind them.
+# Everything installs into ./.venv on first use (torch's CPU wheel first, so no CUDA build is pulled).
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PYTHON ?= python3
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)                 ## train a small GPT through switch and optimizer node on loopback
+	$(VENV)/bin/luwu demo $(ARGS)
+
+test: $(STAMP)                 ## the test suite (what CI runs)
+	$(VENV)/bin/pytest $(ARGS)
+
+bench: $(STAMP)                ## the benchmarks, each against its baseline in the same run
+	$(VENV)/bin/luwu bench allreduce --workers 4 --size 16MiB --verify
+	$(VENV)/bin/luwu bench optimizer
+
+p4: $(STAMP)                   ## regenerate p4/ generated sources and P4Info, then check them
+	$(VENV)/bin/luwu p4 generate
+
+clean:
+	rm -rf $(VENV) build *.egg-info
+
+.PHONY: install demo test bench p4 clean

@@ -1,0 +1,1 @@
+"""Datagram I/O shared by the software switch and the SmartNIC engine."""

@@ -1,0 +1,186 @@
+"""Batched datagram I/O: recvmmsg/sendmmsg through ctypes, with the message headers filled
+by numpy so that one system call moves a whole batch and Python never loops per packet.
+
+Used by the software switch (one socket per switch port) and by the SmartNIC engine. Works
+for UDP sockets (optionally with per-message destinations) and AF_PACKET sockets bound to an
+interface (whole Ethernet frames).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import socket
+
+import numpy as np
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.recvmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
+_libc.sendmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
+
+MSG_DONTWAIT = 0x40
+SOCKADDR_LEN = 16  # sockaddr_in; AF_PACKET sockets here are bound and need no address
+
+# struct mmsghdr on LP64 Linux: struct msghdr (56 bytes) + unsigned msg_len (+ padding)
+MMSGHDR = np.dtype(
+    [
+        ("name", "<u8"), ("namelen", "<u4"), ("_pad0", "<u4"), ("iov", "<u8"), ("iovlen", "<u8"),
+        ("control", "<u8"), ("controllen", "<u8"), ("flags", "<i4"), ("_pad1", "<u4"),
+        ("len", "<u4"), ("_pad2", "<u4"),
+    ]
+)
+IOVEC = np.dtype([("base", "<u8"), ("len", "<u8")])
+assert MMSGHDR.itemsize == 64 and IOVEC.itemsize == 16
+
+
+def addr_of(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def sockaddr_in(host: str, port: int) -> np.ndarray:
+    """A struct sockaddr_in as 16 bytes."""
+    b = np.zeros(SOCKADDR_LEN, dtype=np.uint8)
+    b[0:2] = np.frombuffer(np.uint16(socket.AF_INET).tobytes(), np.uint8)
+    b[2:4] = np.frombuffer(port.to_bytes(2, "big"), np.uint8)
+    b[4:8] = np.frombuffer(socket.inet_aton(host), np.uint8)
+    return b
+
+
+def parse_sockaddr_in(b: np.ndarray) -> tuple[str, int]:
+    return socket.inet_ntoa(bytes(b[4:8])), int.from_bytes(bytes(b[2:4]), "big")
+
+
+class BatchSocket:
+    """A datagram socket with preallocated batches for recvmmsg and sendmmsg.
+
+    Receive: `recv()` fills `rx[:k]` (one datagram per row), `rx_len[:k]` and, for UDP,
+    `rx_addr[:k]` (sockaddr_in bytes), and returns k.
+    Send: `send(rows, lengths, dests)` sends datagram i from row address `rows[i]` with length
+    `lengths[i]` to destination `dests[i]` (a row index into `self.peers`, or -1 / None for
+    the connected or bound peer).
+    """
+
+    def __init__(self, sock: socket.socket, batch: int = 64, max_len: int = 65536, peers: int = 0):
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.batch = batch
+        self.max_len = max_len
+        self.rx = np.zeros((batch, max_len), dtype=np.uint8)
+        self.rx_len = np.zeros(batch, dtype=np.int64)
+        self.rx_addr = np.zeros((batch, SOCKADDR_LEN), dtype=np.uint8)
+        self._rx_iov = np.zeros(batch, dtype=IOVEC)
+        self._rx_iov["base"] = addr_of(self.rx) + np.arange(batch, dtype=np.uint64) * np.uint64(max_len)
+        self._rx_iov["len"] = max_len
+        self._rx_hdr = np.zeros(batch, dtype=MMSGHDR)
+        self._rx_hdr["iov"] = addr_of(self._rx_iov) + np.arange(batch, dtype=np.uint64) * np.uint64(IOVEC.itemsize)
+        self._rx_hdr["iovlen"] = 1
+        self._want_addr = sock.family == socket.AF_INET
+        if self._want_addr:
+            self._rx_hdr["name"] = addr_of(self.rx_addr) + np.arange(batch, dtype=np.uint64) * np.uint64(SOCKADDR_LEN)
+        self._tx_iov = np.zeros(batch, dtype=IOVEC)
+        self._tx_hdr = np.zeros(batch, dtype=MMSGHDR)
+        self._tx_hdr["iov"] = addr_of(self._tx_iov) + np.arange(batch, dtype=np.uint64) * np.uint64(IOVEC.itemsize)
+        self._tx_hdr["iovlen"] = 1
+        self.peers = np.zeros((max(peers, 1), SOCKADDR_LEN), dtype=np.uint8)
+        self.stats = {"rx_packets": 0, "rx_bytes": 0, "tx_packets": 0, "tx_bytes": 0, "tx_errors": 0}
+
+    # -- receive ---------------------------------------------------------------------------
+    def recv(self, block: bool = False) -> int:
+        if self._want_addr:
+            self._rx_hdr["namelen"] = SOCKADDR_LEN
+        k = _libc.recvmmsg(self.fd, addr_of(self._rx_hdr), self.batch, 0 if block else MSG_DONTWAIT, None)
+        if k < 0:
+            err = ctypes.get_errno()
+            if err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+                return 0
+            raise OSError(err, os.strerror(err))
+        self.rx_len[:k] = self._rx_hdr["len"][:k]
+        self.stats["rx_packets"] += k
+        self.stats["rx_bytes"] += int(self.rx_len[:k].sum())
+        return k
+
+    # -- send ------------------------------------------------------------------------------
+    def set_peer(self, index: int, host: str, port: int) -> None:
+        if index >= len(self.peers):
+            grown = np.zeros((index + 1, SOCKADDR_LEN), dtype=np.uint8)
+            grown[: len(self.peers)] = self.peers
+            self.peers = grown
+        self.peers[index] = sockaddr_in(host, port)
+
+    def send(self, rows: np.ndarray, lengths: np.ndarray, dests: np.ndarray | None = None, block: bool = True) -> int:
+        """Send len(rows) datagrams; returns how many the kernel took (all of them when blocking)."""
+        total = len(rows)
+        done = 0
+        while done < total:
+            n = min(self.batch, total - done)
+            self._tx_iov["base"][:n] = rows[done:done + n]
+            self._tx_iov["len"][:n] = lengths[done:done + n]
+            if dests is not None:
+                d = np.asarray(dests[done:done + n])
+                self._tx_hdr["name"][:n] = np.where(d >= 0, addr_of(self.peers) + d.astype(np.uint64) * np.uint64(SOCKADDR_LEN), 0)
+                self._tx_hdr["namelen"][:n] = np.where(d >= 0, SOCKADDR_LEN, 0)
+            else:
+                self._tx_hdr["name"][:n] = 0
+                self._tx_hdr["namelen"][:n] = 0
+            k = _libc.sendmmsg(self.fd, addr_of(self._tx_hdr), n, 0 if block else MSG_DONTWAIT)
+            if k < 0:
+                err = ctypes.get_errno()
+                if err == errno.EINTR:
+                    continue
+                if err in (errno.EAGAIN, errno.EWOULDBLOCK) and not block:
+                    break
+                if err in (errno.ECONNREFUSED, errno.EAGAIN, errno.ENOBUFS, errno.EHOSTUNREACH, errno.ENETUNREACH):
+                    # a peer that went away (ICMP port unreachable on loopback) or a full queue:
+                    # the datagram is lost like any other; the protocol recovers
+                    self.stats["tx_errors"] += 1
+                    done += 1
+                    continue
+                raise OSError(err, os.strerror(err))
+            sent_bytes = int(np.asarray(lengths[done:done + k]).sum())
+            self.stats["tx_packets"] += k
+            self.stats["tx_bytes"] += sent_bytes
+            done += k
+        return done
+
+    def send_rows(self, buf: np.ndarray, idx: np.ndarray, lengths: np.ndarray, dests: np.ndarray | None = None) -> int:
+        """Send rows `idx` of a C-contiguous 2-D uint8 buffer."""
+        base = np.uint64(addr_of(buf))
+        rows = base + np.asarray(idx, dtype=np.uint64) * np.uint64(buf.strides[0])
+        return self.send(rows, lengths, dests)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def udp_socket(host: str = "127.0.0.1", port: int = 0, rcvbuf: int = 8 << 20, sndbuf: int = 8 << 20) -> socket.socket:
+    """A bound UDP socket with buffers as large as the system allows (root may exceed rmem_max)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((host, port))
+    for opt, force, size in ((socket.SO_RCVBUF, 33, rcvbuf), (socket.SO_SNDBUF, 32, sndbuf)):
+        try:
+            s.setsockopt(socket.SOL_SOCKET, force, size)  # SO_RCVBUFFORCE / SO_SNDBUFFORCE (root)
+        except OSError:
+            s.setsockopt(socket.SOL_SOCKET, opt, size)
+    return s
+
+
+SOL_PACKET = 263
+PACKET_IGNORE_OUTGOING = 23
+ETH_P_ALL = 0x0003
+
+
+def raw_socket(ifname: str, rcvbuf: int = 8 << 20) -> socket.socket:
+    """An AF_PACKET socket bound to one interface that does not see its own transmissions."""
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    s.bind((ifname, 0))
+    try:
+        s.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+    except OSError:
+        pass
+    try:
+        s.setsockopt(socket.SOL_SOCKET, 33, rcvbuf)
+    except OSError:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    return s

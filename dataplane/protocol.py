@@ -1,0 +1,246 @@
+"""The luwu wire protocol in code: constants, header layouts and slot arithmetic.
+
+`docs/protocol.md` is the specification; this module is its single executable source. The
+P4 constants (`p4/include/constants.p4`) are generated from it, and every other module (the
+software switch, the SmartNIC engine, the optimizer node, tests and tools) imports from here
+rather than repeating a number.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+VERSION = 1
+HEADER_LEN = 32
+COMMON_LEN = 8
+NODE = 0xFFFF  # `worker` value of the session's optimizer node (or the parent switch)
+DEFAULT_UDP_PORT = 19541  # 0x4C55; P4 build parameter LUWU_UDP_PORT
+MAX_SESSIONS = 1024  # session ids 1..MAX_SESSIONS-1; heartbeat registers are indexed by id
+MAX_CONTRIBUTORS = 32  # bits in a worker bitmap
+MAX_UDP_PAYLOAD = 65507
+ETH_IP_UDP_LEN = 14 + 20 + 8
+
+
+class MsgType(enum.IntEnum):
+    GRAD = 1
+    AGG = 2
+    ALLREDUCE = 3
+    RESULT = 4
+    PARAM = 5
+    HEARTBEAT = 6
+    PULL = 7
+
+
+AGGREGATION_TYPES = (MsgType.GRAD, MsgType.AGG, MsgType.ALLREDUCE, MsgType.RESULT)
+
+
+class Flag(enum.IntFlag):
+    NONE = 0
+    SET = 0x01
+    RETX = 0x02
+    SATURATED = 0x04
+    MAX = 0x08
+    FALLBACK = 0x10
+
+
+class Dtype(enum.IntEnum):
+    INT32 = 0
+    FP32 = 1
+    BF16 = 2
+    FP16 = 3
+    FIXED32 = 4
+    ORDERED32 = 5
+
+
+class NextStep(enum.IntEnum):
+    ROOT = 0
+    UPSTREAM = 1
+
+
+class DropReason(enum.IntEnum):
+    MALFORMED = 1
+    BAD_VERSION = 2
+    BAD_TYPE = 3
+    UNKNOWN_SESSION = 4
+    UNKNOWN_WORKER = 5
+    FOREIGN_SLOT = 6
+    DUPLICATE = 7
+    SIMULATED_LOSS = 8
+    NO_ROUTE = 9
+    BAD_DIRECTION = 10
+    UNKNOWN_PORT = 11
+
+
+class Event(enum.IntEnum):
+    COMPLETED = 1
+    ABSORBED = 2
+    RESENT = 3
+    FALLBACK = 4
+    HB_ROUND = 5
+    HB_ABSORBED = 6
+    MULTICAST = 7
+    UNICAST = 8
+    FORWARDED = 9
+    SATURATED = 10
+
+
+COUNTER_SIZE = 16  # entries of the drops / events / rx_types counters
+
+PACKET_MODES = {"tofino": 64, "jumbo": 2048, "loopback": 16000}
+
+
+def lanes_for_mode(mode: str | int) -> int:
+    """Lane count of a packet mode name (or a number of lanes, validated)."""
+    if isinstance(mode, str) and not mode.isdigit():
+        if mode not in PACKET_MODES:
+            raise ValueError(f"unknown packet mode {mode!r}: choose one of {', '.join(PACKET_MODES)} or a lane count")
+        return PACKET_MODES[mode]
+    lanes = int(mode)
+    if not 1 <= lanes <= (MAX_UDP_PAYLOAD - HEADER_LEN) // 4:
+        raise ValueError(f"lane count {lanes} out of range 1..{(MAX_UDP_PAYLOAD - HEADER_LEN) // 4}")
+    return lanes
+
+
+def aggregation_packet_len(lanes: int) -> int:
+    """Bytes of a GRAD/AGG/ALLREDUCE/RESULT packet (luwu header + payload, no L2-L4)."""
+    return HEADER_LEN + 4 * lanes
+
+
+DTYPE_ITEMSIZE = {Dtype.INT32: 4, Dtype.FP32: 4, Dtype.BF16: 2, Dtype.FP16: 2, Dtype.FIXED32: 4, Dtype.ORDERED32: 4}
+
+# --- header layouts (numpy, for vectorised work on batches of packets) -----------------------
+
+DATA_HEADER = np.dtype(
+    [
+        ("ver_type", "u1"),
+        ("flags", "u1"),
+        ("session", ">u2"),
+        ("worker", ">u2"),
+        ("count", ">u2"),
+        ("seq", ">u4"),
+        ("slot", ">u4"),
+        ("tensor", ">u4"),
+        ("offset", ">u4"),
+        ("exponent", "i1"),
+        ("dtype", "u1"),
+        ("reserved", ">u2"),
+        ("numel", ">u4"),
+    ]
+)
+HEARTBEAT_HEADER = np.dtype(
+    [
+        ("ver_type", "u1"),
+        ("flags", "u1"),
+        ("session", ">u2"),
+        ("worker", ">u2"),
+        ("count", ">u2"),
+        ("seq", ">u4"),
+        ("ack", ">u4"),
+        ("credit", ">u4"),
+        ("reserved", "V12"),
+    ]
+)
+assert DATA_HEADER.itemsize == HEADER_LEN and HEARTBEAT_HEADER.itemsize == HEADER_LEN
+
+PULL_REQUEST = np.dtype([("pull_id", ">u4"), ("tensor", ">u4"), ("version", ">u4")])
+
+
+def ver_type(msg_type: int) -> int:
+    return (VERSION << 4) | int(msg_type)
+
+
+def header_view(rows: np.ndarray, layout: np.dtype = DATA_HEADER) -> np.ndarray:
+    """View the first 32 bytes of each row of a (K, >=32) uint8 array as headers (no copy)."""
+    if rows.ndim != 2 or rows.dtype != np.uint8 or rows.shape[1] < HEADER_LEN:
+        raise ValueError("header_view needs a (K, >=32) uint8 array")
+    return rows[:, :HEADER_LEN].view(layout)[:, 0]
+
+
+# --- single-packet encode/decode (tools, tests, slow paths) ----------------------------------
+
+_DATA = struct.Struct("!BBHHHIIIIbBHI")
+_HB = struct.Struct("!BBHHHIII12x")
+
+
+@dataclass
+class Packet:
+    """One luwu packet, decoded. `payload` is the raw bytes after the 32-byte header."""
+
+    type: int
+    session: int
+    worker: int = 0
+    flags: int = 0
+    count: int = 0
+    seq: int = 0
+    slot: int = 0
+    tensor: int = 0
+    offset: int = 0
+    exponent: int = 0
+    dtype: int = 0
+    numel: int = 0
+    ack: int = 0
+    credit: int = 0
+    version: int = VERSION
+    payload: bytes = field(default=b"", repr=False)
+
+    def pack(self) -> bytes:
+        vt = ((self.version & 0xF) << 4) | (int(self.type) & 0xF)
+        if self.type == MsgType.HEARTBEAT:
+            head = _HB.pack(vt, self.flags, self.session, self.worker, self.count, self.seq & 0xFFFFFFFF,
+                            self.ack & 0xFFFFFFFF, self.credit & 0xFFFFFFFF)
+        else:
+            head = _DATA.pack(vt, self.flags, self.session, self.worker, self.count, self.seq & 0xFFFFFFFF,
+                              self.slot, self.tensor, self.offset, self.exponent, self.dtype, 0, self.numel)
+        return head + bytes(self.payload)
+
+    @classmethod
+    def unpack(cls, data: bytes | memoryview) -> "Packet":
+        if len(data) < HEADER_LEN:
+            raise ValueError(f"luwu packet of {len(data)} bytes is shorter than the {HEADER_LEN}-byte header")
+        vt = data[0]
+        version, mtype = vt >> 4, vt & 0xF
+        if mtype == MsgType.HEARTBEAT:
+            _, flags, session, worker, count, seq, ack, credit = _HB.unpack_from(data)
+            return cls(mtype, session, worker, flags, count, seq, ack=ack, credit=credit, version=version,
+                       payload=bytes(data[HEADER_LEN:]))
+        _, flags, session, worker, count, seq, slot, tensor, offset, exponent, dtype, _, numel = _DATA.unpack_from(data)
+        return cls(mtype, session, worker, flags, count, seq, slot, tensor, offset, exponent, dtype, numel,
+                   version=version, payload=bytes(data[HEADER_LEN:]))
+
+    def lanes(self) -> np.ndarray:
+        """Payload as native int32 (aggregation types)."""
+        return np.frombuffer(self.payload, dtype=">i4").astype(np.int32)
+
+
+# --- sequence and slot arithmetic ------------------------------------------------------------
+
+def serial_lt(a: int, b: int) -> bool:
+    """RFC 1982 comparison on 32-bit sequence numbers: a precedes b."""
+    return ((a - b) & 0xFFFFFFFF) >= 0x80000000
+
+
+def serial_min(a: int, b: int) -> int:
+    return a if serial_lt(a, b) else b
+
+
+def serial_diff(a: int, b: int) -> int:
+    """a - b as a signed 32-bit distance."""
+    d = (a - b) & 0xFFFFFFFF
+    return d - 0x100000000 if d >= 0x80000000 else d
+
+
+def check_pool(pool_base: int, pool_size: int) -> None:
+    if pool_size <= 0 or pool_size & (pool_size - 1):
+        raise ValueError(f"slot pool size must be a power of two, got {pool_size}")
+    if pool_base < 0:
+        raise ValueError(f"slot pool base must be >= 0, got {pool_base}")
+
+
+def slot_for(seq, pool_base: int, pool_size: int):
+    """(slot, set) of sequence number(s) `seq` in a pool; works on ints and numpy arrays."""
+    shift = pool_size.bit_length() - 1
+    return pool_base + (seq & (pool_size - 1)), (seq >> shift) & 1

@@ -1,0 +1,84 @@
+"""What an endpoint needs to know about the sessions it takes part in.
+
+The controller's plan (or the embedded launcher, when there is no controller) hands every
+engine a `Wiring` (where its switch port is) and `SessionSpec`s (one per session). The switch
+side of the same sessions is programmed from the same plan (docs/protocol.md, 6.1). Both are
+plain dataclasses that round-trip through JSON, so they travel over gRPC, files or the
+torch.distributed store unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from .protocol import MAX_CONTRIBUTORS, MAX_SESSIONS, check_pool
+
+KINDS = ("collective", "node")
+
+
+@dataclass
+class SessionSpec:
+    session: int  # switch-level id, 1..MAX_SESSIONS-1
+    kind: str  # "collective": ALLREDUCE -> multicast RESULT; "node": GRAD -> node, PARAM <- node
+    epoch: int  # slot ownership tag; new for every session instance
+    pool_base: int  # same slot range on every switch of the session's tree
+    pool_size: int  # power of two; also the aggregation window
+    num_workers: int  # N: all contributors of a reduction (for the fixed-point headroom)
+    lanes: int  # elements per aggregation packet (the switch's packet mode)
+    param_window: int = 256  # PARAM stream window (node sessions), packets
+    node_rank: int | None = None  # which optimizer node serves a node session (index in the plan)
+    purpose: str = "data"  # "meta" (exponent passes) or "data" for collective sessions
+
+    def validate(self) -> None:
+        if not 1 <= self.session < MAX_SESSIONS:
+            raise ValueError(f"session id {self.session} out of range 1..{MAX_SESSIONS - 1}")
+        if self.kind not in KINDS:
+            raise ValueError(f"session kind {self.kind!r} must be one of {KINDS}")
+        check_pool(self.pool_base, self.pool_size)
+        if not 1 <= self.num_workers:
+            raise ValueError(f"session {self.session}: num_workers must be >= 1")
+        if not 0 <= self.epoch < 2**32:
+            raise ValueError(f"session {self.session}: epoch must fit in 32 bits")
+
+
+@dataclass
+class Wiring:
+    """How an endpoint reaches its switch.
+
+    transport "udp": the endpoint's socket binds `local` and sends to the switch port socket
+    `switch` (loopback / software switch). transport "ip": the endpoint binds `local` (its own
+    address, UDP port = the luwu port) and sends to the switch's service address `switch`;
+    the switch rewrites destinations from its `endpoints` table (Mininet, BMv2, Tofino).
+    """
+
+    rank: int  # worker rank, or 0xFFFF for an optimizer node
+    transport: str = "udp"
+    local: tuple[str, int] = ("127.0.0.1", 0)
+    switch: tuple[str, int] = ("127.0.0.1", 0)
+    switch_port: int = 0  # the switch's port number this endpoint is wired to
+
+
+@dataclass
+class EndpointPlan:
+    wiring: Wiring
+    sessions: list[SessionSpec] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "EndpointPlan":
+        raw = json.loads(text)
+        w = raw["wiring"]
+        wiring = Wiring(w["rank"], w["transport"], tuple(w["local"]), tuple(w["switch"]), w.get("switch_port", 0))
+        sessions = [SessionSpec(**s) for s in raw["sessions"]]
+        for s in sessions:
+            s.validate()
+        return cls(wiring, sessions)
+
+
+def worker_bit(local_index: int) -> int:
+    if not 0 <= local_index < MAX_CONTRIBUTORS:
+        raise ValueError(f"at most {MAX_CONTRIBUTORS} contributors per session per switch, got index {local_index}")
+    return 1 << local_index

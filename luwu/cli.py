@@ -1,0 +1,63 @@
+"""The `luwu` command: one entry point whose subcommands live in the modules that own them.
+
+A subcommand module exposes `add_arguments(parser)` and `run(args) -> int`. Modules are
+imported only when their command runs, so `luwu --help` is instant and a broken optional part
+cannot break the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("luwu.demo", "train a small GPT through the switch and the optimizer node on loopback"),
+    "switch": ("luwu.dataplane.switch.daemon", "run the software switch (UDP on loopback, or raw interfaces)"),
+    "engine": ("luwu.dataplane.engine.daemon", "run a SmartNIC engine daemon beside a worker"),
+    "node": ("luwu.dataplane.optimizer.daemon", "run an in-network optimizer node"),
+    "controller": ("luwu.controller.server", "run the gRPC controller"),
+    "mininet": ("luwu.mininet.runner", "run a topology in Mininet emulation"),
+    "p4": ("luwu.p4.tool", "generate, check and build the P4 programs"),
+}
+BENCHES: dict[str, tuple[str, str]] = {
+    "allreduce": ("luwu.bench.allreduce", "in-network allreduce vs Gloo and the raw UDP ceiling"),
+    "optimizer": ("luwu.bench.optimizer", "optimizer node vs torch fused AdamW and the disk"),
+}
+
+
+def _usage(table: dict[str, tuple[str, str]], prog: str) -> str:
+    width = max(len(k) for k in table)
+    rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in table.items())
+    return f"usage: {prog} COMMAND [options]\n\ncommands:\n{rows}\n\n`{prog} COMMAND --help` for a command's options."
+
+
+def _dispatch(table: dict[str, tuple[str, str]], prog: str, argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage(table, prog))
+        return 0
+    name, rest = argv[0], argv[1:]
+    if prog == "luwu" and name == "bench":
+        return _dispatch(BENCHES, "luwu bench", rest)
+    if prog == "luwu" and name == "--version":
+        from luwu import __version__
+
+        print(__version__)
+        return 0
+    if name not in table:
+        print(f"{prog}: unknown command {name!r}\n\n{_usage(table, prog)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(table[name][0])
+    parser = argparse.ArgumentParser(prog=f"{prog} {name}", description=table[name][1])
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    return int(module.run(args) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return _dispatch({**COMMANDS, "bench": ("", "benchmarks: " + ", ".join(BENCHES))}, "luwu",
+                     sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

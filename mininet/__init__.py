@@ -1,0 +1,1 @@
+"""Mininet topologies (star, multi-rack, rail-only) and the emulation runner."""

@@ -1,0 +1,1 @@
+"""The controller's protobuf/gRPC API and its generated stubs."""
