@@ -1,0 +1,51 @@
+"""A scapy layer for the luwu header, for crafting and dissecting packets in tests and tools.
+
+`Ether()/IP()/UDP(dport=DEFAULT_UDP_PORT)/Luwu(...)/Raw(payload)` builds a frame; scapy
+binds UDP port DEFAULT_UDP_PORT to this layer so captured frames dissect by themselves. The
+layout follows docs/protocol.md section 3 (the heartbeat fields overlay slot/tensor/offset).
+"""
+
+from __future__ import annotations
+
+from scapy.fields import (
+    BitEnumField, BitField, ByteEnumField, ConditionalField, FlagsField, IntField, SignedByteField,
+    ShortField, StrFixedLenField, XShortField,
+)
+from scapy.layers.inet import UDP
+from scapy.packet import Packet, bind_layers
+
+from .protocol import DEFAULT_UDP_PORT, VERSION, Dtype, MsgType
+
+_TYPES = {int(t): t.name for t in MsgType}
+_DTYPES = {int(d): d.name for d in Dtype}
+_FLAGS = ["SET", "RETX", "SATURATED", "MAX", "FALLBACK", "R5", "R6", "R7"]
+
+
+def _is_hb(pkt) -> bool:
+    return pkt.type == MsgType.HEARTBEAT
+
+
+class Luwu(Packet):
+    name = "luwu"
+    fields_desc = [
+        BitField("version", VERSION, 4),
+        BitEnumField("type", int(MsgType.GRAD), 4, _TYPES),
+        FlagsField("flags", 0, 8, _FLAGS),
+        ShortField("session", 1),
+        XShortField("worker", 0),
+        ShortField("count", 0),
+        IntField("seq", 0),
+        ConditionalField(IntField("slot", 0), lambda p: not _is_hb(p)),
+        ConditionalField(IntField("tensor", 0), lambda p: not _is_hb(p)),
+        ConditionalField(IntField("offset", 0), lambda p: not _is_hb(p)),
+        ConditionalField(SignedByteField("exponent", 0), lambda p: not _is_hb(p)),
+        ConditionalField(ByteEnumField("dtype", 0, _DTYPES), lambda p: not _is_hb(p)),
+        ConditionalField(ShortField("reserved", 0), lambda p: not _is_hb(p)),
+        ConditionalField(IntField("numel", 0), lambda p: not _is_hb(p)),
+        ConditionalField(IntField("ack", 0), _is_hb),
+        ConditionalField(IntField("credit", 0), _is_hb),
+        ConditionalField(StrFixedLenField("hb_reserved", b"\x00" * 12, 12), _is_hb),
+    ]
+
+
+bind_layers(UDP, Luwu, dport=DEFAULT_UDP_PORT)
