@@ -84,6 +84,7 @@ class BatchSocket:
         self._tx_hdr["iov"] = addr_of(self._tx_iov) + np.arange(batch, dtype=np.uint64) * np.uint64(IOVEC.itemsize)
         self._tx_hdr["iovlen"] = 1
         self.peers = np.zeros((max(peers, 1), SOCKADDR_LEN), dtype=np.uint8)
+        self.default_peer: int | None = None  # destination of sends that name none (unconnected sockets)
         self.stats = {"rx_packets": 0, "rx_bytes": 0, "tx_packets": 0, "tx_bytes": 0, "tx_errors": 0}
 
     # -- receive ---------------------------------------------------------------------------
@@ -121,6 +122,9 @@ class BatchSocket:
                 d = np.asarray(dests[done:done + n])
                 self._tx_hdr["name"][:n] = np.where(d >= 0, addr_of(self.peers) + d.astype(np.uint64) * np.uint64(SOCKADDR_LEN), 0)
                 self._tx_hdr["namelen"][:n] = np.where(d >= 0, SOCKADDR_LEN, 0)
+            elif self.default_peer is not None:
+                self._tx_hdr["name"][:n] = addr_of(self.peers) + self.default_peer * SOCKADDR_LEN
+                self._tx_hdr["namelen"][:n] = SOCKADDR_LEN
             else:
                 self._tx_hdr["name"][:n] = 0
                 self._tx_hdr["namelen"][:n] = 0
@@ -143,6 +147,19 @@ class BatchSocket:
             self.stats["tx_bytes"] += sent_bytes
             done += k
         return done
+
+    def reflect(self, k: int) -> int:
+        """Send the k datagrams just received back to their sources (a relay or echo)."""
+        n = min(k, self.batch)
+        self._tx_iov["base"][:n] = self._rx_iov["base"][:n]
+        self._tx_iov["len"][:n] = self.rx_len[:n]
+        self._tx_hdr["name"][:n] = addr_of(self.rx_addr) + np.arange(n, dtype=np.uint64) * np.uint64(SOCKADDR_LEN)
+        self._tx_hdr["namelen"][:n] = SOCKADDR_LEN
+        sent = _libc.sendmmsg(self.fd, addr_of(self._tx_hdr), n, 0)
+        if sent > 0:
+            self.stats["tx_packets"] += sent
+            self.stats["tx_bytes"] += int(self.rx_len[:sent].sum())
+        return max(sent, 0)
 
     def send_rows(self, buf: np.ndarray, idx: np.ndarray, lengths: np.ndarray, dests: np.ndarray | None = None) -> int:
         """Send rows `idx` of a C-contiguous 2-D uint8 buffer."""

@@ -1,0 +1,144 @@
+"""The worker side of an engine daemon: spawn it, share buffers with it, submit operations.
+
+`EngineClient.spawn(plan)` starts `luwu engine` as a child process and connects; operations
+return `Handle`s completed by a reader thread, so the caller's thread never blocks in a
+collective call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from ..session import EndpointPlan
+from .handles import EngineError, Handle
+from .shm import ShmBuffer
+
+_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.int32): "int32", np.dtype(np.float16): "float16",
+          np.dtype(np.uint16): "bfloat16"}
+
+
+class EngineClient:
+    def __init__(self, control_path: str, process: subprocess.Popen | None = None, connect_timeout: float = 30.0):
+        self.process = process
+        self.path = control_path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            try:
+                self.sock.connect(control_path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if process is not None and process.poll() is not None:
+                    raise EngineError(f"the engine daemon exited with code {process.returncode} before listening")
+                if time.monotonic() > deadline:
+                    raise EngineError(f"no engine daemon listening at {control_path} after {connect_timeout} s")
+                time.sleep(0.02)
+        self._ids = itertools.count()
+        self._pending: dict[int, Handle] = {}
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, name="luwu-engine-client", daemon=True)
+        self._reader.start()
+        self._buffers: list[ShmBuffer] = []
+
+    @classmethod
+    def spawn(cls, plan: EndpointPlan, workdir: str | None = None, batch: int = 64) -> "EngineClient":
+        workdir = workdir or tempfile.mkdtemp(prefix="luwu-engine-")
+        plan_path = os.path.join(workdir, f"plan-{plan.wiring.rank}.json")
+        with open(plan_path, "w") as f:
+            f.write(plan.to_json())
+        control = os.path.join(workdir, f"engine-{plan.wiring.rank}.sock")
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "luwu.dataplane.engine.daemon", "--plan", plan_path, "--control", control,
+             "--batch", str(batch)], env=env, stdout=subprocess.PIPE, text=True)
+        line = proc.stdout.readline()
+        if not line:
+            raise EngineError(f"the engine daemon for rank {plan.wiring.rank} exited (code {proc.wait()})")
+        return cls(control, proc)
+
+    # -- buffers ------------------------------------------------------------------------------------
+    def buffer(self, nbytes: int) -> ShmBuffer:
+        buf = ShmBuffer.create(nbytes)
+        self._buffers.append(buf)
+        return buf
+
+    # -- operations -----------------------------------------------------------------------------------
+    def _call(self, req: dict, name: str, result=None) -> Handle:
+        h = Handle(name)
+        rid = next(self._ids)
+        req["id"] = rid
+        with self._lock:
+            self._pending[rid] = h
+        h.info["result"] = result
+        try:
+            self.sock.sendall((json.dumps(req) + "\n").encode())
+        except OSError as e:
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise EngineError(f"the engine daemon is gone ({e}); check its log") from e
+        return h
+
+    def _req(self, buf: ShmBuffer, view: np.ndarray, **kw) -> dict:
+        offset = view.__array_interface__["data"][0] - buf.view(np.uint8, 1).__array_interface__["data"][0]
+        return dict(kw, buf=buf.path, offset=int(offset), numel=int(view.size), dtype=_NAMES[view.dtype])
+
+    def allreduce(self, buf: ShmBuffer, view: np.ndarray, op: str = "sum", session: int | None = None) -> Handle:
+        """In place on `view`, a view of `buf`."""
+        return self._call(self._req(buf, view, op="allreduce", reduce=op, session=session),
+                          f"allreduce({view.size})", view)
+
+    def push(self, buf: ShmBuffer, view: np.ndarray, session: int, tensor: int) -> Handle:
+        return self._call(self._req(buf, view, op="push", session=session, tensor=tensor), f"push({tensor})")
+
+    def pull(self, buf: ShmBuffer, view: np.ndarray, session: int, tensor: int, version: int) -> Handle:
+        return self._call(self._req(buf, view, op="pull", session=session, tensor=tensor, version=version),
+                          f"pull({tensor} v{version})", view)
+
+    def stats(self, timeout: float = 10.0) -> dict:
+        return self._call({"op": "stats"}, "stats").wait(timeout)
+
+    def _read(self) -> None:
+        try:
+            with self.sock.makefile("rb") as lines:
+                for line in lines:
+                    msg = json.loads(line)
+                    with self._lock:
+                        h = self._pending.pop(msg.get("id"), None)
+                    if h is None:
+                        continue
+                    if not msg.get("ok"):
+                        h.set_error(EngineError(msg.get("error", "engine error")))
+                    else:
+                        h.saturated = bool(msg.get("saturated"))
+                        h.set_result(msg.get("stats", h.info.get("result")))
+        except (OSError, ValueError):
+            pass
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for h in pending.values():
+            h.set_error(EngineError("the engine daemon closed the connection"))
+
+    def close(self, timeout: float = 10.0) -> None:
+        try:
+            self._call({"op": "close"}, "close").wait(timeout)
+        except (EngineError, TimeoutError):
+            pass
+        self.sock.close()
+        if self.process is not None:
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        for buf in self._buffers:
+            buf.close()
+        self._buffers.clear()

@@ -1,0 +1,133 @@
+"""A worker's side of a `collective` session: ALLREDUCE out, RESULT back (docs/protocol.md 7.1).
+
+Each `ReduceOp` is one in-network reduction of a buffer of int32 lanes: it reserves a range of
+the session's sequence numbers when submitted, gets its packets when its values are known (a
+float sum first needs the agreed exponents), and completes when every chunk's RESULT is in.
+RESULTs are also the acknowledgements of this stream.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..protocol import Dtype, Flag, MsgType
+from ..quantize import num_chunks
+from ..session import SessionSpec
+from .packets import PacketBatch, aggregation_headers, fill_lanes, payload_int32
+from .send_stream import RtoEstimator, Segment, SendStream
+from .window import RecvWindow
+
+Decode = Callable[[np.ndarray, np.ndarray, np.ndarray], None]  # (chunk indices, lanes view, header exponents)
+Builder = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # rows [i0, i1) -> (int32 lanes, saturated)
+
+
+class ReduceOp:
+    __slots__ = ("op_id", "numel", "chunks", "dtype", "flags", "seg", "decode", "on_done", "result", "got",
+                 "saturated", "session")
+
+    def __init__(self, session: "CollectiveSession", op_id: int, numel: int, dtype: Dtype, flags: int,
+                 seg: Segment, decode: Decode | None, on_done: Callable[["ReduceOp"], None]):
+        self.session = session
+        self.op_id = op_id
+        self.numel = numel
+        self.chunks = num_chunks(numel, session.lanes)
+        self.dtype = dtype
+        self.flags = flags
+        self.seg = seg
+        self.decode = decode
+        self.on_done = on_done
+        self.result = None if decode else np.zeros((self.chunks, session.lanes), dtype=np.int32)
+        self.got = 0
+        self.saturated = False
+
+    def absorb(self, chunk: np.ndarray, lanes: np.ndarray, flags: np.ndarray, exps: np.ndarray) -> bool:
+        if self.decode is not None:
+            self.decode(chunk, lanes, exps)
+        else:
+            self.result[chunk] = lanes
+        self.got += len(chunk)
+        if (flags & int(Flag.SATURATED)).any():
+            self.saturated = True
+        return self.got >= self.chunks
+
+
+class CollectiveSession:
+    def __init__(self, spec: SessionSpec, rank: int, sock, rto: RtoEstimator, build_block: int, now: float):
+        self.spec = spec
+        self.id = spec.session
+        self.rank = rank
+        self.lanes = spec.lanes
+        self.send = SendStream(sock, spec.pool_size, rto, build_block, now)
+        self.window = RecvWindow(spec.pool_size)
+        self.ops: dict[int, ReduceOp] = {}
+        self.next_op = 0
+        self.stats = {"ops": 0, "results": 0, "duplicates": 0, "stale": 0}
+
+    # -- submission (engine thread) -----------------------------------------------------------------
+    def new_op(self, numel: int, dtype: Dtype, lane_max: bool, on_done: Callable[[ReduceOp], None],
+               decode: Decode | None = None) -> ReduceOp:
+        op_id = self.next_op
+        self.next_op = (self.next_op + 1) & 0xFFFFFFFF
+        seg = self.send.reserve(num_chunks(numel, self.lanes))
+        op = ReduceOp(self, op_id, numel, dtype, int(Flag.MAX) if lane_max else 0, seg, decode, on_done)
+        self.ops[op_id] = op
+        self.stats["ops"] += 1
+        return op
+
+    def _headers(self, op: ReduceOp, exponents: np.ndarray | None) -> PacketBatch:
+        s = self.spec
+        return aggregation_headers(
+            msg_type=MsgType.ALLREDUCE, session=s.session, worker=self.rank, first_seq=op.seg.start,
+            pool_base=s.pool_base, pool_size=s.pool_size, lanes=self.lanes, tensor=op.op_id, numel=op.numel,
+            dtype=op.dtype, flags=op.flags, exponents=exponents,
+        )
+
+    def set_values(self, op: ReduceOp, values: np.ndarray, saturated: np.ndarray | None = None,
+                   exponents: np.ndarray | None = None) -> None:
+        """All lanes at once (int32, chunks * lanes)."""
+        batch = self._headers(op, exponents)
+        fill_lanes(batch, 0, values, saturated)
+        op.seg.ready(batch)
+
+    def set_builder(self, op: ReduceOp, build: Builder, exponents: np.ndarray | None = None) -> None:
+        """Lanes computed block by block just before they are sent."""
+        batch = self._headers(op, exponents)
+
+        def fill(i0: int, i1: int) -> None:
+            values, sat = build(i0, i1)
+            fill_lanes(batch, i0, values, sat)
+
+        op.seg.ready(batch, fill)
+
+    # -- packets (engine thread) --------------------------------------------------------------------
+    def on_results(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
+        seqs = h["seq"][idx]
+        new = self.window.accept(seqs)
+        self.stats["duplicates"] += int(len(idx) - new.sum())
+        idx = idx[new]
+        if len(idx):
+            tensors = h["tensor"][idx]
+            for op_id in np.unique(tensors):
+                sel = idx[tensors == op_id]
+                op = self.ops.get(int(op_id))
+                if op is None:
+                    self.stats["stale"] += len(sel)
+                    continue
+                chunk = (h["offset"][sel] // self.lanes).astype(np.int64)
+                self.stats["results"] += len(sel)
+                if op.absorb(chunk, payload_int32(rows[sel], self.lanes), h["flags"][sel], h["exponent"][sel]):
+                    del self.ops[op.op_id]
+                    op.on_done(op)
+        if self.window.advance():
+            self.send.on_ack(self.window.ack, self.window.credit(), now)
+
+    def pump(self, now: float) -> int:
+        return self.send.pump(now)
+
+    def on_timer(self, now: float) -> None:
+        self.send.check_timeout(now)
+
+    def busy(self) -> bool:
+        return bool(self.ops) or not self.send.idle()

@@ -1,0 +1,151 @@
+"""`luwu engine`: the SmartNIC engine as its own process beside a worker.
+
+The worker talks to it over a Unix socket (one JSON object per line) and shares its buffers
+through /dev/shm (`shm.py`), so packet work never competes with training for the GIL. Requests:
+`allreduce` (in place), `push`, `pull` (into the buffer), `stats`, `close`. Every request
+carries an `id`; the reply `{"id", "ok", ...}` comes when the operation completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..session import EndpointPlan
+from .engine import Engine, EngineConfig
+from .handles import Handle
+from .shm import ShmCache
+
+DTYPES = {"float32": np.float32, "int32": np.int32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+class EngineServer:
+    def __init__(self, engine: Engine, control_path: str):
+        self.engine = engine
+        self.path = control_path
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if os.path.exists(control_path):
+            os.unlink(control_path)
+        self.listener.bind(control_path)
+        self.listener.listen(8)
+        self.stopped = threading.Event()
+
+    def serve_forever(self) -> None:
+        threads = []
+        self.listener.settimeout(0.2)
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            t = threading.Thread(target=self._client, args=(conn,), daemon=True)
+            t.start()
+            threads.append(t)
+        self.listener.close()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def _client(self, conn: socket.socket) -> None:
+        shm = ShmCache()
+        lock = threading.Lock()
+
+        def reply(msg: dict) -> None:
+            data = (json.dumps(msg) + "\n").encode()
+            with lock:
+                try:
+                    conn.sendall(data)
+                except OSError:
+                    pass
+
+        with conn, conn.makefile("rb") as lines:
+            for line in lines:
+                try:
+                    req = json.loads(line)
+                except json.JSONDecodeError as e:
+                    reply({"id": None, "ok": False, "error": f"not JSON: {e}"})
+                    continue
+                try:
+                    if req.get("op") == "close":
+                        reply({"id": req.get("id"), "ok": True})
+                        self.stop()
+                        break
+                    self._request(req, shm, reply)
+                except Exception as e:  # a bad request fails alone
+                    reply({"id": req.get("id"), "ok": False, "error": f"{type(e).__name__}: {e}"})
+        shm.close()
+
+    def _request(self, req: dict, shm: ShmCache, reply) -> None:
+        rid, op = req.get("id"), req.get("op")
+        if op == "stats":
+            reply({"id": rid, "ok": True, "stats": self.engine.session_stats()})
+            return
+        if op == "forget":
+            shm.forget(req["buf"])
+            reply({"id": rid, "ok": True})
+            return
+        dtype = np.dtype(DTYPES[req.get("dtype", "float32")])
+        numel = int(req["numel"])
+        buf = shm.get(req["buf"], int(req.get("offset", 0)) + numel * dtype.itemsize)
+        view = buf.view(dtype, numel, int(req.get("offset", 0)))
+
+        def done(h: Handle) -> None:
+            if h.error is not None:
+                reply({"id": rid, "ok": False, "error": str(h.error)})
+                return
+            if op == "allreduce":
+                np.copyto(view, h.wait())
+            reply({"id": rid, "ok": True, "saturated": h.saturated})
+
+        if op == "allreduce":
+            h = self.engine.allreduce(view, req.get("reduce", "sum"), req.get("session"))
+        elif op == "push":
+            h = self.engine.push(int(req["session"]), int(req["tensor"]), view)
+        elif op == "pull":
+            h = self.engine.pull(int(req["session"]), int(req["tensor"]), int(req["version"]), out=view)
+        else:
+            raise ValueError(f"unknown request {op!r}: allreduce, push, pull, stats, forget or close")
+        h.add_done_callback(done)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--plan", required=True, help="endpoint plan JSON file (luwu.dataplane.session.EndpointPlan)")
+    p.add_argument("--control", required=True, help="Unix socket path the worker connects to")
+    p.add_argument("--batch", type=int, default=EngineConfig.batch, help="datagrams per system call")
+
+
+def run(args) -> int:
+    plan = EndpointPlan.from_json(Path(args.plan).read_text())
+    engine = Engine(plan, EngineConfig(batch=args.batch)).start()
+    server = EngineServer(engine, args.control)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: server.stop())
+    host, port = engine.address
+    print(json.dumps({"ready": True, "rank": plan.wiring.rank, "udp": f"{host}:{port}", "control": args.control}),
+          flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="luwu engine")
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

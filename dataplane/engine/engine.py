@@ -1,0 +1,306 @@
+"""The SmartNIC endpoint engine: one event loop that owns an endpoint's socket and sessions.
+
+A worker's engine runs allreduce (collective sessions), push and pull (node sessions); an
+optimizer node's engine assembles summed gradients and serves parameters. API calls may come
+from any thread: they are queued and run on the engine thread, and return a `Handle` at once.
+The loop drains received batches, lets every session send what its window allows, and runs
+timers (retransmission, heartbeats, pull retries).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import select
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..net.mmsg import BatchSocket, udp_socket
+from ..protocol import HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Flag, MsgType, header_view
+from ..session import EndpointPlan, SessionSpec
+from .collective import CollectiveSession
+from .handles import EngineError, Handle
+from .heartbeats import HeartbeatPolicy
+from .node_server import GradientSink, NodeServerSession, ParamProvider
+from .node_worker import WorkerNodeSession
+from .reductions import AllreduceOp, check_reduction
+from .send_stream import RtoEstimator, RtoPolicy
+
+
+@dataclass
+class EngineConfig:
+    batch: int = 64  # datagrams per recvmmsg / sendmmsg
+    rx_batches_per_turn: int = 16  # drained before the loop lets sessions send again
+    build_block: int = 256  # packets quantised at a time, just ahead of sending
+    rto: RtoPolicy = field(default_factory=RtoPolicy)
+    heartbeat: HeartbeatPolicy = field(default_factory=HeartbeatPolicy)
+    pull_retry: float = 0.05  # s before a PULL with no answer is sent again (doubles, up to 1 s)
+    timer_tick: float = 0.001  # s between timer checks while anything is outstanding
+    idle_tick: float = 0.05  # s the loop sleeps when nothing is outstanding
+    socket_buffer: int = 8 << 20  # bytes asked for SO_RCVBUF/SO_SNDBUF
+
+
+class Engine:
+    def __init__(self, plan: EndpointPlan, config: EngineConfig | None = None,
+                 provider: ParamProvider | None = None, on_gradient: GradientSink | None = None):
+        self.config = cfg = config or EngineConfig()
+        self.plan = plan
+        w = plan.wiring
+        self.rank = w.rank
+        self.is_node = w.rank == NODE
+        lanes = max([s.lanes for s in plan.sessions] or [64])
+        sock = udp_socket(w.local[0], w.local[1], cfg.socket_buffer, cfg.socket_buffer)
+        self.sock = BatchSocket(sock, batch=cfg.batch, max_len=HEADER_LEN + 4 * lanes + 64, peers=1)
+        self.sock.set_peer(0, w.switch[0], w.switch[1])
+        self.sock.default_peer = 0
+        now = time.monotonic()
+        self.sessions: dict[int, object] = {}
+        self.meta: CollectiveSession | None = None
+        self.data: CollectiveSession | None = None
+        for spec in plan.sessions:
+            spec.validate()
+            self.sessions[spec.session] = self._make_session(spec, provider, on_gradient, now)
+        self._cmds: collections.deque[Callable[[], None]] = collections.deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._handles: set[Handle] = set()
+        self.stats = {"rx_bad": 0, "rx_unexpected": 0, "loop_turns": 0}
+        self.error: BaseException | None = None
+
+    def _make_session(self, spec: SessionSpec, provider, on_gradient, now: float):
+        cfg = self.config
+        rto = RtoEstimator(cfg.rto)
+        if spec.kind == "collective":
+            if self.is_node:
+                raise ValueError(f"session {spec.session}: an optimizer node takes no part in collective sessions")
+            s = CollectiveSession(spec, self.rank, self.sock, rto, cfg.build_block, now)
+            if spec.purpose == "meta":
+                self.meta = s
+            elif self.data is None:
+                self.data = s
+            return s
+        if self.is_node:
+            if provider is None or on_gradient is None:
+                raise ValueError("an optimizer node's engine needs a parameter provider and a gradient sink")
+            return NodeServerSession(spec, self.sock, rto, cfg.heartbeat, cfg.build_block, now, provider, on_gradient)
+        return WorkerNodeSession(spec, self.rank, self.sock, rto, cfg.heartbeat, cfg.build_block, cfg.pull_retry, now)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.sock.sock.getsockname()
+
+    def start(self) -> "Engine":
+        self._thread = threading.Thread(target=self._run, name=f"luwu-engine-{self.rank}", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop = True
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for h in list(self._handles):
+            h.set_error(EngineError("the engine was closed before this operation completed"))
+        self.sock.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def __enter__(self) -> "Engine":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- API (any thread) -------------------------------------------------------------------------
+    def allreduce(self, x: np.ndarray, op: str = "sum", session: int | None = None) -> Handle:
+        """Reduce a float32/int32 buffer over the session's workers; the handle's result is a new array."""
+        data = self._collective(session)
+        x = np.ascontiguousarray(x).reshape(-1)
+        check_reduction(x.dtype, op)
+        handle = Handle(f"allreduce({x.size} x {x.dtype}, {op})")
+        aop = AllreduceOp(x, op, data.spec.num_workers, handle, AllreduceOp.local_exponents(x, op, data.lanes))
+        self._submit(handle, lambda: aop.start(self.meta, data))
+        return handle
+
+    def push(self, session: int, tensor: int, x: np.ndarray) -> Handle:
+        """Sum a worker's float32 gradient for layer `tensor` into the node serving `session`."""
+        s = self._node_session(session)
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        if self.meta is None:
+            raise EngineError("push needs the job's meta session (exponent agreement); the plan has none")
+        handle = Handle(f"push(layer {tensor}, {x.size})")
+        from ..quantize import chunk_exponents
+
+        exps = chunk_exponents(x, s.lanes) if x.size else None
+        self._submit(handle, lambda: s.push(tensor, x, self.meta, handle, exps))
+        return handle
+
+    def pull(self, session: int, tensor: int, version: int, out: np.ndarray | None = None) -> Handle:
+        """Fetch layer `tensor` at `version` from the node serving `session` (into `out` if given)."""
+        s = self._node_session(session)
+        handle = Handle(f"pull(layer {tensor} v{version})")
+        self._submit(handle, lambda: s.pull(tensor, version, handle, out, time.monotonic()))
+        return handle
+
+    def notify_params(self) -> None:
+        """Node role: parameters became available; retry pulls that were waiting for them."""
+        def retry() -> None:
+            for s in self.sessions.values():
+                if isinstance(s, NodeServerSession):
+                    s.retry_waiting()
+        self._cmds.append(retry)
+        self._wake()
+
+    def session_stats(self) -> dict:
+        out = {"engine": dict(self.stats), "socket": dict(self.sock.stats)}
+        for sid, s in self.sessions.items():
+            entry = dict(getattr(s, "stats", {}))
+            for name in ("send", "grad", "params"):
+                stream = getattr(s, name, None)
+                if stream is not None:
+                    entry[f"{name}_stream"] = dict(stream.stats, ack=stream.ack, rto=stream.rto.rto)
+            out[f"session {sid}"] = entry
+        return out
+
+    def _collective(self, session: int | None) -> CollectiveSession:
+        if session is None:
+            if self.data is None:
+                raise EngineError("this endpoint's plan has no collective data session")
+            return self.data
+        s = self.sessions.get(session)
+        if not isinstance(s, CollectiveSession):
+            raise EngineError(f"session {session} is not a collective session of this endpoint")
+        return s
+
+    def _node_session(self, session: int) -> WorkerNodeSession:
+        s = self.sessions.get(session)
+        if not isinstance(s, WorkerNodeSession):
+            raise EngineError(f"session {session} is not a node session of this worker")
+        return s
+
+    def _submit(self, handle: Handle, fn: Callable[[], None]) -> None:
+        if self._stop or self._thread is None:
+            raise EngineError("the engine is not running (start() it, or it was closed)")
+        self._handles.add(handle)
+        handle.add_done_callback(self._handles.discard)
+
+        def guarded() -> None:
+            try:
+                fn()
+            except Exception as e:  # an op that cannot start fails alone, the engine goes on
+                handle.set_error(e)
+
+        self._cmds.append(guarded)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        cfg = self.config
+        poller = select.poll()
+        poller.register(self.sock.fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        now = time.monotonic()
+        for s in self.sessions.values():
+            if hasattr(s, "hello"):
+                s.hello(now)
+        next_timer = now
+        sessions = list(self.sessions.values())
+        try:
+            while not self._stop:
+                while self._cmds:
+                    self._cmds.popleft()()
+                now = time.monotonic()
+                got = 0
+                for _ in range(cfg.rx_batches_per_turn):
+                    k = self.sock.recv()
+                    if not k:
+                        break
+                    self._dispatch(k, now)
+                    got += k
+                sent = sum(s.pump(now) for s in sessions)
+                busy = any(s.busy() for s in sessions)
+                if now >= next_timer:
+                    for s in sessions:
+                        s.on_timer(now)
+                    next_timer = now + (cfg.timer_tick if busy else cfg.idle_tick)
+                self.stats["loop_turns"] += 1
+                if got == 0 and sent == 0 and not self._cmds:
+                    wait = max(0.0, min(next_timer, now + cfg.heartbeat.interval) - time.monotonic())
+                    poller.poll(max(1, int(wait * 1000 + 0.5)) if wait > 0 else 0)
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+        except BaseException as e:  # noqa: BLE001 - surface the failure on every waiting handle
+            self.error = e
+            for h in list(self._handles):
+                h.set_error(EngineError(f"the engine loop failed: {e!r}"))
+            raise
+
+    def _dispatch(self, k: int, now: float) -> None:
+        rows = self.sock.rx[:k]
+        lens = self.sock.rx_len[:k]
+        h = header_view(rows)
+        vt = h["ver_type"].astype(np.int64)
+        ok = ((vt >> 4) == VERSION) & (lens >= HEADER_LEN)
+        key = (h["session"].astype(np.int64) << 4) | (vt & 0xF)
+        key[~ok] = -1
+        self.stats["rx_bad"] += int((~ok).sum())
+        for kv in np.unique(key[ok]):
+            idx = np.flatnonzero(key == kv)
+            s = self.sessions.get(int(kv) >> 4)
+            t = int(kv) & 0xF
+            if s is None or not self._handle(s, t, idx, rows, lens, h, now):
+                self.stats["rx_unexpected"] += len(idx)
+
+    def _handle(self, s, t: int, idx, rows, lens, h, now: float) -> bool:
+        if t in (MsgType.RESULT, MsgType.AGG, MsgType.GRAD):
+            good = lens[idx] == HEADER_LEN + 4 * s.lanes
+            if not good.all():
+                self.stats["rx_bad"] += int((~good).sum())
+                idx = idx[good]
+        if isinstance(s, CollectiveSession):
+            if t == MsgType.RESULT:
+                s.on_results(idx, rows, h, now)
+                return True
+            return False
+        if isinstance(s, WorkerNodeSession):
+            if t == MsgType.PARAM:
+                s.on_params(idx, rows, lens, h, now)
+                return True
+            if t == MsgType.HEARTBEAT:
+                hb = header_view(rows[idx], HEARTBEAT_HEADER)
+                for ack, credit, worker in zip(hb["ack"].tolist(), hb["credit"].tolist(), hb["worker"].tolist()):
+                    if worker == NODE:
+                        s.on_node_heartbeat(ack, credit, now)
+                return True
+            return False
+        if t == MsgType.AGG:
+            s.on_agg(idx, rows, h, now)
+        elif t == MsgType.GRAD:
+            fb = (h["flags"][idx] & int(Flag.FALLBACK)) != 0
+            s.on_fallback(idx[fb], rows, h, now)
+            if not fb.all():
+                return False
+        elif t == MsgType.HEARTBEAT:
+            hb = header_view(rows[idx], HEARTBEAT_HEADER)
+            for ack, credit in zip(hb["ack"].tolist(), hb["credit"].tolist()):
+                s.on_workers_heartbeat(ack, credit, now)
+        elif t == MsgType.PULL:
+            s.on_pull(idx, rows, lens, h, now)
+        else:
+            return False
+        return True

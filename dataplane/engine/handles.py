@@ -1,0 +1,66 @@
+"""Completion handles for engine operations: `wait()`, callbacks, errors.
+
+A `Handle` is completed from the engine's thread; callers wait on it from any thread (the
+c10d Work objects of the torch backend wrap these).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+
+class EngineError(RuntimeError):
+    """An operation failed or the engine stopped before completing it."""
+
+
+class Handle:
+    __slots__ = ("_event", "_result", "_error", "_callbacks", "_lock", "name", "saturated", "info")
+
+    def __init__(self, name: str = "op"):
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[["Handle"], None]] = []
+        self._lock = threading.Lock()
+        self.name = name
+        self.saturated = False  # a contributor's quantiser clipped (fixed point)
+        self.info: dict = {}
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"{self.name} did not complete within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def add_done_callback(self, fn: Callable[["Handle"], None]) -> None:
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def _finish(self) -> None:
+        with self._lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+    def set_result(self, result: Any = None) -> None:
+        if not self._event.is_set():
+            self._result = result
+            self._finish()
+
+    def set_error(self, error: BaseException) -> None:
+        if not self._event.is_set():
+            self._error = error
+            self._finish()

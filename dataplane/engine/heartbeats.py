@@ -1,0 +1,60 @@
+"""When a receiver tells its sender where it is: HEARTBEAT {ack, credit} (docs/protocol.md 7.2).
+
+A heartbeat goes out when the acknowledgement has moved by a quarter window, soon after a
+duplicate arrives (the sender is probably retransmitting what we already have), every interval
+while the acknowledgement keeps changing, and as a slow keepalive otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .packets import heartbeat
+from .window import RecvWindow
+
+
+@dataclass
+class HeartbeatPolicy:
+    interval: float = 0.002
+    keepalive: float = 0.1
+    min_gap: float = 0.0005
+
+
+class HeartbeatSender:
+    def __init__(self, sock, session: int, worker: int, window: RecvWindow, policy: HeartbeatPolicy,
+                 capacity: int | None = None):
+        self.sock = sock
+        self.session = session
+        self.worker = worker
+        self.window = window
+        self.policy = policy
+        self.capacity = capacity or window.size
+        self.seq = 0
+        self.last_ack: int | None = None
+        self.last_time = -1e9
+        self.urgent = False
+        self.sent = 0
+
+    def nudge(self) -> None:
+        """Ask for a heartbeat soon (a duplicate or a retransmission arrived)."""
+        self.urgent = True
+
+    def maybe_send(self, now: float) -> bool:
+        ack = self.window.ack
+        since = now - self.last_time
+        moved = self.last_ack is None or ((ack - self.last_ack) & 0xFFFFFFFF) >= self.window.size // 4
+        due = (self.urgent and since >= self.policy.min_gap) or moved
+        due = due or (since >= self.policy.interval and ack != self.last_ack) or since >= self.policy.keepalive
+        if not due:
+            return False
+        self.send(now)
+        return True
+
+    def send(self, now: float) -> None:
+        row = heartbeat(self.session, self.worker, self.seq, self.window.ack, self.window.credit(self.capacity))
+        self.sock.send_rows(row, [0], [row.shape[1]])
+        self.seq += 1
+        self.sent += 1
+        self.last_ack = self.window.ack
+        self.last_time = now
+        self.urgent = False

@@ -1,0 +1,221 @@
+"""The optimizer node's side of a `node` session: summed gradients in (AGG, or GRAD marked
+FALLBACK to aggregate in software), parameters out (PARAM, answering PULLs).
+
+The node acknowledges the gradient stream with heartbeats that the switch multicasts to the
+workers, and paces its parameter stream by the workers' heartbeats, which the switch
+min-aggregates into one (docs/protocol.md 6.4, 7).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import numpy as np
+
+from ..protocol import HEADER_LEN, NODE, Dtype, Flag, MsgType, PULL_REQUEST, header_view, ver_type
+from ..quantize import contributor_bits, num_chunks
+from ..session import SessionSpec
+from .heartbeats import HeartbeatPolicy, HeartbeatSender
+from .node_worker import WIRE_DTYPES, elems_per_param_packet
+from .packets import param_packets, payload_int32
+from .send_stream import RtoEstimator, SendStream, sdiff
+from .window import RecvWindow
+
+
+class ParamProvider(Protocol):
+    """What the node serves. `lookup` returns (flat array, wire dtype) once `tensor` has had
+    `version` optimizer steps, None while it has not; KeyError for a tensor it does not hold."""
+
+    def lookup(self, tensor: int, version: int) -> tuple[np.ndarray, Dtype] | None: ...
+
+
+GradientSink = Callable[[int, np.ndarray, bool], None]  # (tensor, summed float32 gradient, saturated)
+
+
+class GradAssembly:
+    def __init__(self, numel: int, lanes: int, n: int):
+        self.numel = numel
+        self.chunks = num_chunks(numel, lanes)
+        self.buf = np.empty((self.chunks, lanes), dtype=np.float32)
+        self.got = 0
+        self.shift = contributor_bits(n) - 31
+        self.saturated = False
+
+    def absorb(self, chunk: np.ndarray, lanes_view: np.ndarray, exps: np.ndarray, flags: np.ndarray) -> bool:
+        self.buf[chunk] = np.ldexp(lanes_view.astype(np.float32), (exps.astype(np.int32) + self.shift)[:, None])
+        self.got += len(chunk)
+        self.saturated |= bool((flags & int(Flag.SATURATED)).any())
+        return self.got >= self.chunks
+
+
+class ServedPulls:
+    """Pull ids seen so far (they are issued densely from 0): a low-water mark plus a set."""
+
+    def __init__(self):
+        self.low = 0
+        self.above: set[int] = set()
+
+    def __contains__(self, pull_id: int) -> bool:
+        return sdiff(pull_id, self.low) < 0 or pull_id in self.above
+
+    def add(self, pull_id: int) -> None:
+        self.above.add(pull_id)
+        while self.low in self.above:
+            self.above.remove(self.low)
+            self.low = (self.low + 1) & 0xFFFFFFFF
+
+
+class FallbackAggregator:
+    """Software aggregation of GRAD packets the switch could not aggregate (ATP-style)."""
+
+    def __init__(self, n: int, lanes: int):
+        self.n = n
+        self.lanes = lanes
+        self.pending: dict[int, list] = {}  # seq -> [bitmap, int32 sum, exponent, flags, header row]
+
+    def absorb(self, rows: np.ndarray, h: np.ndarray, idx: np.ndarray) -> list[np.ndarray]:
+        done = []
+        for i in idx:
+            seq, worker = int(h["seq"][i]), int(h["worker"][i])
+            lanes = payload_int32(rows[i:i + 1], self.lanes)[0].astype(np.int32)
+            entry = self.pending.get(seq)
+            if entry is None:
+                self.pending[seq] = [1 << worker, lanes, int(h["exponent"][i]), int(h["flags"][i]),
+                                     rows[i, :HEADER_LEN].copy()]
+                entry = self.pending[seq]
+            elif entry[0] & (1 << worker):
+                continue
+            else:
+                entry[0] |= 1 << worker
+                entry[1] = np.maximum(entry[1], lanes) if int(h["flags"][i]) & Flag.MAX else entry[1] + lanes
+                entry[2] = max(entry[2], int(h["exponent"][i]))
+                entry[3] |= int(h["flags"][i]) & Flag.SATURATED
+            if bin(entry[0]).count("1") >= self.n:
+                del self.pending[seq]
+                row = np.zeros(HEADER_LEN + 4 * self.lanes, dtype=np.uint8)
+                row[:HEADER_LEN] = entry[4]
+                hv = header_view(row[None])
+                hv["ver_type"] = ver_type(MsgType.AGG)
+                hv["worker"] = NODE
+                hv["exponent"] = entry[2]
+                hv["flags"] = entry[3] & ~int(Flag.FALLBACK) & 0xFF
+                row[HEADER_LEN:].view(">i4")[:] = entry[1]
+                done.append(row)
+        return done
+
+
+class NodeServerSession:
+    def __init__(self, spec: SessionSpec, sock, rto: RtoEstimator, hb: HeartbeatPolicy, build_block: int,
+                 now: float, provider: ParamProvider, on_gradient: GradientSink):
+        self.spec = spec
+        self.id = spec.session
+        self.sock = sock
+        self.lanes = spec.lanes
+        self.grad_window = RecvWindow(spec.pool_size)
+        self.hb = HeartbeatSender(sock, spec.session, NODE, self.grad_window, hb)
+        self.params = SendStream(sock, spec.param_window, rto, build_block, now)
+        self.provider = provider
+        self.on_gradient = on_gradient
+        self.assemblies: dict[int, GradAssembly] = {}
+        self.fallback = FallbackAggregator(spec.num_workers, spec.lanes)
+        self.served = ServedPulls()
+        self.waiting: dict[int, tuple[int, int]] = {}  # pull id -> (tensor, version) not ready yet
+        self.stats = {"agg_packets": 0, "agg_duplicates": 0, "fallback_packets": 0, "gradients": 0,
+                      "pulls_served": 0, "pull_requests": 0, "bad_pulls": 0, "bad_packets": 0}
+
+    # -- gradients ------------------------------------------------------------------------------
+    def on_agg(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
+        new = self.grad_window.accept(h["seq"][idx])
+        dups = int(len(idx) - new.sum())
+        if dups:
+            self.stats["agg_duplicates"] += dups
+            self.hb.nudge()
+        idx = idx[new]
+        ok = h["dtype"][idx] == int(Dtype.FIXED32)
+        if not ok.all():
+            self.stats["bad_packets"] += int((~ok).sum())
+            idx = idx[ok]
+        self.stats["agg_packets"] += len(idx)
+        tensors = h["tensor"][idx]
+        for t in np.unique(tensors):
+            sel = idx[tensors == t]
+            t = int(t)
+            numel = int(h["numel"][sel[0]])
+            asm = self.assemblies.get(t)
+            if asm is None or asm.numel != numel:
+                asm = self.assemblies[t] = GradAssembly(numel, self.lanes, self.spec.num_workers)
+            chunk = (h["offset"][sel] // self.lanes).astype(np.int64)
+            if asm.absorb(chunk, payload_int32(rows[sel], self.lanes), h["exponent"][sel], h["flags"][sel]):
+                del self.assemblies[t]
+                self.stats["gradients"] += 1
+                self.on_gradient(t, asm.buf.reshape(-1)[:numel], asm.saturated)
+        self.grad_window.advance()
+
+    def on_fallback(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
+        self.stats["fallback_packets"] += len(idx)
+        fresh = np.array([not self.grad_window.received(int(s)) for s in h["seq"][idx]], dtype=bool)
+        if not fresh.all():
+            self.hb.nudge()
+        done = self.fallback.absorb(rows, h, idx[fresh])
+        if done:
+            out = np.stack(done)
+            self.on_agg(np.arange(len(out)), out, header_view(out), now)
+
+    # -- parameters ------------------------------------------------------------------------------
+    def on_workers_heartbeat(self, ack: int, credit: int, now: float) -> None:
+        self.params.on_ack(ack, credit, now)
+
+    def on_pull(self, idx: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray, now: float) -> None:
+        for i in idx:
+            count = int(h["count"][i])
+            if HEADER_LEN + count * PULL_REQUEST.itemsize > lens[i]:
+                self.stats["bad_pulls"] += 1
+                continue
+            self.stats["pull_requests"] += 1
+            reqs = rows[i, HEADER_LEN:HEADER_LEN + count * PULL_REQUEST.itemsize].view(PULL_REQUEST)
+            for pull_id, tensor, version in reqs.tolist():
+                if pull_id in self.served or pull_id in self.waiting:
+                    continue
+                self.waiting[pull_id] = (tensor, version)
+        self.retry_waiting()
+
+    def retry_waiting(self) -> None:
+        for pull_id, (tensor, version) in sorted(self.waiting.items()):
+            try:
+                found = self.provider.lookup(tensor, version)
+            except KeyError:
+                self.stats["bad_pulls"] += 1
+                del self.waiting[pull_id]
+                self.served.add(pull_id)
+                continue
+            if found is None:
+                continue
+            del self.waiting[pull_id]
+            self.served.add(pull_id)
+            self._serve(pull_id, tensor, *found)
+
+    def _serve(self, pull_id: int, tensor: int, data: np.ndarray, dtype: Dtype) -> None:
+        epp = elems_per_param_packet(self.lanes, dtype)
+        data = np.ascontiguousarray(data).reshape(-1)
+        if data.dtype.itemsize != WIRE_DTYPES[dtype].itemsize:
+            raise TypeError(f"tensor {tensor}: {data.dtype} does not match wire dtype {dtype.name}")
+        chunks = max(1, num_chunks(data.size, epp))
+        seg = self.params.reserve(chunks)
+        seg.ready(param_packets(data, session=self.id, first_seq=seg.start, pull_id=pull_id, tensor=tensor,
+                                dtype=dtype, elems_per_packet=epp))
+        self.stats["pulls_served"] += 1
+
+    # -- engine loop hooks ----------------------------------------------------------------------
+    def pump(self, now: float) -> int:
+        sent = self.params.pump(now)
+        self.hb.maybe_send(now)
+        return sent
+
+    def on_timer(self, now: float) -> None:
+        self.params.check_timeout(now)
+
+    def busy(self) -> bool:
+        return bool(self.waiting) or not self.params.idle() or bool(self.assemblies)
+
+    def hello(self, now: float) -> None:
+        self.hb.send(now)

@@ -1,0 +1,240 @@
+"""A worker's side of a `node` session: push gradients (GRAD), pull parameters (PULL -> PARAM).
+
+Push: the layer's exponents are agreed on the job's meta session, then the layer goes out as
+FIXED32 GRAD packets; the node's heartbeats (multicast by the switch) acknowledge them and grant
+credit, and the push completes when the node has everything. Pull: every worker asks for the
+same pull ids in the same order; the node answers each once, multicast; data for a pull this
+worker has not posted yet is staged (docs/protocol.md 7.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..protocol import DTYPE_ITEMSIZE, HEADER_LEN, Dtype, MsgType
+from ..quantize import chunk_exponents, num_chunks, quantize
+from ..session import SessionSpec
+from .collective import CollectiveSession
+from .handles import EngineError, Handle
+from .heartbeats import HeartbeatPolicy, HeartbeatSender
+from .packets import aggregation_headers, fill_lanes, pull_request
+from .send_stream import RtoEstimator, SendStream
+from .window import RecvWindow
+
+WIRE_DTYPES = {Dtype.FP32: np.dtype(">f4"), Dtype.FP16: np.dtype(">f2"), Dtype.BF16: np.dtype(">u2")}
+NATIVE_DTYPES = {Dtype.FP32: np.float32, Dtype.FP16: np.float16, Dtype.BF16: np.uint16}  # bf16 as raw bits
+
+
+@dataclass
+class PullBuffer:
+    tensor: int
+    numel: int
+    dtype: Dtype
+    data: np.ndarray
+    got: int = 0
+
+
+@dataclass
+class PullOp:
+    pull_id: int
+    tensor: int
+    version: int
+    handle: Handle
+    out: np.ndarray | None = None
+    requested_at: float = -1e9
+    retries: int = 0
+    answered: bool = False
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class WorkerNodeSession:
+    def __init__(self, spec: SessionSpec, rank: int, sock, rto: RtoEstimator, hb: HeartbeatPolicy,
+                 build_block: int, pull_retry: float, now: float):
+        self.spec = spec
+        self.id = spec.session
+        self.rank = rank
+        self.sock = sock
+        self.lanes = spec.lanes
+        self.grad = SendStream(sock, spec.pool_size, rto, build_block, now)
+        self.param_window = RecvWindow(_pow2_at_least(spec.param_window))
+        self.hb = HeartbeatSender(sock, spec.session, rank, self.param_window, hb, capacity=spec.param_window)
+        self.pull_retry = pull_retry
+        self.next_pull = 0
+        self.pulls: dict[int, PullOp] = {}
+        self.buffers: dict[int, PullBuffer] = {}  # by pull id, posted or staged
+        self._to_request: list[PullOp] = []
+        self.stats = {"pushes": 0, "pulls": 0, "param_packets": 0, "param_duplicates": 0, "staged": 0,
+                      "pull_requests": 0}
+
+    # -- push ---------------------------------------------------------------------------------
+    def push(self, tensor: int, x: np.ndarray, meta: CollectiveSession, handle: Handle,
+             local_exps: np.ndarray | None = None) -> None:
+        """Sum `x` over the workers into the node's layer `tensor` (float32, flat)."""
+        numel = x.size
+        if numel == 0:
+            handle.set_result(None)
+            return
+        lanes = self.lanes
+        chunks = num_chunks(numel, lanes)
+        seg = self.grad.reserve(chunks, on_acked=lambda: handle.set_result(None))
+        local = np.zeros(num_chunks(chunks, lanes) * lanes, dtype=np.int32)
+        local[:chunks] = chunk_exponents(x, lanes) if local_exps is None else local_exps
+        n = self.spec.num_workers
+        s = self.spec
+
+        def have_exps(meta_op) -> None:
+            exps = meta_op.result.reshape(-1)[:chunks].copy()
+            handle.saturated |= meta_op.saturated
+            batch = aggregation_headers(
+                msg_type=MsgType.GRAD, session=s.session, worker=self.rank, first_seq=seg.start,
+                pool_base=s.pool_base, pool_size=s.pool_size, lanes=lanes, tensor=tensor, numel=numel,
+                dtype=Dtype.FIXED32, exponents=exps)
+
+            def fill(i0: int, i1: int) -> None:
+                q, sat = quantize(x[i0 * lanes: i1 * lanes], exps[i0:i1], lanes, n)
+                if sat.any():
+                    handle.saturated = True
+                fill_lanes(batch, i0, q, sat)
+
+            seg.ready(batch, fill)
+
+        meta_op = meta.new_op(chunks, Dtype.INT32, True, have_exps)
+        meta.set_values(meta_op, local)
+        self.stats["pushes"] += 1
+
+    def on_node_heartbeat(self, ack: int, credit: int, now: float) -> None:
+        self.grad.on_ack(ack, credit, now)
+
+    # -- pull ---------------------------------------------------------------------------------
+    def pull(self, tensor: int, version: int, handle: Handle, out: np.ndarray | None, now: float) -> None:
+        pull_id = self.next_pull
+        self.next_pull = (self.next_pull + 1) & 0xFFFFFFFF
+        op = PullOp(pull_id, tensor, version, handle, out)
+        self.pulls[pull_id] = op
+        self.stats["pulls"] += 1
+        buf = self.buffers.get(pull_id)
+        if buf is not None and buf.got >= buf.numel:
+            self._complete(op, buf)
+            return
+        if buf is not None:
+            op.answered = True
+        self._to_request.append(op)
+
+    def on_params(self, idx: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray, now: float) -> None:
+        new = self.param_window.accept(h["seq"][idx])
+        dups = int(len(idx) - new.sum())
+        if dups:
+            self.stats["param_duplicates"] += dups
+            self.hb.nudge()
+        idx = idx[new]
+        pull_ids = h["slot"][idx]
+        for pid in np.unique(pull_ids):
+            self._place(int(pid), idx[pull_ids == pid], rows, lens, h)
+        self.stats["param_packets"] += len(idx)
+        self.param_window.advance()
+
+    def _place(self, pull_id: int, sel: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray) -> None:
+        first = h[sel[0]]
+        dtype, numel, tensor = int(first["dtype"]), int(first["numel"]), int(first["tensor"])
+        if dtype not in WIRE_DTYPES:
+            self.stats["malformed"] = self.stats.get("malformed", 0) + len(sel)
+            return
+        dtype = Dtype(dtype)
+        wire = WIRE_DTYPES[dtype]
+        epp = elems_per_param_packet(self.lanes, dtype)
+        counts = h["count"][sel].astype(np.int64)
+        offsets = h["offset"][sel].astype(np.int64)
+        ok = (offsets % epp == 0) & (offsets + counts <= numel) & (HEADER_LEN + counts * wire.itemsize <= lens[sel])
+        if not ok.all():
+            self.stats["malformed"] = self.stats.get("malformed", 0) + int((~ok).sum())
+            sel, counts, offsets = sel[ok], counts[ok], offsets[ok]
+        buf = self.buffers.get(pull_id)
+        if buf is None:
+            chunks = max(1, num_chunks(numel, epp))
+            buf = PullBuffer(tensor, numel, dtype, np.empty(chunks * epp, dtype=NATIVE_DTYPES[dtype]))
+            self.buffers[pull_id] = buf
+            if pull_id not in self.pulls:
+                self.stats["staged"] += 1
+        op = self.pulls.get(pull_id)
+        if op is not None:
+            op.answered = True
+        # full-width copies: a short last packet spills garbage only into the padding past numel
+        body = rows[sel, HEADER_LEN:HEADER_LEN + epp * wire.itemsize].view(wire)
+        buf.data.reshape(-1, epp)[offsets // epp] = body
+        buf.got += int(counts.sum())
+        if buf.got >= buf.numel and op is not None:
+            self._complete(op, buf)
+
+    def _complete(self, op: PullOp, buf: PullBuffer) -> None:
+        del self.pulls[op.pull_id]
+        del self.buffers[op.pull_id]
+        if buf.tensor != op.tensor:
+            op.handle.set_error(EngineError(
+                f"pull {op.pull_id}: the node sent tensor {buf.tensor} but this worker asked for {op.tensor}; "
+                "workers must issue the same pulls in the same order"))
+            return
+        data = buf.data[: buf.numel]
+        op.handle.info["dtype"] = buf.dtype
+        if op.out is None:
+            op.handle.set_result(data)
+            return
+        if op.out.size != buf.numel:
+            op.handle.set_error(EngineError(
+                f"pull of tensor {op.tensor}: the node sent {buf.numel} elements, the buffer holds {op.out.size}"))
+            return
+        if op.out.dtype == data.dtype:
+            np.copyto(op.out.reshape(-1), data)
+        elif op.out.dtype == np.float32:
+            np.copyto(op.out.reshape(-1), as_float32(data, buf.dtype))
+        else:
+            op.handle.set_error(EngineError(f"pull of tensor {op.tensor}: cannot write {buf.dtype.name} into {op.out.dtype}"))
+            return
+        op.handle.set_result(op.out)
+
+    # -- engine loop hooks ----------------------------------------------------------------------
+    def pump(self, now: float) -> int:
+        sent = self.grad.pump(now)
+        due = [op for op in self._to_request if not op.answered and now - op.requested_at >= self._retry(op)]
+        self._to_request = [op for op in self._to_request if not op.answered and op.pull_id in self.pulls]
+        for i in range(0, len(due), 64):
+            group = due[i:i + 64]
+            row = pull_request(self.id, self.rank, [(op.pull_id, op.tensor, op.version) for op in group])
+            self.sock.send_rows(row, [0], [row.shape[1]])
+            for op in group:
+                op.retries += op.requested_at > 0
+                op.requested_at = now
+            self.stats["pull_requests"] += 1
+            sent += 1
+        self.hb.maybe_send(now)
+        return sent
+
+    def _retry(self, op: PullOp) -> float:
+        return 0.0 if op.requested_at < 0 else min(self.pull_retry * (2 ** op.retries), 1.0)
+
+    def on_timer(self, now: float) -> None:
+        self.grad.check_timeout(now)
+
+    def busy(self) -> bool:
+        return bool(self.pulls) or not self.grad.idle()
+
+    def hello(self, now: float) -> None:
+        self.hb.send(now)
+
+
+def wire_dtype(dtype: Dtype) -> np.dtype:
+    return WIRE_DTYPES[dtype]
+
+
+def elems_per_param_packet(lanes: int, dtype: Dtype) -> int:
+    return 4 * lanes // DTYPE_ITEMSIZE[dtype]
+
+
+def as_float32(data: np.ndarray, dtype: Dtype) -> np.ndarray:
+    if dtype == Dtype.BF16:
+        return (data.astype(np.uint32) << 16).view(np.float32)
+    return data.astype(np.float32)

@@ -1,0 +1,111 @@
+"""How an allreduce of a dtype and an op crosses the network (docs/protocol.md 5).
+
+float sum/avg: agree per-chunk exponents with a MAX on the `meta` session, then FIXED32 sums on
+the `data` session. float max/min: ORDERED32 with lane MAX (min negates the keys). int32:
+INT32 sum (wrapping like numpy) or max/min. Results are decoded as RESULT packets arrive, so
+no int32 copy of the whole result is kept.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..protocol import Dtype
+from ..quantize import chunk_exponents, contributor_bits, from_ordered, negate_order, num_chunks, quantize, to_ordered
+from .collective import CollectiveSession, ReduceOp
+from .handles import Handle
+
+OPS = ("sum", "avg", "max", "min")
+
+
+def check_reduction(dtype: np.dtype, op: str) -> None:
+    if op not in OPS:
+        raise ValueError(f"unsupported reduce op {op!r}: luwu reduces with {', '.join(OPS)}")
+    if dtype not in (np.float32, np.int32):
+        raise TypeError(f"the engine reduces float32 and int32 buffers, not {dtype} (widen bf16/fp16 to float32)")
+    if dtype == np.int32 and op == "avg":
+        raise ValueError("avg of int32 is not defined; use sum and divide")
+
+
+class AllreduceOp:
+    """One allreduce of a flat float32/int32 buffer over the meta and data sessions."""
+
+    def __init__(self, x: np.ndarray, op: str, n: int, handle: Handle, exps: np.ndarray | None = None):
+        check_reduction(x.dtype, op)
+        self.x = x
+        self.op = op
+        self.n = n
+        self.handle = handle
+        self.numel = x.size
+        self.local_exps = exps  # computed in the caller's thread for float sums
+        self.exps: np.ndarray | None = None
+        self.out: np.ndarray | None = None
+        self.saturated = False
+
+    @staticmethod
+    def local_exponents(x: np.ndarray, op: str, lanes: int) -> np.ndarray | None:
+        if x.dtype == np.float32 and op in ("sum", "avg") and x.size:
+            return chunk_exponents(x, lanes)
+        return None
+
+    def start(self, meta: CollectiveSession | None, data: CollectiveSession) -> None:
+        if self.numel == 0:
+            self.handle.set_result(self.x.copy())
+            return
+        lanes = data.lanes
+        chunks = num_chunks(self.numel, lanes)
+        self.out = np.empty((chunks, lanes), dtype=self.x.dtype)
+        if self.x.dtype == np.float32 and self.op in ("sum", "avg"):
+            if meta is None:
+                raise RuntimeError("a float sum needs the job's meta session; the plan has none")
+            if meta.lanes != lanes:
+                raise RuntimeError("meta and data sessions must use the same packet mode")
+            data_op = data.new_op(self.numel, Dtype.FIXED32, False, self._done, self._decode_fixed)
+            local = np.zeros(num_chunks(chunks, lanes) * lanes, dtype=np.int32)
+            local[:chunks] = self.local_exps
+            meta_op = meta.new_op(chunks, Dtype.INT32, True, lambda m: self._have_exps(m, data, data_op))
+            meta.set_values(meta_op, local)
+            return
+        if self.x.dtype == np.float32:
+            keys = to_ordered(self.x)
+            dtype = Dtype.ORDERED32
+        else:
+            keys = self.x
+            dtype = Dtype.INT32
+        lane_max = self.op in ("max", "min")
+        if self.op == "min":
+            keys = negate_order(keys)
+        padded = np.zeros(chunks * lanes, dtype=np.int32)
+        padded[: self.numel] = keys
+        data_op = data.new_op(self.numel, dtype, lane_max, self._done, self._decode_keys)
+        data.set_values(data_op, padded)
+
+    # -- float sums ---------------------------------------------------------------------------
+    def _have_exps(self, meta_op: ReduceOp, data: CollectiveSession, data_op: ReduceOp) -> None:
+        chunks = data_op.chunks
+        self.exps = meta_op.result.reshape(-1)[:chunks].copy()
+        self.saturated |= meta_op.saturated
+        lanes, n, x, exps = data.lanes, self.n, self.x, self.exps
+
+        def build(i0: int, i1: int):
+            return quantize(x[i0 * lanes: i1 * lanes], exps[i0:i1], lanes, n)
+
+        data.set_builder(data_op, build, exponents=self.exps)
+
+    def _decode_fixed(self, chunk: np.ndarray, lanes_view: np.ndarray, _hdr_exps: np.ndarray) -> None:
+        shift = (self.exps[chunk].astype(np.int32) + contributor_bits(self.n) - 31)[:, None]
+        self.out[chunk] = np.ldexp(lanes_view.astype(np.float32), shift)
+
+    # -- max/min and integers -----------------------------------------------------------------
+    def _decode_keys(self, chunk: np.ndarray, lanes_view: np.ndarray, _hdr_exps: np.ndarray) -> None:
+        keys = lanes_view.astype(np.int32)
+        if self.op == "min":
+            keys = negate_order(keys)
+        self.out[chunk] = from_ordered(keys) if self.x.dtype == np.float32 else keys
+
+    def _done(self, data_op: ReduceOp) -> None:
+        result = self.out.reshape(-1)[: self.numel]
+        if self.op == "avg":
+            result /= np.float32(self.n)
+        self.handle.saturated = self.saturated or data_op.saturated
+        self.handle.set_result(result)

@@ -1,0 +1,64 @@
+"""Receive-side sequence bookkeeping: which packets of a stream arrived, and the acknowledgement.
+
+A `RecvWindow` accepts each sequence number within `[ack, ack + size)` once, and advances `ack`
+over the contiguous prefix of what has arrived (docs/protocol.md 7.2). Everything is vectorised
+over the sequence numbers of a received batch; comparisons use 32-bit serial arithmetic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MASK32 = 0xFFFFFFFF
+
+
+class RecvWindow:
+    def __init__(self, size: int, start: int = 0):
+        if size <= 0 or size & (size - 1):
+            raise ValueError(f"receive window must be a power of two, got {size}")
+        self.size = size
+        self.ack = start & MASK32
+        self._bits = np.zeros(size, dtype=bool)
+        self.duplicates = 0
+
+    def credit(self, capacity: int | None = None) -> int:
+        """Highest sequence number this receiver can take (inclusive)."""
+        return (self.ack + (capacity or self.size) - 1) & MASK32
+
+    def accept(self, seqs: np.ndarray) -> np.ndarray:
+        """Mark `seqs` received; returns a mask of the ones seen for the first time."""
+        seqs = np.asarray(seqs, dtype=np.uint32)
+        dist = (seqs.astype(np.int64) - self.ack) & MASK32
+        inwin = dist < self.size
+        idx = (seqs & np.uint32(self.size - 1)).astype(np.int64)
+        new = inwin & ~self._bits[idx]
+        if new.any():
+            # a batch may hold the same seq twice: keep the first
+            cand = np.flatnonzero(new)
+            _, first = np.unique(idx[cand], return_index=True)
+            new[:] = False
+            new[cand[first]] = True
+            self._bits[idx[new]] = True
+        self.duplicates += int(len(seqs) - new.sum())
+        return new
+
+    def advance(self) -> int:
+        """Move `ack` over the received prefix; returns how far it moved."""
+        pos = self.ack & (self.size - 1)
+        if not self._bits[pos]:
+            return 0
+        ring = np.concatenate((self._bits[pos:], self._bits[:pos]))
+        n = self.size if ring.all() else int(ring.argmin())
+        if pos + n <= self.size:
+            self._bits[pos:pos + n] = False
+        else:
+            self._bits[pos:] = False
+            self._bits[: pos + n - self.size] = False
+        self.ack = (self.ack + n) & MASK32
+        return n
+
+    def received(self, seq: int) -> bool:
+        d = (seq - self.ack) & MASK32
+        if d >= 0x80000000:
+            return True  # before ack
+        return d < self.size and bool(self._bits[seq & (self.size - 1)])

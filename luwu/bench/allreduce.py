@@ -1,0 +1,221 @@
+"""`luwu bench allreduce`: N workers sum a tensor through the software switch, next to the
+baselines a user would compare with, all measured in the same run:
+
+* Gloo allreduce (torch.distributed) on the same sizes and worker counts;
+* the raw UDP ceiling of a Python datapath here (`udp_ceiling.py`): a do-nothing relay with the
+  same packet size, batching and window.
+
+Prints grep-able `key: value` lines (goodput in GB/s of the reduced buffer, ratio to Gloo,
+fraction of the UDP ceiling), `--json` prints one JSON object, `--verify` checks every element
+(int32: bit-exact; float32: within the documented fixed-point bound), `--out DIR` writes JSON and
+a PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from luwu.bench.sizes import format_size, parse_size
+from luwu.bench.udp_ceiling import measure as measure_ceiling
+from luwu.dataplane.protocol import aggregation_packet_len, lanes_for_mode
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--workers", type=int, default=4, help="number of workers (1..32)")
+    p.add_argument("--size", default="16MiB", help="bytes per worker buffer (float32), e.g. 4MiB, 64MiB")
+    p.add_argument("--mode", default="jumbo", help="packet mode: tofino (64 lanes), jumbo (2048), loopback (16000)")
+    p.add_argument("--iters", type=int, default=5, help="timed allreduces (after one warm-up)")
+    p.add_argument("--dtype", choices=["float32", "int32"], default="float32")
+    p.add_argument("--drop", type=float, default=0.0, help="simulated loss probability on every switch port")
+    p.add_argument("--verify", action="store_true", help="check every element of every result")
+    p.add_argument("--no-gloo", action="store_true", help="skip the Gloo baseline")
+    p.add_argument("--no-ceiling", action="store_true", help="skip the raw UDP ceiling")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of key: value lines")
+    p.add_argument("--out", type=Path, help="directory for allreduce.json and allreduce.png")
+
+
+def _inputs(rank: int, numel: int, dtype: str, seed: int = 1234) -> np.ndarray:
+    rng = np.random.default_rng(seed + rank)
+    if dtype == "int32":
+        return rng.integers(-(2**31), 2**31, numel, dtype=np.int64).astype(np.int32)
+    scale = np.float32(10.0 ** rng.uniform(-3, 3))
+    return (rng.standard_normal(numel, dtype=np.float32) * scale).astype(np.float32)
+
+
+def _verify(result: np.ndarray, n: int, numel: int, dtype: str, lanes: int) -> dict:
+    from luwu.dataplane.quantize import chunk_exponents, error_bound
+
+    xs = [_inputs(r, numel, dtype) for r in range(n)]
+    if dtype == "int32":
+        expected = xs[0].copy()
+        for x in xs[1:]:
+            expected += x  # wraps like the switch
+        bad = int((result != expected).sum())
+        return {"checked": numel, "mismatches": bad, "max_error_over_bound": 0.0 if not bad else float("inf")}
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    exps = np.max([chunk_exponents(x, lanes) for x in xs], axis=0) if numel else np.zeros(0, np.int32)
+    bound = error_bound(result, exps, lanes, n)
+    err = np.abs(result.astype(np.float64) - exact)
+    ratio = float((err / np.maximum(bound, 1e-300)).max()) if numel else 0.0
+    return {"checked": numel, "mismatches": int((err > bound).sum()), "max_error_over_bound": ratio}
+
+
+def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from luwu.dataplane.engine import Engine
+
+    x = _inputs(rank, numel, dtype)
+    times, result = [], None
+    with Engine(plan.worker_plan(rank)) as eng:
+        for i in range(iters + 1):
+            barrier.wait()
+            t0 = time.perf_counter()
+            result = eng.allreduce(x, "sum").wait(300)
+            if i:
+                times.append(time.perf_counter() - t0)
+        report = {"rank": rank, "times": times, "stats": eng.session_stats()}
+        barrier.wait()
+    if verify and rank == 0:
+        report["verify"] = _verify(result, plan.workers, numel, dtype, plan.lanes)
+    out_q.put(report)
+
+
+def run_luwu(workers: int, numel: int, dtype: str, mode: str, iters: int, verify: bool, drop: float) -> dict:
+    from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+
+    plan = StarPlan(workers=workers, mode=mode)
+    ctx = mp.get_context("spawn")
+    drops = {"ingress": drop, "egress": drop} if drop else None
+    with LoopbackSwitch(plan, process=True, drop=drops, seed=7) as sw:
+        barrier, out_q = ctx.Barrier(workers), ctx.Queue()
+        procs = [ctx.Process(target=_luwu_worker, args=(plan, r, numel, dtype, iters, verify, barrier, out_q))
+                 for r in range(workers)]
+        for p in procs:
+            p.start()
+        reports = [out_q.get(timeout=900) for _ in procs]
+        for p in procs:
+            p.join(30)
+        counters = sw.counters()
+    per_iter = np.max([r["times"] for r in reports], axis=0)
+    out = {"seconds": per_iter.tolist(), "best_s": float(per_iter.min()), "median_s": float(np.median(per_iter)),
+           "counters": counters, "engine_stats": {r["rank"]: r["stats"] for r in reports}}
+    for r in reports:
+        if "verify" in r:
+            out["verify"] = r["verify"]
+    return out
+
+
+def _gloo_worker(rank, workers, port, numel, iters, barrier, out_q) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=workers)
+    t = torch.from_numpy(_inputs(rank, numel, "float32"))
+    times = []
+    for i in range(iters + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        if i:
+            times.append(time.perf_counter() - t0)
+    dist.destroy_process_group()
+    out_q.put(times)
+
+
+def run_gloo(workers: int, numel: int, iters: int) -> dict:
+    from luwu.dataplane.loopback import free_udp_port
+
+    ctx = mp.get_context("spawn")
+    out_q = ctx.Queue()
+    port = free_udp_port()
+    procs = [ctx.Process(target=_gloo_worker, args=(r, workers, port, numel, iters, None, out_q))
+             for r in range(workers)]
+    for p in procs:
+        p.start()
+    times = np.max([out_q.get(timeout=900) for _ in procs], axis=0)
+    for p in procs:
+        p.join(30)
+    return {"seconds": times.tolist(), "best_s": float(times.min()), "median_s": float(np.median(times))}
+
+
+def run(args) -> int:
+    nbytes = parse_size(args.size)
+    numel = nbytes // 4
+    lanes = lanes_for_mode(args.mode)
+    if not 1 <= args.workers <= 32:
+        raise SystemExit("--workers must be 1..32 (one switch bitmap)")
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    res: dict = {"workers": args.workers, "bytes": numel * 4, "dtype": args.dtype, "mode": args.mode,
+                 "lanes": lanes, "packet_bytes": aggregation_packet_len(lanes), "iters": args.iters, "drop": args.drop}
+    with console.status("raw UDP ceiling") as status:
+        if not args.no_ceiling:
+            res["udp_ceiling"] = measure_ceiling(args.workers, numel * 4, aggregation_packet_len(lanes))
+        status.update(f"luwu allreduce through the software switch ({args.workers} workers, {format_size(numel * 4)})")
+        res["luwu"] = run_luwu(args.workers, numel, args.dtype, args.mode, args.iters, args.verify, args.drop)
+        if not args.no_gloo and args.dtype == "float32":
+            status.update("Gloo allreduce")
+            res["gloo"] = run_gloo(args.workers, numel, args.iters)
+    g = numel * 4 / res["luwu"]["median_s"] / 1e9
+    res["goodput_gbps"] = g
+    if "gloo" in res:
+        res["gloo_goodput_gbps"] = numel * 4 / res["gloo"]["median_s"] / 1e9
+        res["ratio_to_gloo"] = g / res["gloo_goodput_gbps"]
+    if "udp_ceiling" in res:
+        res["udp_ceiling_gbps"] = res["udp_ceiling"]["goodput_gbps"]
+        res["fraction_of_udp_ceiling"] = g / res["udp_ceiling_gbps"]
+    ok = "verify" not in res["luwu"] or res["luwu"]["verify"]["mismatches"] == 0
+    res["verified"] = None if "verify" not in res["luwu"] else ok
+    if args.out:
+        _write(args.out, res)
+    if args.json:
+        print(json.dumps(res, default=float))
+    else:
+        _print(res)
+    return 0 if ok else 1
+
+
+def _print(res: dict) -> None:
+    keys = ["workers", "bytes", "dtype", "mode", "packet_bytes", "goodput_gbps", "gloo_goodput_gbps", "ratio_to_gloo",
+            "udp_ceiling_gbps", "fraction_of_udp_ceiling", "verified"]
+    for k in keys:
+        if k in res:
+            v = res[k]
+            print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
+    if "verify" in res["luwu"]:
+        v = res["luwu"]["verify"]
+        print(f"verify_checked: {v['checked']}\nverify_mismatches: {v['mismatches']}\n"
+              f"verify_max_error_over_bound: {v['max_error_over_bound']:.3f}")
+
+
+def _write(out: Path, res: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "allreduce.json").write_text(json.dumps(res, indent=2, default=float))
+    names, vals = ["luwu"], [res["goodput_gbps"]]
+    if "gloo_goodput_gbps" in res:
+        names.append("gloo")
+        vals.append(res["gloo_goodput_gbps"])
+    if "udp_ceiling_gbps" in res:
+        names.append("UDP ceiling")
+        vals.append(res["udp_ceiling_gbps"])
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.bar(names, vals, color=["tab:blue", "tab:gray", "tab:green"][: len(vals)])
+    ax.set_ylabel("goodput (GB/s)")
+    ax.set_title(f"allreduce, {res['workers']} workers, {format_size(res['bytes'])}, {res['mode']} packets")
+    fig.tight_layout()
+    fig.savefig(out / "allreduce.png", dpi=120)
+    plt.close(fig)
