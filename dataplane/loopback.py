@@ -124,9 +124,9 @@ def free_udp_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _serve_switch(plan: StarPlan, drop: dict, seed: int, conn) -> None:
+def _serve_switch(plan: StarPlan, drop: dict, seed: int, runtime: dict | None, conn) -> None:
     """Child-process body of LoopbackSwitch(process=True): run the switch until told to stop."""
-    sw = _build_switch(plan, drop, seed)
+    sw = _build_switch(plan, drop, seed, runtime)
     sw.start()
     conn.send(("ready", plan.switch_ports))
     while True:
@@ -139,7 +139,7 @@ def _serve_switch(plan: StarPlan, drop: dict, seed: int, conn) -> None:
             return
 
 
-def _build_switch(plan: StarPlan, drop: dict, seed: int):
+def _build_switch(plan: StarPlan, drop: dict, seed: int, runtime: dict | None = None):
     from .switch import SoftwareSwitch, SwitchConfig
 
     sw = SoftwareSwitch(SwitchConfig(lanes=plan.lanes, slots=plan.slots, seed=seed))
@@ -149,7 +149,7 @@ def _build_switch(plan: StarPlan, drop: dict, seed: int):
         plan.switch_ports[port] = addr
         if drop:
             sw.set_drop_sim(port, **drop)
-    sw.load_runtime(plan.runtime())
+    sw.load_runtime(runtime or plan.runtime())
     return sw
 
 
@@ -157,10 +157,12 @@ class LoopbackSwitch:
     """The software switch of a `StarPlan`, in a thread of this process or in a child process.
 
     `drop` takes the drop simulator's per-port probabilities (ingress, egress, duplicate, reorder),
-    applied to every port.
+    applied to every port; `runtime` replaces the plan's table entries (tests of misconfiguration).
     """
 
-    def __init__(self, plan: StarPlan, process: bool = False, drop: dict | None = None, seed: int = 0):
+    def __init__(self, plan: StarPlan, process: bool = False, drop: dict | None = None, seed: int = 0,
+                 runtime: dict | None = None):
+        self.runtime = runtime
         self.plan = plan
         self.process = process
         self.drop = drop or {}
@@ -171,14 +173,14 @@ class LoopbackSwitch:
 
     def start(self) -> "LoopbackSwitch":
         if not self.process:
-            self._sw = _build_switch(self.plan, self.drop, self.seed)
+            self._sw = _build_switch(self.plan, self.drop, self.seed, self.runtime)
             self._sw.start()
             return self
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve_switch, args=(self.plan, self.drop, self.seed, child), daemon=True)
+        self._proc = ctx.Process(target=_serve_switch, args=(self.plan, self.drop, self.seed, self.runtime, child), daemon=True)
         self._proc.start()
         if not parent.poll(60):
             self._proc.kill()
@@ -214,3 +216,27 @@ class LoopbackSwitch:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def local_star(workers: int, nodes: int = 0, mode: str | int = "tofino", drop: dict | None = None, seed: int = 0,
+               **plan_kw):
+    """A context manager: a switch in this process and one started embedded engine per worker.
+
+    Yields (plan, switch, engines). For tests, examples and quick experiments on one machine.
+    """
+    import contextlib
+
+    from .engine import Engine
+
+    @contextlib.contextmanager
+    def _cm():
+        plan = StarPlan(workers=workers, nodes=nodes, mode=mode, **plan_kw)
+        with LoopbackSwitch(plan, drop=drop, seed=seed) as sw:
+            engines = [Engine(plan.worker_plan(r)).start() for r in range(workers)]
+            try:
+                yield plan, sw, engines
+            finally:
+                for e in engines:
+                    e.close()
+
+    return _cm()

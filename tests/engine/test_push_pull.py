@@ -1,0 +1,132 @@
+"""Push and pull through a node session: workers' gradients summed by the switch into the node,
+parameters multicast back; with loss; with the switch's pool missing (software fallback at the
+node); bf16 parameters."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from luwu.dataplane.engine import Engine
+from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+from luwu.dataplane.protocol import Dtype
+from luwu.dataplane.quantize import chunk_exponents, error_bound
+
+
+class SgdParamServer:
+    """A minimal real parameter store for the node role: plain SGD on each summed gradient."""
+
+    def __init__(self, layers: dict[int, np.ndarray], lr: float = 0.5, bf16: bool = False):
+        self.params = {t: p.astype(np.float32).copy() for t, p in layers.items()}
+        self.version = {t: 0 for t in layers}
+        self.lr = lr
+        self.bf16 = bf16
+        self.lock = threading.Lock()
+        self.engine: Engine | None = None
+        self.saturated = False
+
+    def lookup(self, tensor: int, version: int):
+        with self.lock:
+            if tensor not in self.params:
+                raise KeyError(tensor)
+            if self.version[tensor] < version:
+                return None
+            p = self.params[tensor].copy()
+        if self.bf16:
+            return (p.view(np.uint32) >> 16).astype(np.uint16), Dtype.BF16
+        return p, Dtype.FP32
+
+    def on_gradient(self, tensor: int, grad: np.ndarray, saturated: bool) -> None:
+        with self.lock:
+            self.params[tensor] -= np.float32(self.lr) * grad
+            self.version[tensor] += 1
+            self.saturated |= saturated
+        self.engine.notify_params()
+
+
+def _run(workers: int, layers: dict[int, np.ndarray], grads, drop=None, runtime_edit=None, bf16=False):
+    plan = StarPlan(workers=workers, nodes=1, mode="tofino", node_pool=32, param_window=64)
+    runtime = plan.runtime()
+    if runtime_edit:
+        runtime_edit(runtime)
+    server = SgdParamServer(layers, bf16=bf16)
+    sid = plan.node_session(0)
+    with LoopbackSwitch(plan, drop=drop, seed=5, runtime=runtime) as sw:
+        node = Engine(plan.node_plan(0), provider=server, on_gradient=server.on_gradient)
+        server.engine = node
+        node.start()
+        engines = [Engine(plan.worker_plan(r)).start() for r in range(workers)]
+        try:
+            first = {t: [e.pull(sid, t, 0).wait(60) for e in engines] for t in layers}
+            pushes = [e.push(sid, t, grads[r][t]) for t in layers for r, e in enumerate(engines)]
+            for h in pushes:
+                h.wait(60)
+            outs = {t: [np.empty(layers[t].size, np.float32) for _ in engines] for t in layers}
+            second = {t: [e.pull(sid, t, 1, out=o).wait(60) for e, o in zip(engines, outs[t])] for t in layers}
+            stats = node.session_stats()
+        finally:
+            for e in engines:
+                e.close()
+            node.close()
+        counters = sw.counters()
+    return first, second, server, stats, counters
+
+
+def _expected(layers, grads, t, lr=0.5):
+    n = len(grads)
+    exact = layers[t].astype(np.float64) - lr * np.sum([g[t].astype(np.float64) for g in grads], axis=0)
+    exps = np.max([chunk_exponents(g[t], 64) for g in grads], axis=0)
+    gsum = np.sum([g[t].astype(np.float64) for g in grads], axis=0)
+    bound = lr * error_bound(gsum.astype(np.float32), exps, 64, n) + np.spacing(np.abs(exact).astype(np.float32))
+    return exact, bound
+
+
+def _layers_and_grads(workers, seed=0):
+    rng = np.random.default_rng(seed)
+    layers = {7: rng.standard_normal(1000).astype(np.float32), 3: rng.standard_normal(70).astype(np.float32),
+              9: rng.standard_normal(1).astype(np.float32)}
+    grads = [{t: (rng.standard_normal(p.size) * 0.01).astype(np.float32) for t, p in layers.items()}
+             for _ in range(workers)]
+    return layers, grads
+
+
+@pytest.mark.parametrize("drop", [None, {"ingress": 0.05, "egress": 0.05, "duplicate": 0.02, "reorder": 0.02}])
+def test_push_then_pull_applies_the_summed_gradient(drop):
+    layers, grads = _layers_and_grads(3)
+    first, second, server, stats, counters = _run(3, layers, grads, drop=drop)
+    for t, p in layers.items():
+        for got in first[t]:
+            np.testing.assert_array_equal(got, p)
+        exact, bound = _expected(layers, grads, t)
+        for got in second[t]:
+            assert (np.abs(got - exact) <= bound).all()
+    assert stats["session 3"]["gradients"] == len(layers)
+
+
+def test_fallback_when_the_switch_has_no_pool_for_the_session():
+    """The switch does not own the session's slots: it forwards every GRAD to the node (ATP-style),
+    which aggregates in software; results are the same."""
+    def no_pool(runtime):
+        for e in runtime["table_entries"]:
+            if e["table"] == "sessions" and e["match"]["session"] == 3:
+                e["action_params"]["pool_base"] = 4000
+                e["action_params"]["pool_size"] = 1
+
+    layers, grads = _layers_and_grads(2, seed=1)
+    _, second, _, stats, _ = _run(2, layers, grads, runtime_edit=no_pool)
+    for t in layers:
+        exact, bound = _expected(layers, grads, t)
+        for got in second[t]:
+            assert (np.abs(got - exact) <= bound).all()
+    assert stats["session 3"]["fallback_packets"] > 0
+
+
+def test_bf16_parameters_arrive_as_bf16():
+    layers, grads = _layers_and_grads(2, seed=2)
+    first, _, _, _, _ = _run(2, layers, grads, bf16=True)
+    for t, p in layers.items():
+        want = ((p.view(np.uint32) >> 16).astype(np.uint16))
+        for got in first[t]:
+            np.testing.assert_array_equal(got, want)
