@@ -12,15 +12,14 @@ from typing import Callable
 
 import numpy as np
 
-from ..protocol import Dtype, Flag, MsgType
+from ..protocol import HEADER_LEN, Dtype, Flag, MsgType
 from ..quantize import num_chunks
 from ..session import SessionSpec
-from .packets import PacketBatch, aggregation_headers, fill_lanes, payload_int32
+from .packets import LanesOf, aggregation_fill, payload_int32, slice_lanes
 from .send_stream import RtoEstimator, Segment, SendStream
 from .window import RecvWindow
 
 Decode = Callable[[np.ndarray, np.ndarray, np.ndarray], None]  # (chunk indices, lanes view, header exponents)
-Builder = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # rows [i0, i1) -> (int32 lanes, saturated)
 
 
 class ReduceOp:
@@ -54,13 +53,14 @@ class ReduceOp:
 
 
 class CollectiveSession:
-    def __init__(self, spec: SessionSpec, rank: int, sock, rto: RtoEstimator, build_block: int, now: float):
+    def __init__(self, spec: SessionSpec, rank: int, sock, rto: RtoEstimator, now: float):
         self.spec = spec
         self.id = spec.session
         self.rank = rank
         self.lanes = spec.lanes
-        self.send = SendStream(sock, spec.pool_size, rto, build_block, now)
         self.window = RecvWindow(spec.pool_size)
+        self.send = SendStream(sock, spec.pool_size, rto, HEADER_LEN + 4 * spec.lanes, now,
+                               received=self.window.received_mask)
         self.ops: dict[int, ReduceOp] = {}
         self.next_op = 0
         self.stats = {"ops": 0, "results": 0, "duplicates": 0, "stale": 0}
@@ -76,30 +76,17 @@ class CollectiveSession:
         self.stats["ops"] += 1
         return op
 
-    def _headers(self, op: ReduceOp, exponents: np.ndarray | None) -> PacketBatch:
+    def ready(self, op: ReduceOp, lanes_of: LanesOf, exponents: np.ndarray | None = None) -> None:
+        """The op's lanes can now be produced, block by block, just before they are sent."""
         s = self.spec
-        return aggregation_headers(
-            msg_type=MsgType.ALLREDUCE, session=s.session, worker=self.rank, first_seq=op.seg.start,
+        op.seg.ready(aggregation_fill(
+            seg_start=op.seg.start, msg_type=MsgType.ALLREDUCE, session=s.session, worker=self.rank,
             pool_base=s.pool_base, pool_size=s.pool_size, lanes=self.lanes, tensor=op.op_id, numel=op.numel,
-            dtype=op.dtype, flags=op.flags, exponents=exponents,
-        )
+            dtype=op.dtype, lanes_of=lanes_of, flags=op.flags, exponents=exponents))
 
-    def set_values(self, op: ReduceOp, values: np.ndarray, saturated: np.ndarray | None = None,
-                   exponents: np.ndarray | None = None) -> None:
-        """All lanes at once (int32, chunks * lanes)."""
-        batch = self._headers(op, exponents)
-        fill_lanes(batch, 0, values, saturated)
-        op.seg.ready(batch)
-
-    def set_builder(self, op: ReduceOp, build: Builder, exponents: np.ndarray | None = None) -> None:
-        """Lanes computed block by block just before they are sent."""
-        batch = self._headers(op, exponents)
-
-        def fill(i0: int, i1: int) -> None:
-            values, sat = build(i0, i1)
-            fill_lanes(batch, i0, values, sat)
-
-        op.seg.ready(batch, fill)
+    def set_values(self, op: ReduceOp, values: np.ndarray) -> None:
+        """All lanes known already (int32, chunks * lanes)."""
+        self.ready(op, slice_lanes(values, self.lanes))
 
     # -- packets (engine thread) --------------------------------------------------------------------
     def on_results(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:

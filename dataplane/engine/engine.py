@@ -35,7 +35,6 @@ from .send_stream import RtoEstimator, RtoPolicy
 class EngineConfig:
     batch: int = 64  # datagrams per recvmmsg / sendmmsg
     rx_batches_per_turn: int = 16  # drained before the loop lets sessions send again
-    build_block: int = 256  # packets quantised at a time, just ahead of sending
     rto: RtoPolicy = field(default_factory=RtoPolicy)
     heartbeat: HeartbeatPolicy = field(default_factory=HeartbeatPolicy)
     pull_retry: float = 0.05  # s before a PULL with no answer is sent again (doubles, up to 1 s)
@@ -79,7 +78,7 @@ class Engine:
         if spec.kind == "collective":
             if self.is_node:
                 raise ValueError(f"session {spec.session}: an optimizer node takes no part in collective sessions")
-            s = CollectiveSession(spec, self.rank, self.sock, rto, cfg.build_block, now)
+            s = CollectiveSession(spec, self.rank, self.sock, rto, now)
             if spec.purpose == "meta":
                 self.meta = s
             elif self.data is None:
@@ -88,8 +87,8 @@ class Engine:
         if self.is_node:
             if provider is None or on_gradient is None:
                 raise ValueError("an optimizer node's engine needs a parameter provider and a gradient sink")
-            return NodeServerSession(spec, self.sock, rto, cfg.heartbeat, cfg.build_block, now, provider, on_gradient)
-        return WorkerNodeSession(spec, self.rank, self.sock, rto, cfg.heartbeat, cfg.build_block, cfg.pull_retry, now)
+            return NodeServerSession(spec, self.sock, rto, cfg.heartbeat, now, provider, on_gradient)
+        return WorkerNodeSession(spec, self.rank, self.sock, rto, cfg.heartbeat, cfg.pull_retry, now)
 
     # -- lifecycle ------------------------------------------------------------------------------
     @property

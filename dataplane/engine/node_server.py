@@ -17,7 +17,7 @@ from ..quantize import contributor_bits, num_chunks
 from ..session import SessionSpec
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
 from .node_worker import WIRE_DTYPES, elems_per_param_packet
-from .packets import param_packets, payload_int32
+from .packets import param_fill, payload_int32
 from .send_stream import RtoEstimator, SendStream, sdiff
 from .window import RecvWindow
 
@@ -105,15 +105,15 @@ class FallbackAggregator:
 
 
 class NodeServerSession:
-    def __init__(self, spec: SessionSpec, sock, rto: RtoEstimator, hb: HeartbeatPolicy, build_block: int,
-                 now: float, provider: ParamProvider, on_gradient: GradientSink):
+    def __init__(self, spec: SessionSpec, sock, rto: RtoEstimator, hb: HeartbeatPolicy, now: float,
+                 provider: ParamProvider, on_gradient: GradientSink):
         self.spec = spec
         self.id = spec.session
         self.sock = sock
         self.lanes = spec.lanes
         self.grad_window = RecvWindow(spec.pool_size)
         self.hb = HeartbeatSender(sock, spec.session, NODE, self.grad_window, hb)
-        self.params = SendStream(sock, spec.param_window, rto, build_block, now)
+        self.params = SendStream(sock, spec.param_window, rto, HEADER_LEN + 4 * spec.lanes, now)
         self.provider = provider
         self.on_gradient = on_gradient
         self.assemblies: dict[int, GradAssembly] = {}
@@ -201,8 +201,8 @@ class NodeServerSession:
             raise TypeError(f"tensor {tensor}: {data.dtype} does not match wire dtype {dtype.name}")
         chunks = max(1, num_chunks(data.size, epp))
         seg = self.params.reserve(chunks)
-        seg.ready(param_packets(data, session=self.id, first_seq=seg.start, pull_id=pull_id, tensor=tensor,
-                                dtype=dtype, elems_per_packet=epp))
+        seg.ready(param_fill(seg_start=seg.start, session=self.id, pull_id=pull_id, tensor=tensor, data=data,
+                             dtype=dtype, elems_per_packet=epp))
         self.stats["pulls_served"] += 1
 
     # -- engine loop hooks ----------------------------------------------------------------------

@@ -19,7 +19,7 @@ from ..session import SessionSpec
 from .collective import CollectiveSession
 from .handles import EngineError, Handle
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
-from .packets import aggregation_headers, fill_lanes, pull_request
+from .packets import aggregation_fill, pull_request
 from .send_stream import RtoEstimator, SendStream
 from .window import RecvWindow
 
@@ -54,13 +54,13 @@ def _pow2_at_least(n: int) -> int:
 
 class WorkerNodeSession:
     def __init__(self, spec: SessionSpec, rank: int, sock, rto: RtoEstimator, hb: HeartbeatPolicy,
-                 build_block: int, pull_retry: float, now: float):
+                 pull_retry: float, now: float):
         self.spec = spec
         self.id = spec.session
         self.rank = rank
         self.sock = sock
         self.lanes = spec.lanes
-        self.grad = SendStream(sock, spec.pool_size, rto, build_block, now)
+        self.grad = SendStream(sock, spec.pool_size, rto, HEADER_LEN + 4 * spec.lanes, now)
         self.param_window = RecvWindow(_pow2_at_least(spec.param_window))
         self.hb = HeartbeatSender(sock, spec.session, rank, self.param_window, hb, capacity=spec.param_window)
         self.pull_retry = pull_retry
@@ -90,18 +90,17 @@ class WorkerNodeSession:
         def have_exps(meta_op) -> None:
             exps = meta_op.result.reshape(-1)[:chunks].copy()
             handle.saturated |= meta_op.saturated
-            batch = aggregation_headers(
-                msg_type=MsgType.GRAD, session=s.session, worker=self.rank, first_seq=seg.start,
-                pool_base=s.pool_base, pool_size=s.pool_size, lanes=lanes, tensor=tensor, numel=numel,
-                dtype=Dtype.FIXED32, exponents=exps)
 
-            def fill(i0: int, i1: int) -> None:
+            def lanes_of(i0: int, i1: int):
                 q, sat = quantize(x[i0 * lanes: i1 * lanes], exps[i0:i1], lanes, n)
                 if sat.any():
                     handle.saturated = True
-                fill_lanes(batch, i0, q, sat)
+                return q, sat
 
-            seg.ready(batch, fill)
+            seg.ready(aggregation_fill(
+                seg_start=seg.start, msg_type=MsgType.GRAD, session=s.session, worker=self.rank,
+                pool_base=s.pool_base, pool_size=s.pool_size, lanes=lanes, tensor=tensor, numel=numel,
+                dtype=Dtype.FIXED32, lanes_of=lanes_of, exponents=exps))
 
         meta_op = meta.new_op(chunks, Dtype.INT32, True, have_exps)
         meta.set_values(meta_op, local)

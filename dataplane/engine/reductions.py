@@ -87,10 +87,10 @@ class AllreduceOp:
         self.saturated |= meta_op.saturated
         lanes, n, x, exps = data.lanes, self.n, self.x, self.exps
 
-        def build(i0: int, i1: int):
+        def lanes_of(i0: int, i1: int):
             return quantize(x[i0 * lanes: i1 * lanes], exps[i0:i1], lanes, n)
 
-        data.set_builder(data_op, build, exponents=self.exps)
+        data.ready(data_op, lanes_of, exponents=self.exps)
 
     def _decode_fixed(self, chunk: np.ndarray, lanes_view: np.ndarray, _hdr_exps: np.ndarray) -> None:
         shift = (self.exps[chunk].astype(np.int32) + contributor_bits(self.n) - 31)[:, None]

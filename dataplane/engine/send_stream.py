@@ -1,9 +1,16 @@
-"""Send side of a stream: sequence numbers, window and credit, go-back-N, retransmission timer.
+"""Send side of a stream: sequence numbers, window and credit, retransmission on timeout.
 
-A stream's packets are grouped in `Segment`s, one per operation, each owning a contiguous range
-of sequence numbers reserved when the operation is submitted (so every worker numbers the same
-chunk the same way, docs/protocol.md 1). A segment's packets may be built later and lazily, a
-block at a time, so quantising a large buffer overlaps sending its first packets.
+Packets live in a ring of `window` rows: the row of `seq` is `seq mod ring`, written just before
+its first transmission by the operation that owns it, and kept for retransmission until it is
+acknowledged (the window guarantees `seq - ring` was acknowledged before `seq` is written).
+Each operation owns a `Segment`: a contiguous range of sequence numbers reserved when it is
+submitted, so every worker numbers the same chunk the same way (docs/protocol.md 1).
+
+Loss recovery goes back to the acknowledgement when it has stalled for a retransmission
+timeout (go-back-N), but paced: it resends a burst from `ack`, then one more burst each time a
+partial acknowledgement arrives, until it has covered what was outstanding (NewReno-style).
+Senders that know which packets already got through (collectives see their RESULTs) skip them.
+A peer that is merely slow therefore costs a burst per timeout, not the whole window.
 """
 
 from __future__ import annotations
@@ -14,9 +21,12 @@ from typing import Callable
 import numpy as np
 
 from ..net.mmsg import BatchSocket
-from .packets import PacketBatch
+from ..protocol import Flag
 
 MASK32 = 0xFFFFFFFF
+
+Fill = Callable[[int, int, np.ndarray, np.ndarray], None]  # (i0, i1, rows, lengths) for seqs start+i0..start+i1
+Received = Callable[[int, int], np.ndarray]  # (first seq, count) -> bool mask of seqs known delivered
 
 
 def sdiff(a: int, b: int) -> int:
@@ -30,6 +40,7 @@ class RtoPolicy:
     initial: float = 0.05
     minimum: float = 0.005
     maximum: float = 1.0
+    burst_fraction: float = 1 / 16  # of the window, resent per recovery step
 
 
 class RtoEstimator:
@@ -58,35 +69,41 @@ class RtoEstimator:
 class Segment:
     """One operation's packets: seqs [start, start + count)."""
 
-    __slots__ = ("start", "count", "batch", "build", "built", "on_acked")
+    __slots__ = ("start", "count", "fill", "on_acked")
 
     def __init__(self, start: int, count: int, on_acked: Callable[[], None] | None):
         self.start = start
         self.count = count
-        self.batch: PacketBatch | None = None
-        self.build: Callable[[int, int], None] | None = None  # fills batch rows [i0, i1)
-        self.built = 0
+        self.fill: Fill | None = None
         self.on_acked = on_acked
 
-    def ready(self, batch: PacketBatch, build: Callable[[int, int], None] | None = None) -> None:
-        """Attach the packet rows; with `build`, rows are filled lazily in blocks before sending."""
-        self.batch = batch
-        self.build = build
-        self.built = 0 if build else self.count
+    def ready(self, fill: Fill) -> None:
+        """The operation can now produce its packets (e.g. its exponents were agreed)."""
+        self.fill = fill
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 class SendStream:
-    def __init__(self, sock: BatchSocket, window: int, rto: RtoEstimator, build_block: int = 256,
-                 now: float = 0.0, credit: int | None = None):
+    def __init__(self, sock: BatchSocket, window: int, rto: RtoEstimator, row_bytes: int, now: float = 0.0,
+                 credit: int | None = None, received: Received | None = None):
         self.sock = sock
         self.window = window
         self.rto = rto
-        self.build_block = build_block
+        self.ring = np.zeros((_pow2_at_least(window), row_bytes), dtype=np.uint8)
+        self.ring_len = np.zeros(len(self.ring), dtype=np.int64)
+        self._mask = len(self.ring) - 1
+        self.received = received
+        self.burst = max(1, int(window * rto.policy.burst_fraction))
         self.next_seq = 0  # next sequence number to reserve
         self.send_next = 0  # next to transmit (moves back on timeout)
-        self.high = 0  # one past the highest ever transmitted
+        self.high = 0  # one past the highest ever transmitted (rows before it are in the ring)
         self.ack = 0
         self.credit = (window - 1) if credit is None else credit
+        self.recover_to: int | None = None  # in recovery: resend up to here
+        self.burst_end = 0
         self._segs: list[Segment] = []
         self._head = 0  # index of the oldest unacknowledged segment
         self.last_progress = now
@@ -101,7 +118,7 @@ class SendStream:
         return seg
 
     def outstanding(self) -> int:
-        return sdiff(self.send_next, self.ack)
+        return sdiff(self.high, self.ack)
 
     def idle(self) -> bool:
         return self.ack == self.next_seq
@@ -110,7 +127,10 @@ class SendStream:
     def _limit(self) -> int:
         """One past the last sequence number we may send now."""
         lim = self.next_seq
-        for cand in ((self.ack + self.window) & MASK32, (self.credit + 1) & MASK32):
+        cands = [(self.ack + self.window) & MASK32, (self.credit + 1) & MASK32]
+        if self.recover_to is not None:
+            cands.append(self.burst_end)
+        for cand in cands:
             if sdiff(cand, lim) < 0:
                 lim = cand
         return lim
@@ -125,29 +145,43 @@ class SendStream:
             if rel >= seg.count:
                 i += 1
                 continue
-            if seg.batch is None:
+            if seg.fill is None:
                 break
             stop = min(seg.count, sdiff(limit, seg.start))
-            if seg.build is not None and seg.built < stop:
-                upto = min(seg.count, max(stop, seg.built + self.build_block))
-                seg.build(seg.built, upto)
-                seg.built = upto
+            fresh_from = max(rel, sdiff(self.high, seg.start))  # rows from here on were never written
+            if fresh_from < stop:
+                self._fill(seg, fresh_from, stop)
+            idx = (seg.start + np.arange(rel, stop, dtype=np.int64)) & self._mask
+            resend = min(fresh_from, stop) - rel
+            if resend > 0:
+                self.ring[idx[:resend], 1] |= np.uint8(Flag.RETX)
+                if self.received is not None:
+                    keep = ~self.received((seg.start + rel) & MASK32, resend)
+                    idx = np.concatenate((idx[:resend][keep], idx[resend:]))
+                    resend = int(keep.sum())
+                self.stats["retransmitted"] += resend
+            if len(idx):
+                self.sock.send_rows(self.ring, idx, self.ring_len[idx])
             n = stop - rel
-            b = seg.batch
-            self.sock.send_rows(b.rows, np.arange(rel, stop), b.lengths[rel:stop])
-            fresh = sdiff(self.send_next, self.high) >= 0
             self.send_next = (self.send_next + n) & MASK32
-            sent += n
-            if fresh:
+            sent += len(idx)
+            if sdiff(self.send_next, self.high) > 0:
                 self.high = self.send_next
-                if self._probe is None:
+                if self._probe is None and self.recover_to is None:
                     self._probe = ((self.send_next - 1) & MASK32, now)
-            else:
-                self.stats["retransmitted"] += n
             if rel + n >= seg.count:
                 i += 1
         self.stats["packets"] += sent
         return sent
+
+    def _fill(self, seg: Segment, i0: int, i1: int) -> None:
+        """Write rows for seg's packets [i0, i1) into the ring (in two pieces if it wraps)."""
+        pos = (seg.start + i0) & self._mask
+        first = min(i1 - i0, len(self.ring) - pos)
+        seg.fill(i0, i0 + first, self.ring[pos:pos + first], self.ring_len[pos:pos + first])
+        if first < i1 - i0:
+            rest = i1 - i0 - first
+            seg.fill(i0 + first, i1, self.ring[:rest], self.ring_len[:rest])
 
     # -- acknowledgements ----------------------------------------------------------------------
     def on_ack(self, ack: int, credit: int, now: float) -> int:
@@ -155,7 +189,7 @@ class SendStream:
         moved = sdiff(ack, self.ack)
         if sdiff(credit, self.credit) > 0:
             self.credit = credit
-        if moved <= 0 or sdiff(self.next_seq, ack) < 0:
+        if moved <= 0 or sdiff(self.high, ack) < 0:
             return 0  # old news, or an acknowledgement of something never sent
         self.ack = ack & MASK32
         self.last_progress = now
@@ -163,6 +197,11 @@ class SendStream:
         if self._probe is not None and sdiff(ack, self._probe[0]) > 0:
             self.rto.sample(now - self._probe[1])
             self._probe = None
+        if self.recover_to is not None:
+            if sdiff(ack, self.recover_to) >= 0:
+                self.recover_to = None  # everything outstanding at the timeout got through
+            else:
+                self.burst_end = (ack + self.burst) & MASK32  # partial ack: resend the next burst
         if sdiff(self.send_next, ack) < 0:
             self.send_next = self.ack
         while self._head < len(self._segs):
@@ -170,7 +209,6 @@ class SendStream:
             if sdiff(ack, seg.start + seg.count) < 0:
                 break
             self._head += 1
-            seg.batch = None  # release the packet memory
             if seg.on_acked:
                 seg.on_acked()
         if self._head > 64 and self._head * 2 > len(self._segs):
@@ -179,22 +217,14 @@ class SendStream:
         return moved
 
     def check_timeout(self, now: float) -> bool:
-        """Go back N when the acknowledgement has stalled for a retransmission timeout."""
+        """Go back to the acknowledgement when it has stalled for a retransmission timeout."""
         if self.outstanding() <= 0 or now - self.last_progress < self.rto.rto:
             return False
-        self._mark_retx(self.ack, self.send_next)
+        self.recover_to = self.high
         self.send_next = self.ack
+        self.burst_end = (self.ack + self.burst) & MASK32
         self.last_progress = now
         self.rto.backoff = min(self.rto.backoff * 2, 64.0)
         self._probe = None
         self.stats["timeouts"] += 1
         return True
-
-    def _mark_retx(self, start: int, stop: int) -> None:
-        for seg in self._segs[self._head:]:
-            a = max(0, sdiff(start, seg.start))
-            b = min(seg.count, sdiff(stop, seg.start))
-            if b > a and seg.batch is not None:
-                seg.batch.mark_retransmitted(a, b)
-            if sdiff(stop, seg.start + seg.count) <= 0:
-                break

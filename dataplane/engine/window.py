@@ -57,6 +57,14 @@ class RecvWindow:
         self.ack = (self.ack + n) & MASK32
         return n
 
+    def received_mask(self, first: int, count: int) -> np.ndarray:
+        """For seqs first..first+count-1: True where already received (or below ack)."""
+        seqs = (first + np.arange(count, dtype=np.int64)) & MASK32
+        d = (seqs - self.ack) & MASK32
+        below = d >= 0x80000000
+        inwin = d < self.size
+        return below | (inwin & self._bits[seqs & (self.size - 1)])
+
     def received(self, seq: int) -> bool:
         d = (seq - self.ack) & MASK32
         if d >= 0x80000000:
