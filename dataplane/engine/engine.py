@@ -85,8 +85,6 @@ class Engine:
                 self.data = s
             return s
         if self.is_node:
-            if provider is None or on_gradient is None:
-                raise ValueError("an optimizer node's engine needs a parameter provider and a gradient sink")
             return NodeServerSession(spec, self.sock, rto, cfg.heartbeat, now, provider, on_gradient)
         return WorkerNodeSession(spec, self.rank, self.sock, rto, cfg.heartbeat, cfg.pull_retry, now)
 
@@ -146,6 +144,22 @@ class Engine:
         s = self._node_session(session)
         handle = Handle(f"pull(layer {tensor} v{version})")
         self._submit(handle, lambda: s.pull(tensor, version, handle, out, time.monotonic()))
+        return handle
+
+    def bind(self, session: int, provider: ParamProvider, on_gradient: GradientSink) -> Handle:
+        """Node role: serve `session` from `provider`, handing its summed gradients to `on_gradient`."""
+        s = self.sessions.get(session)
+        if not isinstance(s, NodeServerSession):
+            raise EngineError(f"session {session} is not a node session served by this endpoint "
+                              f"(it serves {sorted(k for k, v in self.sessions.items() if isinstance(v, NodeServerSession))})")
+        handle = Handle(f"bind(session {session})")
+
+        def go() -> None:
+            s.bind(provider, on_gradient)
+            s.retry_waiting()
+            handle.set_result(None)
+
+        self._submit(handle, go)
         return handle
 
     def notify_params(self) -> None:

@@ -106,7 +106,7 @@ class FallbackAggregator:
 
 class NodeServerSession:
     def __init__(self, spec: SessionSpec, sock, rto: RtoEstimator, hb: HeartbeatPolicy, now: float,
-                 provider: ParamProvider, on_gradient: GradientSink):
+                 provider: ParamProvider | None = None, on_gradient: GradientSink | None = None):
         self.spec = spec
         self.id = spec.session
         self.sock = sock
@@ -121,10 +121,23 @@ class NodeServerSession:
         self.served = ServedPulls()
         self.waiting: dict[int, tuple[int, int]] = {}  # pull id -> (tensor, version) not ready yet
         self.stats = {"agg_packets": 0, "agg_duplicates": 0, "fallback_packets": 0, "gradients": 0,
-                      "pulls_served": 0, "pull_requests": 0, "bad_pulls": 0, "bad_packets": 0}
+                      "pulls_served": 0, "pull_requests": 0, "bad_pulls": 0, "bad_packets": 0, "unbound": 0}
+
+    def bind(self, provider: ParamProvider, on_gradient: GradientSink) -> None:
+        """Attach the job this session serves; until then its traffic is counted and dropped
+        (senders retransmit, so nothing is lost)."""
+        self.provider = provider
+        self.on_gradient = on_gradient
+
+    @property
+    def bound(self) -> bool:
+        return self.provider is not None and self.on_gradient is not None
 
     # -- gradients ------------------------------------------------------------------------------
     def on_agg(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
+        if not self.bound:
+            self.stats["unbound"] += len(idx)
+            return
         new = self.grad_window.accept(h["seq"][idx])
         dups = int(len(idx) - new.sum())
         if dups:
@@ -152,6 +165,9 @@ class NodeServerSession:
         self.grad_window.advance()
 
     def on_fallback(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
+        if not self.bound:
+            self.stats["unbound"] += len(idx)
+            return
         self.stats["fallback_packets"] += len(idx)
         fresh = np.array([not self.grad_window.received(int(s)) for s in h["seq"][idx]], dtype=bool)
         if not fresh.all():
@@ -166,6 +182,9 @@ class NodeServerSession:
         self.params.on_ack(ack, credit, now)
 
     def on_pull(self, idx: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray, now: float) -> None:
+        if not self.bound:
+            self.stats["unbound"] += len(idx)
+            return
         for i in idx:
             count = int(h["count"][i])
             if HEADER_LEN + count * PULL_REQUEST.itemsize > lens[i]:
@@ -180,6 +199,8 @@ class NodeServerSession:
         self.retry_waiting()
 
     def retry_waiting(self) -> None:
+        if not self.bound:
+            return
         for pull_id, (tensor, version) in sorted(self.waiting.items()):
             try:
                 found = self.provider.lookup(tensor, version)

@@ -1,0 +1,62 @@
+"""`luwu node`: run an in-network optimizer node (an engine hosting an `OptimizerNode`).
+
+Prints one JSON line `{"ready": true, "udp": ..., "control": ...}` when it serves, and runs
+until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+
+from ..session import EndpointPlan
+from .node import OptimizerNode
+from .service import OptimizerService
+from .spec import NodeConfig
+
+
+def _size(text: str) -> int:
+    from luwu.bench.sizes import parse_size
+
+    return parse_size(text)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--plan", required=True, type=Path, help="endpoint plan JSON (the node's sessions and wiring)")
+    p.add_argument("--state-dir", required=True, type=Path, help="directory for the optimizer state files")
+    p.add_argument("--ram-budget", default="1GiB", type=_size, help="RAM for state and served copies (e.g. 512MiB)")
+    p.add_argument("--checkpoint-dir", type=Path, help="where checkpoints go (none: checkpoints refused)")
+    p.add_argument("--restore", help="checkpoint to resume from: a path, or 'latest' in --checkpoint-dir")
+    p.add_argument("--control", default=None, help="control channel address: unix:/path or host:port")
+    p.add_argument("--pipeline", choices=["step", "layer"], default="step", help="optimizer pipeline shape")
+    p.add_argument("--threads-per-step", type=int, default=1)
+
+
+def run(args) -> int:
+    plan = EndpointPlan.from_json(args.plan.read_text())
+    config = NodeConfig(state_dir=args.state_dir, ram_budget=args.ram_budget, checkpoint_dir=args.checkpoint_dir,
+                        pipeline=args.pipeline, threads_per_step=args.threads_per_step)
+    restore = args.restore
+    if restore == "latest":
+        if args.checkpoint_dir is None:
+            raise SystemExit("--restore latest needs --checkpoint-dir")
+        restore = OptimizerNode.latest_checkpoint(args.checkpoint_dir)
+        if restore is None:
+            raise SystemExit(f"no complete checkpoint in {args.checkpoint_dir}")
+    service = OptimizerService(plan, config, restore).start(args.control)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    host, port = service.address
+    print(json.dumps({"ready": True, "udp": f"{host}:{port}",
+                      "control": service.control.address if service.control else None,
+                      "sessions": [s.session for s in plan.sessions]}), flush=True)
+    try:
+        while not stop.wait(0.5):
+            if service.engine.error is not None:
+                raise SystemExit(f"the engine failed: {service.engine.error!r}")
+    finally:
+        service.close()
+    return 0

@@ -1,0 +1,69 @@
+"""An optimizer node on the network: an `OptimizerNode` hosted by an engine in the node role.
+
+Each node session of the plan serves one job: its summed gradients (AGG from the switch) go to
+the node's pipeline, and PULLs are answered from the node's served parameters as soon as the
+requested version is published. Jobs arrive over the control channel (`control.py`) with their
+spec and initial parameters, or come back from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from ..engine import Engine, EngineConfig
+from ..session import EndpointPlan
+from .control import ControlServer, unpack_arrays
+from .node import OptimizerNode
+from .spec import JobSpec, NodeConfig
+
+
+class OptimizerService:
+    def __init__(self, plan: EndpointPlan, config: NodeConfig, restore: Path | str | None = None,
+                 engine_config: EngineConfig | None = None):
+        self.node = OptimizerNode.restore(config, restore) if restore else OptimizerNode(config)
+        self.engine = Engine(plan, engine_config)
+        self.node.add_listener(lambda *_: self.engine.notify_params())
+        self.sessions: dict[int, str] = {}  # session -> job id
+        self._lock = threading.Lock()
+        self.control: ControlServer | None = None
+
+    def start(self, control: str | None = None) -> "OptimizerService":
+        self.engine.start()
+        if control:
+            self.control = ControlServer(control, self.handle).start()
+        return self
+
+    def add_job(self, session: int, contributors: int, spec: JobSpec) -> None:
+        """Serve `spec` on `session`; a job restored from a checkpoint is bound, not re-added."""
+        with self._lock:
+            if session in self.sessions and self.sessions[session] != spec.job_id:
+                raise ValueError(f"session {session} already serves job {self.sessions[session]!r}")
+            if spec.job_id not in self.node.jobs:
+                self.node.add_job(spec)
+            self.sessions[session] = spec.job_id
+        self.engine.bind(session, self.node.provider(spec.job_id),
+                         self.node.gradient_sink(spec.job_id, contributors)).wait(30)
+
+    def handle(self, header: dict, blobs: list[bytes]) -> dict:
+        op = header.get("op")
+        if op == "add_job":
+            initial = unpack_arrays(header["initial"], blobs) if "initial" in header else int(header.get("seed", 0))
+            spec = JobSpec.from_json(header["job"], initial)
+            self.add_job(int(header["session"]), int(header["contributors"]), spec)
+            return {"job_id": spec.job_id}
+        if op == "stats":
+            return {"stats": {"node": self.node.stats(), "engine": self.engine.session_stats()}}
+        if op == "checkpoint":
+            return {"path": str(self.node.checkpoint_now(timeout=300))}
+        raise ValueError(f"unknown control request {op!r}: add_job, stats or checkpoint")
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.engine.address
+
+    def close(self) -> None:
+        if self.control is not None:
+            self.control.stop()
+        self.engine.close()
+        self.node.close()
