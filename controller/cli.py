@@ -1,0 +1,192 @@
+"""`luwu-ctl`: read and steer a running controller (status, switches, nodes, jobs, plans, counters, drain).
+
+Human-readable rich tables by default, one JSON document with `--json` (the proto3 JSON mapping:
+field names as in controller.proto, 64-bit integers as strings). The controller comes
+from `--controller HOST:PORT` or $LUWU_CONTROLLER, the token from `--token` or $LUWU_TOKEN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from google.protobuf import json_format
+from rich.console import Console
+from rich.table import Table
+
+from luwu.proto import controller_pb2 as pb
+
+from .client import ControllerClient, ControllerRefused, ControllerUnreachable
+
+STATES = {v: k for k, v in pb.JobState.items()}
+ROLES = {v: k for k, v in pb.SwitchRole.items()}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="luwu-ctl", description="talk to a running luwu controller")
+    p.add_argument("--controller", default=None, help="HOST:PORT of the controller (default $LUWU_CONTROLLER)")
+    p.add_argument("--token", default=None, help="admin or job token (default $LUWU_TOKEN)")
+    p.add_argument("--tls-ca", default=None, help="CA certificate (PEM) when the controller serves TLS")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("status", help="controller summary")
+    sub.add_parser("switches", help="registered switches")
+    sub.add_parser("nodes", help="registered optimizer nodes")
+    jobs = sub.add_parser("jobs", help="jobs")
+    jobs.add_argument("--all", action="store_true", help="include ended jobs")
+    plan = sub.add_parser("plan", help="a job's plan")
+    plan.add_argument("job")
+    plan.add_argument("--explain", action="store_true", help="say why: pools, tree, shard balance")
+    plan.add_argument("--runtime-dir", default="", help="also write each switch's p4lang/tutorials runtime JSON "
+                                                        "(SWITCH-runtime.json) into this folder")
+    counters = sub.add_parser("counters", help="switch counters read over P4Runtime")
+    counters.add_argument("switch", nargs="?", default="")
+    drain = sub.add_parser("drain", help="stop placing new jobs on an optimizer node")
+    drain.add_argument("node")
+    end = sub.add_parser("end", help="end a job and free its switch resources")
+    end.add_argument("job")
+    return p
+
+
+def _dump(messages) -> object:
+    if isinstance(messages, list):
+        return [_dump(m) for m in messages]
+    return json_format.MessageToDict(messages, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
+def _ago(t: float) -> str:
+    return f"{time.time() - t:.0f}s ago" if t else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console = Console()
+    client = ControllerClient(args.controller, args.token, args.tls_ca)
+    try:
+        return _run(args, client, console)
+    except ControllerUnreachable as exc:
+        print(f"luwu-ctl: {exc}", file=sys.stderr)
+        return 3
+    except ControllerRefused as exc:
+        print(f"luwu-ctl: the controller refused: {exc}", file=sys.stderr)
+        return 4
+    finally:
+        client.close()
+
+
+def _run(args, client: ControllerClient, console: Console) -> int:
+    cmd = args.command
+    if cmd == "status":
+        st = client.status()
+        if args.json:
+            print(json.dumps(_dump(st)))
+            return 0
+        t = Table(title="luwu controller", show_header=False)
+        for k, v in (("version", st.version), ("switches up", f"{st.switches_up}/{st.switches}"),
+                     ("nodes up", f"{st.nodes_up}/{st.nodes}"), ("active jobs", st.jobs_active),
+                     ("uptime", f"{st.uptime:.0f} s"), ("database", st.db_path), ("epochs issued", st.epoch_counter)):
+            t.add_row(k, str(v))
+        console.print(t)
+    elif cmd == "switches":
+        switches = client.switches()
+        if args.json:
+            print(json.dumps(_dump(switches)))
+            return 0
+        t = Table(title="switches")
+        for col in ("name", "role", "target", "p4runtime", "lanes", "slots", "ports", "health", "last seen", "jobs",
+                    "programmed"):
+            t.add_column(col)
+        for s in switches:
+            t.add_row(s.name, ROLES.get(s.role, "?").lower(), s.target, f"{s.p4runtime_address} dev {s.device_id}",
+                      str(s.lanes), str(s.slots), str(len(s.ports)), s.health, _ago(s.last_seen), ", ".join(s.jobs),
+                      s.programmed)
+        console.print(t)
+    elif cmd == "nodes":
+        nodes = client.nodes()
+        if args.json:
+            print(json.dumps(_dump(nodes)))
+            return 0
+        t = Table(title="optimizer nodes")
+        for col in ("name", "data address", "params/s", "RAM GiB", "disk GiB", "health", "last seen", "drained",
+                    "jobs"):
+            t.add_column(col)
+        for n in nodes:
+            c = n.capacity
+            t.add_row(n.name, n.data_address, f"{c.params_per_second:.3g}", f"{c.ram_bytes / 2**30:.1f}",
+                      f"{c.disk_bytes / 2**30:.1f}", n.health, _ago(n.last_seen), "yes" if n.drained else "no",
+                      ", ".join(n.jobs))
+        console.print(t)
+    elif cmd == "jobs":
+        jobs = client.jobs(include_ended=args.all)
+        if args.json:
+            print(json.dumps(_dump(jobs)))
+            return 0
+        t = Table(title="jobs")
+        for col in ("job", "state", "workers", "joined", "mode", "switches", "nodes", "created"):
+            t.add_column(col)
+        for j in jobs:
+            t.add_row(j.job_id, STATES.get(j.state, "?").lower(), str(j.num_workers), str(len(j.joined_ranks)),
+                      j.packet_mode, ", ".join(j.switches), ", ".join(j.nodes), _ago(j.created))
+        console.print(t)
+    elif cmd == "plan":
+        resp = client.plan(args.job)
+        plan = json.loads(resp.plan_json)
+        if args.runtime_dir:
+            from .plan import JobPlan
+
+            folder = Path(args.runtime_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, program in JobPlan.from_json(resp.plan_json).programs.items():
+                (folder / f"{name}-runtime.json").write_text(json.dumps(program.runtime_json(), indent=2) + "\n")
+        if args.json:
+            print(json.dumps({"plan": plan, "explanation": resp.explanation.splitlines()}))
+            return 0
+        t = Table(title=f"plan of {args.job}")
+        for col in ("session", "kind", "purpose", "group", "tree", "pool", "epoch", "node"):
+            t.add_column(col)
+        for s in plan["sessions"]:
+            spec = s["spec"]
+            pool = "fallback" if s["fallback"] else f"[{spec['pool_base']}, {spec['pool_base'] + spec['pool_size']})"
+            t.add_row(str(spec["session"]), spec["kind"], spec["purpose"], str(s["group"]), " ".join(s["switches"]),
+                      pool, str(spec["epoch"]), s["node"] or "-")
+        console.print(t)
+        if args.explain:
+            console.print("[bold]why[/bold]")
+            for line in resp.explanation.splitlines():
+                console.print(f"  {line}")
+    elif cmd == "counters":
+        switches = client.counters(args.switch)
+        if args.json:
+            print(json.dumps(_dump(switches)))
+            return 0
+        for s in switches:
+            if s.error:
+                console.print(f"[red]{s.switch}: {s.error}[/red]")
+                continue
+            t = Table(title=f"counters of {s.switch} (non-zero)")
+            for col in ("counter", "index", "meaning", "packets", "bytes"):
+                t.add_column(col)
+            for v in s.values:
+                t.add_row(v.counter, str(v.index), v.label, str(v.packets), str(v.bytes))
+            console.print(t)
+    elif cmd == "drain":
+        resp = client.drain(args.node)
+        if args.json:
+            print(json.dumps(_dump(resp)))
+            return 0
+        console.print(f"node {args.node} drained; jobs still using it: {', '.join(resp.affected_jobs) or 'none'}")
+    elif cmd == "end":
+        job = client.end_job(args.job)
+        if args.json:
+            print(json.dumps(_dump(job)))
+            return 0
+        console.print(f"job {job.job_id} is {STATES.get(job.state, '?').lower()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

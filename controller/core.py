@@ -1,0 +1,351 @@
+"""The controller's logic behind the gRPC surface: registrations, jobs, programming, health.
+
+All state lives in the `StateStore`; in memory there are only caches of it (registrations),
+liveness and the per-switch programming status. Every change runs under one asyncio lock, is
+persisted first and then programmed, so a switch's desired state is always derivable from
+sqlite: a restarted controller re-programs every switch from the live jobs (idempotently,
+since programming reconciles) and a re-registering switch gets its entries back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import grpc
+
+from luwu.dataplane.protocol import DropReason, Event, MsgType
+from luwu.dataplane.switch.p4runtime_server import device_config_marker
+from luwu.proto import controller_pb2 as pb
+
+from .auth import new_token
+from .config import ControllerConfig
+from .events import JobEvents
+from .health import HealthMonitor
+from .job_spec import JobSpec
+from .plan import JobPlan, SwitchProgram
+from .planner import PlanError, Planner, ip_to_int
+from .programmer import ProgramError, SwitchProgrammer, SwitchTarget
+from .registry import build_topology, check_address, validate_node, validate_switch
+from .store import JobRow, StateStore, token_hash
+from .usage import SwitchUsage
+
+LABELS = {"drops": DropReason, "events": Event, "rx_types": MsgType}
+
+
+class ControllerError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ControllerCore:
+    def __init__(self, config: ControllerConfig, store: StateStore, programmer: SwitchProgrammer | None = None):
+        self.config = config
+        self.store = store
+        self.programmer = programmer or SwitchProgrammer(config.p4info_path(), self._device_config,
+                                                         config.program_timeout)
+        self.planner = Planner(config)
+        self.health = HealthMonitor(config.health_timeout)
+        self.events = JobEvents(store)
+        self.lock = asyncio.Lock()
+        self.programmed: dict[str, str] = {}
+        self.started = time.time()
+        self.switches = {n: pb.Switch.FromString(r) for n, r in store.switches().items()}
+        self.nodes = {n: pb.Node.FromString(r) for n, (r, _) in store.nodes().items()}
+        for name in self.switches:
+            self.health.track("switch", name)
+        for name in self.nodes:
+            self.health.track("node", name)
+
+    def _device_config(self, target: SwitchTarget) -> bytes:
+        if target.target == "software":
+            return device_config_marker(target.lanes, target.slots, self.config.device_config_marker)
+        if target.target == "bmv2":
+            path = self.config.bmv2_json_path()
+            if not path.exists():
+                raise ValueError(f"BMv2 JSON {path} not found: run `luwu p4 build` or pass --bmv2-json")
+            return path.read_bytes()
+        raise ValueError(f"target {target.target!r} needs its compiled program: only software and bmv2 are "
+                         "programmed by this controller")
+
+    # -- helpers --------------------------------------------------------------------------------
+    def live_jobs(self) -> list[JobRow]:
+        return self.store.jobs(include_ended=False)
+
+    def job_row(self, job_id: str) -> JobRow:
+        row = self.store.job(job_id)
+        if row is None:
+            raise ControllerError(grpc.StatusCode.NOT_FOUND, f"no job {job_id!r}: `luwu-ctl jobs` lists them")
+        return row
+
+    def jobs_on(self, kind: str, name: str) -> list[JobRow]:
+        out = []
+        for row in self.live_jobs():
+            plan = JobPlan.from_json(row.plan)
+            if (kind == "switch" and name in plan.programs) or (kind == "node" and name in plan.nodes):
+                out.append(row)
+        return out
+
+    def target(self, name: str) -> SwitchTarget:
+        sw = self.switches[name]
+        return SwitchTarget(name, sw.p4runtime_address, sw.device_id, sw.target, sw.lanes, sw.slots)
+
+    def desired(self, switch: str) -> SwitchProgram:
+        merged = SwitchProgram(switch)
+        for row in self.live_jobs():
+            prog = JobPlan.from_json(row.plan).programs.get(switch)
+            if prog:
+                merged.entries += prog.entries
+                merged.groups += prog.groups
+        return merged
+
+    async def program(self, switches) -> dict[str, str]:
+        """Reconcile the given switches with the live jobs; {switch: error} for the failures."""
+        names = sorted(set(switches))
+        missing = [n for n in names if n not in self.switches]
+        if missing:
+            return {n: "not registered" for n in missing}
+        results = await asyncio.gather(*(self.programmer.program(self.target(n), self.desired(n)) for n in names),
+                                       return_exceptions=True)
+        errors = {}
+        for name, res in zip(names, results):
+            if isinstance(res, BaseException):
+                errors[name] = str(res) if isinstance(res, ProgramError) else f"{type(res).__name__}: {res}"
+                self.programmed[name] = errors[name]
+            else:
+                self.programmed[name] = "ok"
+        return errors
+
+    async def reconcile_all(self) -> dict[str, str]:
+        async with self.lock:
+            return await self.program(self.switches)
+
+    # -- registrations --------------------------------------------------------------------------
+    async def register_switch(self, sw: pb.Switch) -> str:
+        try:
+            validate_switch(sw)
+        except ValueError as exc:
+            raise ControllerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        async with self.lock:
+            old = self.switches.get(sw.name)
+            if old is not None and (old.lanes, old.slots) != (sw.lanes, sw.slots) and self.jobs_on("switch", sw.name):
+                raise ControllerError(grpc.StatusCode.FAILED_PRECONDITION,
+                                      f"switch {sw.name} carries jobs planned for {old.lanes} lanes / {old.slots} "
+                                      "slots: end them before changing its program")
+            record = pb.Switch()
+            record.CopyFrom(sw)
+            for f in ("health", "last_seen", "jobs", "programmed"):
+                record.ClearField(f)
+            self.store.put_switch(sw.name, record.SerializeToString())
+            self.switches[sw.name] = record
+            self.health.track("switch", sw.name)
+            self.health.report("switch", sw.name)
+            errors = await self.program([sw.name])
+        if errors:
+            return f"registered; programming failed: {errors[sw.name]}"
+        return "registered and programmed"
+
+    async def deregister(self, kind: str, name: str) -> bool:
+        async with self.lock:
+            table = self.switches if kind == "switch" else self.nodes
+            if name not in table:
+                raise ControllerError(grpc.StatusCode.NOT_FOUND, f"no {kind} {name!r} is registered")
+            busy = [r.job_id for r in self.jobs_on(kind, name)]
+            if busy:
+                raise ControllerError(grpc.StatusCode.FAILED_PRECONDITION,
+                                      f"{kind} {name} serves job(s) {', '.join(busy)}: end them first")
+            (self.store.delete_switch if kind == "switch" else self.store.delete_node)(name)
+            del table[name]
+            self.health.forget(kind, name)
+            return True
+
+    async def register_node(self, node: pb.Node) -> str:
+        try:
+            validate_node(node)
+        except ValueError as exc:
+            raise ControllerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        async with self.lock:
+            record = pb.Node(name=node.name, data_address=node.data_address, capacity=node.capacity)
+            self.store.put_node(node.name, record.SerializeToString())
+            self.nodes[node.name] = record
+            self.health.track("node", node.name)
+            self.health.report("node", node.name)
+        return "registered"
+
+    async def drain_node(self, name: str) -> list[str]:
+        async with self.lock:
+            if name not in self.nodes:
+                raise ControllerError(grpc.StatusCode.NOT_FOUND, f"no node {name!r} is registered")
+            self.store.set_drained(name, True)
+            affected = [r.job_id for r in self.jobs_on("node", name)]
+            for job_id in affected:
+                self.events.emit(job_id, "drained", name, f"node {name} is drained: no new job goes to it; this job "
+                                                          "keeps it until it ends")
+            return affected
+
+    def drained(self, name: str) -> bool:
+        return self.store.nodes().get(name, (b"", False))[1]
+
+    # -- jobs -----------------------------------------------------------------------------------
+    async def create_job(self, job: pb.Job) -> tuple[JobRow, str]:
+        spec = JobSpec.from_proto(job)
+        try:
+            spec.validate()
+        except ValueError as exc:
+            raise ControllerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        async with self.lock:
+            live = self.live_jobs()
+            plans = [JobPlan.from_json(r.plan) for r in live]
+            usage = SwitchUsage.from_plans({n: s.slots for n, s in self.switches.items()}, plans)
+            load: dict[str, int] = {}
+            for p in plans:
+                for n in p.nodes:
+                    load[n] = load.get(n, 0) + 1
+            eligible = {n for n in self.nodes if not self.drained(n) and self.health.health("node", n) != "down"}
+            job_id = f"{spec.name}-{self.store.next_job_number()}"
+            try:
+                plan = self.planner.plan(job_id, spec, build_topology(self.switches, self.nodes), usage,
+                                         self.store.next_epoch, {n: v.capacity.params_per_second
+                                                                 for n, v in self.nodes.items()},
+                                         eligible, load, {n: v.data_address for n, v in self.nodes.items()})
+            except PlanError as exc:
+                raise ControllerError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
+            token = new_token()
+            row = JobRow(job_id, spec.name, spec.to_dict(), plan.to_json(), pb.PLANNED, token_hash(token), time.time())
+            self.store.put_job(row)  # persisted first: the switches' desired state includes it from now on
+            errors = await self.program(plan.programs)
+            if errors:
+                self.store.db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+                await self.program(plan.programs)  # best effort: take the partial entries back out
+                raise ControllerError(grpc.StatusCode.UNAVAILABLE, "cannot program the job's switches: "
+                                      + "; ".join(f"{k}: {v}" for k, v in errors.items()))
+            self.events.emit(job_id, "created", "", f"planned on {', '.join(sorted(plan.programs))}"
+                             + (f"; nodes {', '.join(plan.nodes)}" if plan.nodes else ""))
+            return row, token
+
+    async def join_job(self, row: JobRow, rank: int, endpoint: str) -> tuple[str, str]:
+        if row.ended is not None:
+            raise ControllerError(grpc.StatusCode.FAILED_PRECONDITION, f"job {row.job_id} has ended")
+        if not 0 <= rank < row.spec["num_workers"]:
+            raise ControllerError(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"rank {rank} out of range 0..{row.spec['num_workers'] - 1} for job {row.job_id}")
+        try:
+            host, port = check_address(endpoint, "endpoint_address")
+        except ValueError as exc:
+            raise ControllerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        async with self.lock:
+            row = self.job_row(row.job_id)
+            plan = JobPlan.from_json(row.plan)
+            wiring = plan.worker_wiring[rank]
+            wiring.local = (host, port)
+            placement = next(p for p in plan.placements if p.rank == rank)
+            sids = {s.spec.session for s in plan.sessions if s.group == placement.group}
+            for e in plan.programs[placement.switch].entries:
+                if e.table == "endpoints" and e.match.get("dst") == rank and e.match.get("session") in sids:
+                    e.params["dst_ip"] = ip_to_int(host) or e.params["dst_ip"]
+                    e.params["dst_udp"] = port
+            previous = (row.plan, dict(row.joined), row.state)
+            row.plan, row.joined[rank] = plan.to_json(), endpoint
+            if len(row.joined) == row.spec["num_workers"] and row.state == pb.PLANNED:
+                row.state = pb.RUNNING
+            self.store.put_job(row)
+            errors = await self.program([placement.switch])
+            if errors:
+                row.plan, row.joined, row.state = previous
+                self.store.put_job(row)
+                await self.program([placement.switch])
+                raise ControllerError(grpc.StatusCode.UNAVAILABLE, f"cannot program switch {placement.switch} for "
+                                                                   f"rank {rank}: {errors[placement.switch]}")
+            self.events.emit(row.job_id, "joined", str(rank), f"rank {rank} joined from {endpoint}")
+            if row.state == pb.RUNNING and previous[2] != pb.RUNNING:
+                self.events.emit(row.job_id, "running", "", "every rank has joined")
+        return plan.worker_plan(rank).to_json(), json.dumps(self.job_info(row, plan, rank))
+
+    def job_info(self, row: JobRow, plan: JobPlan, rank: int) -> dict:
+        group = plan.group_of(rank)
+        return {"job_id": row.job_id, "name": row.name, "rank": rank, "num_workers": plan.num_workers,
+                "group": group, "group_ranks": plan.groups[group], "packet_mode": row.spec["packet_mode"],
+                "lanes": plan.lanes, "optimizer": row.spec["optimizer"], "layers": row.spec["layers"],
+                "nodes": plan.nodes,
+                "sessions": [{"session": s.spec.session, "kind": s.spec.kind, "purpose": s.spec.purpose,
+                              "node": s.node, "group": s.group, "fallback": s.fallback} for s in plan.sessions],
+                "shards": [vars(s) for s in plan.shards if s.group == group]}
+
+    async def end_job(self, row: JobRow) -> JobRow:
+        async with self.lock:
+            row = self.job_row(row.job_id)
+            if row.ended is not None:
+                return row
+            row.state, row.ended = pb.ENDED, time.time()
+            self.store.put_job(row)
+            errors = await self.program(JobPlan.from_json(row.plan).programs)
+            note = "; switches not cleaned: " + "; ".join(f"{k}: {v}" for k, v in errors.items()) if errors else ""
+            self.events.emit(row.job_id, "ended", "", "job ended" + note)
+            self.events.close(row.job_id)
+            return row
+
+    # -- health ---------------------------------------------------------------------------------
+    async def report_health(self, kind: str, name: str, counters: dict[str, int]) -> None:
+        known = (self.switches if kind == "switch" else self.nodes if kind == "node" else None)
+        if known is None:
+            raise ControllerError(grpc.StatusCode.INVALID_ARGUMENT, f"health kind {kind!r} must be 'switch' or 'node'")
+        if name not in known:
+            raise ControllerError(grpc.StatusCode.NOT_FOUND, f"no {kind} {name!r} is registered: register it first")
+        if self.health.report(kind, name, counters):
+            await self._transition(kind, name, "up")
+
+    async def _transition(self, kind: str, name: str, state: str) -> None:
+        async with self.lock:
+            for row in self.jobs_on(kind, name):
+                self.events.emit(row.job_id, f"{kind}_{state}", name, f"{kind} {name} is {state}")
+                if state == "down" and row.state != pb.DEGRADED:
+                    row.state = pb.DEGRADED
+                elif state == "up" and row.state == pb.DEGRADED and not self._any_down(row):
+                    row.state = pb.RUNNING if len(row.joined) == row.spec["num_workers"] else pb.PLANNED
+                self.store.put_job(row)
+            if kind == "switch" and state == "up":
+                await self.program([name])  # a switch that restarted gets its entries back
+
+    def _any_down(self, row: JobRow) -> bool:
+        plan = JobPlan.from_json(row.plan)
+        return any(self.health.health("switch", s) == "down" for s in plan.programs) or \
+            any(self.health.health("node", n) == "down" for n in plan.nodes)
+
+    async def health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_check_interval)
+            for kind, name in self.health.sweep():
+                await self._transition(kind, name, "down")
+
+    # -- counters -------------------------------------------------------------------------------
+    async def counters(self, name: str) -> list[pb.SwitchCounters]:
+        names = [name] if name else sorted(self.switches)
+        if name and name not in self.switches:
+            raise ControllerError(grpc.StatusCode.NOT_FOUND, f"no switch {name!r} is registered")
+        results = await asyncio.gather(*(self.programmer.read_counters(self.target(n)) for n in names),
+                                       return_exceptions=True)
+        out = []
+        for n, res in zip(names, results):
+            sc = pb.SwitchCounters(switch=n)
+            if isinstance(res, BaseException):
+                sc.error = str(res)
+            else:
+                for counter, values in sorted(res.items()):
+                    for index, (packets, nbytes) in sorted(values.items()):
+                        sc.values.add(counter=counter, index=index, label=_label(counter, index), packets=packets,
+                                      bytes=nbytes)
+            out.append(sc)
+        return out
+
+
+def _label(counter: str, index: int) -> str:
+    enum = LABELS.get(counter)
+    if enum is None:
+        return f"session {index}"
+    try:
+        return enum(index).name
+    except ValueError:
+        return str(index)

@@ -1,0 +1,202 @@
+"""Programs switches over P4Runtime with finsy: one code path for BMv2 and the software switch.
+
+`program(target, program)` connects (device id from the registration: BMv2's is 0, and finsy's
+default 1 fails with a bare cancellation), sets the forwarding pipeline unless the switch
+already runs it (finsy compares cookies, so a reconnecting controller does not wipe a
+programmed switch), reconciles the managed tables (`sessions`, `workers`, `endpoints`) and the
+multicast groups with the desired program by reading them first and writing only the
+difference (delete, modify, insert), then reads everything back and checks it. So the same
+call creates, updates and idempotently re-applies a switch's state. Tables it does not manage
+(`ipv4_lpm`, the drop simulators) are never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from finsy import P4CounterEntry, P4MulticastGroupEntry, P4TableAction, P4TableEntry, P4TableMatch, Switch, \
+    SwitchOptions
+from finsy.p4entity import P4Replica
+
+from .plan import MulticastGroup, SwitchProgram, TableEntry
+
+MANAGED_TABLES = ("sessions", "workers", "endpoints")
+WRITE_BATCH = 500  # updates per WriteRequest
+COUNTER_NAMES = ("drops", "events", "rx_types", "session_packets")
+
+
+
+class _FinsyFailures(logging.Handler):
+    """Keeps finsy's task failures: a failing pipeline step reaches us only as a bare cancellation,
+    while finsy logs the real exception (at CRITICAL, naming the switch) -- we report that instead."""
+
+    def __init__(self):
+        super().__init__(logging.CRITICAL)
+        self.last: dict[str, BaseException] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            text = record.getMessage()
+            self.last[text.split("fy:", 1)[-1].split("|", 1)[0]] = record.exc_info[1]
+
+
+_FAILURES = _FinsyFailures()
+_finsy_log = logging.getLogger("finsy")
+_finsy_log.setLevel(logging.CRITICAL)  # finsy narrates every connect; ProgramError reports the failures
+_finsy_log.propagate = False
+_finsy_log.addHandler(_FAILURES)
+
+
+class ProgramError(RuntimeError):
+    """A switch could not be programmed or read; the message names the switch and the cause."""
+
+
+@dataclass
+class SwitchTarget:
+    name: str
+    address: str
+    device_id: int
+    target: str = "software"  # "software" | "bmv2" | "tofino"
+    lanes: int = 0
+    slots: int = 0
+
+
+class SwitchProgrammer:
+    def __init__(self, p4info: Path, device_config: Callable[[SwitchTarget], bytes], timeout: float = 20.0):
+        self.p4info = Path(p4info)
+        self.device_config = device_config
+        self.timeout = timeout
+        if not self.p4info.exists():
+            raise FileNotFoundError(f"P4Info {self.p4info} not found: run `luwu p4 generate` or pass --p4info")
+
+    # -- connection -----------------------------------------------------------------------------
+    async def _run(self, target: SwitchTarget, what: str, body):
+        try:
+            blob = self.device_config(target)
+        except (OSError, ValueError) as exc:
+            raise ProgramError(f"switch {target.name}: no device config for target {target.target!r}: {exc}") from exc
+        opts = SwitchOptions(p4info=self.p4info, p4blob=blob, device_id=target.device_id)
+        _FAILURES.last.pop(target.name, None)
+        try:
+            async with asyncio.timeout(self.timeout):
+                async with Switch(target.name, target.address, opts) as sw:
+                    return await body(sw)
+        except ProgramError:
+            raise
+        except TimeoutError as exc:
+            raise ProgramError(f"switch {target.name} ({target.address}): {what} timed out after {self.timeout} s "
+                               "(is its P4Runtime server up, and is the device id right?)") from exc
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            if isinstance(exc, asyncio.CancelledError) and target.name in _FAILURES.last:
+                exc = _FAILURES.last.pop(target.name)  # the cause behind finsy's cancellation
+            raise ProgramError(f"switch {target.name} ({target.address}): {what} failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
+
+    # -- programming ----------------------------------------------------------------------------
+    async def program(self, target: SwitchTarget, program: SwitchProgram) -> dict[str, int]:
+        """Make the switch hold exactly `program` in the managed tables and groups; return counts."""
+
+        async def body(sw: Switch) -> dict[str, int]:
+            schema = sw.p4info
+            desired = {}
+            for e in program.entries:
+                try:
+                    entity = _entity(e)
+                    desired[_key(entity.encode_entry(schema))] = entity
+                except (ValueError, KeyError) as exc:
+                    raise ProgramError(f"switch {target.name}: entry {e} does not fit the P4Info: {exc}") from exc
+            want_groups = {g.group_id: sorted(tuple(r) for r in g.replicas) for g in program.groups}
+            current, groups = await _read_state(sw)
+            counts = {"deleted": 0, "modified": 0, "inserted": 0, "groups": 0}
+            deletes = [-entity for k, entity in current.items() if k not in desired]
+            modifies = [~desired[k] for k in desired if k in current and _value(current[k], schema) !=
+                        _value(desired[k], schema)]
+            inserts = [+desired[k] for k in desired if k not in current]
+            group_ops = [-P4MulticastGroupEntry(g) for g in groups if g not in want_groups]
+            for g, reps in want_groups.items():
+                entity = P4MulticastGroupEntry(g, replicas=[P4Replica(p, instance=i) for p, i in reps])
+                if g not in groups:
+                    group_ops.append(+entity)
+                elif groups[g] != reps:
+                    group_ops.append(~entity)
+            for batch in (deletes, group_ops, modifies, inserts):
+                for i in range(0, len(batch), WRITE_BATCH):
+                    await sw.write(batch[i:i + WRITE_BATCH])
+            counts.update(deleted=len(deletes), modified=len(modifies), inserted=len(inserts), groups=len(group_ops))
+            after, after_groups = await _read_state(sw)
+            bad = [k for k in desired if k not in after or _value(after[k], schema) != _value(desired[k], schema)]
+            extra = [k for k in after if k not in desired]
+            if bad or extra or after_groups != want_groups:
+                raise ProgramError(f"switch {target.name}: read-back differs after programming: {len(bad)} entries "
+                                   f"missing or different, {len(extra)} unexpected, groups "
+                                   f"{'match' if after_groups == want_groups else 'differ'}")
+            return counts
+
+        return await self._run(target, "programming", body)
+
+    async def read_program(self, target: SwitchTarget) -> SwitchProgram:
+        """What the switch holds in the managed tables and groups, as a SwitchProgram."""
+
+        async def body(sw: Switch) -> SwitchProgram:
+            current, groups = await _read_state(sw)
+            entries = []
+            for entity in current.values():
+                match = {k: (list(v) if isinstance(v, tuple) else v) for k, v in (entity.match or {}).items()}
+                entries.append(TableEntry(entity.table_id, match, entity.action.name, dict(entity.action.args)))
+            return SwitchProgram(target.name, entries, [MulticastGroup(g, r) for g, r in sorted(groups.items())])
+
+        return await self._run(target, "reading tables", body)
+
+    async def read_counters(self, target: SwitchTarget) -> dict[str, dict[int, tuple[int, int]]]:
+        async def body(sw: Switch) -> dict[str, dict[int, tuple[int, int]]]:
+            # Counters are summed by their last name component: a program may count drops in
+            # ingress and egress (LuwuIngress.drops, LuwuEgress.drops).
+            out: dict[str, dict[int, tuple[int, int]]] = {}
+            for counter in sw.p4info.counters:
+                short = counter.name.rsplit(".", 1)[-1]
+                if short not in COUNTER_NAMES:
+                    continue
+                values = out.setdefault(short, {})
+                async for c in sw.read(P4CounterEntry(counter.name)):
+                    if c.packet_count or c.byte_count:
+                        p, b = values.get(c.index, (0, 0))
+                        values[c.index] = (p + c.packet_count, b + c.byte_count)
+            return out
+
+        return await self._run(target, "reading counters", body)
+
+
+def _entity(e: TableEntry) -> P4TableEntry:
+    match = P4TableMatch({k: tuple(v) if isinstance(v, list) else v for k, v in e.match.items()})
+    return P4TableEntry(e.table, match=match, action=P4TableAction(e.action, **e.params))
+
+
+def _key(te) -> tuple:
+    return (te.table_id, tuple(sorted((m.field_id, m.SerializeToString(deterministic=True)) for m in te.match)))
+
+
+def _value(entity: P4TableEntry, schema) -> tuple:
+    """The action and its params in a canonical order (params are keyed by id, not listed order)."""
+    action = entity.encode_entry(schema).action.action
+    return action.action_id, tuple(sorted((p.param_id, p.value) for p in action.params))
+
+
+async def _read_state(sw: Switch) -> tuple[dict[tuple, P4TableEntry], dict[int, list[tuple[int, int]]]]:
+    schema = sw.p4info
+    current: dict[tuple, P4TableEntry] = {}
+    for table in MANAGED_TABLES:
+        async for entity in sw.read(P4TableEntry(table)):
+            current[_key(entity.encode_entry(schema))] = entity
+    groups: dict[int, list[tuple[int, int]]] = {}
+    async for g in sw.read(P4MulticastGroupEntry()):
+        reps = []
+        for r in g.replicas:
+            reps.append((r.port, r.instance) if isinstance(r, P4Replica) else (int(r), 0))
+        groups[g.multicast_group_id] = sorted(reps)
+    return current, groups

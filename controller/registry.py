@@ -1,0 +1,113 @@
+"""Validates registrations (switches, optimizer nodes) and turns them into the planner's `Topology`.
+
+A switch registration lists its ports with what is on the other end: a free/worker port, an
+optimizer node (by name) or another switch (by name and port). A link appears in the topology
+once both ends are registered. Validation errors are ValueErrors that name the field to fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from luwu.dataplane.protocol import lanes_for_mode
+from luwu.proto import controller_pb2 as pb
+
+from .job_spec import NAME_RE
+from .topology import HostSpec, SwitchSpec, Topology
+
+TARGETS = ("software", "bmv2", "tofino")
+ROLE_NAMES = {pb.ROLE_UNSPECIFIED: "star", pb.STAR: "star", pb.TOR: "tor", pb.CLUSTER: "cluster", pb.RAIL: "rail"}
+PORT_BITS = 9  # P4 port numbers (docs/protocol.md 6.1)
+MAC_RE = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
+
+
+def check_address(text: str, what: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what} {text!r} must look like HOST:PORT (port 1..65535)")
+    return host, int(port)
+
+
+def check_name(name: str, what: str) -> None:
+    if not NAME_RE.match(name or ""):
+        raise ValueError(f"{what} name {name!r}: use 1-63 letters, digits, '_', '.', '-'")
+
+
+def validate_switch(sw: pb.Switch) -> None:
+    check_name(sw.name, "switch")
+    check_address(sw.p4runtime_address, f"switch {sw.name}: p4runtime_address")
+    if sw.target not in TARGETS:
+        raise ValueError(f"switch {sw.name}: target {sw.target!r} must be one of {', '.join(TARGETS)}")
+    try:
+        lanes_for_mode(sw.lanes)
+    except ValueError as exc:
+        raise ValueError(f"switch {sw.name}: lanes: {exc}") from None
+    if sw.slots <= 0:
+        raise ValueError(f"switch {sw.name}: slots (per set) must be positive")
+    if sw.role not in ROLE_NAMES:
+        raise ValueError(f"switch {sw.name}: unknown role {sw.role}")
+    if sw.service_address:
+        try:
+            ipaddress.IPv4Address(sw.service_address)
+        except ValueError:
+            raise ValueError(f"switch {sw.name}: service_address {sw.service_address!r} must be an IPv4 address") \
+                from None
+    seen = set()
+    for p in sw.ports:
+        where = f"switch {sw.name} port {p.number}"
+        if p.number in seen:
+            raise ValueError(f"{where}: listed twice")
+        seen.add(p.number)
+        if p.number >= 1 << PORT_BITS:
+            raise ValueError(f"{where}: port numbers are {PORT_BITS}-bit (0..{(1 << PORT_BITS) - 1})")
+        if p.udp_address:
+            check_address(p.udp_address, f"{where}: udp_address")
+        if p.mac and not MAC_RE.match(p.mac):
+            raise ValueError(f"{where}: mac {p.mac!r} must look like aa:bb:cc:dd:ee:ff")
+        if p.ip:
+            try:
+                ipaddress.IPv4Address(p.ip)
+            except ValueError:
+                raise ValueError(f"{where}: ip {p.ip!r} must be an IPv4 address") from None
+        if p.peer_kind in (pb.PEER_NODE, pb.PEER_SWITCH) and not p.peer:
+            raise ValueError(f"{where}: a node or switch port needs `peer` (its name)")
+
+
+def validate_node(node: pb.Node) -> None:
+    check_name(node.name, "node")
+    check_address(node.data_address, f"node {node.name}: data_address")
+    c = node.capacity
+    if c.params_per_second < 0 or c.params_per_second != c.params_per_second:
+        raise ValueError(f"node {node.name}: capacity.params_per_second must be a number >= 0")
+
+
+def build_topology(switches: dict[str, pb.Switch], nodes: dict[str, pb.Node]) -> Topology:
+    topo = Topology()
+    for name in sorted(nodes):
+        host, _ = check_address(nodes[name].data_address, "data_address")
+        topo.add_host(HostSpec(name, "node", ip=host if _is_ipv4(host) else ""))
+    for name in sorted(switches):
+        sw = switches[name]
+        topo.add_switch(SwitchSpec(
+            name, ROLE_NAMES[sw.role], sw.lanes, sw.slots, rail=sw.rail,
+            open_ports=sorted(p.number for p in sw.ports if p.peer_kind in (pb.PEER_UNSPECIFIED, pb.PEER_WORKER)),
+            port_udp={p.number: p.udp_address for p in sw.ports if p.udp_address},
+            port_mac={p.number: p.mac for p in sw.ports if p.mac},
+            service_address=sw.service_address, udp_port=sw.udp_port))
+    for name in sorted(switches):
+        for p in sorted(switches[name].ports, key=lambda p: p.number):
+            if p.peer_kind == pb.PEER_NODE and p.peer in nodes:
+                topo.link(name, p.number, p.peer, 0)
+            elif p.peer_kind == pb.PEER_SWITCH and p.peer in switches:
+                if topo.peer(name, p.number) is None and topo.peer(p.peer, p.peer_port) is None:
+                    topo.link(name, p.number, p.peer, p.peer_port)
+    return topo
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+        return True
+    except ValueError:
+        return False

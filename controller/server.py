@@ -1,0 +1,155 @@
+"""`luwu controller`: the gRPC controller process (and `ControllerServer` to run one in-process).
+
+Options: --listen HOST:PORT, --db FILE (sqlite state), --token-file FILE (else LUWU_TOKEN),
+--tls-cert/--tls-key (PEM; both or neither), --health-timeout SECONDS, pool sizes, --p4info,
+--bmv2-json. On start it loads the state, re-programs every registered switch from the live
+jobs in the background (idempotent), and watches heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import grpc
+
+from luwu.proto import controller_pb2_grpc as pb_grpc
+
+from .auth import Authenticator
+from .config import DEFAULT_DB, DEFAULT_LISTEN, ControllerConfig, read_token
+from .core import ControllerCore
+from .service import ControllerService
+from .store import StateStore
+
+log = logging.getLogger("luwu.controller")
+STOP_GRACE = 1.0  # seconds in-flight RPCs get at shutdown
+
+
+class ControllerServer:
+    def __init__(self, config: ControllerConfig, programmer=None):
+        config.validate()
+        self.config = config
+        self.auth = Authenticator(config.admin_token)
+        self._programmer = programmer
+        self.server: grpc.aio.Server | None = None
+        self.core: ControllerCore | None = None
+        self.address = ""
+        self.reconciled: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> str:
+        store = StateStore(self.config.db)
+        self.core = ControllerCore(self.config, store, self._programmer)
+        self.server = grpc.aio.server()
+        pb_grpc.add_ControllerServicer_to_server(ControllerService(self.core, self.auth), self.server)
+        if self.config.tls_cert:
+            creds = grpc.ssl_server_credentials([(Path(self.config.tls_key).read_bytes(),
+                                                  Path(self.config.tls_cert).read_bytes())])
+            port = self.server.add_secure_port(self.config.listen, creds)
+        else:
+            port = self.server.add_insecure_port(self.config.listen)
+        if not port:
+            raise OSError(f"cannot listen on {self.config.listen}: is another controller running there?")
+        await self.server.start()
+        self.address = f"{self.config.listen.rpartition(':')[0]}:{port}"
+        self.reconciled = asyncio.create_task(self.core.reconcile_all())
+        self._tasks = [self.reconciled, asyncio.create_task(self.core.health_loop())]
+        return self.address
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.server is not None:
+            await self.server.stop(STOP_GRACE)
+        if self.core is not None:
+            self.core.store.close()
+
+
+class BackgroundController:
+    """A ControllerServer on its own event loop thread (tests, embedded use). `.address`, `.stop()`."""
+
+    def __init__(self, config: ControllerConfig, programmer=None):
+        self.loop = asyncio.new_event_loop()
+        self.server = ControllerServer(config, programmer)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="luwu-controller", daemon=True)
+        self._thread.start()
+        self.address = self.call(self.server.start())
+
+    def call(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def wait_reconciled(self, timeout: float | None = None) -> dict[str, str]:
+        async def wait():
+            return await self.server.reconciled
+
+        return self.call(wait(), timeout)
+
+    def stop(self) -> None:
+        self.call(self.server.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+def add_arguments(p) -> None:
+    d = ControllerConfig()
+    p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"gRPC address to serve on (default {DEFAULT_LISTEN})")
+    p.add_argument("--db", default=str(DEFAULT_DB), help="sqlite file holding registrations, jobs, plans and epochs "
+                                                         f"(default {DEFAULT_DB})")
+    p.add_argument("--token-file", default="", help="file holding the admin token (default: $LUWU_TOKEN)")
+    p.add_argument("--tls-cert", default="", help="PEM certificate: serve TLS (with --tls-key)")
+    p.add_argument("--tls-key", default="", help="PEM private key for --tls-cert")
+    p.add_argument("--health-timeout", type=float, default=d.health_timeout,
+                   help=f"seconds without a heartbeat before a switch or node is down (default {d.health_timeout})")
+    p.add_argument("--meta-pool", type=int, default=d.meta_pool, help=f"meta session slots (default {d.meta_pool})")
+    p.add_argument("--data-pool", type=int, default=d.data_pool, help=f"data session slots (default {d.data_pool})")
+    p.add_argument("--node-pool", type=int, default=d.node_pool, help=f"node session slots (default {d.node_pool})")
+    p.add_argument("--min-pool", type=int, default=d.min_pool,
+                   help=f"smallest pool a full switch may shrink a session to (default {d.min_pool})")
+    p.add_argument("--allow-fallback", action="store_true",
+                   help="when a switch is full, give node sessions pool size 0 (all traffic falls back to the node); "
+                        "needs a switch that accepts pool_size 0")
+    p.add_argument("--p4info", default="", help="P4Info text file (default: the committed p4/build/p4info.txtpb)")
+    p.add_argument("--bmv2-json", default="", help="BMv2 JSON for bmv2 targets (default: p4/build/luwu_v1model.json)")
+    p.add_argument("--program-timeout", type=float, default=d.program_timeout,
+                   help=f"seconds to connect to and program one switch (default {d.program_timeout})")
+
+
+def config_from_args(args) -> ControllerConfig:
+    return ControllerConfig(listen=args.listen, db=args.db, admin_token=read_token("", args.token_file),
+                            tls_cert=args.tls_cert, tls_key=args.tls_key, health_timeout=args.health_timeout,
+                            meta_pool=args.meta_pool, data_pool=args.data_pool, node_pool=args.node_pool,
+                            min_pool=args.min_pool, allow_fallback=args.allow_fallback, p4info=args.p4info,
+                            bmv2_json=args.bmv2_json, program_timeout=args.program_timeout)
+
+
+def run(args) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = config_from_args(args)
+        server = ControllerServer(config)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"luwu controller: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        try:
+            address = await server.start()
+        except OSError as exc:
+            print(f"luwu controller: {exc}", file=sys.stderr)
+            return 1
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"luwu controller listening on {address} (db {config.db}, "
+              f"{'TLS' if config.tls_cert else 'plaintext'})", flush=True)
+        await stop.wait()
+        await server.stop()
+        return 0
+
+    return asyncio.run(main())
