@@ -1,0 +1,71 @@
+"""`luwu p4`: check, build without p4c, commands, and load against a real P4Runtime server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from luwu.cli import main
+from luwu.p4 import P4_DIR, P4INFO_TXTPB
+
+
+def test_check_passes_on_the_committed_files(capsys):
+    assert main(["p4", "check"]) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+def test_build_without_compilers_names_what_is_missing(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: no p4c, no bf-p4c
+    assert main(["p4", "build", "--target", "all", "-D", "SLOTS=8192"]) == 2
+    out = capsys.readouterr().out
+    assert "`p4c` is not on PATH" in out and "`bf-p4c` is not on PATH" in out
+    assert "p4c --target bmv2 --arch v1model -DSLOTS=8192 --p4runtime-files" in out
+    assert "bf-p4c --target tofino --arch tna" in out
+
+
+def test_commands(capsys):
+    assert main(["p4", "commands"]) == 0
+    out = capsys.readouterr().out
+    assert "luwu_v1model.p4" in out and "luwu_tna.p4" in out and "--device-id 0" in out and "50051" in out
+
+
+def test_load_reports_missing_build(capsys, tmp_path):
+    runtime = tmp_path / "rt.json"
+    runtime.write_text(json.dumps({"p4info": "nowhere.txtpb", "bmv2_json": "nowhere.json", "table_entries": []}))
+    assert main(["p4", "load", "--runtime", str(runtime)]) == 2
+    assert "luwu p4 build" in capsys.readouterr().out
+
+
+def test_load_programs_a_p4runtime_switch(capsys, tmp_path):
+    """`luwu p4 load` pushes the example star to the software switch's P4Runtime server; the
+    switch then routes a PULL from rank 2 to the optimizer node as the example says."""
+    sw_mod = pytest.importorskip("luwu.dataplane.switch")
+    p4rt = pytest.importorskip("luwu.dataplane.switch.p4runtime_server")
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+
+    from luwu.dataplane.protocol import DEFAULT_UDP_PORT, MsgType
+    from luwu.dataplane.scapy_layer import Luwu
+
+    blob = tmp_path / "device.bin"
+    blob.write_bytes(p4rt.device_config_marker(64, 1024))
+    runtime = tmp_path / "star.json"
+    raw = json.loads((P4_DIR / "runtime" / "star4.json").read_text())
+    raw["p4info"], raw["bmv2_json"] = str(P4INFO_TXTPB), str(blob)
+    runtime.write_text(json.dumps(raw))
+    sw = sw_mod.SoftwareSwitch(sw_mod.SwitchConfig(lanes=64, slots=1024))
+    server = p4rt.serve(sw, "127.0.0.1:0", P4INFO_TXTPB)
+    try:
+        assert main(["p4", "load", "--addr", server.address, "--runtime", str(runtime)]) == 0
+        assert "entities written" in capsys.readouterr().out
+        pull = (Ether(src="08:00:00:00:00:03", dst="02:00:00:00:00:fe") / IP(src="10.0.0.3", dst="10.0.0.254")
+                / UDP(sport=DEFAULT_UDP_PORT, dport=DEFAULT_UDP_PORT)
+                / Luwu(type=int(MsgType.PULL), session=3, worker=2, count=1) / Raw(bytes(12)))
+        out = sw.process_frames([(3, bytes(pull))])
+    finally:
+        server.stop(None)
+    assert [port for port, _ in out] == [5]
+    got = Ether(out[0][1])
+    assert (got[Ether].dst, got[IP].dst, got[UDP].chksum) == ("08:00:00:00:00:05", "10.0.0.5", 0)
