@@ -1,0 +1,165 @@
+"""Errors of the luwu backend say what failed and what to check: an unreachable switch (at group
+creation and mid-training), a dead engine daemon, unsupported reduce ops and dtypes, bad settings,
+and `import luwu` without torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from backend_harness import run_ranks
+from luwu.dataplane.loopback import StarPlan, free_udp_port
+from luwu.worker.backend import LuwuError
+from luwu.worker.backend.config import BackendConfig
+from luwu.worker.backend.plan_codec import star_plan_to_json
+from luwu.worker.backend.process_group import LuwuProcessGroup
+
+
+def _group(tmp_path, **cfg) -> LuwuProcessGroup:
+    config = BackendConfig(workdir=str(tmp_path / "luwu"), **cfg)
+    config.validate()
+    return LuwuProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=20), config=config)
+
+
+@pytest.mark.parametrize("engine", ["embedded", "process"])
+def test_unreachable_switch_is_reported_by_group_creation(tmp_path, engine):
+    plan = StarPlan(workers=1)
+    plan.switch_ports = {p: ("127.0.0.1", free_udp_port()) for p in plan.ports}  # nobody listens there
+    path = tmp_path / "plan.json"
+    path.write_text(star_plan_to_json(plan))
+    with pytest.raises(LuwuError) as err:
+        _group(tmp_path, engine=engine, plan_file=str(path), connect_timeout=2.0)
+    msg = str(err.value)
+    host, port = plan.switch_ports[1]
+    assert "unreachable" in msg and f"{host}:{port}" in msg, msg
+    assert "LUWU_PLAN" in msg and str(path) in msg, msg
+
+
+def switch_dies_on_rank(rank: int, world: int) -> dict:
+    pg = dist.distributed_c10d._get_default_group()
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    dist.barrier()
+    if rank == 0:
+        pg._lease.switch.proc.kill()
+        pg._lease.switch.proc.wait(10)
+    errors = []
+    for _ in range(2):
+        try:
+            dist.all_reduce(torch.ones(10))
+            errors.append(None)
+        except Exception as e:  # noqa: BLE001 - the message is what the test checks
+            errors.append(f"{type(e).__name__}: {e}")
+    return {"first_sum": float(t[0]), "errors": errors}
+
+
+def test_switch_dying_mid_training_names_the_switch(tmp_path):
+    results = run_ranks(switch_dies_on_rank, 2, tmp_path, env={"LUWU_ENGINE": "embedded"}, pg_timeout=6.0)
+    for rank, res in enumerate(results):
+        assert res["first_sum"] == 2.0
+        first, second = res["errors"]
+        assert first is not None and "LuwuError" in first, first
+        assert "did not complete within 6 s" in first and "switch at 127.0.0.1:" in first, first
+        assert "embedded software switch" in first and "switch.log" in first, first
+        assert second is not None and "broken by an earlier failure" in second, second
+
+
+def test_dead_engine_daemon_is_named_with_its_log(tmp_path):
+    pg = _group(tmp_path, engine="process")
+    try:
+        t = torch.ones(5)
+        pg.allreduce([t], dist.AllreduceOptions()).wait()
+        assert t.tolist() == [1.0] * 5
+        pg._link.proc.kill()
+        pg._link.proc.wait(10)
+        with pytest.raises(LuwuError) as err:
+            pg.allreduce([torch.ones(5)], dist.AllreduceOptions()).wait(timedelta(seconds=30))
+        msg = str(err.value)
+        assert "engine daemon" in msg and "exited with code -9" in msg, msg
+        assert pg._link.log_path in msg, msg
+    finally:
+        pg.shutdown()
+
+
+def _opts(op):
+    o = dist.AllreduceOptions()
+    o.reduceOp = op
+    return o
+
+
+def test_unsupported_ops_and_dtypes_raise_at_the_call(tmp_path):
+    pg = _group(tmp_path, engine="embedded")
+    try:
+        cases = [
+            (torch.ones(3), dist.ReduceOp.PRODUCT, ["PRODUCT", "SUM, AVG, MAX and MIN"]),
+            (torch.ones(3, dtype=torch.int32), dist.ReduceOp.BAND, ["BAND", "SUM, AVG, MAX and MIN"]),
+            (torch.ones(3, dtype=torch.float64), dist.ReduceOp.SUM, ["torch.float64", "float32", "cast float64"]),
+            (torch.ones(3, dtype=torch.int64), dist.ReduceOp.MAX, ["MAX of torch.int64", "int32"]),
+            (torch.ones(3, dtype=torch.int32), dist.ReduceOp.AVG, ["AVG of torch.int32"]),
+            (torch.ones(3, dtype=torch.complex64), dist.ReduceOp.SUM, ["torch.complex64", "bfloat16"]),
+        ]
+        for t, op, words in cases:
+            with pytest.raises(TypeError) as err:
+                pg.allreduce([t], _opts(op))
+            for w in words:
+                assert w in str(err.value), (w, str(err.value))
+        with pytest.raises(TypeError, match="sparse|dense"):
+            pg.allreduce([torch.ones(3).to_sparse()], _opts(dist.ReduceOp.SUM))
+        with pytest.raises(ValueError, match="one tensor per call"):
+            pg.broadcast([torch.ones(1), torch.ones(1)], dist.BroadcastOptions())
+        # the group still works after refusing those
+        t = torch.full((4,), 3.0)
+        pg.allreduce([t], _opts(dist.ReduceOp.MAX)).wait()
+        assert t.tolist() == [3.0] * 4
+        # a bytes-exact collective takes any dtype, float64 included
+        b = torch.tensor([1.5, -2.25], dtype=torch.float64)
+        pg.broadcast([b], dist.BroadcastOptions()).wait()
+        assert b.tolist() == [1.5, -2.25]
+    finally:
+        pg.shutdown()
+
+
+def test_bad_settings_say_what_to_fix(tmp_path):
+    with pytest.raises(ValueError, match="LUWU_ENGINE='gpu'.*process, embedded"):
+        BackendConfig.from_env({"LUWU_ENGINE": "gpu"})
+    with pytest.raises(ValueError, match="unknown packet mode"):
+        BackendConfig.from_env({"LUWU_MODE": "huge"})
+    with pytest.raises(ValueError, match="LUWU_CONNECT_TIMEOUT"):
+        BackendConfig.from_env({"LUWU_CONNECT_TIMEOUT": "soon"})
+    with pytest.raises(ValueError, match="not both"):
+        BackendConfig.from_env({"LUWU_CONTROLLER": "127.0.0.1:1", "LUWU_PLAN": "/x.json"})
+    with pytest.raises(ValueError, match="LUWU_JOB is not"):
+        _group(tmp_path, controller="127.0.0.1:1")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"workers": 1, "colour": "red"}))
+    with pytest.raises(ValueError, match="LUWU_PLAN=.*unknown keys"):
+        _group(tmp_path, plan_file=str(bad))
+
+
+def test_import_luwu_works_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"  # makes `import torch` fail
+            "import luwu, luwu.worker.backend\nprint('ok', luwu.__version__)")
+    env = dict(os.environ)
+    env.pop("LUWU_NO_BACKEND", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr
+
+
+@pytest.mark.parametrize("first", ["torch", "luwu"])
+def test_import_luwu_registers_the_backend(first):
+    """Whichever is imported first; `import luwu` alone does not import torch (daemons stay light)."""
+    code = {"torch": "import torch.distributed as dist\nassert 'luwu' not in dist.Backend.backend_list\nimport luwu\n",
+            "luwu": "import sys, luwu\nassert 'torch' not in sys.modules\nimport torch.distributed as dist\n"}[first]
+    code += "print(dist.Backend.backend_list, dist.Backend.backend_capability['luwu'])"
+    env = dict(os.environ)
+    env.pop("LUWU_NO_BACKEND", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "'luwu'" in out.stdout and "['cpu']" in out.stdout, out.stdout

@@ -1,0 +1,98 @@
+"""Work and Future semantics of the luwu process group, on real ranks: `wait()`, `get_future()` (its value
+is the list of output tensors, `then` callbacks see the result), many collectives in flight completed
+in order whatever order they are waited in, the collective call returning before the collective is
+done, and the once-per-process saturation warning."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from backend_harness import run_ranks
+
+
+def semantics_on_rank(rank: int, world: int) -> dict:
+    from luwu.worker.backend import LuwuWork, SaturationWarning
+
+    out: dict = {}
+    t = torch.arange(6, dtype=torch.float32) * (rank + 1)
+    work = dist.all_reduce(t, async_op=True)
+    out["work_type"] = type(work).__name__
+    fut = work.get_future()
+    import threading
+
+    seen = []
+    called = threading.Event()
+    doubled = fut.then(lambda f: (seen.append(f.value()), f.value()[0] * 2)[1])
+    fut.add_done_callback(lambda f: called.set())
+    out["wait"] = work.wait()
+    out["completed"] = work.is_completed() and work.is_success()
+    value = fut.wait()
+    out["value_is_list_of_outputs"] = isinstance(value, list) and len(value) == 1 and value[0] is t
+    out["allreduced"] = t.numpy().copy()
+    out["doubled"] = doubled.wait().numpy()  # completes after its callback ran
+    out["callbacks_ran"] = called.wait(30) and len(seen) == 1 and seen[0][0] is t
+
+    # a collective returns before it has completed: this rank submits, the other ranks wait a moment
+    big = torch.ones(200_000)
+    if rank == 0:
+        w = dist.all_reduce(big, async_op=True)
+        out["returned_before_done"] = not w.is_completed()
+        w.wait()
+    else:
+        import time
+
+        time.sleep(1.0)
+        dist.all_reduce(big)
+    out["big_sum"] = float(big[0])
+
+    # many in flight, waited in reverse order, values per op
+    tensors = [torch.full((1000 * k + 1,), float(k + rank)) for k in range(10)]
+    works = [dist.all_reduce(x, async_op=True) for x in tensors]
+    for w in reversed(works):
+        w.wait()
+    out["in_flight"] = [float(x[0]) for x in tensors]
+    out["in_flight_sizes_ok"] = all(x.numel() == 1000 * k + 1 for k, x in enumerate(tensors))
+
+    # broadcast's and barrier's futures
+    b = torch.full((3,), float(rank))
+    bf = dist.broadcast(b, src=0, async_op=True).get_future()
+    out["broadcast_future"] = [v.numpy().copy() for v in bf.wait()]
+    out["barrier_future"] = dist.barrier(async_op=True).get_future().wait()
+    out["is_luwu_work"] = isinstance(work, LuwuWork)
+
+    # saturation: warned once per process, naming the tensor size
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            s = torch.ones(777)
+            s[5] = float("inf") if rank == 0 else 1.0
+            dist.all_reduce(s)
+    sat = [str(w.message) for w in caught if issubclass(w.category, SaturationWarning)]
+    out["saturation_warnings"] = sat
+    return out
+
+
+def test_work_and_future_semantics(tmp_path):
+    world = 2
+    results = run_ranks(semantics_on_rank, world, tmp_path)
+    for rank, out in enumerate(results):
+        assert out["work_type"] == "LuwuWork" and out["is_luwu_work"]
+        assert out["wait"] is True and out["completed"]
+        assert out["value_is_list_of_outputs"], "the future's value must be the list of output tensors"
+        expected = np.arange(6, dtype=np.float32) * sum(r + 1 for r in range(world))
+        np.testing.assert_allclose(out["allreduced"], expected, rtol=1e-6)
+        np.testing.assert_allclose(out["doubled"], 2 * expected, rtol=1e-6)
+        assert out["callbacks_ran"]
+        assert out["big_sum"] == world
+        assert out["in_flight"] == [float(world * k + sum(range(world))) for k in range(10)]
+        assert out["in_flight_sizes_ok"]
+        for v in out["broadcast_future"]:
+            np.testing.assert_array_equal(v, np.zeros(3, np.float32))
+        assert out["barrier_future"] == []
+        assert len(out["saturation_warnings"]) == 1, out["saturation_warnings"]
+        assert "777 elements" in out["saturation_warnings"][0] and "inf" in out["saturation_warnings"][0]
+    assert results[0]["returned_before_done"], "the collective call blocked until the collective completed"

@@ -1,0 +1,51 @@
+"""The `luwu` torch.distributed backend: `import luwu` registers it, then
+`dist.init_process_group("luwu")` gives a process group whose collectives go through the SmartNIC
+engine and the switch (allreduce/reduce_scatter aggregated in the network; broadcast, allgather,
+all_to_all, scatter/gather and barrier moved exactly over the same path; send/recv over TCP).
+
+Modules: `process_group` (the ProcessGroup), `collectives` (each collective's engine steps),
+`codec` (tensors <-> engine arrays), `scheduler` (one submission order on every rank, completion,
+deadlines), `work` (Work/Future), `engine_link` (embedded engine or engine daemon), `plan_source`
+(embedded switch, plan file or controller), `switch_host` (the embedded switch's process),
+`config` (environment variables), `diagnostics` (errors and warnings).
+
+Importing this package does not import torch; `register()` and the classes do.
+"""
+
+from __future__ import annotations
+
+BACKEND_NAME = "luwu"
+_registered = False
+
+
+def register() -> None:
+    """Register the `luwu` backend with torch.distributed (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    import torch.distributed as dist
+
+    from .process_group import create_luwu_process_group
+
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND_NAME, create_luwu_process_group, devices=["cpu"])
+    _registered = True
+
+
+def __getattr__(name: str):
+    if name in ("LuwuProcessGroup", "create_luwu_process_group"):
+        from . import process_group
+
+        return getattr(process_group, name)
+    if name == "LuwuWork":
+        from .work import LuwuWork
+
+        return LuwuWork
+    if name in ("LuwuError", "SaturationWarning"):
+        from . import diagnostics
+
+        return getattr(diagnostics, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["BACKEND_NAME", "register", "LuwuProcessGroup", "LuwuWork", "LuwuError", "SaturationWarning"]

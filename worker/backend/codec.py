@@ -1,0 +1,157 @@
+"""Tensors <-> the flat float32/int32 arrays the engine reduces.
+
+Two ways across the switch:
+* reductions (allreduce, reduce, reduce_scatter): floats widen to float32 (bf16/fp16 are narrowed
+  back afterwards, fixed point with a shared exponent for sums, exact for max/min); int8, uint8,
+  int16 and int32 widen to int32 and are exact; int64 sums go as four 16-bit limbs per element
+  (N * 0xFFFF per limb cannot overflow int32, the carries are put back afterwards: exact, and
+  wrapping like int64).
+* exact moves (broadcast, allgather, all_to_all, scatter, gather): a tensor's bytes, viewed as
+  int32 words (padded to a multiple of 4 bytes), summed with zeros from the ranks that do not
+  own them; integer sums are bit-exact, so any dtype crosses unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+WORD = 4  # bytes per int32 lane
+LIMB_BITS = 16
+LIMBS = 64 // LIMB_BITS
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+SMALL_INTS = {torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16, torch.int32: np.int32}
+OPS = ("sum", "avg", "max", "min")
+
+
+class UnsupportedCollective(TypeError):
+    """An op/dtype pair the luwu backend does not reduce; the message lists what it does."""
+
+
+@dataclass(frozen=True)
+class Encoding:
+    dtype: torch.dtype
+    op: str
+    kind: str  # "float", "int", "limbs"
+
+    @property
+    def words_per_element(self) -> int:
+        return LIMBS if self.kind == "limbs" else 1
+
+
+def reduction_encoding(dtype: torch.dtype, op: str, collective: str = "allreduce") -> Encoding:
+    if op not in OPS:
+        raise UnsupportedCollective(f"luwu {collective}: reduce op {op.upper()} is not supported; in-network "
+                                    f"aggregation does SUM, AVG, MAX and MIN")
+    if dtype in FLOATS:
+        return Encoding(dtype, op, "float")
+    if dtype in SMALL_INTS:
+        if op == "avg":
+            raise UnsupportedCollective(f"luwu {collective}: AVG of {dtype} is not defined; use SUM and divide")
+        return Encoding(dtype, op, "int")
+    if dtype == torch.int64:
+        if op != "sum":
+            raise UnsupportedCollective(f"luwu {collective}: {op.upper()} of torch.int64 is not supported (int64 "
+                                        "crosses the switch as 16-bit limbs, which only SUM can combine); use "
+                                        "int32 for MAX/MIN")
+        return Encoding(dtype, op, "limbs")
+    raise UnsupportedCollective(
+        f"luwu {collective}: dtype {dtype} is not supported for {op.upper()}; the switch reduces float32, bfloat16, "
+        f"float16 (SUM/AVG/MAX/MIN), int8, uint8, int16, int32 (SUM/MAX/MIN) and int64 (SUM)"
+        + ("; cast float64 to float32 first (the switch sums 32-bit fixed point)" if dtype == torch.float64 else ""))
+
+
+def flat(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1)
+
+
+def encode(t: torch.Tensor, enc: Encoding) -> np.ndarray:
+    """The engine's input for tensor t: float32 or int32, words_per_element words per element."""
+    x = flat(t)
+    if enc.kind == "float":
+        return x.to(torch.float32).numpy() if x.dtype != torch.float32 else x.numpy()
+    if enc.kind == "int":
+        a = x.numpy()
+        return a if a.dtype == np.int32 else a.astype(np.int32)
+    u = x.numpy().view(np.uint64)
+    shifts = np.arange(LIMBS, dtype=np.uint64) * np.uint64(LIMB_BITS)
+    return ((u[:, None] >> shifts) & np.uint64(0xFFFF)).astype(np.int32).reshape(-1)
+
+
+def decode(a: np.ndarray, enc: Encoding) -> torch.Tensor:
+    """A flat tensor of enc.dtype from the engine's result `a` (whose dtype is float32 or int32)."""
+    if enc.kind == "float":
+        out = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+        return out if enc.dtype == torch.float32 else out.to(enc.dtype)
+    if enc.kind == "int":
+        return torch.from_numpy(np.asarray(a, dtype=np.int32).astype(SMALL_INTS[enc.dtype]))
+    limbs = np.asarray(a, dtype=np.int32).reshape(-1, LIMBS).astype(np.uint64)  # limb sums are >= 0
+    shifts = np.arange(LIMBS, dtype=np.uint64) * np.uint64(LIMB_BITS)
+    total = np.zeros(limbs.shape[0], dtype=np.uint64)
+    for k in range(LIMBS):  # uint64 arithmetic wraps, as int64 sums do
+        total += limbs[:, k] << shifts[k]
+    return torch.from_numpy(total.view(np.int64))
+
+
+# -- exact moves -----------------------------------------------------------------------------------
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def words(n: int) -> int:
+    return -(-n // WORD)
+
+
+def tensor_bytes(t: torch.Tensor) -> np.ndarray:
+    x = flat(t)
+    if x.numel() == 0:
+        return np.zeros(0, dtype=np.uint8)
+    return x.view(torch.uint8).numpy() if x.dtype != torch.uint8 else x.numpy()
+
+
+class ByteLayout:
+    """Segments of byte buffers laid end to end in an int32 word buffer, each starting on a word."""
+
+    def __init__(self, sizes: list[int]):
+        self.sizes = list(sizes)
+        self.offsets = []
+        at = 0
+        for n in self.sizes:
+            self.offsets.append(at)
+            at += words(n) * WORD
+        self.total_words = at // WORD
+
+    def empty(self) -> np.ndarray:
+        return np.zeros(self.total_words, dtype=np.int32)
+
+    def segment(self, buf: np.ndarray, index: int) -> np.ndarray:
+        a = self.offsets[index]
+        return buf.view(np.uint8)[a: a + self.sizes[index]]
+
+    def put(self, buf: np.ndarray, index: int, t: torch.Tensor) -> None:
+        self.put_bytes(buf, index, tensor_bytes(t))
+
+    def put_bytes(self, buf: np.ndarray, index: int, data: np.ndarray) -> None:
+        if data.size != self.sizes[index]:
+            raise ValueError(f"segment {index} holds {self.sizes[index]} bytes, got {data.size}")
+        if data.size:
+            self.segment(buf, index)[:] = data
+
+    def take(self, buf: np.ndarray, index: int, t: torch.Tensor) -> None:
+        if self.sizes[index]:
+            write_bytes(t, self.segment(buf, index))
+
+
+def write_bytes(t: torch.Tensor, data: np.ndarray) -> None:
+    """Copy raw bytes into tensor t (any dtype, any strides)."""
+    src = torch.from_numpy(np.array(data, dtype=np.uint8, copy=True))
+    with torch.no_grad():
+        t.copy_(src.view(t.dtype).reshape(t.shape))
+
+
+def write(t: torch.Tensor, values: torch.Tensor) -> None:
+    with torch.no_grad():
+        t.copy_(values.reshape(t.shape))

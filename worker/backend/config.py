@@ -1,0 +1,78 @@
+"""Settings of the `luwu` torch.distributed backend, read from the environment with documented defaults.
+
+| variable | default | meaning |
+|---|---|---|
+| `LUWU_ENGINE` | `process` | `process`: the SmartNIC engine runs as its own process beside each rank (`luwu engine`); `embedded`: in a thread of the rank |
+| `LUWU_CONTROLLER` | unset | `host:port` of `luwu controller`: the plan comes from its JoinJob (needs `LUWU_JOB`, `LUWU_TOKEN`) |
+| `LUWU_JOB` | unset | the controller's job id (controller mode) |
+| `LUWU_ENDPOINT_HOST` | `127.0.0.1` | address this rank's engine binds (controller mode; the controller programs the switch with it) |
+| `LUWU_PLAN` | unset | a StarPlan JSON file of a switch started separately (its `switch_ports` filled) |
+| `LUWU_MODE` | `jumbo` | packet mode of the embedded switch (`tofino`, `jumbo`, `loopback` or a lane count) |
+| `LUWU_CONNECT_TIMEOUT` | `30` | seconds the first collective (a probe at group creation) may take before the switch is declared unreachable |
+| `LUWU_P2P_HOST` | `127.0.0.1` | address the point-to-point (send/recv) listener binds and advertises |
+| `LUWU_WORKDIR` | a new temp dir | where engine and switch logs go |
+
+Without `LUWU_CONTROLLER` or `LUWU_PLAN` the plan is embedded: rank 0 starts a software switch on
+loopback and publishes the plan through the c10d store.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+ENGINE_MODES = ("process", "embedded")
+
+
+@dataclass
+class BackendConfig:
+    engine: str = "process"
+    controller: str = ""
+    job: str = ""
+    endpoint_host: str = "127.0.0.1"
+    plan_file: str = ""
+    mode: str = "jumbo"
+    connect_timeout: float = 30.0
+    p2p_host: str = "127.0.0.1"
+    workdir: str = ""
+    watchdog_tick: float = 0.5  # s between checks of outstanding operations against their deadline
+    shutdown_wait: float = 30.0  # s rank 0 keeps the embedded switch up for the other ranks to finish
+    log_tail: int = 2000  # characters of an engine/switch log quoted in an error
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "BackendConfig":
+        env = os.environ if env is None else env
+        cfg = cls(
+            engine=env.get("LUWU_ENGINE", cls.engine).strip().lower(),
+            controller=env.get("LUWU_CONTROLLER", "").strip(),
+            job=env.get("LUWU_JOB", "").strip(),
+            endpoint_host=env.get("LUWU_ENDPOINT_HOST", cls.endpoint_host).strip(),
+            plan_file=env.get("LUWU_PLAN", "").strip(),
+            mode=env.get("LUWU_MODE", cls.mode).strip(),
+            p2p_host=env.get("LUWU_P2P_HOST", cls.p2p_host).strip(),
+            workdir=env.get("LUWU_WORKDIR", "").strip(),
+        )
+        raw = env.get("LUWU_CONNECT_TIMEOUT", "").strip()
+        if raw:
+            try:
+                cfg.connect_timeout = float(raw)
+            except ValueError:
+                raise ValueError(f"LUWU_CONNECT_TIMEOUT={raw!r} is not a number of seconds") from None
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.engine not in ENGINE_MODES:
+            raise ValueError(f"LUWU_ENGINE={self.engine!r}: choose one of {', '.join(ENGINE_MODES)}")
+        if self.connect_timeout <= 0:
+            raise ValueError(f"LUWU_CONNECT_TIMEOUT must be a positive number of seconds, got {self.connect_timeout}")
+        if self.controller and self.plan_file:
+            raise ValueError("set either LUWU_CONTROLLER (plan from the controller) or LUWU_PLAN (a plan file), not both")
+        from luwu.dataplane.protocol import lanes_for_mode
+
+        mode = int(self.mode) if self.mode.isdigit() else self.mode
+        lanes_for_mode(mode)  # raises with the list of packet modes
+
+    @property
+    def packet_mode(self) -> str | int:
+        return int(self.mode) if self.mode.isdigit() else self.mode

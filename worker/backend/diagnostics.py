@@ -1,0 +1,64 @@
+"""Error messages that say what failed and what to check, and the once-per-process saturation warning."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+_saturation_warned = threading.Event()
+
+
+class LuwuError(RuntimeError):
+    """A luwu collective failed (switch unreachable, engine gone, timeout); the message says what to check."""
+
+
+class SaturationWarning(RuntimeWarning):
+    pass
+
+
+def warn_saturated(name: str, numel: int) -> None:
+    """Once per process: a float sum had to clip values (non-finite inputs, see docs/protocol.md 5)."""
+    if _saturation_warned.is_set():
+        return
+    _saturation_warned.set()
+    warnings.warn(
+        f"luwu {name}: the in-network sum of a tensor of {numel} elements saturated: some rank contributed a value "
+        "that fixed point cannot hold (inf or NaN, or beyond the agreed per-packet exponent), and it was clipped "
+        "to the largest representable value, so the affected elements of the result are wrong. Check the inputs "
+        "for inf/NaN (e.g. an exploding loss, or an fp16 overflow without loss scaling). This warning is shown "
+        "once per process.", SaturationWarning, stacklevel=2)
+
+
+def _results_seen(stats: dict | None) -> int | None:
+    if not stats:
+        return None
+    total = 0
+    for key, entry in stats.items():
+        if key.startswith("session ") and isinstance(entry, dict):
+            total += int(entry.get("results", 0))
+    return total
+
+
+def engine_failure(name: str, error: BaseException, link, lease) -> LuwuError:
+    dead = link.failure()
+    parts = [f"luwu {name} failed: {error}."]
+    if dead:
+        parts.append(f"The engine is gone: {dead}.")
+    parts.append(f"Check {link.describe()}; the switch: {lease.hint}")
+    return LuwuError(" ".join(parts))
+
+
+def timeout_failure(name: str, seconds: float, link, lease, probe: bool = False) -> LuwuError:
+    dead = link.failure()
+    if dead:
+        return LuwuError(f"luwu {name} did not complete within {seconds:g} s because the engine is gone: {dead}. "
+                         f"Check {link.describe()}.")
+    seen = _results_seen(link.stats())
+    if probe or seen == 0:
+        what = (f"the switch at {lease.switch_address} is unreachable: no result came back from it within "
+                f"{seconds:g} s" + (" (or not every rank reached init_process_group in that time)" if probe else ""))
+    else:
+        what = (f"did not complete within {seconds:g} s: the switch at {lease.switch_address} has stopped "
+                "answering, or another rank is not issuing the same collectives in the same order")
+    return LuwuError(f"luwu {name}: {what}. Check {lease.hint} Plan source: {lease.source}; this rank's engine: "
+                     f"{link.describe()}." + ("" if probe else " The process group is unusable now."))

@@ -1,0 +1,154 @@
+"""Where a rank's endpoint plan comes from: the embedded launcher, a plan file, or the controller.
+
+* embedded (default, nothing configured): rank 0 starts the software switch in a child process
+  (`switch_host.py`) and publishes the `StarPlan`, with the bound switch ports, through the c10d
+  store; the other ranks read it from there.
+* plan file (`LUWU_PLAN`): a `StarPlan` JSON of a switch someone started separately.
+* controller (`LUWU_CONTROLLER=host:port`, `LUWU_JOB`, `LUWU_TOKEN`): `plan_from_controller`
+  joins the job with JoinJob and gets this rank's plan.
+
+Every source returns a `PlanLease`: the plan, and what to tell the user to check when the
+switch does not answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from luwu.dataplane.loopback import StarPlan, free_udp_port
+from luwu.dataplane.session import EndpointPlan
+
+from .config import BackendConfig
+from .plan_codec import star_plan_from_dict, star_plan_from_json, star_plan_to_dict
+from .switch_host import SwitchHost
+
+PLAN_KEY = "luwu/plan"
+CLOSED_KEY = "luwu/closed/{rank}"
+
+
+@dataclass
+class PlanLease:
+    plan: EndpointPlan
+    source: str  # one line: where the plan came from
+    hint: str  # what to check when the switch does not answer (a sentence, ending in . or ?)
+    switch: SwitchHost | None = None  # the switch this rank started (embedded rank 0)
+
+    @property
+    def switch_address(self) -> str:
+        host, port = self.plan.wiring.switch
+        return f"{host}:{port}"
+
+
+def obtain_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: BackendConfig, workdir: str) -> PlanLease:
+    if cfg.controller:
+        return plan_from_controller(rank, world_size, cfg)
+    if cfg.plan_file:
+        return plan_from_file(rank, world_size, cfg.plan_file)
+    return embedded_plan(store, rank, world_size, timeout, cfg, workdir)
+
+
+# -- embedded ------------------------------------------------------------------------------------
+def embedded_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: BackendConfig,
+                  workdir: str) -> PlanLease:
+    if rank == 0:
+        try:
+            star = StarPlan(workers=world_size, mode=cfg.packet_mode)
+            host = SwitchHost.start(star, workdir)
+        except Exception as e:
+            store.set(PLAN_KEY, json.dumps({"error": f"rank 0 could not start the luwu switch: {e}"}))
+            raise
+        store.set(PLAN_KEY, json.dumps({"plan": star_plan_to_dict(star), "log": host.log_path}))
+        log = host.log_path
+    else:
+        try:
+            store.wait([PLAN_KEY], timeout)
+            raw = json.loads(store.get(PLAN_KEY))
+        except Exception as e:  # the store's own error names only the key
+            raise RuntimeError(f"rank {rank} waited {timeout} for rank 0 to publish the luwu switch plan through the "
+                               f"c10d store and got: {e}. Check that rank 0 is running and reached "
+                               f"init_process_group('luwu').") from e
+        if "error" in raw:
+            raise RuntimeError(raw["error"])
+        star = star_plan_from_dict(raw["plan"])
+        host, log = None, raw["log"]
+        if star.workers != world_size:
+            raise RuntimeError(f"the luwu plan in the store is for {star.workers} workers but this group has "
+                               f"{world_size}: a stale key from an earlier run in the same store?")
+    addr = "{}:{}".format(*star.switch_ports[star.worker_port(rank)])
+    who = f"pid {host.proc.pid}, " if host is not None else ""
+    hint = (f"the embedded software switch at {addr} ({who}a child process of rank 0; its log: {log}): is it, "
+            "and rank 0, still running?")
+    return PlanLease(star.worker_plan(rank), "embedded switch started by rank 0", hint, switch=host)
+
+
+def release_plan(store, lease: PlanLease, rank: int, world_size: int, wait: float) -> None:
+    """Every rank says it has closed; the rank that started the embedded switch keeps it up until all
+    have (or `wait` s passed: a rank that died never says so), then stops it."""
+    try:
+        store.set(CLOSED_KEY.format(rank=rank), "1")
+    except Exception:  # noqa: BLE001 - the store may already be gone at interpreter exit
+        pass
+    if lease.switch is None:
+        return
+    keys = [CLOSED_KEY.format(rank=r) for r in range(world_size)]
+    try:
+        store.wait(keys, timedelta(seconds=wait))
+        for key in keys + [PLAN_KEY]:
+            store.delete_key(key)
+    except Exception:  # noqa: BLE001 - a rank that died never closes; stop the switch anyway
+        pass
+    lease.switch.stop()
+
+
+# -- plan file -------------------------------------------------------------------------------------
+def plan_from_file(rank: int, world_size: int, path: str) -> PlanLease:
+    try:
+        with open(path) as f:
+            star = star_plan_from_json(f.read())
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"LUWU_PLAN={path}: cannot read a StarPlan JSON from it ({e})") from e
+    if star.workers != world_size:
+        raise ValueError(f"LUWU_PLAN={path} plans {star.workers} workers but the process group has {world_size}")
+    missing = [p for p in star.ports if p not in star.switch_ports]
+    if missing:
+        raise ValueError(f"LUWU_PLAN={path}: switch_ports has no address for switch port(s) {missing}")
+    return PlanLease(star.worker_plan(rank), f"plan file {path}",
+                     f"the software switch named in LUWU_PLAN={path}: is it running, at those ports?")
+
+
+# -- controller --------------------------------------------------------------------------------------
+def plan_from_controller(rank: int, world_size: int, cfg: BackendConfig) -> PlanLease:
+    """Join the controller's job `LUWU_JOB` as `rank` and return this rank's endpoint plan."""
+    try:
+        from luwu.controller.client import ControllerClient
+    except ImportError as e:
+        raise RuntimeError(f"LUWU_CONTROLLER={cfg.controller} is set but luwu.controller.client cannot be imported "
+                           f"({e}); unset LUWU_CONTROLLER to use the embedded switch") from e
+    if not hasattr(ControllerClient, "join_job"):
+        raise RuntimeError("LUWU_CONTROLLER is set but this luwu.controller.client has no join_job call yet; "
+                           "unset LUWU_CONTROLLER to use the embedded switch")
+    if not cfg.job:
+        raise ValueError(f"LUWU_CONTROLLER={cfg.controller} is set but LUWU_JOB is not: set it to the job id "
+                         "the controller gave at CreateJob (and LUWU_TOKEN to the job token)")
+    port = free_udp_port(cfg.endpoint_host)
+    endpoint = f"{cfg.endpoint_host}:{port}"
+    with ControllerClient(cfg.controller) as client:
+        plan, info = client.join_job(cfg.job, rank, endpoint)
+    workers = info.get("num_workers", world_size)
+    if workers != world_size:
+        raise RuntimeError(f"controller job {cfg.job} has {workers} workers but the process group has {world_size}")
+    if tuple(plan.wiring.local) != (cfg.endpoint_host, port):
+        plan.wiring.local = (cfg.endpoint_host, port)
+    return PlanLease(plan, f"controller {cfg.controller}, job {cfg.job}",
+                     f"LUWU_CONTROLLER={cfg.controller} and job {cfg.job}: `luwu-ctl jobs`, and the health and "
+                     "counters of the job's switches there.")
+
+
+def default_workdir(cfg: BackendConfig, rank: int) -> str:
+    import tempfile
+
+    base = cfg.workdir or tempfile.gettempdir()
+    os.makedirs(base, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f"luwu-rank{rank}-", dir=base)

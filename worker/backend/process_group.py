@@ -1,0 +1,343 @@
+"""`LuwuProcessGroup`: a pure-Python torch.distributed process group whose collectives run through the
+SmartNIC engine and the switch (docs/architecture.md).
+
+Through in-network aggregation: allreduce, reduce and reduce_scatter (SUM/AVG/MAX/MIN; float32,
+bfloat16, float16 via fixed point for sums and exact max/min; small ints exact; int64 SUM exact).
+Exact moves over the same engine: broadcast, allgather, all_gather_single, gather, scatter,
+all_to_all(_single) (bytes as int32, summed with zeros, codec.py), barrier (a 1-element allreduce).
+send/recv: TCP between ranks (luwu.worker.p2p), since the switch has no unicast path.
+
+Every collective validates its arguments in the caller's thread (bad dtypes and ops raise at once),
+then returns a `LuwuWork`; the scheduler submits it to the engine in call order and completes it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import collectives as C
+from .codec import UnsupportedCollective, nbytes, reduction_encoding, tensor_bytes, write_bytes
+from .config import BackendConfig
+from .diagnostics import LuwuError
+from .engine_link import open_engine
+from .plan_source import default_workdir, obtain_plan, release_plan
+from .scheduler import Scheduler
+from .work import LuwuWork
+
+BACKEND_NAME = "luwu"
+_REDUCE_OPS = ("SUM", "AVG", "MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+
+
+def op_name(reduce_op) -> str:
+    for name in _REDUCE_OPS:
+        cand = getattr(dist.ReduceOp, name, None)
+        if cand is not None and reduce_op == cand:
+            return name.lower()
+    return str(reduce_op)
+
+
+def _check_tensors(tensors, what: str) -> list[torch.Tensor]:
+    tensors = list(tensors)
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"luwu {what}: expected tensors, got {type(t).__name__}")
+        if t.device.type != "cpu":
+            raise UnsupportedCollective(f"luwu {what}: tensor on {t.device}; the luwu backend handles CPU tensors "
+                                        "(register a device backend, e.g. 'cpu:luwu,cuda:nccl', for others)")
+        if t.layout != torch.strided:
+            raise UnsupportedCollective(f"luwu {what}: {t.layout} tensors are not supported (dense tensors only)")
+    return tensors
+
+
+def _one(tensors, what: str) -> torch.Tensor:
+    tensors = _check_tensors(tensors, what)
+    if len(tensors) != 1:
+        raise ValueError(f"luwu {what}: takes exactly one tensor per call (one per device; CPU has one), "
+                         f"got {len(tensors)}")
+    return tensors[0]
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{t.numel()} x {t.dtype}"
+
+
+class LuwuProcessGroup(dist.ProcessGroup):
+    def __init__(self, store, rank: int, world_size: int, timeout: timedelta | None = None,
+                 config: BackendConfig | None = None):
+        super().__init__(rank, world_size)
+        self._cfg = cfg = config or BackendConfig.from_env()
+        self._timeout = timeout if timeout is not None else timedelta(minutes=30)
+        self._store = store
+        self._closed = False
+        self._link = self._sched = self._p2p = None
+        self._workdir = default_workdir(cfg, rank)
+        self._lease = obtain_plan(store, rank, world_size, self._timeout, cfg, self._workdir)
+        try:
+            self._link = open_engine(cfg.engine, self._lease.plan, self._workdir, cfg.connect_timeout)
+            self._sched = Scheduler(self._link, self._lease, f"r{rank}", cfg.watchdog_tick)
+            from luwu.worker.p2p import P2PChannel
+
+            self._p2p = P2PChannel(store, rank, world_size, cfg.p2p_host, self._timeout)
+            self._probe()
+        except BaseException:
+            self.shutdown()
+            raise
+        ref = weakref.ref(self)
+        atexit.register(lambda: ref() is not None and ref().shutdown())
+
+    # -- identity ----------------------------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def plan_source(self) -> str:
+        return self._lease.source
+
+    @property
+    def workdir(self) -> str:
+        return self._workdir
+
+    # -- plumbing ----------------------------------------------------------------------------------------
+    def _work(self, name: str, outputs: list[torch.Tensor], start) -> LuwuWork:
+        if self._closed:
+            raise LuwuError(f"luwu {name}: the process group has been shut down")
+        return self._sched.run(LuwuWork(name, outputs, self._timeout.total_seconds()), start)
+
+    def _probe(self) -> None:
+        """A barrier at creation, so that an unreachable switch is reported by init_process_group."""
+        work = LuwuWork("startup barrier", [], self._cfg.connect_timeout)
+        work.probe = True
+        self._sched.run(work, lambda ctx: C.barrier(ctx))
+        work.wait()
+
+    # -- reductions through the switch ------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        tensors = _check_tensors(tensors, "allreduce")
+        op = op_name(opts.reduceOp) if opts is not None else "sum"
+        encs = [reduction_encoding(t.dtype, op, "allreduce") for t in tensors]
+        name = f"allreduce({', '.join(_describe(t) for t in tensors)}, {op.upper()})"
+        return self._work(name, tensors, lambda ctx: C.reduce_tensors(ctx, tensors, encs, op))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors, opts):
+        t = _one(tensors, "reduce")
+        op = op_name(opts.reduceOp)
+        enc = reduction_encoding(t.dtype, op, "reduce")
+        keep = self.rank() == opts.rootRank
+        return self._work(f"reduce({_describe(t)}, {op.upper()}, root {opts.rootRank})", [t],
+                          lambda ctx: C.reduce_tensors(ctx, [t], [enc], op, write_back=keep))
+
+    def reduce_scatter(self, outputs, inputs, opts):
+        out = _one(outputs, "reduce_scatter")
+        ins = _check_tensors(inputs[0] if len(inputs) == 1 else [], "reduce_scatter")
+        if len(inputs) != 1 or len(ins) != self.size():
+            raise ValueError(f"luwu reduce_scatter: needs one input list of {self.size()} tensors (one per rank)")
+        for i, t in enumerate(ins):
+            if t.numel() != out.numel() or t.dtype != out.dtype:
+                raise ValueError(f"luwu reduce_scatter: input {i} is {_describe(t)} but the output is {_describe(out)}")
+        op = op_name(opts.reduceOp)
+        enc = reduction_encoding(out.dtype, op, "reduce_scatter")
+        return self._work(f"reduce_scatter({self.size()} x {_describe(out)}, {op.upper()})", [out],
+                          lambda ctx: C.reduce_scatter(ctx, out, lambda: torch.cat([C.flat(t) for t in ins]), enc, op,
+                                                       self.rank()))
+
+    def reduce_scatter_single(self, output, input, opts):
+        _check_tensors([output, input], "reduce_scatter_tensor")
+        if input.numel() != output.numel() * self.size() or input.dtype != output.dtype:
+            raise ValueError(f"luwu reduce_scatter_tensor: the input ({_describe(input)}) must hold world_size "
+                             f"({self.size()}) times the output ({_describe(output)})")
+        op = op_name(opts.reduceOp)
+        enc = reduction_encoding(output.dtype, op, "reduce_scatter_tensor")
+        return self._work(f"reduce_scatter_tensor({_describe(input)}, {op.upper()})", [output],
+                          lambda ctx: C.reduce_scatter(ctx, output, lambda: C.flat(input), enc, op, self.rank()))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+        outputs = _check_tensors(outputs, "reduce_scatter_tensor_coalesced")
+        inputs = _check_tensors(inputs, "reduce_scatter_tensor_coalesced")
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._join(works, outputs, "reduce_scatter_tensor_coalesced")
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- exact moves over the engine ---------------------------------------------------------------------
+    def broadcast(self, tensors, opts):
+        t = _one(tensors, "broadcast")
+        root = opts.rootRank
+        self._check_rank(root, "broadcast root")
+        return self._work(f"broadcast({_describe(t)}, root {root})", [t],
+                          lambda ctx: C.broadcast(ctx, t, root, self.rank()))
+
+    def allgather(self, outputs, inputs, opts=None):
+        t = _one(inputs, "allgather")
+        if len(outputs) != 1 or len(outputs[0]) != self.size():
+            raise ValueError(f"luwu allgather: needs one output list of {self.size()} tensors (one per rank)")
+        outs = _check_tensors(outputs[0], "allgather")
+        mine = outs[self.rank()]
+        if nbytes(mine) != nbytes(t):
+            raise ValueError(f"luwu allgather: output {self.rank()} holds {nbytes(mine)} bytes but this rank's "
+                             f"input has {nbytes(t)}")
+        return self._work(f"allgather({_describe(t)})", outs, lambda ctx: C.allgather(ctx, outs, t, self.rank()))
+
+    def all_gather_single(self, output, input, opts=None):
+        _check_tensors([output, input], "all_gather_into_tensor")
+        if nbytes(output) != nbytes(input) * self.size():
+            raise ValueError(f"luwu all_gather_into_tensor: the output ({_describe(output)}) must hold world_size "
+                             f"({self.size()}) times the input ({_describe(input)})")
+        return self._work(f"all_gather_into_tensor({_describe(input)})", [output],
+                          lambda ctx: C.allgather_into(ctx, output, input, self.size(), self.rank()))
+
+    _allgather_base = all_gather_single
+
+    def allgather_coalesced(self, outputs, inputs, opts=None):
+        works = [self.allgather([o], [i], opts) for o, i in zip(outputs, _check_tensors(inputs, "allgather"))]
+        return self._join(works, [t for o in outputs for t in o], "allgather_coalesced")
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return self._join(works, list(outputs), "all_gather_into_tensor_coalesced")
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, outputs, inputs, opts):
+        t = _one(inputs, "gather")
+        root = opts.rootRank
+        self._check_rank(root, "gather root")
+        outs: list[torch.Tensor] = []
+        if self.rank() == root:
+            if len(outputs) != 1 or len(outputs[0]) != self.size():
+                raise ValueError(f"luwu gather: the root needs one output list of {self.size()} tensors")
+            outs = _check_tensors(outputs[0], "gather")
+            for i, o in enumerate(outs):
+                if nbytes(o) != nbytes(t):
+                    raise ValueError(f"luwu gather: output {i} holds {nbytes(o)} bytes, the input {nbytes(t)} "
+                                     "(every rank gathers tensors of one size)")
+        return self._work(f"gather({_describe(t)}, root {root})", outs,
+                          lambda ctx: C.gather(ctx, outs, t, self.size(), self.rank()))
+
+    def scatter(self, outputs, inputs, opts):
+        out = _one(outputs, "scatter")
+        root = opts.rootRank
+        self._check_rank(root, "scatter root")
+        ins: list[torch.Tensor] = []
+        if self.rank() == root:
+            if len(inputs) != 1 or len(inputs[0]) != self.size():
+                raise ValueError(f"luwu scatter: the root needs one input list of {self.size()} tensors")
+            ins = _check_tensors(inputs[0], "scatter")
+            for i, t in enumerate(ins):
+                if nbytes(t) != nbytes(out):
+                    raise ValueError(f"luwu scatter: input {i} holds {nbytes(t)} bytes, the output {nbytes(out)}")
+        return self._work(f"scatter({_describe(out)}, root {root})", [out],
+                          lambda ctx: C.scatter(ctx, out, ins, self.size(), self.rank()))
+
+    def alltoall(self, outputs, inputs, opts=None):
+        outs, ins = _check_tensors(outputs, "all_to_all"), _check_tensors(inputs, "all_to_all")
+        if len(outs) != self.size() or len(ins) != self.size():
+            raise ValueError(f"luwu all_to_all: needs {self.size()} input and {self.size()} output tensors")
+        return self._work(f"all_to_all({sum(t.numel() for t in ins)} elements)", outs,
+                          lambda ctx: C.alltoall(ctx, [lambda t=t: tensor_bytes(t) for t in ins],
+                                                 [nbytes(o) for o in outs],
+                                                 lambda chunks: [write_bytes(o, c) for o, c in zip(outs, chunks)],
+                                                 self.size(), self.rank()))
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        _check_tensors([output, input], "all_to_all_single")
+        send = C.split_bytes(input, list(input_split_sizes), self.size(), "input")
+        recv = C.split_bytes(output, list(output_split_sizes), self.size(), "output")
+
+        def deliver(chunks: list[np.ndarray]) -> None:
+            write_bytes(output, np.concatenate(chunks) if chunks else np.zeros(0, np.uint8))
+
+        return self._work(f"all_to_all_single({_describe(input)})", [output],
+                          lambda ctx: C.alltoall(ctx, [lambda a=a, n=n: tensor_bytes(input)[a: a + n] for a, n in send],
+                                                 [n for _, n in recv], deliver, self.size(), self.rank()))
+
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts=None):
+        return self._work("barrier", [], lambda ctx: C.barrier(ctx))
+
+    # -- point to point (TCP, luwu.worker.p2p) -------------------------------------------------------------
+    def send(self, tensors, dst: int, tag: int = 0):
+        t = _one(tensors, "send")
+        work = LuwuWork(f"send({_describe(t)} to rank {dst}, tag {tag})", [t])
+        self._p2p.send(dst, tag, tensor_bytes(t), lambda err: work._fail(err) if err else work._complete())
+        return work
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        t = _one(tensors, "recv")
+        name = f"recv({_describe(t)} from rank {src}, tag {tag})"
+        work = LuwuWork(name, [t])
+
+        def deliver(payload: bytes) -> None:
+            if len(payload) != nbytes(t):
+                raise ValueError(f"luwu {name}: the message has {len(payload)} bytes but the tensor holds "
+                                 f"{nbytes(t)} ({tuple(t.shape)} x {t.dtype})")
+            write_bytes(t, np.frombuffer(payload, dtype=np.uint8))
+
+        self._p2p.recv(src, tag, deliver, lambda err: work._fail(err) if err else work._complete())
+        return work
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        raise UnsupportedCollective("luwu recv: a source rank is required (recv from any source is not supported)")
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+    def shutdown(self, *args, **kwargs) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for part in (self._sched, self._p2p, self._link):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception:  # noqa: BLE001 - shutting down: free what can be freed
+                    pass
+        lease = getattr(self, "_lease", None)
+        if lease is not None:
+            release_plan(self._store, lease, self.rank(), self.size(), self._cfg.shutdown_wait)
+
+    def abort(self) -> None:
+        self.shutdown()
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def _check_rank(self, rank: int, what: str) -> None:
+        if not 0 <= rank < self.size():
+            raise ValueError(f"luwu: {what} {rank} is not a rank of this group (0..{self.size() - 1})")
+
+    def _join(self, works: list[LuwuWork], outputs, name: str) -> LuwuWork:
+        joined = LuwuWork(name, list(outputs))
+        remaining = [len(works)]
+        lock = threading.Lock()
+
+        def one(fut) -> None:
+            try:
+                fut.wait()
+            except Exception as e:  # noqa: BLE001
+                joined._fail(e)
+                return
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                joined._complete()
+
+        if not works:
+            joined._complete()
+        for w in works:
+            w.get_future().add_done_callback(one)
+        return joined
+
+
+def create_luwu_process_group(store, rank: int, world_size: int, timeout: timedelta) -> LuwuProcessGroup:
+    """The creator registered with `dist.Backend.register_backend`."""
+    return LuwuProcessGroup(store, rank, world_size, timeout)

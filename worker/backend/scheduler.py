@@ -1,0 +1,186 @@
+"""Keeps every rank's engine operations in one order and completes Works off the caller's thread.
+
+The switch pairs packet `seq` of every worker, so all ranks must submit their engine operations
+in the same order. The collective call only validates and queues; one *submit* thread starts
+each collective in call order. A collective whose next step depends on a result (all_to_all
+first agrees on the block sizes) `hold`s the queue: later collectives wait until that step has
+been submitted, so the order stays the same on every rank without blocking anyone's caller.
+Results are turned into output tensors on a *completion* thread (never on the engine's packet
+thread), which also fails operations that pass their deadline (the process group's timeout).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from luwu.dataplane.engine import Handle
+
+from .diagnostics import LuwuError, engine_failure, timeout_failure, warn_saturated
+from .work import LuwuWork
+
+Start = Callable[["OpContext"], None]
+
+
+class OpContext:
+    """What a collective's steps may do; steps run on the submit thread."""
+
+    def __init__(self, sched: "Scheduler", work: LuwuWork):
+        self.sched = sched
+        self.work = work
+
+    def allreduce(self, x: np.ndarray, op: str) -> Handle:
+        h = self.sched.link.allreduce(np.ascontiguousarray(x).reshape(-1), op)
+        h.info["numel"] = int(x.size)
+        return h
+
+    def then(self, handle: Handle, step: Callable[[np.ndarray], None]) -> None:
+        """Run `step(result)` on the submit thread before any later collective starts."""
+        self.sched._holds += 1
+        handle.add_done_callback(lambda h: self.sched._submit_q.put(("step", self, h, step)))
+
+    def finish(self, handles: list[Handle], assemble: Callable[[list[np.ndarray]], None]) -> None:
+        """When every handle is done: `assemble(results)` on the completion thread, then complete the Work."""
+        self.sched._finish(self, handles, assemble)
+
+
+class Scheduler:
+    def __init__(self, link, lease, name: str, tick: float):
+        self.link = link
+        self.lease = lease
+        self.tick = tick
+        self.broken: LuwuError | None = None
+        self._submit_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._done_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._holds = 0
+        self._deferred: collections.deque = collections.deque()
+        self._pending: dict[int, LuwuWork] = {}
+        self._pending_lock = threading.Lock()
+        self._submitter = threading.Thread(target=self._submit_loop, name=f"luwu-submit-{name}", daemon=True)
+        self._completer = threading.Thread(target=self._complete_loop, name=f"luwu-complete-{name}", daemon=True)
+        self._submitter.start()
+        self._completer.start()
+
+    # -- caller side ---------------------------------------------------------------------------------
+    def run(self, work: LuwuWork, start: Start) -> LuwuWork:
+        if self.broken is not None:
+            raise LuwuError(f"luwu {work.name}: the process group is broken by an earlier failure: {self.broken}")
+        with self._pending_lock:
+            self._pending[id(work)] = work
+        self._submit_q.put(("op", OpContext(self, work), None, start))
+        return work
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._submit_q.put(("stop", None, None, None))
+        self._done_q.put(None)
+        self._submitter.join(timeout)
+        self._completer.join(timeout)
+        error = LuwuError("the luwu process group was shut down before this collective completed")
+        with self._pending_lock:
+            pending, self._pending = list(self._pending.values()), {}
+        for w in pending:
+            w._fail(error)
+
+    # -- submit thread -------------------------------------------------------------------------------
+    def _submit_loop(self) -> None:
+        while True:
+            kind, ctx, handle, fn = self._submit_q.get()
+            if kind == "stop":
+                return
+            if kind == "op":
+                if self._holds:
+                    self._deferred.append((ctx, fn))
+                    continue
+                self._guard(ctx, fn)
+            else:  # a held step: its input is ready
+                self._holds -= 1
+                if handle.error is not None:
+                    self._fail(ctx.work, handle.error)
+                else:
+                    self._guard(ctx, lambda c: fn(handle.wait()))
+            while not self._holds and self._deferred:
+                self._guard(*self._deferred.popleft())
+
+    def _guard(self, ctx: OpContext, fn) -> None:
+        if ctx.work.is_completed():  # failed meanwhile (watchdog, broken group): submit nothing more
+            return
+        try:
+            fn(ctx)
+        except Exception as e:  # noqa: BLE001 - the collective fails alone
+            self._fail(ctx.work, e)
+
+    # -- completion thread ---------------------------------------------------------------------------
+    def _finish(self, ctx: OpContext, handles: list[Handle], assemble) -> None:
+        remaining = [len(handles)]
+        lock = threading.Lock()
+
+        def one_done(_h: Handle) -> None:
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                self._done_q.put((ctx, handles, assemble))
+
+        if not handles:
+            self._done_q.put((ctx, handles, assemble))
+        for h in handles:
+            h.add_done_callback(one_done)
+
+    def _complete_loop(self) -> None:
+        while True:
+            try:
+                item = self._done_q.get(timeout=self.tick)
+            except queue.Empty:
+                item = ()
+            if item is None:
+                return
+            if item:
+                self._assemble(*item)
+            self._watchdog()
+
+    def _assemble(self, ctx: OpContext, handles: list[Handle], assemble) -> None:
+        work = ctx.work
+        failed = next((h.error for h in handles if h.error is not None), None)
+        if failed is not None:
+            self._fail(work, failed)
+            return
+        try:
+            results = [h.wait() for h in handles]
+            for h in handles:
+                if h.saturated:
+                    warn_saturated(work.name, h.info.get("numel", 0))
+            assemble(results)
+        except Exception as e:  # noqa: BLE001
+            self._fail(work, e, engine=False)
+            return
+        self._forget(work)
+        work._complete()
+
+    def _watchdog(self) -> None:
+        now = time.monotonic()
+        with self._pending_lock:
+            late = [w for w in self._pending.values() if w.deadline is not None and now > w.deadline]
+        for w in late:
+            error = timeout_failure(w.name, w.timeout, self.link, self.lease, probe=w.probe)
+            self.broken = self.broken or error
+            self._forget(w)
+            w._fail(error)
+
+    # -- failures --------------------------------------------------------------------------------------
+    def _fail(self, work: LuwuWork, error: BaseException, engine: bool = True) -> None:
+        from luwu.dataplane.engine import EngineError
+
+        if engine and isinstance(error, EngineError):
+            error = engine_failure(work.name, error, self.link, self.lease)
+            self.broken = self.broken or error
+        self._forget(work)
+        work._fail(error)
+
+    def _forget(self, work: LuwuWork) -> None:
+        with self._pending_lock:
+            self._pending.pop(id(work), None)

@@ -1,0 +1,84 @@
+"""The Work objects the luwu process group returns: completed from another thread, never blocking
+the collective call.
+
+`wait()` blocks until the collective finished (raising its error), `get_future()` returns a
+`torch.futures.Future` whose value is the list of output tensors (what DDP's reducer reads), and
+callbacks chained with `then` run in the backend's completion thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+
+class LuwuWork(dist.Work):
+    def __init__(self, name: str, outputs: list[torch.Tensor], timeout: float | None = None):
+        super().__init__()
+        self.name = name
+        self.outputs = outputs
+        self.timeout = timeout  # s; the scheduler's watchdog fails the work after that
+        self.started = time.monotonic()
+        self.deadline = None if timeout is None else self.started + timeout
+        self.probe = False  # the startup barrier: a timeout means the switch is unreachable
+        self._future: Future = Future()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    # -- completion (backend threads) -------------------------------------------------------------------
+    def _complete(self) -> bool:
+        with self._lock:
+            if self._done.is_set():
+                return False
+            self._done.set()
+        self._future.set_result(self.outputs)
+        return True
+
+    def _fail(self, error: BaseException) -> bool:
+        with self._lock:
+            if self._done.is_set():
+                return False
+            self._error = error
+            self._done.set()
+        self._future.set_exception(error)
+        return True
+
+    # -- the c10d Work API ------------------------------------------------------------------------------
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if not seconds:  # None, or c10d's kNoTimeout (0 ms)
+            self._done.wait()
+        elif not self._done.wait(seconds):
+            raise RuntimeError(f"luwu {self.name}: not complete after wait(timeout={seconds} s)")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self) -> Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self.outputs
+
+    def synchronize(self) -> None:  # CPU tensors: nothing to order against a stream
+        pass
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error else ("done" if self._done.is_set() else "pending")
+        return f"<LuwuWork {self.name} {state}>"
