@@ -8,7 +8,14 @@ runtime JSON (docs/protocol.md 6.1) and every endpoint's `EndpointPlan`.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import random
+import subprocess
+import sys
+import tempfile
+import threading
 from dataclasses import dataclass, field
 
 from .protocol import NODE, NextStep, lanes_for_mode
@@ -124,19 +131,20 @@ def free_udp_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _serve_switch(plan: StarPlan, drop: dict, seed: int, runtime: dict | None, conn) -> None:
-    """Child-process body of LoopbackSwitch(process=True): run the switch until told to stop."""
-    sw = _build_switch(plan, drop, seed, runtime)
-    sw.start()
-    conn.send(("ready", plan.switch_ports))
-    while True:
-        msg = conn.recv()
-        if msg == "counters":
-            conn.send(sw.counters())
-        elif msg == "stop":
-            sw.stop()
-            conn.send("stopped")
-            return
+def plan_to_json(plan: StarPlan) -> str:
+    d = dataclasses.asdict(plan)
+    d["switch_ports"] = {str(k): list(v) for k, v in plan.switch_ports.items()}
+    return json.dumps(d)
+
+
+def plan_from_json(text: str | dict) -> StarPlan:
+    d = json.loads(text) if isinstance(text, str) else dict(text)
+    names = {f.name for f in dataclasses.fields(StarPlan)}
+    unknown = set(d) - names
+    if unknown:
+        raise ValueError(f"not a StarPlan: unknown keys {sorted(unknown)} (expected {sorted(names)})")
+    d["switch_ports"] = {int(k): (str(v[0]), int(v[1])) for k, v in d.get("switch_ports", {}).items()}
+    return StarPlan(**d)
 
 
 def _build_switch(plan: StarPlan, drop: dict, seed: int, runtime: dict | None = None):
@@ -158,57 +166,103 @@ class LoopbackSwitch:
 
     `drop` takes the drop simulator's per-port probabilities (ingress, egress, duplicate, reorder),
     applied to every port; `runtime` replaces the plan's table entries (tests of misconfiguration).
+    The child process (`process=True`) is a plain subprocess driven through its stdin, not
+    multiprocessing's spawn (which would re-import the caller's `__main__`); it exits when its
+    stdin closes, so it never outlives its parent, and it logs to `log_path`.
     """
 
+    READY_TIMEOUT = 60.0
+
     def __init__(self, plan: StarPlan, process: bool = False, drop: dict | None = None, seed: int = 0,
-                 runtime: dict | None = None):
-        self.runtime = runtime
+                 runtime: dict | None = None, log_path: str | None = None):
         self.plan = plan
         self.process = process
         self.drop = drop or {}
         self.seed = seed
+        self.runtime = runtime
+        self.log_path = log_path or os.path.join(tempfile.gettempdir(), f"luwu-switch-{os.getpid()}-{id(self)}.log")
         self._sw = None
-        self._proc = None
-        self._conn = None
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
 
     def start(self) -> "LoopbackSwitch":
         if not self.process:
             self._sw = _build_switch(self.plan, self.drop, self.seed, self.runtime)
             self._sw.start()
             return self
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve_switch, args=(self.plan, self.drop, self.seed, self.runtime, child), daemon=True)
-        self._proc.start()
-        if not parent.poll(60):
-            self._proc.kill()
-            raise RuntimeError("the software switch process did not come up within 60 s")
-        _, ports = parent.recv()
-        self.plan.switch_ports.update(ports)
-        self._conn = parent
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "luwu.dataplane.loopback"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log, text=True, env=dict(os.environ, OMP_NUM_THREADS="1", LUWU_NO_BACKEND="1"))
+        request = {"plan": json.loads(plan_to_json(self.plan)), "drop": self.drop, "seed": self.seed,
+                   "runtime": self.runtime}
+        reply = self._ask(json.dumps(request), self.READY_TIMEOUT)
+        if not reply or "switch_ports" not in reply:
+            self.stop()
+            raise RuntimeError(f"the luwu software switch did not start (exit code {self._exit_code()}); "
+                               f"its log {self.log_path} says:\n{tail(self.log_path)}")
+        self.plan.switch_ports.update({int(k): (v[0], int(v[1])) for k, v in reply["switch_ports"].items()})
         return self
 
-    def counters(self) -> dict:
+    def _exit_code(self):
+        return None if self._proc is None else self._proc.poll()
+
+    def _ask(self, line: str, timeout: float) -> dict | None:
+        result: list = []
+
+        def talk() -> None:
+            try:
+                self._proc.stdin.write(line + "\n")
+                self._proc.stdin.flush()
+                answer = self._proc.stdout.readline()
+                if answer:
+                    result.append(json.loads(answer))
+            except (OSError, ValueError):
+                pass
+
+        with self._lock:
+            t = threading.Thread(target=talk, daemon=True)
+            t.start()
+            t.join(timeout)
+        return result[0] if result else None
+
+    def kill(self) -> None:
+        """Kill the switch process abruptly (tests of failure handling)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait(10)
+
+    @property
+    def pid(self) -> int:
+        return os.getpid() if self._proc is None else self._proc.pid
+
+    def alive(self) -> bool:
+        if self._sw is not None:
+            return True
+        return self._proc is not None and self._proc.poll() is None
+
+    def counters(self, timeout: float = 10.0) -> dict | None:
         if self._sw is not None:
             return self._sw.counters()
-        self._conn.send("counters")
-        return self._conn.recv()
+        return self._ask("counters", timeout) if self.alive() else None
 
     def stop(self) -> None:
         if self._sw is not None:
             self._sw.stop()
             self._sw = None
         if self._proc is not None:
+            if self._proc.poll() is None:
+                self._ask("stop", 10.0)
+            for f in (self._proc.stdin, self._proc.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
             try:
-                self._conn.send("stop")
-                self._conn.poll(10) and self._conn.recv()
-            except (OSError, EOFError):
-                pass
-            self._proc.join(10)
-            if self._proc.is_alive():
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
                 self._proc.kill()
+                self._proc.wait(10)
             self._proc = None
 
     def __enter__(self) -> "LoopbackSwitch":
@@ -216,6 +270,40 @@ class LoopbackSwitch:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def tail(path: str, chars: int = 2000) -> str:
+    """The end of a log file, for error messages."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - chars))
+            return f.read().decode(errors="replace").strip() or "(empty)"
+    except OSError as e:
+        return f"(cannot read it: {e})"
+
+
+def _serve_stdin() -> int:
+    """Body of LoopbackSwitch(process=True): a request line, then `counters` / `stop` until EOF."""
+    first = sys.stdin.readline()
+    if not first:
+        return 1
+    req = json.loads(first)
+    plan = plan_from_json(req["plan"])
+    sw = _build_switch(plan, req.get("drop") or {}, int(req.get("seed", 0)), req.get("runtime"))
+    sw.start()
+    print(json.dumps({"switch_ports": {str(k): list(v) for k, v in plan.switch_ports.items()}}), flush=True)
+    try:
+        for line in sys.stdin:  # EOF: the parent is gone
+            cmd = line.strip()
+            if cmd == "counters":
+                print(json.dumps(sw.counters(), default=str), flush=True)
+            elif cmd == "stop":
+                print(json.dumps({"stopped": True}), flush=True)
+                break
+    finally:
+        sw.stop()
+    return 0
 
 
 def local_star(workers: int, nodes: int = 0, mode: str | int = "tofino", drop: dict | None = None, seed: int = 0,
@@ -240,3 +328,7 @@ def local_star(workers: int, nodes: int = 0, mode: str | int = "tofino", drop: d
                     e.close()
 
     return _cm()
+
+
+if __name__ == "__main__":
+    sys.exit(_serve_stdin())

@@ -23,6 +23,20 @@ from ..session import EndpointPlan
 from .handles import EngineError, Handle
 from .shm import ShmBuffer
 
+# Runs before the engine daemon, then exec's it: Linux SIGTERMs the daemon when the process that
+# started it dies, even by SIGKILL, so no daemon outlives its worker.
+_DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
+                    "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG\n"
+                    "if os.getppid() != int(sys.argv[1]): sys.exit(1)  # the parent died before prctl\n"
+                    "os.execv(sys.executable, [sys.executable] + sys.argv[2:])\n")
+
+
+def _tail(path: str) -> str:
+    from ..loopback import tail
+
+    return tail(path)
+
+
 _NAMES = {np.dtype(np.float32): "float32", np.dtype(np.int32): "int32", np.dtype(np.float16): "float16",
           np.dtype(np.uint16): "bfloat16"}
 
@@ -49,22 +63,34 @@ class EngineClient:
         self._reader = threading.Thread(target=self._read, name="luwu-engine-client", daemon=True)
         self._reader.start()
         self._buffers: list[ShmBuffer] = []
+        self.log_path: str | None = None
 
     @classmethod
-    def spawn(cls, plan: EndpointPlan, workdir: str | None = None, batch: int = 64) -> "EngineClient":
+    def spawn(cls, plan: EndpointPlan, workdir: str | None = None, batch: int = 64, log_path: str | None = None,
+              connect_timeout: float = 30.0) -> "EngineClient":
+        """Start `luwu engine` for `plan` as a child process that dies with this one (even by
+        SIGKILL), logging to `log_path` (default: engine-<rank>.log in `workdir`), and connect."""
         workdir = workdir or tempfile.mkdtemp(prefix="luwu-engine-")
-        plan_path = os.path.join(workdir, f"plan-{plan.wiring.rank}.json")
+        rank = plan.wiring.rank
+        plan_path = os.path.join(workdir, f"plan-{rank}.json")
         with open(plan_path, "w") as f:
             f.write(plan.to_json())
-        control = os.path.join(workdir, f"engine-{plan.wiring.rank}.sock")
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "luwu.dataplane.engine.daemon", "--plan", plan_path, "--control", control,
-             "--batch", str(batch)], env=env, stdout=subprocess.PIPE, text=True)
-        line = proc.stdout.readline()
-        if not line:
-            raise EngineError(f"the engine daemon for rank {plan.wiring.rank} exited (code {proc.wait()})")
-        return cls(control, proc)
+        control = os.path.join(workdir, f"engine-{rank}.sock")
+        log_path = log_path or os.path.join(workdir, f"engine-{rank}.log")
+        env = dict(os.environ, OMP_NUM_THREADS="1", LUWU_NO_BACKEND="1")
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), "-m", "luwu.dataplane.engine.daemon",
+                 "--plan", plan_path, "--control", control, "--batch", str(batch)],
+                env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        try:
+            client = cls(control, proc, connect_timeout)
+        except EngineError as e:
+            proc.kill()
+            proc.wait(10)
+            raise EngineError(f"{e}; the engine log {log_path} says:\n{_tail(log_path)}") from e
+        client.log_path = log_path
+        return client
 
     # -- buffers ------------------------------------------------------------------------------------
     def buffer(self, nbytes: int) -> ShmBuffer:

@@ -37,7 +37,7 @@ def sdiff(a: int, b: int) -> int:
 
 @dataclass
 class RtoPolicy:
-    initial: float = 0.05
+    initial: float = 0.1
     minimum: float = 0.005
     maximum: float = 1.0
     burst_fraction: float = 1 / 16  # of the window, resent per recovery step

@@ -18,7 +18,7 @@ from backend_harness import run_ranks
 from luwu.dataplane.loopback import StarPlan, free_udp_port
 from luwu.worker.backend import LuwuError
 from luwu.worker.backend.config import BackendConfig
-from luwu.worker.backend.plan_codec import star_plan_to_json
+from luwu.dataplane.loopback import plan_to_json as star_plan_to_json
 from luwu.worker.backend.process_group import LuwuProcessGroup
 
 
@@ -48,8 +48,7 @@ def switch_dies_on_rank(rank: int, world: int) -> dict:
     dist.all_reduce(t)
     dist.barrier()
     if rank == 0:
-        pg._lease.switch.proc.kill()
-        pg._lease.switch.proc.wait(10)
+        pg._lease.switch.kill()
     errors = []
     for _ in range(2):
         try:

@@ -6,7 +6,7 @@ all_to_all, scatter/gather and barrier moved exactly over the same path; send/re
 Modules: `process_group` (the ProcessGroup), `collectives` (each collective's engine steps),
 `codec` (tensors <-> engine arrays), `scheduler` (one submission order on every rank, completion,
 deadlines), `work` (Work/Future), `engine_link` (embedded engine or engine daemon), `plan_source`
-(embedded switch, plan file or controller), `switch_host` (the embedded switch's process),
+(embedded switch, plan file or controller),
 `config` (environment variables), `diagnostics` (errors and warnings).
 
 Importing this package does not import torch; `register()` and the classes do.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -20,15 +19,9 @@ from luwu.dataplane.engine.client import EngineClient
 from luwu.dataplane.engine.shm import ShmBuffer
 from luwu.dataplane.session import EndpointPlan
 
-from .switch_host import tail
+from luwu.dataplane.loopback import tail
 
 MIN_SHM_BUFFER = 1 << 16  # bytes; smaller requests share this size class
-# Runs before the engine daemon (then exec's it): asks Linux to SIGTERM the daemon when the rank that
-# started it dies, even by SIGKILL, so that no daemon outlives its rank.
-_DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
-                    "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG\n"
-                    "if os.getppid() != int(sys.argv[1]): sys.exit(1)  # the rank died before prctl\n"
-                    "os.execv(sys.executable, [sys.executable] + sys.argv[2:])\n")
 
 
 class EngineLink:
@@ -104,24 +97,9 @@ class DaemonLink(EngineLink):
     kind = "process"
 
     def __init__(self, plan: EndpointPlan, workdir: str, connect_timeout: float):
-        rank = plan.wiring.rank
-        plan_path = os.path.join(workdir, f"plan-{rank}.json")
-        with open(plan_path, "w") as f:
-            f.write(plan.to_json())
-        self.control = os.path.join(workdir, f"engine-{rank}.sock")
-        self.log_path = os.path.join(workdir, f"engine-{rank}.log")
-        # spawned here rather than with EngineClient.spawn so that the daemon's output goes to a log
-        # file an error message can point at
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), "-m", "luwu.dataplane.engine.daemon",
-                 "--plan", plan_path, "--control", self.control], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                env=dict(os.environ, OMP_NUM_THREADS="1", LUWU_NO_BACKEND="1"))
-        try:
-            self.client = EngineClient(self.control, self.proc, connect_timeout)
-        except EngineError as e:
-            self._kill()
-            raise EngineError(f"{e}; the engine log {self.log_path} says:\n{tail(self.log_path)}") from e
+        self.client = EngineClient.spawn(plan, workdir, connect_timeout=connect_timeout)
+        self.proc = self.client.process
+        self.log_path = self.client.log_path
         self.pool = _ShmPool(self.client)
 
     def allreduce(self, x: np.ndarray, op: str) -> Handle:

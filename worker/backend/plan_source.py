@@ -1,7 +1,7 @@
 """Where a rank's endpoint plan comes from: the embedded launcher, a plan file, or the controller.
 
 * embedded (default, nothing configured): rank 0 starts the software switch in a child process
-  (`switch_host.py`) and publishes the `StarPlan`, with the bound switch ports, through the c10d
+  (`LoopbackSwitch`, a child process) and publishes the `StarPlan`, with the bound switch ports, through the c10d
   store; the other ranks read it from there.
 * plan file (`LUWU_PLAN`): a `StarPlan` JSON of a switch someone started separately.
 * controller (`LUWU_CONTROLLER=host:port`, `LUWU_JOB`, `LUWU_TOKEN`): `plan_from_controller`
@@ -17,12 +17,10 @@ import json
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from luwu.dataplane.loopback import StarPlan, free_udp_port
+from luwu.dataplane.loopback import LoopbackSwitch, StarPlan, free_udp_port, plan_from_json, plan_to_json
 from luwu.dataplane.session import EndpointPlan
 
 from .config import BackendConfig
-from .plan_codec import star_plan_from_dict, star_plan_from_json, star_plan_to_dict
-from .switch_host import SwitchHost
 
 PLAN_KEY = "luwu/plan"
 CLOSED_KEY = "luwu/closed/{rank}"
@@ -33,7 +31,7 @@ class PlanLease:
     plan: EndpointPlan
     source: str  # one line: where the plan came from
     hint: str  # what to check when the switch does not answer (a sentence, ending in . or ?)
-    switch: SwitchHost | None = None  # the switch this rank started (embedded rank 0)
+    switch: LoopbackSwitch | None = None  # the switch this rank started (embedded rank 0)
 
     @property
     def switch_address(self) -> str:
@@ -55,11 +53,11 @@ def embedded_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: Ba
     if rank == 0:
         try:
             star = StarPlan(workers=world_size, mode=cfg.packet_mode)
-            host = SwitchHost.start(star, workdir)
+            host = LoopbackSwitch(star, process=True, log_path=os.path.join(workdir, "switch.log")).start()
         except Exception as e:
             store.set(PLAN_KEY, json.dumps({"error": f"rank 0 could not start the luwu switch: {e}"}))
             raise
-        store.set(PLAN_KEY, json.dumps({"plan": star_plan_to_dict(star), "log": host.log_path}))
+        store.set(PLAN_KEY, json.dumps({"plan": json.loads(plan_to_json(star)), "log": host.log_path}))
         log = host.log_path
     else:
         try:
@@ -71,13 +69,13 @@ def embedded_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: Ba
                                f"init_process_group('luwu').") from e
         if "error" in raw:
             raise RuntimeError(raw["error"])
-        star = star_plan_from_dict(raw["plan"])
+        star = plan_from_json(raw["plan"])
         host, log = None, raw["log"]
         if star.workers != world_size:
             raise RuntimeError(f"the luwu plan in the store is for {star.workers} workers but this group has "
                                f"{world_size}: a stale key from an earlier run in the same store?")
     addr = "{}:{}".format(*star.switch_ports[star.worker_port(rank)])
-    who = f"pid {host.proc.pid}, " if host is not None else ""
+    who = f"pid {host.pid}, " if host is not None else ""
     hint = (f"the embedded software switch at {addr} ({who}a child process of rank 0; its log: {log}): is it, "
             "and rank 0, still running?")
     return PlanLease(star.worker_plan(rank), "embedded switch started by rank 0", hint, switch=host)
@@ -106,7 +104,7 @@ def release_plan(store, lease: PlanLease, rank: int, world_size: int, wait: floa
 def plan_from_file(rank: int, world_size: int, path: str) -> PlanLease:
     try:
         with open(path) as f:
-            star = star_plan_from_json(f.read())
+            star = plan_from_json(f.read())
     except (OSError, ValueError, TypeError) as e:
         raise ValueError(f"LUWU_PLAN={path}: cannot read a StarPlan JSON from it ({e})") from e
     if star.workers != world_size:
