@@ -1,0 +1,222 @@
+"""`luwu demo`: train a small GPT through a software switch and an in-network optimizer node on
+loopback, then the same model, data and seed with DDP + Gloo + AdamW, and compare.
+
+Steps: start the fabric (controller, switch, optimizer node; fabric.py), create the job (the
+controller plans it and programs the switch over P4Runtime), run N worker processes that join
+the job and train with ModelInNetwork (live progress), read the switch counters and the node's
+statistics, stop the fabric, run the DDP baseline, write report.json and the plots to --out,
+print a summary. Every child process dies with the demo (launch.py), on errors and Ctrl-C too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from luwu.dataplane.optimizer.spec import SERVED_DTYPES
+
+from .launch import WorkerGroup
+from .progress import DemoProgress, human_bytes
+
+RUN_TIMEOUT = 3600.0  # s a training run may take before the demo gives up
+NODE_RAM = 256 << 20  # bytes of RAM the optimizer node may use for state and served copies
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--steps", type=int, default=150, help="training steps (default 150)")
+    p.add_argument("--out", type=Path, default=Path("luwu-demo"), help="where report.json and the plots go")
+    p.add_argument("--drop", type=float, default=0.0, help="simulated packet loss on every switch port and "
+                                                           "direction (e.g. 0.01); recovery keeps results exact")
+    p.add_argument("--no-baseline", action="store_true", help="skip the DDP + Gloo baseline run")
+    p.add_argument("--no-controller", action="store_true",
+                   help="plan the loopback star without a controller (no P4Runtime, nothing for luwu-ctl)")
+    p.add_argument("--nodes", type=int, default=1, help="optimizer nodes; units are spread over them")
+    p.add_argument("--batch", type=int, default=16, help="global batch (sequences per step, split over workers)")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4, help="transformer blocks")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--context", type=int, default=64, help="characters per training sequence")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--served-dtype", choices=sorted(SERVED_DTYPES), default="bf16",
+                   help="how the optimizer node serves parameters (the workers compute in fp32)")
+    p.add_argument("--packet-mode", default="jumbo", help="tofino (64 lanes), jumbo (2048) or loopback (16000)")
+    p.add_argument("--corpus", type=Path, default=None, help="a UTF-8 text file instead of the packaged corpus")
+    p.add_argument("--quiet", action="store_true", help="no live progress (the summary is still printed)")
+
+
+def _check(args) -> None:
+    if not 1 <= args.workers <= 32:
+        raise SystemExit("luwu demo: --workers must be 1..32 (one switch, one bitmap)")
+    if args.steps < 1:
+        raise SystemExit("luwu demo: --steps must be >= 1")
+    if args.batch % args.workers:
+        raise SystemExit(f"luwu demo: --batch {args.batch} must be a multiple of --workers {args.workers}")
+    if not 0.0 <= args.drop < 1.0:
+        raise SystemExit("luwu demo: --drop is a probability in [0, 1)")
+    if args.nodes < 1:
+        raise SystemExit("luwu demo: --nodes must be >= 1")
+
+
+def _spec(args, mode: str) -> dict:
+    return {"mode": mode, "workers": args.workers, "steps": args.steps, "batch": args.batch, "lr": args.lr,
+            "weight_decay": args.weight_decay, "seed": args.seed, "served_dtype": args.served_dtype,
+            "corpus": str(args.corpus) if args.corpus else None,
+            "model": {"d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads,
+                      "context": args.context}}
+
+
+def _model_info(args) -> dict:
+    """Unit sizes for the job (layers the controller shards), from the same model the workers build."""
+    from luwu.worker.model_in_network.units import split_units
+
+    from .data import CharCorpus
+    from .model import GPTConfig, build
+
+    corpus = CharCorpus.load(args.corpus)
+    cfg = GPTConfig(vocab=corpus.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                    context=args.context)
+    units = split_units(build(cfg, args.seed))
+    numel = sum(u.numel for u in units)
+    return {"config": cfg.to_dict(), "parameters": numel, "bytes_fp32": 4 * numel,
+            "served_itemsize": SERVED_DTYPES[args.served_dtype].itemsize,
+            "units": [{"layer_id": u.index, "module": u.label(), "numel": u.numel} for u in units],
+            "corpus_characters": int(len(corpus.tokens))}
+
+
+def _train(name: str, spec: dict, workdir: Path, progress: DemoProgress, in_network: bool) -> dict[int, dict]:
+    on_message, _ = progress.run(name, spec["steps"], spec["workers"], in_network)
+    group = WorkerGroup(spec, workdir, name.split()[0].lower(), on_message).start()
+    try:
+        return group.wait(RUN_TIMEOUT)
+    finally:
+        group.stop()
+
+
+def run(args) -> int:
+    _check(args)
+    console = Console()
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    info = _model_info(args)
+    tokens_per_step = args.batch * args.context
+    console.print(f"[bold]luwu demo[/]: a {info['parameters']:,}-parameter GPT ({args.layers} blocks, d_model "
+                  f"{args.d_model}, context {args.context}) on {info['corpus_characters']:,} characters, "
+                  f"{args.workers} workers, {args.steps} steps"
+                  + (f", {args.drop:.1%} simulated loss" if args.drop else ""))
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a terminated demo still stops what it started
+    try:
+        with tempfile.TemporaryDirectory(prefix="luwu-demo-") as tmp:
+            report = _run(args, console, Path(tmp), info, tokens_per_step)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: every process the demo started has been stopped[/]")
+        return 130
+    except Exception as e:  # noqa: BLE001 - one clear line; the logs say more
+        console.print(f"[red]luwu demo failed:[/] {e}")
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    paths = report.pop("_paths")
+    _summary(console, report, paths, out)
+    return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _start_fabric(args, console: Console, workdir: Path, info: dict):
+    from .fabric import ControllerFabric, LocalFabric
+
+    layers = [(u["layer_id"], u["numel"]) for u in info["units"]]
+    optimizer = {"name": "adamw", "params": {"lr": args.lr, "weight_decay": args.weight_decay}}
+    kw = dict(workers=args.workers, nodes=args.nodes, lanes=args.packet_mode, drop=args.drop, seed=args.seed,
+              node_ram=NODE_RAM)
+    if not args.no_controller:
+        fabric = ControllerFabric(workdir / "fabric", **kw)
+        (workdir / "fabric").mkdir()
+        try:
+            return fabric.start(layers, optimizer, args.served_dtype), {"kind": "controller"}
+        except BaseException as e:  # noqa: BLE001 - the demo still runs, and says why it fell back
+            fabric.stop()
+            if not isinstance(e, Exception):
+                raise
+            console.print(f"[yellow]the controller path failed ({e}); falling back to the embedded plan "
+                          "(no controller)[/]")
+            reason = str(e)
+    else:
+        reason = "--no-controller"
+    fabric = LocalFabric(workdir, **kw)
+    try:
+        return fabric.start(layers, optimizer, args.served_dtype), {"kind": "embedded", "reason": reason}
+    except BaseException:
+        fabric.stop()
+        raise
+
+
+def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int) -> dict:
+    from . import report as rep
+
+    t0 = time.perf_counter()
+    fabric, control = _start_fabric(args, console, workdir, info)
+    try:
+        console.print(f"network up in {time.perf_counter() - t0:.1f} s ({control['kind']} control plane); inspect "
+                      f"it while it runs with:\n  {fabric.inspect_hint()}")
+        with DemoProgress(console, enabled=not args.quiet) as progress:
+            mnn = _train("luwu (in-network)", dict(_spec(args, "mnn"), **fabric.worker_spec()), workdir, progress, True)
+            counters = fabric.counters()
+            nodes = fabric.node_stats()
+    finally:
+        fabric.stop()
+    ddp = None
+    if not args.no_baseline:
+        from .fabric import free_tcp_port
+
+        with DemoProgress(console, enabled=not args.quiet) as progress:
+            spec = dict(_spec(args, "ddp"), init_method=f"tcp://127.0.0.1:{free_tcp_port()}")
+            ddp = _train("DDP + Gloo baseline", spec, workdir, progress, False)
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    report = rep.build(settings, control, mnn, ddp, info, counters, nodes, tokens_per_step)
+    report["_paths"] = rep.write({k: v for k, v in report.items() if k != "_paths"}, args.out)
+    return report
+
+
+def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> None:
+    luwu, ddp, t = report["luwu"], report.get("ddp"), report["traffic"]
+    table = Table(title="luwu demo: summary", show_lines=False)
+    table.add_column("")
+    table.add_column("luwu (switch + optimizer node)", justify="right")
+    table.add_column("DDP + Gloo + AdamW", justify="right")
+    mem = luwu["memory"]
+    table.add_row("final loss", f"{luwu['final_loss']:.4f}", f"{ddp['final_loss']:.4f}" if ddp else "-")
+    table.add_row("tokens/s (median)", f"{_median(luwu['tokens_per_second']):,.0f}",
+                  f"{_median(ddp['tokens_per_second']):,.0f}" if ddp else "-")
+    held = max(m["peak_bytes"] for m in mem.values())
+    ddp_held = max(m["state_bytes"]["total"] for m in ddp["memory"].values()) if ddp else None
+    table.add_row("worker model state held (peak)", human_bytes(held), human_bytes(ddp_held) if ddp else "-")
+    table.add_row("worker peak RSS", human_bytes(max(m["peak_rss_bytes"] for m in mem.values())),
+                  human_bytes(max(m["peak_rss_bytes"] for m in ddp["memory"].values())) if ddp else "-")
+    m, f = t["luwu_measured_per_step"], t["fsdp_per_step"]
+    table.add_row("traffic per worker per step, in / out", f"{human_bytes(m['in'])} / {human_bytes(m['out'])}",
+                  f"FSDP would: {human_bytes(f['in'])} / {human_bytes(f['out'])}")
+    console.print(table)
+    console.print(f"model: {human_bytes(report['model']['bytes_fp32'])} fp32 in {luwu['units']} units. A luwu worker "
+                  f"held at most {human_bytes(held)} of it at once (parameters in flight, gradients, staging; no "
+                  "optimizer state)" + (f"; a DDP worker {human_bytes(ddp_held)} (parameters, gradients, AdamW "
+                                        "state)." if ddp else "."))
+    if report["control_plane"]["kind"] != "controller":
+        console.print(f"[yellow]control plane: embedded StarPlan ({report['control_plane'].get('reason')})[/]")
+    console.print(f"wrote {out / 'report.json'} and " + ", ".join(p.name for p in paths))
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if s else 0.0

@@ -1,0 +1,196 @@
+"""The demo's network: everything but the workers, started on loopback and stopped with the demo.
+
+`ControllerFabric` is the real deployment shape: a `luwu controller` process, the software switch
+(switch_host.py, registering itself and served over P4Runtime), `luwu node` optimizer node(s)
+registered with the controller, and a job created through it: the controller plans sessions and
+pools and programs the switch; workers JoinJob for their plans. `LocalFabric` is the fallback
+without a controller (a StarPlan's switch and in-process optimizer nodes).
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import sys
+import time
+from pathlib import Path
+
+from luwu.dataplane.loopback import free_udp_port
+
+from .launch import Child, luwu_command
+
+READY_TIMEOUT = 60.0  # s a daemon may take to come up
+HEALTH_INTERVAL = 1.0  # s between the health reports the demo makes for its node(s)
+NODE_PARAMS_PER_SECOND = 1e7  # the node capacity registered with the controller (one node: no effect)
+NODE_DISK_BYTES = 1 << 34
+
+
+def free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ControllerFabric:
+    kind = "controller"
+
+    def __init__(self, workdir: Path, workers: int, nodes: int, lanes: str, drop: float, seed: int, node_ram: int):
+        self.dir = Path(workdir)
+        self.workers, self.nodes, self.lanes = workers, nodes, lanes
+        self.drop, self.seed, self.node_ram = drop, seed, node_ram
+        self.children: list[Child] = []
+        self.beats = []
+        self.admin = None
+        self.token = secrets.token_hex(16)
+        self.address = ""
+        self.job_id = ""
+        self.job_token = ""
+        self.node_names = [f"node{i}" for i in range(nodes)]
+        self.node_controls: list[str] = []
+
+    def start(self, layers: list[tuple[int, int]], optimizer: dict, served_dtype: str) -> "ControllerFabric":
+        from luwu.controller.client import ControllerClient
+        from luwu.proto import controller_pb2 as pb
+
+        token_file = self.dir / "token"
+        token_file.write_text(self.token)
+        token_file.chmod(0o600)
+        self.address = f"127.0.0.1:{free_tcp_port()}"
+        ctl = Child("the controller", luwu_command() + ["controller", "--listen", self.address, "--db",
+                                                          str(self.dir / "controller.sqlite"), "--token-file",
+                                                          str(token_file)], log=self.dir / "controller.log")
+        self.children.append(ctl)
+        self.admin = ControllerClient(self.address, self.token)
+        self._wait_controller(ctl)
+        for name in self.node_names:
+            self.admin.register_node(pb.Node(name=name, data_address=f"127.0.0.1:{free_udp_port()}",
+                                             capacity=pb.NodeCapacity(params_per_second=NODE_PARAMS_PER_SECOND,
+                                                                      ram_bytes=self.node_ram,
+                                                                      disk_bytes=NODE_DISK_BYTES)))
+            self.beats.append(self.admin.heartbeat_loop("node", name, HEALTH_INTERVAL))
+        switch = Child("the software switch", [
+            sys.executable, "-m", "luwu.demo.switch_host", "--workers", str(self.workers), "--nodes", *self.node_names,
+            "--lanes", str(self.lanes), "--drop", str(self.drop), "--seed", str(self.seed), "--controller",
+            self.address, "--token-file", str(token_file)], log=self.dir / "switch.log")
+        self.children.append(switch)
+        self.switch_info = switch.read_json_line(READY_TIMEOUT)
+        job = pb.Job(name="demo", num_workers=self.workers, packet_mode=str(self.lanes), num_nodes=self.nodes,
+                     layers=[pb.LayerSpec(layer_id=lid, numel=n) for lid, n in layers],
+                     optimizer=pb.OptimizerSpec(name=optimizer["name"], params=optimizer["params"],
+                                                param_dtype=served_dtype))
+        created, self.job_token = self.admin.create_job(job)
+        self.job_id = created.job_id
+        for name in self.node_names:
+            (plan,) = self.admin.node_plans(self.job_id, name, token=self.job_token)
+            plan_path = self.dir / f"{name}-plan.json"
+            plan_path.write_text(plan.to_json())
+            control = f"unix:{self.dir / (name + '.sock')}"
+            node = Child(f"optimizer node {name}", luwu_command() + [
+                "node", "--plan", str(plan_path), "--state-dir", str(self.dir / f"{name}-state"), "--control", control,
+                "--ram-budget", str(self.node_ram)], log=self.dir / f"{name}.log")
+            self.children.append(node)
+            ready = node.read_json_line(READY_TIMEOUT)
+            self.node_controls.append(ready.get("control") or control)
+        return self
+
+    def _wait_controller(self, ctl: Child) -> None:
+        from luwu.controller.client import ControllerUnreachable
+
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            try:
+                self.admin.status()
+                return
+            except ControllerUnreachable:
+                if not ctl.alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"the controller did not come up{ctl._log_hint()}") from None
+                time.sleep(0.1)
+
+    def worker_spec(self) -> dict:
+        return {"controller": {"address": self.address, "token": self.job_token, "job_id": self.job_id,
+                               "node_controls": self.node_controls}}
+
+    def inspect_hint(self) -> str:
+        return (f"LUWU_CONTROLLER={self.address} LUWU_TOKEN={self.token} luwu-ctl status   "
+                f"(also: jobs, plan {self.job_id} --explain, counters)")
+
+    def counters(self) -> dict:
+        """Switch counters over P4Runtime, through the controller: {counter: {label: [packets, bytes]}}."""
+        out: dict = {}
+        for sw in self.admin.counters():
+            for v in sw.values:
+                out.setdefault(v.counter, {})[v.label] = [int(v.packets), int(v.bytes)]
+        return out
+
+    def node_stats(self) -> list[dict]:
+        from luwu.dataplane.optimizer.control import ControlClient
+
+        out = []
+        for addr in self.node_controls:
+            c = ControlClient(addr)
+            try:
+                out.append(c.stats())
+            finally:
+                c.close()
+        return out
+
+    def stop(self) -> None:
+        if self.admin is not None and self.job_id:
+            try:
+                self.admin.end_job(self.job_id)
+            except Exception:  # noqa: BLE001 - the demo is going away either way
+                pass
+        for b in self.beats:
+            b.stop()
+        for child in reversed(self.children):
+            child.stop()
+        self.children.clear()
+        if self.admin is not None:
+            self.admin.close()
+            self.admin = None
+
+
+class LocalFabric:
+    """No controller: a StarPlan's switch (its own process) and the node(s) in this process."""
+
+    kind = "embedded"
+
+    def __init__(self, workdir: Path, workers: int, nodes: int, lanes: str, drop: float, seed: int, node_ram: int):
+        from luwu.worker.model_in_network.local import LocalNetwork
+
+        drop_sim = {"ingress": drop, "egress": drop} if drop else None
+        self.net = LocalNetwork(workers, nodes, mode=lanes, drop=drop_sim, state_dir=Path(workdir) / "local",
+                                job_id="demo", seed=seed, node_ram=node_ram)
+        self.workers = workers
+
+    def start(self, layers, optimizer, served_dtype) -> "LocalFabric":
+        self.net.start()
+        return self
+
+    def worker_spec(self) -> dict:
+        return {"networks": [self.net.network(r).to_json() for r in range(self.workers)]}
+
+    def inspect_hint(self) -> str:
+        return "no controller in this run (--no-controller): nothing for luwu-ctl to inspect"
+
+    def counters(self) -> dict:
+        """The switch's counters in the controller's shape: {counter: {label: [packets, bytes]}}."""
+        from luwu.dataplane.protocol import DropReason, Event, MsgType
+
+        raw = self.net.counters()
+        names = {"drops": DropReason, "events": Event, "rx_types": MsgType}
+        out: dict = {}
+        for counter, enum in names.items():
+            for code, (packets, nbytes) in raw.get(counter, {}).items():
+                if packets:
+                    label = enum(int(code)).name if int(code) in enum._value2member_map_ else str(code)
+                    out.setdefault(counter, {})[label] = [int(packets), int(nbytes)]
+        for sid, (packets, nbytes) in raw.get("session_packets", {}).items():
+            out.setdefault("session_packets", {})[f"session {sid}"] = [int(packets), int(nbytes)]
+        return out
+
+    def node_stats(self) -> list[dict]:
+        return self.net.node_stats()
+
+    def stop(self) -> None:
+        self.net.close()

@@ -1,0 +1,138 @@
+"""The demo's results: report.json and the plots beside it (loss, memory, throughput, traffic).
+
+Traffic is counted from the engines' socket statistics (UDP payload bytes each worker's engine
+sent and received, luwu headers, heartbeats, pulls and retransmissions included) and set beside
+what FSDP/ZeRO-3 moves per worker and step for the same model: all-gather of the parameters for
+forward and again for backward, reduce-scatter of the gradients, 3(N-1)S/N each way in total
+with S the model's fp32 bytes (docs/architecture.md; the paper's comparison). luwu's ideal per
+worker and step is S_grad out (one push) and 2 S_served in (forward and backward pulls).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def mean_losses(reports: dict[int, dict]) -> list[float]:
+    """The global batch's loss per step: the mean of the ranks' losses (equal shards)."""
+    ranks = sorted(reports)
+    return np.mean([reports[r]["losses"] for r in ranks], axis=0).tolist()
+
+
+def step_throughput(reports: dict[int, dict], tokens_per_step: int) -> list[float]:
+    """Tokens per second per step (the slowest rank sets the pace)."""
+    secs = np.max([reports[r]["step_seconds"] for r in sorted(reports)], axis=0)
+    return (tokens_per_step / np.maximum(secs, 1e-9)).tolist()
+
+
+def traffic(reports: dict[int, dict], steps: int, workers: int, model_bytes: int, served_itemsize: int) -> dict:
+    per_worker = []
+    for r in sorted(reports):
+        sock = reports[r]["mnn"]["engine"]["socket"]
+        per_worker.append({"rank": r, "tx_bytes": int(sock["tx_bytes"]), "rx_bytes": int(sock["rx_bytes"]),
+                           "tx_packets": int(sock["tx_packets"]), "rx_packets": int(sock["rx_packets"])})
+    served = model_bytes // 4 * served_itemsize
+    fsdp_each_way = 3 * (workers - 1) * model_bytes / workers
+    tx = float(np.mean([w["tx_bytes"] for w in per_worker])) / steps
+    rx = float(np.mean([w["rx_bytes"] for w in per_worker])) / steps
+    return {"per_worker_totals": per_worker, "steps": steps, "model_bytes_fp32": model_bytes,
+            "luwu_measured_per_step": {"out": tx, "in": rx},
+            "luwu_ideal_per_step": {"out": model_bytes, "in": 2 * served},
+            "fsdp_per_step": {"out": fsdp_each_way, "in": fsdp_each_way}}
+
+
+def build(args: dict, fabric: dict, mnn: dict[int, dict], ddp: dict[int, dict] | None, model_info: dict,
+          switch_counters: dict, node_stats: list, tokens_per_step: int) -> dict:
+    steps = len(mnn[0]["losses"])
+    out = {"settings": args, "control_plane": fabric, "model": model_info, "steps": steps,
+           "luwu": {"losses": mean_losses(mnn), "tokens_per_second": step_throughput(mnn, tokens_per_step),
+                    "final_loss": mean_losses(mnn)[-1],
+                    "memory": {r: mnn[r]["mnn"]["memory"] for r in sorted(mnn)},
+                    "counters": {r: mnn[r]["mnn"]["counters"] for r in sorted(mnn)},
+                    "wait_seconds": {r: mnn[r]["mnn"]["wait_seconds"] for r in sorted(mnn)},
+                    "units": mnn[0]["mnn"]["units"], "kept_units": mnn[0]["mnn"]["keep"],
+                    "largest_unit_bytes": mnn[0]["mnn"]["largest_unit_bytes"]},
+           "traffic": traffic(mnn, steps, len(mnn), model_info["bytes_fp32"], model_info["served_itemsize"]),
+           "switch_counters": switch_counters, "optimizer_nodes": node_stats}
+    if ddp:
+        out["ddp"] = {"losses": mean_losses(ddp), "tokens_per_second": step_throughput(ddp, tokens_per_step),
+                      "final_loss": mean_losses(ddp)[-1],
+                      "memory": {r: ddp[r]["ddp"] for r in sorted(ddp)}}
+        out["final_loss_difference"] = out["luwu"]["final_loss"] - out["ddp"]["final_loss"]
+    return out
+
+
+def write(report: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    return plot(report, out)
+
+
+def plot(report: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    ddp = report.get("ddp")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(report["luwu"]["losses"], label="luwu: switch + optimizer node")
+    if ddp:
+        ax.plot(ddp["losses"], label="DDP + Gloo + AdamW", linestyle="--")
+    ax.set(xlabel="step", ylabel="training loss (global batch)", title="Loss")
+    ax.legend()
+    paths.append(_save(fig, out / "loss.png"))
+
+    labels, state, rss = ["luwu"], [_peak_state(report["luwu"]["memory"])], [_peak_rss(report["luwu"]["memory"])]
+    if ddp:
+        labels.append("DDP")
+        state.append(max(m["state_bytes"]["total"] for m in ddp["memory"].values()))
+        rss.append(max(m["peak_rss_bytes"] for m in ddp["memory"].values()))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 4))
+    left.bar(labels, np.array(state) / 2**20, color=["tab:blue", "tab:orange"][: len(labels)])
+    left.set(ylabel="MiB", title="model state held by a worker\n(params, grads, optimizer, staging)")
+    right.bar(labels, np.array(rss) / 2**20, color=["tab:blue", "tab:orange"][: len(labels)])
+    right.set(ylabel="MiB", title="worker peak RSS\n(incl. torch and activations)")
+    paths.append(_save(fig, out / "memory.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(report["luwu"]["tokens_per_second"], label="luwu")
+    if ddp:
+        ax.plot(ddp["tokens_per_second"], label="DDP + Gloo", linestyle="--")
+    ax.set(xlabel="step", ylabel="tokens / s", title="Throughput (all workers)")
+    ax.legend()
+    paths.append(_save(fig, out / "throughput.png"))
+
+    t = report["traffic"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = ["luwu measured", "luwu ideal", "FSDP"]
+    keys = ["luwu_measured_per_step", "luwu_ideal_per_step", "fsdp_per_step"]
+    x = np.arange(len(names))
+    ax.bar(x - 0.2, [t[k]["in"] / 2**20 for k in keys], 0.4, label="into the worker")
+    ax.bar(x + 0.2, [t[k]["out"] / 2**20 for k in keys], 0.4, label="out of the worker")
+    ax.set_xticks(x, names)
+    ax.set(ylabel="MiB per worker per step", title="Network traffic per worker")
+    ax.legend()
+    paths.append(_save(fig, out / "traffic.png"))
+    return paths
+
+
+def _peak_state(memory: dict) -> int:
+    return max(int(m["peak_bytes"]) for m in memory.values())
+
+
+def _peak_rss(memory: dict) -> int:
+    return max(int(m["peak_rss_bytes"]) for m in memory.values())
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

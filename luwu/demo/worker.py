@@ -1,0 +1,154 @@
+"""One training worker of the demo, as its own process: `python -m luwu.demo.worker SPEC.json RANK`.
+
+Mode "mnn" trains the GPT with ModelInNetwork (parameters and AdamW on the optimizer node,
+gradients summed by the switch); mode "ddp" trains the same model on the same data with
+DistributedDataParallel over Gloo and torch.optim.AdamW (the baseline). The worker writes one
+JSON object per line on stdout: `{"event": "step", ...}` per step, then `{"event": "done",
+"report": ...}` (or `{"event": "error", ...}`); the launcher (launch.py) reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _emit(msg: dict) -> None:
+    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.flush()
+
+
+def _optimizer_groups(model, weight_decay: float):
+    """torch.optim.AdamW groups with the node's `no_decay="auto"` rule: tensors of fewer than two
+    dimensions (norms, biases) get no weight decay."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def _ddp_state_bytes(model, optimizer) -> dict:
+    params = _tensor_bytes(p for p in model.parameters())
+    grads = _tensor_bytes(p.grad for p in model.parameters())
+    state = _tensor_bytes(v for s in optimizer.state.values() for v in s.values() if hasattr(v, "numel"))
+    return {"params": params, "grads": grads, "optimizer_state": state, "total": params + grads + state}
+
+
+def train(spec: dict, rank: int) -> dict:
+    import torch
+
+    from .data import CharCorpus, shard
+    from .model import GPTConfig, build, loss_fn
+
+    torch.set_num_threads(1)
+    world = int(spec["workers"])
+    corpus = CharCorpus.load(spec.get("corpus"))
+    cfg = GPTConfig(vocab=corpus.vocab, **spec["model"])
+    model = build(cfg, int(spec["seed"]))
+    steps, batch, seed = int(spec["steps"]), int(spec["batch"]), int(spec["seed"])
+    if spec["mode"] == "mnn":
+        from luwu.worker.model_in_network import AdamW, ModelInNetwork
+
+        network = _network(spec, rank)
+        runner = ModelInNetwork(model, AdamW(lr=spec["lr"], weight_decay=spec["weight_decay"]), network,
+                                served_dtype=spec.get("served_dtype", "bf16"), engine=spec.get("engine", "process"),
+                                keep_last=int(spec.get("keep_last", 1)), prefetch=int(spec.get("prefetch", 1)))
+        opt = None
+    elif spec["mode"] == "ddp":
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        dist.init_process_group("gloo", init_method=spec["init_method"], rank=rank, world_size=world)
+        runner = DistributedDataParallel(model)
+        opt = torch.optim.AdamW(_optimizer_groups(model, spec["weight_decay"]), lr=spec["lr"])
+    else:
+        raise ValueError(f"mode {spec['mode']!r}: 'mnn' or 'ddp'")
+    report: dict = {"rank": rank, "mode": spec["mode"], "losses": [], "step_seconds": []}
+    ddp_state = None
+    try:
+        for step in range(steps):
+            x, y = shard(*corpus.batch(step, batch, cfg.context, seed), rank, world)
+            t0 = time.perf_counter()
+            loss = loss_fn(runner(x), y)
+            loss.backward()
+            if opt is None:
+                runner.step()
+            else:
+                opt.step()
+                if step == min(1, steps - 1):  # the optimizer state exists after the first step
+                    ddp_state = _ddp_state_bytes(model, opt)
+                opt.zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t0
+            report["losses"].append(loss.item())
+            report["step_seconds"].append(dt)
+            _emit({"event": "step", "rank": rank, "step": step, "loss": loss.item(), "tokens": int(x.numel()),
+                   "seconds": dt, "pushed_bytes": int(getattr(runner, "stats", {}).get("pushed_bytes", 0))
+                   if spec["mode"] == "mnn" else 0})
+        if spec["mode"] == "mnn":
+            report["mnn"] = runner.report()
+            if spec.get("gather"):
+                report["params"] = {k: v.reshape(-1).tolist() for k, v in runner.gather().items()}
+        else:
+            from luwu.worker.model_in_network.memory import peak_rss_bytes
+
+            report["ddp"] = {"state_bytes": ddp_state, "peak_rss_bytes": peak_rss_bytes()}
+            if spec.get("gather"):
+                report["params"] = {k: v.detach().reshape(-1).tolist() for k, v in model.named_parameters()}
+    finally:
+        if spec["mode"] == "mnn":
+            runner.close()
+        else:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    return report
+
+
+def _network(spec: dict, rank: int):
+    """This rank's JobNetwork: given in the spec (no controller), or from the controller by JoinJob."""
+    from luwu.worker.model_in_network import JobNetwork
+
+    if "networks" in spec:
+        return JobNetwork.from_json(spec["networks"][rank])
+    from luwu.controller.client import ControllerClient
+    from luwu.dataplane.loopback import free_udp_port
+
+    ctl = spec["controller"]
+    client = ControllerClient(ctl["address"], ctl["token"])
+    try:
+        endpoint, info = client.join_job(ctl["job_id"], rank, f"127.0.0.1:{free_udp_port()}")
+    finally:
+        client.close()
+    return JobNetwork.from_controller(endpoint, info, ctl["node_controls"], job_id=ctl["job_id"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m luwu.demo.worker SPEC.json RANK", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally` blocks: the engine goes too
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    rank = int(argv[1])
+    try:
+        report = train(spec, rank)
+    except BaseException as e:  # noqa: BLE001 - report, then fail
+        _emit({"event": "error", "rank": rank, "error": f"{type(e).__name__}: {e}",
+               "traceback": traceback.format_exc()})
+        return 1
+    _emit({"event": "done", "rank": rank, "report": report})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

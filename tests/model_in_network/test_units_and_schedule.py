@@ -1,0 +1,150 @@
+"""How a model is cut into units and which pulls a worker issues: the default cut of a GPT, explicit
+units, refusals with advice (tied weights, parameters outside every unit, non-fp32), and the pull
+schedule's determinism and prefetching (pure logic, no network)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from luwu.demo.model import GPTConfig, build
+from luwu.worker.model_in_network.network import JobNetwork, balance
+from luwu.worker.model_in_network.optimizers import AdamW, as_optimizer_spec
+from luwu.worker.model_in_network.schedule import BACKWARD, FORWARD, PullSchedule, Ticket
+from luwu.worker.model_in_network.units import UnitError, split_units
+
+CFG = GPTConfig(vocab=11, d_model=8, n_layers=3, n_heads=2, context=4)
+
+
+def test_a_gpt_is_cut_into_embeddings_blocks_norm_and_head():
+    model = build(CFG, 0)
+    units = split_units(model)
+    assert [u.name for u in units] == ["embed", "blocks.0", "blocks.1", "blocks.2", "norm", "head"]
+    assert [u.index for u in units] == list(range(6))
+    assert sum(u.numel for u in units) == sum(p.numel() for p in model.parameters())
+    spec = units[1].layer_spec()
+    assert spec.layer_id == 1 and spec.shapes["attn.qkv.weight"] == (24, 8)
+    assert "ln1.weight" in spec.no_decay and "attn.qkv.weight" not in spec.no_decay  # no_decay="auto"
+
+
+def test_explicit_units_by_module_or_path():
+    model = build(CFG, 0)
+    units = split_units(model, ["embed", model.blocks, model.norm, "head"])
+    assert [u.name for u in units] == ["embed", "blocks", "norm", "head"]
+    with pytest.raises(UnitError, match="outside every unit: blocks.0"):
+        split_units(model, ["embed", "norm", "head"])
+    with pytest.raises(UnitError, match="in two units"):
+        split_units(model, ["embed", "blocks", "blocks.0", "norm", "head"])
+    with pytest.raises(UnitError, match="no submodule 'nope'"):
+        split_units(model, ["nope"])
+
+
+def test_tied_weights_are_refused_with_a_way_out():
+    model = build(CFG, 0)
+    model.head = nn.Linear(CFG.d_model, CFG.vocab, bias=False)
+    model.head.weight = model.embed.tokens.weight
+    with pytest.raises(UnitError, match=r"embed\.tokens\.weight.*head\.weight.*same tensor.*Untie"):
+        split_units(model)
+
+
+def test_parameters_held_by_the_model_itself_and_other_dtypes_are_refused():
+    class Bare(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(3))
+            self.lin = nn.Linear(3, 3)
+
+    with pytest.raises(UnitError, match="holds parameters directly.*scale"):
+        split_units(Bare())
+    assert [u.name for u in split_units(Bare(), [""])] == [""]  # the model itself as one unit
+    with pytest.raises(UnitError, match="float64"):
+        split_units(nn.Sequential(nn.Linear(2, 2).double()))
+
+
+def test_frozen_parameters_stay_out_of_the_units():
+    model = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
+    model[1].weight.requires_grad_(False)
+    units = split_units(model)
+    assert [[n for n, _ in u.params] for u in units] == [["weight", "bias"], ["bias"]]
+
+
+def test_a_torch_optimizer_is_refused_and_specs_follow_torch_defaults():
+    with pytest.raises(TypeError, match="luwu.AdamW"):
+        as_optimizer_spec(torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=0.1))
+    spec = AdamW(lr=3e-4)
+    assert (spec.name, spec.lr, spec.weight_decay, spec.betas) == ("adamw", 3e-4, 1e-2, (0.9, 0.999))
+    import luwu
+
+    assert luwu.AdamW is AdamW and luwu.SGD(lr=0.1, momentum=0.9).state_names == ("master", "momentum_buffer")
+
+
+def test_units_are_balanced_over_nodes_deterministically():
+    sizes = {0: 10, 1: 100, 2: 100, 3: 100, 4: 5, 5: 50}
+    a = balance(sizes, [0, 1])
+    assert a == balance(dict(reversed(list(sizes.items()))), [0, 1])  # order of the input does not matter
+    load = [sum(n for u, n in sizes.items() if a[u] == k) for k in (0, 1)]
+    assert abs(load[0] - load[1]) <= 50
+
+
+def test_controller_shard_maps_become_placements_and_slices_are_refused():
+    from luwu.dataplane.session import EndpointPlan, SessionSpec, Wiring
+
+    plan = EndpointPlan(Wiring(1), [SessionSpec(5, "node", 1, 0, 64, 2, 64, node_rank=0),
+                                    SessionSpec(6, "node", 1, 64, 64, 2, 64, node_rank=1)])
+    info = {"job_id": "j-1", "shards": [{"layer_id": 0, "offset": 0, "numel": 9, "node_rank": 1},
+                                        {"layer_id": 1, "offset": 0, "numel": 9, "node_rank": 0}]}
+    net = JobNetwork.from_controller(plan, info, ["unix:/a", "unix:/b"])
+    assert net.placement == {0: 1, 1: 0} and net.node_sessions == {0: 5, 1: 6} and net.world_size == 2
+    assert JobNetwork.from_json(net.to_json()) == net
+    info["shards"].append({"layer_id": 1, "offset": 4, "numel": 5, "node_rank": 1})
+    with pytest.raises(ValueError, match="split layer 1"):
+        JobNetwork.from_controller(plan, info, [])
+
+
+def _schedule(order, keep, prefetch):
+    issued = []
+
+    def issue(unit, phase, version):
+        issued.append((unit, phase, version))
+        return Ticket(unit, phase, version)
+
+    return PullSchedule(order, keep, prefetch, issue), issued
+
+
+def _one_step(s, version, saves=None):
+    """Forward over all units, then backward over the non-kept ones that saved parameters."""
+    s.begin_pass(grad=True)
+    for u in s.order:
+        s.take(u, FORWARD, version, resident=False)
+        s.prefetch_after(u, FORWARD, version)
+        if saves is not None:
+            s.saves_params[u] = saves[u]
+    for u in reversed(s.order):
+        if u in s.keep or not s.saves_params[u]:
+            continue
+        s.take(u, BACKWARD, version, resident=False)
+        s.prefetch_after(u, BACKWARD, version)
+    s.drain()
+
+
+def test_the_pull_schedule_prefetches_along_forward_then_backward():
+    s, issued = _schedule([0, 1, 2, 3], keep={3}, prefetch=1)
+    s.prefetch_next_pass(0)
+    _one_step(s, 0, saves={0: False, 1: True, 2: True, 3: True})
+    f, b = FORWARD, BACKWARD
+    assert issued == [(0, f, 0), (1, f, 0), (2, f, 0), (3, f, 0), (2, b, 0), (1, b, 0)]
+    issued.clear()
+    s.prefetch_next_pass(1)
+    _one_step(s, 1)
+    assert issued == [(0, f, 1), (1, f, 1), (2, f, 1), (3, f, 1), (2, b, 1), (1, b, 1)]
+
+
+def test_deeper_prefetch_issues_the_same_pulls_earlier():
+    s1, a = _schedule([0, 1, 2, 3, 4], keep={4}, prefetch=1)
+    s3, b = _schedule([0, 1, 2, 3, 4], keep={4}, prefetch=3)
+    for s in (s1, s3):
+        s.prefetch_next_pass(0)
+        _one_step(s, 0)
+    assert sorted(a) == sorted(b) and a == b  # same pulls, same order: only their timing differs
+    assert s3.issued_count == s1.issued_count == 9

@@ -1,0 +1,15 @@
+"""Model-in-network training: the worker holds no optimizer state and only the layers in flight;
+parameters live on in-network optimizer nodes, gradients are summed by the switch.
+
+    from luwu.train import ModelInNetwork
+    mnn = ModelInNetwork(model, optimizer=luwu.AdamW(lr=3e-4), network=job_network)
+
+See model.py for the mechanics, units.py for how a model is cut, schedule.py for the pull policy.
+"""
+
+from .model import ModelInNetwork
+from .network import JobNetwork
+from .optimizers import SGD, Adam, AdamW
+from .units import Unit, UnitError, split_units
+
+__all__ = ["ModelInNetwork", "JobNetwork", "AdamW", "Adam", "SGD", "Unit", "UnitError", "split_units"]

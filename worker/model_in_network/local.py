@@ -1,0 +1,73 @@
+"""A whole model-in-network deployment on loopback, without a controller: the software switch of
+a `StarPlan` (in its own process) and its optimizer node(s) (`OptimizerService`, in this process),
+and a `JobNetwork` for every rank. For tests, examples and the demo's no-controller fallback.
+
+    with LocalNetwork(workers=2, nodes=1, state_dir=tmp) as net:
+        ... run worker r with ModelInNetwork(model, luwu.AdamW(...), net.network(r)) ...
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+from luwu.dataplane.optimizer.service import OptimizerService
+from luwu.dataplane.optimizer.spec import NodeConfig
+
+from .network import DEFAULT_JOB_ID, JobNetwork
+
+DEFAULT_NODE_RAM = 256 << 20  # bytes of optimizer-node RAM for state and served copies
+
+
+class LocalNetwork:
+    def __init__(self, workers: int, nodes: int = 1, mode: str | int = "jumbo", drop: dict | None = None,
+                 state_dir: str | Path | None = None, job_id: str = DEFAULT_JOB_ID, seed: int = 0,
+                 node_ram: int = DEFAULT_NODE_RAM, switch_process: bool = True, **plan_kw):
+        self._tmp = None if state_dir is not None else tempfile.TemporaryDirectory(prefix="luwu-mnn-")
+        self.dir = Path(state_dir if state_dir is not None else self._tmp.name)
+        self.plan = StarPlan(workers=workers, nodes=nodes, mode=mode, **plan_kw)
+        self.switch = LoopbackSwitch(self.plan, process=switch_process, drop=drop, seed=seed)
+        self.job_id = job_id
+        self.node_ram = node_ram
+        self.services: list[OptimizerService] = []
+
+    def start(self) -> "LocalNetwork":
+        self.switch.start()
+        try:
+            for i in range(self.plan.nodes):
+                cfg = NodeConfig(state_dir=self.dir / f"node{i}", ram_budget=self.node_ram)
+                svc = OptimizerService(self.plan.node_plan(i), cfg)
+                self.services.append(svc.start(control=f"unix:{self.dir}/node{i}.sock"))
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @property
+    def controls(self) -> list[str]:
+        return [s.control.address for s in self.services]
+
+    def network(self, rank: int, placement: dict[int, int] | None = None) -> JobNetwork:
+        return JobNetwork.from_star(self.plan, rank, self.controls, self.job_id, placement)
+
+    def counters(self) -> dict:
+        return self.switch.counters()
+
+    def node_stats(self) -> list[dict]:
+        return [{"node": s.node.stats(), "engine": s.engine.session_stats()} for s in self.services]
+
+    def close(self) -> None:
+        for s in self.services:
+            s.close()
+        self.services.clear()
+        self.switch.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> "LocalNetwork":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()

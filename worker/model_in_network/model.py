@@ -1,0 +1,356 @@
+"""`ModelInNetwork`: train a torch model whose parameters and optimizer live in the network.
+
+    mnn = ModelInNetwork(model, optimizer=luwu.AdamW(lr=3e-4), network=job_network)
+    loss = loss_fn(mnn(x), y); loss.backward(); mnn.step()
+
+FSDP-like, but the shards are on optimizer nodes: the model is cut into units (units.py); a
+unit's parameters are pulled just before its forward (prefetched one or more units ahead) and
+freed after it; before its backward they are pulled again (unless kept, or unless its backward
+needs no parameters); as soon as its gradients are accumulated they are pushed whole, summed by
+the switch into the node, and freed. `step()` waits for the pushes and advances the version:
+the node's optimizer has already run, layer by layer, while backward went on. A worker holds
+no optimizer state and only the units in flight.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import torch
+from torch import nn
+
+from .flat import FlatParams
+from .job import barrier, hand_over, node_jobs
+from .memory import MemoryTracker
+from .network import JobNetwork, balance
+from .optimizers import as_optimizer_spec
+from .schedule import BACKWARD, FORWARD, PullSchedule, Ticket
+from .staging import StagingPool
+from .transport import make_transport
+from .units import split_units
+
+DEFAULT_TIMEOUT = 300.0  # s a pull or push may take before the worker gives up (shared, slow machines)
+
+
+class ModelInNetwork(nn.Module):
+    """Wraps `model` (a plain nn.Module) for training with parameters in the network.
+
+    network: a `JobNetwork` (or its JSON) for this worker. optimizer: `luwu.AdamW(...)` etc.
+    units: modules or module paths to cut at (default: containers' children, see units.py).
+    keep_last: units at the end of forward kept resident for backward (at most
+    `keep_budget` bytes of them when given). prefetch: timeline entries pulled ahead.
+    served_dtype: how the node serves parameters ("bf16", "fp16" or "fp32"; the worker computes
+    in fp32 either way). engine: "process", "embedded", or a running Engine / EngineClient.
+    store: a c10d Store for the start barrier (else an allreduce through the engine).
+    """
+
+    def __init__(self, model: nn.Module, optimizer, network: JobNetwork | str, *, units=None, keep_last: int = 1,
+                 keep_budget: int | None = None, prefetch: int = 1, served_dtype: str = "bf16", engine="process",
+                 store=None, max_inflight_pushes: int = 2, timeout: float = DEFAULT_TIMEOUT):
+        super().__init__()
+        self.module = model
+        self.optimizer = as_optimizer_spec(optimizer)
+        self.network = JobNetwork.from_json(network) if isinstance(network, str) else network
+        self.rank = self.network.rank
+        self.world_size = self.network.world_size
+        self.timeout = timeout
+        self.served_dtype = served_dtype
+        self.version = 0
+        self.memory = MemoryTracker()
+        self.units = split_units(model, units)
+        self.flats = [FlatParams(u, self.memory) for u in self.units]
+        sessions = self.network.node_sessions
+        placement = self.network.placement or balance({u.index: u.numel for u in self.units}, sorted(sessions))
+        unplaced = [u.label() for u in self.units if u.index not in placement]
+        if unplaced:
+            raise ValueError(f"the network's placement names no optimizer node for units {unplaced}")
+        self.placement = {u.index: placement[u.index] for u in self.units}  # unit -> node index
+        self.session_of = {u.index: sessions[placement[u.index]] for u in self.units}
+        self.keep_last, self.keep_budget = keep_last, keep_budget
+        self.keep = self._keep_set([u.index for u in self.units])
+        self.stats = collections.Counter()
+        self.wait_seconds = collections.Counter()
+        self.transport = make_transport(engine, self.network.endpoint)
+        self.pool = StagingPool(self.transport, max(u.numel for u in self.units), self.memory)
+        self.max_inflight_pushes = max(1, max_inflight_pushes)
+        self.schedule = PullSchedule([u.index for u in self.units], self.keep, prefetch, self._issue_pull)
+        self._pushes: collections.deque = collections.deque()  # (unit index, handle, staging) in push order
+        self._grad = {u.index: None for u in self.units}  # unit -> [staging, done flags] while gradients arrive
+        self._pushed: dict[int, int] = {}  # unit -> version its gradient was pushed for
+        self._saving: dict[int, object] = {}  # unit -> active saved-tensor detector
+        self._saw_saved: dict[int, bool] = {}
+        self._observed: list[int] = []
+        self._hooks = []
+        self.closed = False
+        try:
+            self._start(store)
+        except BaseException:
+            self.close()
+            raise
+        self._install_hooks()
+
+    # -- setup --------------------------------------------------------------------------------
+    def _keep_set(self, order: list[int]) -> set[int]:
+        """The last `keep_last` units of forward order, within `keep_budget` bytes."""
+        keep, used = set(), 0
+        for uid in reversed(order[max(0, len(order) - self.keep_last):] if self.keep_last > 0 else []):
+            if self.keep_budget is not None and used + self.units[uid].nbytes > self.keep_budget:
+                break
+            keep.add(uid)
+            used += self.units[uid].nbytes
+        return keep
+
+    def _start(self, store) -> None:
+        if self.rank == 0:
+            jobs = node_jobs(self.network.job_id, self.optimizer, self.units, self.placement, self.served_dtype)
+            hand_over(jobs, self.network.node_sessions, self.network.node_controls, self.world_size,
+                      {f.unit.index: f.initial() for f in self.flats}, self.timeout)
+        for f in self.flats:
+            f.free()
+        barrier(self.network.job_id, self.world_size, store, self.transport, self.timeout)
+        self.memory.reset_peak()  # the peak is over training; the caller built the whole model before
+        self.schedule.prefetch_next_pass(self.version)
+
+    def _install_hooks(self) -> None:
+        for u in self.units:
+            self._hooks.append(u.module.register_forward_pre_hook(self._make_pre_forward(u.index)))
+            self._hooks.append(u.module.register_forward_hook(self._make_post_forward(u.index), always_call=True))
+            for i, (_, p) in enumerate(u.params):
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(u.index, i)))
+
+    # -- pulls ----------------------------------------------------------------------------------
+    def _issue_pull(self, unit: int, phase: str, version: int) -> Ticket:
+        st = self.pool.acquire()
+        numel = self.units[unit].numel
+        handle = self.transport.pull(st, numel, self.session_of[unit], unit, version)
+        self.stats["pulls"] += 1
+        self.stats["pulled_bytes"] += 4 * numel
+        return Ticket(unit, phase, version, handle, st)
+
+    def _wait(self, handle, what: str, kind: str):
+        t0 = time.perf_counter()
+        try:
+            return handle.wait(self.timeout)
+        except TimeoutError:
+            raise TimeoutError(f"rank {self.rank}: {what} did not complete within {self.timeout} s; check that the "
+                               "switch and optimizer node(s) run and that every worker runs the same steps") from None
+        finally:
+            self.wait_seconds[kind] += time.perf_counter() - t0
+
+    def _take(self, ticket: Ticket | None, unit: int) -> None:
+        if ticket is None:
+            return
+        try:
+            self._wait(ticket.handle, f"pull of unit {self.units[unit].label()} at version {ticket.version}", "pull")
+            self.flats[unit].materialise(ticket.staging.view(self.units[unit].numel), ticket.version)
+        finally:
+            self.pool.release(ticket.staging)
+
+    # -- forward ----------------------------------------------------------------------------------
+    def _make_pre_forward(self, unit: int):
+        def pre(module, args):
+            grad = torch.is_grad_enabled()
+            if unit == self.schedule.order[0]:
+                self.schedule.begin_pass(grad)
+                self._observed = []
+            self._observed.append(unit)
+            flat = self.flats[unit]
+            self._take(self.schedule.take(unit, FORWARD, self.version, flat.resident and flat.version == self.version),
+                       unit)
+            self.schedule.prefetch_after(unit, FORWARD, self.version)
+            if grad:
+                self._watch_saved(unit)
+        return pre
+
+    def _watch_saved(self, unit: int) -> None:
+        """Learn whether autograd saves this unit's parameters (then backward needs them back)."""
+        storage = self.flats[unit].storage
+        self._saw_saved[unit] = False
+
+        def pack(t):
+            if not self._saw_saved[unit] and t.untyped_storage().data_ptr() == storage.data_ptr():
+                self._saw_saved[unit] = True
+            return t
+
+        ctx = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        ctx.__enter__()
+        self._saving[unit] = ctx
+
+    def _make_post_forward(self, unit: int):
+        def post(module, args, output):
+            ctx = self._saving.pop(unit, None)
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+                self.schedule.saves_params[unit] = self._saw_saved[unit]
+                self._hook_outputs(unit, output)
+            if unit not in self.keep:
+                self.flats[unit].free()
+            return None
+        return post
+
+    def _hook_outputs(self, unit: int, output) -> None:
+        for t in _tensors(output):
+            if t.requires_grad:
+                t.register_hook(self._make_pre_backward(unit))
+
+    # -- backward ---------------------------------------------------------------------------------
+    def _make_pre_backward(self, unit: int):
+        def hook(grad):
+            flat = self.flats[unit]
+            if self._pushed.get(unit) == self.version or not self.schedule.saves_params[unit]:
+                return None
+            resident = flat.resident and flat.version == self.version
+            if not resident:
+                self._take(self.schedule.take(unit, BACKWARD, self.version, False), unit)
+                self.schedule.prefetch_after(unit, BACKWARD, self.version)
+            return None
+        return hook
+
+    def _make_grad_hook(self, unit: int, index: int):
+        def hook(p: nn.Parameter) -> None:
+            if self._pushed.get(unit) == self.version:
+                raise RuntimeError(f"unit {self.units[unit].label()} got a second gradient before step(): "
+                                   "ModelInNetwork pushes each unit's gradient once per step (call mnn.step() after "
+                                   "every backward; gradient accumulation over micro-batches is not supported)")
+            state = self._grad[unit]
+            if state is None:
+                state = self._grad[unit] = [self._push_staging(), [False] * len(self.units[unit].params)]
+            lo, hi = self.units[unit].offsets[index]
+            g = p.grad
+            self.memory.add("grads", g.numel() * 4)
+            torch.from_numpy(state[0].array[lo:hi]).copy_(g.reshape(-1))
+            p.grad = None
+            self.memory.sub("grads", g.numel() * 4)
+            state[1][index] = True
+            if all(state[1]):
+                self._push(unit)
+        return hook
+
+    def _push_staging(self):
+        while len(self._pushes) >= self.max_inflight_pushes:
+            self._finish_oldest_push()
+        return self.pool.acquire()
+
+    def _finish_oldest_push(self) -> None:
+        unit, handle, st = self._pushes.popleft()
+        try:
+            self._wait(handle, f"push of unit {self.units[unit].label()} for step {self.version}", "push")
+        finally:
+            self.pool.release(st)
+
+    def _push(self, unit: int) -> None:
+        st, done = self._grad[unit]
+        u = self.units[unit]
+        for ok, (lo, hi) in zip(done, u.offsets):
+            if not ok:  # a parameter this step did not use: like torch's zero gradient, but the step still runs
+                st.array[lo:hi] = 0.0
+        self._grad[unit] = None
+        self._pushes.append((unit, self.transport.push(st, u.numel, self.session_of[unit], unit), st))
+        self._pushed[unit] = self.version
+        self.stats["pushes"] += 1
+        self.stats["pushed_bytes"] += u.nbytes
+        self.flats[unit].free()
+
+    # -- the step -----------------------------------------------------------------------------------
+    def step(self) -> int:
+        """Wait for this step's pushes, then move to the next version. Returns the new version."""
+        if not any(v == self.version for v in self._pushed.values()):
+            raise RuntimeError("step() without a backward pass: there is no gradient to send")
+        for u in self.units:  # units backward never reached (unused this step): every rank pushes them in order
+            if self._pushed.get(u.index) != self.version:
+                if self._grad[u.index] is None:
+                    self._grad[u.index] = [self._push_staging(), [False] * len(u.params)]
+                self._push(u.index)
+        while self._pushes:
+            self._finish_oldest_push()
+        for f in self.flats:
+            f.free()
+        for t in self.schedule.drain():
+            try:
+                self._wait(t.handle, f"prefetched pull of unit {self.units[t.unit].label()}", "pull")
+            finally:
+                self.pool.release(t.staging)
+        self._learn_order()
+        self.version += 1
+        self.stats["steps"] += 1
+        self.schedule.prefetch_next_pass(self.version)
+        return self.version
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to do: gradients leave the worker as soon as they are complete."""
+
+    def _learn_order(self) -> None:
+        """Forward order as observed (registration order is only the first guess); every rank
+        observes the same, so the pull policy stays identical."""
+        seen = list(dict.fromkeys(self._observed))
+        if sorted(seen) == sorted(self.schedule.order) and seen != self.schedule.order:
+            self.schedule.order = seen
+            self.keep = self.schedule.keep = self._keep_set(seen)
+            self.stats["order_changes"] += 1
+
+    # -- nn.Module surface --------------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        if self.closed:
+            raise RuntimeError("this ModelInNetwork was closed")
+        return self.module(*args, **kwargs)
+
+    def gather(self) -> dict[str, torch.Tensor]:
+        """The model's trainable parameters at the current version, by name (a collective: every
+        rank calls it at the same point, since pulls are matched across workers)."""
+        out = {}
+        for u in self.units:
+            st = self.pool.acquire()
+            try:
+                h = self.transport.pull(st, u.numel, self.session_of[u.index], u.index, self.version)
+                self.stats["pulls"] += 1
+                self.stats["pulled_bytes"] += u.nbytes
+                self._wait(h, f"gather of unit {u.label()}", "pull")
+                flat = torch.from_numpy(st.view(u.numel).copy())
+            finally:
+                self.pool.release(st)
+            for (name, p), (lo, hi) in zip(u.params, u.offsets):
+                out[f"{u.name}.{name}" if u.name else name] = flat[lo:hi].view(p.shape).clone()
+        return out
+
+    def report(self) -> dict:
+        """Counters, time spent waiting on the network, memory, and the engine's traffic."""
+        return {"version": self.version, "units": len(self.units), "keep": sorted(self.keep),
+                "model_bytes": sum(u.nbytes for u in self.units),
+                "largest_unit_bytes": max(u.nbytes for u in self.units),
+                "counters": dict(self.stats), "wait_seconds": dict(self.wait_seconds),
+                "memory": self.memory.snapshot(), "engine": self.transport.stats()}
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        transport = getattr(self, "transport", None)
+        if transport is not None:
+            transport.close()
+
+    def __enter__(self) -> "ModelInNetwork":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # pragma: no cover - best effort when a caller forgets close()
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for x in obj:
+            yield from _tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors(x)

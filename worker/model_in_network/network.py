@@ -1,0 +1,94 @@
+"""What a worker of a model-in-network job needs to know about the network: its engine's plan,
+where the optimizer nodes take jobs, and which node serves which unit.
+
+`JobNetwork` round-trips through JSON so a launcher can hand it to worker processes. It comes
+from a `StarPlan` (loopback, no controller: `JobNetwork.from_star`) or from the controller
+(`from_controller`: JoinJob's endpoint plan and the job's shard map).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from luwu.dataplane.session import EndpointPlan
+
+DEFAULT_JOB_ID = "mnn"
+
+
+@dataclass
+class JobNetwork:
+    endpoint: EndpointPlan  # this worker's engine plan (rank, wiring, sessions)
+    node_controls: list[str] = field(default_factory=list)  # node index -> control address (rank 0 uses them)
+    placement: dict[int, int] | None = None  # unit (layer id) -> node index; None: balanced by size
+    job_id: str = DEFAULT_JOB_ID
+
+    @property
+    def rank(self) -> int:
+        return self.endpoint.wiring.rank
+
+    @property
+    def node_sessions(self) -> dict[int, int]:
+        """node index -> the node session's id, from the plan's node sessions."""
+        out = {s.node_rank: s.session for s in self.endpoint.sessions if s.kind == "node"}
+        if not out:
+            raise ValueError("the worker's plan has no node session: the job was planned without optimizer nodes "
+                             "(ask for num_nodes >= 1)")
+        if None in out:
+            raise ValueError("a node session of the plan has no node_rank; cannot tell which node serves it")
+        return out
+
+    @property
+    def world_size(self) -> int:
+        sizes = {s.num_workers for s in self.endpoint.sessions if s.kind == "node"}
+        return sizes.pop() if len(sizes) == 1 else max(sizes or {1})
+
+    # -- JSON -----------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        placement = None if self.placement is None else {str(k): v for k, v in self.placement.items()}
+        return json.dumps({"endpoint": json.loads(self.endpoint.to_json()), "node_controls": self.node_controls,
+                           "placement": placement, "job_id": self.job_id})
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobNetwork":
+        raw = json.loads(text)
+        placement = raw.get("placement")
+        return cls(EndpointPlan.from_json(json.dumps(raw["endpoint"])), list(raw.get("node_controls", [])),
+                   None if placement is None else {int(k): int(v) for k, v in placement.items()},
+                   raw.get("job_id", DEFAULT_JOB_ID))
+
+    # -- sources ----------------------------------------------------------------------------------
+    @classmethod
+    def from_star(cls, plan, rank: int, node_controls: list[str], job_id: str = DEFAULT_JOB_ID,
+                  placement: dict[int, int] | None = None) -> "JobNetwork":
+        """From a loopback `StarPlan` whose switch is running (its ports are bound)."""
+        return cls(plan.worker_plan(rank), list(node_controls), placement, job_id)
+
+    @classmethod
+    def from_controller(cls, endpoint: EndpointPlan, job_info: dict, node_controls: list[str],
+                        job_id: str | None = None) -> "JobNetwork":
+        """From JoinJob's answer: the endpoint plan and the job JSON with its shard map. The
+        controller may cut a large layer into slices for several nodes; a unit travels whole, so
+        slices are refused here with advice."""
+        placement: dict[int, int] = {}
+        for shard in job_info.get("shards", []):
+            lid, node = int(shard["layer_id"]), int(shard["node_rank"])
+            if int(shard.get("offset", 0)) != 0 or placement.get(lid, node) != node:
+                raise ValueError(f"the controller split layer {lid} across optimizer nodes; ModelInNetwork moves a "
+                                 "unit as one buffer: use fewer nodes or smaller units")
+            placement[lid] = node
+        return cls(endpoint, list(node_controls), placement or None, job_id or job_info.get("job_id", DEFAULT_JOB_ID))
+
+
+def balance(sizes: dict[int, int], nodes: list[int]) -> dict[int, int]:
+    """Units to nodes by size, largest first to the least loaded node (ties: lower unit id, then
+    lower node index): deterministic, so every rank computes the same map."""
+    if not nodes:
+        raise ValueError("no optimizer node to place units on")
+    load = {n: 0 for n in nodes}
+    out = {}
+    for uid, numel in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])):
+        best = min(nodes, key=lambda n: (load[n], n))
+        load[best] += numel
+        out[uid] = best
+    return out

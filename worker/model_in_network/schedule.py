@@ -1,0 +1,101 @@
+"""Which pulls a worker issues, and when: a deterministic policy, so every worker issues the same
+pulls in the same order (the node answers pull ids, docs/protocol.md 7.3).
+
+A pass's timeline is the forward needs in forward order, then (with autograd on) the backward
+needs in reverse order: the units that are neither kept resident after forward nor free of
+saved parameters (an embedding's backward needs only the indices). When a unit is needed, its
+pull (issued earlier as a prefetch, or now) is taken, and once its values are in, the next
+`prefetch` entries of the timeline are issued. Decisions depend only on the sequence of needs,
+never on timing, so workers running the same model agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+FORWARD, BACKWARD = "f", "b"
+
+
+@dataclass
+class Ticket:
+    unit: int
+    phase: str
+    version: int
+    handle: object = None  # the engine's Handle
+    staging: object = None  # where the values land
+
+
+class PullSchedule:
+    def __init__(self, order: list[int], keep: set[int], prefetch: int,
+                 issue: Callable[[int, str, int], Ticket]):
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        self.order = list(order)
+        self.keep = set(keep)
+        self.prefetch = prefetch
+        self._issue = issue
+        self.saves_params = {u: True for u in order}  # learned each forward; True until known
+        self.pending: dict[tuple[int, str], Ticket] = {}
+        self.grad = True
+        self.issued: set[tuple[int, str]] = set()
+        self.issued_count = 0
+
+    def backward_units(self) -> list[int]:
+        return [u for u in reversed(self.order) if u not in self.keep and self.saves_params[u]]
+
+    def timeline(self) -> list[tuple[int, str]]:
+        """This pass's needs in order. Built when asked: the backward part uses what this pass's
+        forward has learned so far about saved parameters."""
+        out = [(u, FORWARD) for u in self.order]
+        if self.grad:
+            out += [(u, BACKWARD) for u in self.backward_units()]
+        return out
+
+    def begin_pass(self, grad: bool) -> None:
+        """A forward pass starts (the first unit's forward)."""
+        self.grad = grad
+        self.issued = set(self.pending)
+
+    def take(self, unit: int, phase: str, version: int, resident: bool) -> Ticket | None:
+        """The ticket whose values the unit must take now: its prefetched pull, or one issued now;
+        None when it is resident and nothing was pulled for it."""
+        key = (unit, phase)
+        ticket = self.pending.pop(key, None)
+        if ticket is None and not resident:
+            ticket = self._issue(unit, phase, version)
+            self.issued_count += 1
+        self.issued.add(key)
+        return ticket
+
+    def prefetch_after(self, unit: int, phase: str, version: int) -> None:
+        """Issue the `prefetch` timeline entries that follow (unit, phase) and are not issued yet.
+        Called once the unit's own values are in, so a staging buffer is free again."""
+        if not self.prefetch:
+            return
+        timeline = self.timeline()
+        try:
+            pos = timeline.index((unit, phase))
+        except ValueError:
+            return
+        for e in timeline[pos + 1: pos + 1 + self.prefetch]:
+            if e not in self.issued and e not in self.pending:
+                self.pending[e] = self._issue(e[0], e[1], version)
+                self.issued.add(e)
+                self.issued_count += 1
+
+    def prefetch_next_pass(self, version: int) -> None:
+        """After a step: the first forward entries of the next pass (the node serves them as soon
+        as their new version is published)."""
+        for u in self.order[: self.prefetch]:
+            key = (u, FORWARD)
+            if key not in self.pending:
+                self.pending[key] = self._issue(u, FORWARD, version)
+                self.issued_count += 1
+
+    def drain(self) -> list[Ticket]:
+        """Every pending ticket (a step makes them stale); the caller waits for and drops them."""
+        out = list(self.pending.values())
+        self.pending.clear()
+        self.issued.clear()
+        return out

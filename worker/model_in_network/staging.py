@@ -1,0 +1,32 @@
+"""A pool of staging buffers, each the size of the largest unit: pulls land in one, pushes are
+read from one until they complete. Buffers are made on demand and reused, so the pool grows to
+the number of pulls and pushes in flight at once (prefetch depth + pushes in flight), and its
+bytes count as the worker's resident memory."""
+
+from __future__ import annotations
+
+from .memory import MemoryTracker
+
+
+class StagingPool:
+    def __init__(self, transport, capacity: int, memory: MemoryTracker):
+        self.transport = transport
+        self.capacity = capacity
+        self.memory = memory
+        self._free: list = []
+        self.created = 0
+        self.in_use = 0
+
+    def acquire(self):
+        if self._free:
+            st = self._free.pop()
+        else:
+            st = self.transport.staging(self.capacity)
+            self.created += 1
+            self.memory.add("staging", 4 * self.capacity)
+        self.in_use += 1
+        return st
+
+    def release(self, st) -> None:
+        self.in_use -= 1
+        self._free.append(st)

@@ -1,0 +1,139 @@
+"""How a model is cut into units: the modules whose parameters travel as one layer buffer.
+
+A unit is a module whose parameters are used only inside its own forward (a transformer block,
+an embedding, a norm, a head). Its trainable parameters are flattened, in `named_parameters()`
+order, into one buffer: layer `index` on the optimizer node (its `LayerSpec`). The default cut
+descends into the model's containers (`nn.ModuleList`, `nn.Sequential`, `nn.ModuleDict`, from
+the top) and makes every other parameter-holding module a unit: for a GPT that is one unit per
+block plus the embeddings, the final norm and the head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from luwu.dataplane.optimizer.spec import LayerSpec
+
+CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+
+
+class UnitError(ValueError):
+    """The model cannot be cut into units as asked; the message says what to change."""
+
+
+@dataclass(eq=False)
+class Unit:
+    index: int  # the layer id on the optimizer node; units are numbered in forward order
+    name: str  # the module's path in the model ("" for the model itself)
+    module: nn.Module
+    params: list[tuple[str, nn.Parameter]]  # trainable parameters, names relative to `module`
+    offsets: list[tuple[int, int]] = field(default_factory=list)  # (lo, hi) of each parameter in the flat buffer
+
+    def __post_init__(self):
+        lo = 0
+        self.offsets = []
+        for _, p in self.params:
+            self.offsets.append((lo, lo + p.numel()))
+            lo += p.numel()
+
+    @property
+    def numel(self) -> int:
+        return self.offsets[-1][1] if self.offsets else 0
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.numel
+
+    def layer_spec(self) -> LayerSpec:
+        return LayerSpec.from_named_parameters(self.index, self.params, no_decay="auto")
+
+    def label(self) -> str:
+        return self.name or type(self.module).__name__
+
+
+def _check_tied(model: nn.Module) -> None:
+    seen: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        first = seen.setdefault(id(p), name)
+        if first != name:
+            raise UnitError(
+                f"parameters {first!r} and {name!r} are the same tensor (tied weights, or a module used in two "
+                "places): a tied parameter would need gradients from two units before one optimizer step. Untie "
+                f"them (e.g. `model.{name.rsplit('.', 1)[0]}.weight = nn.Parameter(model.{first}.detach().clone())`) "
+                "to train with ModelInNetwork")
+
+
+def _default_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    direct = [n for n, p in model.named_parameters(recurse=False) if p.requires_grad]
+    if direct and not isinstance(model, CONTAINERS):
+        raise UnitError(f"the model holds parameters directly ({', '.join(direct)}), outside any submodule: they "
+                        "cannot be fetched per layer. Move them into a submodule, or pass units=[...] including "
+                        "the model itself")
+    out: list[tuple[str, nn.Module]] = []
+
+    def visit(prefix: str, module: nn.Module) -> None:
+        for name, child in module.named_children():
+            path = f"{prefix}.{name}" if prefix else name
+            if isinstance(child, CONTAINERS):
+                own = [n for n, p in child.named_parameters(recurse=False) if p.requires_grad]
+                if own:
+                    raise UnitError(f"container {path!r} holds parameters directly ({', '.join(own)}); "
+                                    "pass units=[...]")
+                visit(path, child)
+            elif any(p.requires_grad for p in child.parameters()):
+                out.append((path, child))
+
+    visit("", model)
+    return out
+
+
+def _explicit_modules(model: nn.Module, units: list) -> list[tuple[str, nn.Module]]:
+    names = {id(m): n for n, m in model.named_modules()}
+    out = []
+    for u in units:
+        if isinstance(u, str):
+            try:
+                u = model.get_submodule(u)
+            except AttributeError as e:
+                raise UnitError(f"units: the model has no submodule {u!r} ({e})") from None
+        if not isinstance(u, nn.Module):
+            raise UnitError(f"units: expected modules or module paths, got {type(u).__name__}")
+        if id(u) not in names:
+            raise UnitError(f"units: a {type(u).__name__} that is not part of the model")
+        out.append((names[id(u)], u))
+    return out
+
+
+def split_units(model: nn.Module, units: list | None = None) -> list[Unit]:
+    """The model's units in registration order (taken as forward order), checked: every trainable
+    parameter in exactly one unit, float32 on the CPU, none tied."""
+    _check_tied(model)
+    modules = _default_modules(model) if units is None else _explicit_modules(model, units)
+    owner: dict[int, str] = {}
+    out: list[Unit] = []
+    for path, module in modules:
+        params = []
+        for pname, p in module.named_parameters():
+            if not p.requires_grad:
+                continue  # frozen parameters stay on the worker, as ordinary tensors
+            full = f"{path}.{pname}" if path else pname
+            if id(p) in owner:
+                raise UnitError(f"parameter {full!r} is in two units ({owner[id(p)]!r} and {path!r}): units must "
+                                "not nest or overlap")
+            owner[id(p)] = path
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise UnitError(f"parameter {full!r} is {p.dtype} on {p.device}: ModelInNetwork trains float32 CPU "
+                                "parameters (the node serves them as bf16/fp16/fp32 and keeps fp32 masters)")
+            params.append((pname, p))
+        if params:
+            out.append(Unit(len(out), path, module, params))
+    if not out:
+        raise UnitError("the model has no trainable parameters")
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in owner]
+    if missing:
+        raise UnitError(f"trainable parameters outside every unit: {', '.join(missing[:8])}"
+                        f"{' ...' if len(missing) > 8 else ''}; add their modules to units=[...]")
+    return out
