@@ -1,0 +1,79 @@
+"""A batch of received packets as the pipeline sees it, and the packets it decides to emit.
+
+Rows are the receive buffer itself (or, for `process_*`, an array built from the caller's
+bytes): the pipeline rewrites emitted packets in place, so a UDP port sends a result straight
+from the row that triggered it, and a multicast sends that one row to every replica.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..protocol import ETH_IP_UDP_LEN, HEADER_LEN
+
+
+class Batch:
+    """K packets: `rows[i, :length[i]]` arrived on switch port `port[i]`.
+
+    `framed`: rows are Ethernet frames (luwu at offset ETH_IP_UDP_LEN) rather than luwu datagrams.
+    `drop[i]`: the drop reason decided so far (0 while the packet is alive); attachments may
+    preset it (UNKNOWN_PORT) before the pipeline runs.
+    """
+
+    __slots__ = ("rows", "length", "port", "framed", "drop", "off", "luwu", "ipv4", "luwu_len", "hdr", "hb")
+
+    def __init__(self, rows: np.ndarray, length: np.ndarray, port: np.ndarray, framed: bool,
+                 drop: np.ndarray | None = None):
+        self.rows = rows
+        self.length = np.asarray(length, dtype=np.int64)
+        self.port = np.asarray(port, dtype=np.int64)
+        self.framed = framed
+        self.drop = np.zeros(len(rows), dtype=np.int64) if drop is None else drop
+        self.off = ETH_IP_UDP_LEN if framed else 0
+        # filled by the parser
+        self.luwu = self.ipv4 = self.luwu_len = self.hdr = self.hb = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def payload(self, lanes: int) -> np.ndarray:
+        """(K, lanes) big-endian int32 view of every row's lanes (meaningful for aggregation packets)."""
+        start = self.off + HEADER_LEN
+        return self.rows[:, start:start + 4 * lanes].view(">i4")
+
+    @classmethod
+    def from_bytes(cls, items: list[tuple[int, bytes]], framed: bool, min_width: int) -> "Batch":
+        """Copy (port, bytes) pairs into rows at least `min_width` wide (zero padded)."""
+        width = max([min_width] + [len(b) for _, b in items])
+        rows = np.zeros((len(items), width), dtype=np.uint8)
+        for i, (_, data) in enumerate(items):
+            rows[i, :len(data)] = np.frombuffer(bytes(data), dtype=np.uint8)
+        return cls(rows, [len(b) for _, b in items], [p for p, _ in items], framed)
+
+
+@dataclass
+class Emission:
+    """Packets to send, in the order the pipeline decided them (the triggering packet's arrival
+    order, then replica order): row `pkt[i]` of the batch leaves on `port[i]`.
+
+    `dst[i]` is the endpoints key (replica instance, unicast rank or 0xFFFF); `l3[i]` marks
+    L3-forwarded frames (already rewritten, no endpoints lookup)."""
+
+    pkt: np.ndarray
+    port: np.ndarray
+    dst: np.ndarray
+    session: np.ndarray
+    l3: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.pkt)
+
+    def select(self, keep: np.ndarray) -> "Emission":
+        return Emission(self.pkt[keep], self.port[keep], self.dst[keep], self.session[keep], self.l3[keep])
+
+    @classmethod
+    def empty(cls) -> "Emission":
+        z = np.zeros(0, dtype=np.int64)
+        return cls(z, z, z, z, np.zeros(0, dtype=bool))

@@ -1,0 +1,346 @@
+"""Throughput of the software switch in a 4-worker allreduce pattern over real UDP sockets on
+loopback, next to a raw UDP relay measured the same way in the same run.
+
+Each worker process pushes `size` bytes as ALLREDUCE packets (the switch's lane count) through
+its switch port with a window of `pool` packets and waits for every RESULT (go-back-N on a
+timeout). The relay baseline replaces the switch by a process that returns every datagram to
+its sender: N packets in and N out per chunk, like the switch, with the same batching. Prints
+grep-able `key: value` lines (or `--json`); `--out DIR` writes switch_bench.json and a PNG;
+`--profile FILE` writes the switch process's cProfile stats.
+
+    python -m luwu.dataplane.switch.bench --workers 4 --size 32MiB --mode jumbo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import select
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..net.mmsg import BatchSocket, udp_socket
+from ..protocol import (
+    HEADER_LEN, Dtype, MsgType, NextStep, aggregation_packet_len, header_view, lanes_for_mode, ver_type,
+)
+
+HOST = "127.0.0.1"
+SESSION = 1
+EPOCH = 1
+RETRY_TIMEOUT = 0.2  # s without progress before a worker goes back to its oldest missing packet (no loss on loopback: only spurious)
+STARTUP_TIMEOUT = 60  # s for processes to come up
+RUN_TIMEOUT = 600  # s for one measured run
+STALL_TIMEOUT = 10  # s without any new result before a worker gives up
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=4, help="worker processes (1..32)")
+    p.add_argument("--size", default="32MiB", help="bytes each worker reduces (e.g. 8MiB, 64MiB)")
+    p.add_argument("--mode", default="jumbo", help="packet mode or lane count (jumbo = 2048 lanes)")
+    p.add_argument("--pool", type=int, default=256, help="slot pool = window of packets in flight per worker")
+    p.add_argument("--batch", type=int, default=64, help="datagrams per recvmmsg/sendmmsg")
+    p.add_argument("--repeat", type=int, default=3, help="runs of each; the best is reported")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", type=Path, help="directory for switch_bench.json and switch_bench.png")
+    p.add_argument("--profile", type=Path, help="write the switch process's cProfile stats here")
+
+
+def _size(text: str) -> int:
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "mb": 10**6, "gb": 10**9, "b": 1}
+    t = text.strip().lower()
+    for u, mult in units.items():
+        if t.endswith(u):
+            return int(float(t[: -len(u)]) * mult)
+    return int(t)
+
+
+# --- the two servers ---------------------------------------------------------------------------
+
+def _switch_server(lanes: int, peers: list, pool: int, batch: int, conn, profile: str | None) -> None:
+    """The switch with one port per worker, wired to the worker's fixed address. Between runs
+    the parent sends ("epoch", n): a new session instance, as a new job would get."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from .config import SwitchConfig
+    from .switch import SoftwareSwitch
+
+    workers = len(peers)
+    sw = SoftwareSwitch(SwitchConfig(lanes=lanes, slots=max(pool, 64), batch=batch))
+    ports = {r + 1: sw.attach_udp(r + 1, (HOST, 0), peer=tuple(peers[r])) for r in range(workers)}
+    sw.load_runtime(runtime(workers, pool))
+
+    def control() -> None:
+        while True:
+            msg = conn.recv()
+            if msg == "stop":
+                return
+            if msg == "cpu":
+                conn.send(time.process_time())
+                continue
+            with sw.lock:
+                entry = runtime(workers, pool, epoch=msg[1])["table_entries"][0]
+                sw.tables.insert(entry["table"], entry["match"], entry["action_name"], entry["action_params"],
+                                 modify=True)
+            conn.send("ok")
+    if profile:  # run the event loop in this thread under cProfile; a helper thread waits for "stop"
+        import cProfile
+        import threading
+
+        from .loop import EventLoop
+
+        loop = EventLoop(sw)
+        conn.send(ports)
+        threading.Thread(target=lambda: (control(), loop._stop.set()), daemon=True).start()
+        prof = cProfile.Profile()
+        prof.runcall(loop._run)
+        prof.dump_stats(profile)
+        sw.stop()
+    else:
+        sw.start()
+        conn.send(ports)
+        control()
+        sw.stop()
+    conn.send(sw.counters())
+
+
+def runtime(workers: int, pool: int, epoch: int = EPOCH) -> dict:
+    entries = [{"table": "sessions", "match": {"session": SESSION}, "action_name": "set_session",
+                "action_params": {"pool_base": 0, "pool_size": pool, "num_workers": workers,
+                                  "worker_mask": (1 << workers) - 1, "epoch": epoch, "mcast_grp": SESSION,
+                                  "next_step": int(NextStep.ROOT), "up_port": 0, "up_worker": 0}}]
+    for r in range(workers):
+        entries.append({"table": "workers", "match": {"session": SESSION, "worker": r}, "action_name": "set_worker",
+                        "action_params": {"worker_bit": 1 << r, "port": r + 1}})
+    groups = [{"multicast_group_id": SESSION,
+               "replicas": [{"egress_port": r + 1, "instance": r} for r in range(workers)]}]
+    return {"table_entries": entries, "multicast_group_entries": groups}
+
+
+def _relay_server(max_len: int, batch: int, conn) -> None:
+    sock = BatchSocket(udp_socket(HOST, 0), batch=batch, max_len=max_len)
+    conn.send({0: sock.sock.getsockname()[:2]})
+    poller = select.poll()
+    poller.register(sock.fd, select.POLLIN)
+    while True:
+        k = sock.recv()
+        if k:
+            sock.reflect(k)
+            continue
+        if conn.poll():
+            msg = conn.recv()
+            if msg == "stop":
+                break
+            conn.send(time.process_time())  # "cpu"
+        poller.poll(20)
+    conn.send({})
+
+
+# --- a worker ------------------------------------------------------------------------------------
+
+def _worker(rank: int, local: tuple[str, int], target: tuple[str, int], lanes: int, npkts: int, pool: int, batch: int, start, result_q) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    plen = aggregation_packet_len(lanes)
+    sock = BatchSocket(udp_socket(*local), batch=batch, max_len=plen + 64, peers=1)
+    sock.set_peer(0, *target)
+    sock.default_peer = 0
+    rows = np.zeros((npkts, plen), dtype=np.uint8)
+    h = header_view(rows)
+    seqs = np.arange(npkts, dtype=np.int64)
+    h["ver_type"] = ver_type(MsgType.ALLREDUCE)
+    h["flags"] = ((seqs // pool) & 1).astype(np.uint8)
+    h["session"] = SESSION
+    h["worker"] = rank
+    h["count"] = lanes
+    h["seq"] = seqs
+    h["slot"] = seqs % pool
+    h["dtype"] = int(Dtype.INT32)
+    h["numel"] = npkts * lanes
+    rows[:, HEADER_LEN:] = (rank + 1) % 256
+    got = np.zeros(npkts, dtype=bool)
+    lengths = np.full(batch, plen, dtype=np.int64)
+    ack = nxt = received = resends = 0
+    poller = select.poll()
+    poller.register(sock.fd, select.POLLIN)
+    start.wait()
+    t0 = last = last_new = time.perf_counter()
+    while ack < npkts:
+        while nxt < npkts and nxt < ack + pool:
+            n = min(batch, npkts - nxt, ack + pool - nxt)
+            sock.send_rows(rows, np.arange(nxt, nxt + n), lengths[:n])
+            nxt += n
+        k = sock.recv()
+        if k:
+            s = header_view(sock.rx[:k])["seq"].astype(np.int64)
+            s = s[s < npkts]
+            fresh = np.unique(s[~got[s]])
+            got[fresh] = True
+            if len(fresh):
+                last_new = time.perf_counter()
+            received += len(fresh)
+            while ack < npkts and got[ack]:
+                ack += 1
+            last = time.perf_counter()
+        elif time.perf_counter() - last > RETRY_TIMEOUT:
+            nxt = ack  # go back N
+            resends += 1
+            last = time.perf_counter()
+        else:
+            poller.poll(2)
+        if time.perf_counter() - last_new > STALL_TIMEOUT or time.perf_counter() - t0 > RUN_TIMEOUT:
+            break
+    result_q.put((rank, time.perf_counter() - t0, received, resends))
+
+
+class _Server:
+    """A switch or relay process kept up across the interleaved runs."""
+
+    def __init__(self, ctx, kind: str, args, lanes: int, profile: str | None):
+        from ..loopback import free_udp_port
+
+        self.kind = kind
+        self.conn, child = ctx.Pipe()
+        self.local = [(HOST, free_udp_port(HOST)) for _ in range(args.workers)]
+        if kind == "switch":
+            target, a = _switch_server, (lanes, self.local, args.pool, args.batch, child, profile)
+        else:
+            target, a = _relay_server, (aggregation_packet_len(lanes) + 64, args.batch, child)
+        self.proc = ctx.Process(target=target, args=a)
+        self.proc.start()
+        if not self.conn.poll(STARTUP_TIMEOUT):
+            self.proc.kill()
+            raise RuntimeError(f"the {kind} process did not start within {STARTUP_TIMEOUT} s")
+        self.ports = self.conn.recv()
+        self.runs: list[dict] = []
+
+    def target(self, rank: int) -> tuple[str, int]:
+        return self.ports[rank + 1] if self.kind == "switch" else self.ports[0]
+
+    def ask(self, msg):
+        self.conn.send(msg)
+        return self.conn.recv()
+
+    def stop(self) -> dict:
+        try:
+            self.conn.send("stop")
+            counters = self.conn.recv() if self.conn.poll(30) else {}
+        except (OSError, EOFError):
+            counters = {}
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+        return counters
+
+
+def _one_run(ctx, server: _Server, index: int, args, lanes: int, npkts: int) -> dict:
+    if server.kind == "switch":
+        server.ask(("epoch", EPOCH + index))  # a new session instance for every run
+    start, result_q = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, server.local[r], server.target(r), lanes, npkts, args.pool,
+                                               args.batch, start, result_q)) for r in range(args.workers)]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)  # let every worker import and build its packets
+    cpu0 = server.ask("cpu")
+    start.set()
+    res = [result_q.get(timeout=RUN_TIMEOUT) for _ in procs]
+    cpu1 = server.ask("cpu")
+    for p in procs:
+        p.join(10)
+    if any(r[2] != npkts for r in res):
+        raise RuntimeError(f"{server.kind}: a worker did not receive all {npkts} results: {res}")
+    seconds = max(r[1] for r in res)
+    pkts_in = args.workers * npkts
+    return {"seconds": seconds, "packets_per_s": pkts_in / seconds,
+            "gbytes_per_s": pkts_in * aggregation_packet_len(lanes) / seconds / 1e9,
+            "cpu_us_per_packet": (cpu1 - cpu0) / pkts_in * 1e6, "worker_resends": sum(r[3] for r in res)}
+
+
+def _summary(runs: list[dict]) -> dict:
+    rates = sorted(r["packets_per_s"] for r in runs)
+    best = max(runs, key=lambda r: r["packets_per_s"])
+    return {"packets_per_s": best["packets_per_s"], "gbytes_per_s": best["gbytes_per_s"],
+            "median_packets_per_s": float(np.median(rates)),
+            "cpu_us_per_packet": float(np.median([r["cpu_us_per_packet"] for r in runs])), "runs": runs}
+
+
+def run(args) -> int:
+    if not 1 <= args.workers <= 32:
+        raise SystemExit("--workers must be 1..32")
+    lanes = lanes_for_mode(args.mode)
+    nbytes = _size(args.size)
+    npkts = max(1, -(-nbytes // (4 * lanes)))
+    from rich.progress import Progress
+
+    ctx = mp.get_context("spawn")
+    relay = switch = None
+    try:
+        relay = _Server(ctx, "relay", args, lanes, None)
+        switch = _Server(ctx, "switch", args, lanes, str(args.profile) if args.profile else None)
+        with Progress(transient=True) as progress:
+            task = progress.add_task("relay and switch, interleaved", total=2 * args.repeat)
+            for i in range(args.repeat):  # interleaved, so both see the same background load
+                for server in (relay, switch):
+                    server.runs.append(_one_run(ctx, server, i, args, lanes, npkts))
+                    progress.advance(task)
+    finally:
+        counters = switch.stop() if switch else {}
+        if relay:
+            relay.stop()
+    r, sw = _summary(relay.runs), _summary(switch.runs)
+    ev = counters.get("events", {})
+    result = {
+        "workers": args.workers, "lanes": lanes, "packet_bytes": aggregation_packet_len(lanes),
+        "packets_per_worker": npkts, "pool": args.pool, "batch": args.batch, "repeat": args.repeat,
+        "switch_packets_per_s": sw["packets_per_s"], "switch_gbytes_per_s": sw["gbytes_per_s"],
+        "relay_packets_per_s": r["packets_per_s"], "relay_gbytes_per_s": r["gbytes_per_s"],
+        "switch_median_packets_per_s": sw["median_packets_per_s"], "relay_median_packets_per_s": r["median_packets_per_s"],
+        "switch_over_relay": sw["packets_per_s"] / r["packets_per_s"],
+        "switch_over_relay_median": sw["median_packets_per_s"] / r["median_packets_per_s"],
+        "switch_cpu_us_per_packet": sw["cpu_us_per_packet"], "relay_cpu_us_per_packet": r["cpu_us_per_packet"],
+        "switch_completed": ev.get(1, (0, 0))[0], "switch_resent": ev.get(3, (0, 0))[0],
+        "switch_runs_s": [x["seconds"] for x in sw["runs"]], "relay_runs_s": [x["seconds"] for x in r["runs"]],
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
+    if args.out:
+        _write(args.out, result)
+    return 0
+
+
+def _write(out: Path, result: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "switch_bench.json").write_text(json.dumps(result, indent=2))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(8, 3.2))
+    names = ["raw UDP relay", "software switch"]
+    ax[0].bar(names, [result["relay_packets_per_s"] / 1e3, result["switch_packets_per_s"] / 1e3],
+              color=["grey", "tab:blue"])
+    ax[0].set_ylabel("packets in / s (thousands, best run)")
+    ax[1].bar(names, [result["relay_cpu_us_per_packet"], result["switch_cpu_us_per_packet"]],
+              color=["grey", "tab:blue"])
+    ax[1].set_ylabel("server CPU us per packet in")
+    fig.suptitle(f"{result['workers']}-worker allreduce, {result['lanes']} lanes "
+                 f"({result['packet_bytes']} B packets): switch = {result['switch_over_relay']:.0%} of relay")
+    fig.tight_layout()
+    fig.savefig(out / "switch_bench.png", dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m luwu.dataplane.switch.bench", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

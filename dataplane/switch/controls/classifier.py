@@ -1,0 +1,160 @@
+"""classifier (the receiver): validate luwu packets and look up `sessions` and `workers`.
+
+Checks, in this order, each failure dropping the packet with its reason: version
+(BAD_VERSION), type (BAD_TYPE), length for the type (MALFORMED: aggregation packets are exactly
+32 + 4 * lanes bytes with count <= lanes; PARAM 32 + count * itemsize(dtype); PULL 32 + 12 *
+count; HEARTBEAT 32), `sessions` hit (UNKNOWN_SESSION), `workers` hit for every packet whose
+worker is not NODE (UNKNOWN_WORKER), then direction (BAD_DIRECTION) and pool (FOREIGN_SLOT).
+Each surviving packet gets a path: aggregate, fallback, heartbeat round, multicast or pull.
+
+Hot code: constants are plain ints (numpy arithmetic with enum members is several times
+slower), and per-type work runs only for the types present in the batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...protocol import (
+    DTYPE_ITEMSIZE, HEADER_LEN, NODE, PULL_REQUEST, VERSION, DropReason, Flag, MsgType, NextStep,
+    aggregation_packet_len,
+)
+from ..lookup import CompiledTables
+
+PATH_NONE = 0  # dropped
+PATH_AGGREGATE = 1  # GRAD/ALLREDUCE inside the pool: slot state machine
+PATH_FALLBACK = 2  # GRAD outside the pool or already FALLBACK: toward the node unaggregated
+PATH_HEARTBEAT = 3  # a worker's HEARTBEAT: heartbeat round
+PATH_MULTICAST = 4  # PARAM or HEARTBEAT from the node, RESULT from the parent
+PATH_PULL = 5  # PULL: unicast toward the node
+
+GRAD, AGG, ALLREDUCE, RESULT = int(MsgType.GRAD), int(MsgType.AGG), int(MsgType.ALLREDUCE), int(MsgType.RESULT)
+PARAM, HEARTBEAT, PULL = int(MsgType.PARAM), int(MsgType.HEARTBEAT), int(MsgType.PULL)
+TYPE_CODES = 16
+FALLBACK = int(Flag.FALLBACK)
+UPSTREAM = int(NextStep.UPSTREAM)
+D_BAD_VERSION, D_BAD_TYPE, D_MALFORMED = int(DropReason.BAD_VERSION), int(DropReason.BAD_TYPE), int(DropReason.MALFORMED)
+D_UNKNOWN_SESSION, D_UNKNOWN_WORKER = int(DropReason.UNKNOWN_SESSION), int(DropReason.UNKNOWN_WORKER)
+D_BAD_DIRECTION, D_FOREIGN_SLOT = int(DropReason.BAD_DIRECTION), int(DropReason.FOREIGN_SLOT)
+
+_ITEMSIZE = np.zeros(256, dtype=np.int64)  # 0 = unknown dtype
+for _d, _size in DTYPE_ITEMSIZE.items():
+    _ITEMSIZE[int(_d)] = _size
+_VALID_TYPE = np.zeros(TYPE_CODES, dtype=bool)
+_VALID_TYPE[[int(t) for t in MsgType]] = True
+
+
+class Classified:
+    """Per-packet fields of the luwu packets that reached the classifier (`idx` into the batch)."""
+
+    __slots__ = ("idx", "h", "mtype", "flags", "session", "worker", "from_node", "path", "bit", "worker_port",
+                 "pool_base", "num_workers", "worker_mask", "epoch", "mcast_grp", "next_step", "up_port",
+                 "up_worker", "nbytes", "types")
+
+
+def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
+    c = Classified()
+    alive = b.luwu & (b.drop == 0)
+    if alive.all():
+        idx = np.arange(len(b))
+        h = b.hdr
+    else:
+        idx = np.flatnonzero(alive)
+        h = b.hdr[idx]
+    c.idx, c.h = idx, h
+    n_pk = len(idx)
+    vt = h["ver_type"]
+    c.mtype = mtype = vt & 0xF
+    c.flags = h["flags"]
+    n = b.luwu_len[idx]
+    c.nbytes = b.length[idx]
+    types = np.bincount(mtype, minlength=TYPE_CODES)
+    drop = np.where((vt >> 4) != VERSION, D_BAD_VERSION, 0)
+    if types[0] or types[PULL + 1:].any():
+        drop[(drop == 0) & ~_VALID_TYPE[mtype]] = D_BAD_TYPE
+
+    # length for the type (count <= lanes for aggregation types)
+    count = h["count"]
+    n_agg = types[GRAD:RESULT + 1].sum()
+    if n_agg == n_pk:
+        bad_len = (n != aggregation_packet_len(lanes)) | (count > lanes)
+    else:
+        expect = np.full(n_pk, -1, dtype=np.int64)
+        agg_type = (mtype >= GRAD) & (mtype <= RESULT)
+        expect[agg_type] = aggregation_packet_len(lanes)
+        if types[PARAM]:
+            is_param = mtype == PARAM
+            item = _ITEMSIZE[h["dtype"][is_param]]
+            expect[is_param] = np.where(item > 0, HEADER_LEN + count[is_param].astype(np.int64) * item, -1)
+        if types[HEARTBEAT]:
+            expect[mtype == HEARTBEAT] = HEADER_LEN
+        if types[PULL]:
+            is_pull = mtype == PULL
+            expect[is_pull] = HEADER_LEN + PULL_REQUEST.itemsize * count[is_pull].astype(np.int64)
+        bad_len = (n != expect) | (agg_type & (count > lanes))
+    drop[(drop == 0) & bad_len] = D_MALFORMED
+
+    c.session = session = h["session"].astype(np.int64)
+    s_hit = t.session_hit(session)
+    drop[(drop == 0) & ~s_hit] = D_UNKNOWN_SESSION
+    if counters is not None:
+        ok = drop == 0
+        counters.session(session[ok], c.nbytes[ok])
+
+    c.worker = worker = h["worker"].astype(np.int64)
+    c.from_node = from_node = worker == NODE
+    w_hit, w_row = t.workers.find(session, worker)
+    drop[(drop == 0) & ~from_node & ~w_hit] = D_UNKNOWN_WORKER
+    if len(t.workers.keys):
+        c.bit = t.workers.params["worker_bit"][w_row]
+        c.worker_port = t.workers.params["port"][w_row]
+    else:
+        c.bit = c.worker_port = np.zeros(n_pk, dtype=np.int64)
+
+    sid = np.where(s_hit, session, 0)
+    s = t.s
+    c.pool_base = s["pool_base"][sid]
+    c.num_workers = s["num_workers"][sid]
+    c.worker_mask = s["worker_mask"][sid]
+    c.epoch = s["epoch"][sid]
+    c.mcast_grp = s["mcast_grp"][sid]
+    c.next_step = s["next_step"][sid]
+    c.up_port = s["up_port"][sid]
+    c.up_worker = s["up_worker"][sid]
+
+    alive = drop == 0
+    path = np.zeros(n_pk, dtype=np.int64)
+    is_grad = mtype == GRAD
+    is_allreduce = mtype == ALLREDUCE
+    contributes = is_grad | is_allreduce
+    bad_dir = contributes & from_node
+    if types[AGG] or types[RESULT] or types[PARAM] or types[PULL]:
+        bad_dir |= ((mtype == AGG)
+                    | (((mtype == PARAM) | (mtype == RESULT)) & ~from_node)
+                    | ((mtype == RESULT) & (c.next_step != UPSTREAM))
+                    | ((mtype == PULL) & from_node))
+    bad_dir &= alive
+    drop[bad_dir] = D_BAD_DIRECTION
+    alive &= ~bad_dir
+    if n_agg:
+        in_pool = ((h["slot"].astype(np.int64) - c.pool_base) & 0xFFFFFFFF) < s["pool_size"][sid]
+        fallback = (c.flags & FALLBACK) != 0
+        aggregate = alive & contributes & in_pool & ~(is_grad & fallback)
+        path[aggregate] = PATH_AGGREGATE
+        if types[GRAD]:
+            path[alive & is_grad & (~in_pool | fallback)] = PATH_FALLBACK
+        if types[ALLREDUCE]:
+            foreign = alive & is_allreduce & ~in_pool
+            drop[foreign] = D_FOREIGN_SLOT
+    if types[HEARTBEAT]:
+        hb = alive & (mtype == HEARTBEAT)
+        path[hb & ~from_node] = PATH_HEARTBEAT
+        path[hb & from_node] = PATH_MULTICAST
+    if types[PARAM] or types[RESULT]:
+        path[alive & ((mtype == PARAM) | (mtype == RESULT))] = PATH_MULTICAST
+    if types[PULL]:
+        path[alive & (mtype == PULL)] = PATH_PULL
+    c.path = path
+    c.types = types
+    b.drop[idx] = drop
+    return c

@@ -1,0 +1,15 @@
+"""slot_owner: the epoch of the session that last used a (set, slot). A different epoch makes
+the packet the phase's first contributor, so a new session on reused slots never adds to stale
+sums and no controller ever has to clear a register."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def apply(slot_owner: np.ndarray, s, epoch: np.ndarray) -> np.ndarray:
+    """fresh = slot_owner[s] != epoch ; slot_owner[s] = epoch (indices unique within a round;
+    `s` may be a slice when the round's slots are consecutive)."""
+    fresh = slot_owner[s] != epoch
+    slot_owner[s] = epoch
+    return fresh

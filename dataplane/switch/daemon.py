@@ -1,0 +1,204 @@
+"""`luwu switch`: run the software switch as a daemon.
+
+Ports come from `--config` (YAML, see switch.example.yaml) and/or flags; flags win. Prints one
+ready line with the bound ports, rewrites `--stats-file` (JSON counters) every stats interval
+so a hung job can be diagnosed without a CLI, optionally serves P4Runtime, and shuts down
+cleanly on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .config import (
+    DROP_KEYS, ConfigError, DaemonConfig, SwitchConfig, UdpPortSpec, load_daemon_config, parse_drop, parse_hostport,
+    switch_port_number,
+)
+from .counters import named
+from .table_schema import TableError
+
+EXAMPLE = Path(__file__).with_name("switch.example.yaml")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help=f"YAML config (every option documented in {EXAMPLE})")
+    p.add_argument("--runtime", help="p4lang/tutorials runtime JSON to load at start (tables, multicast groups)")
+    p.add_argument("--lanes", help="lanes per aggregation packet: a number or a packet mode")
+    p.add_argument("--mode", choices=["tofino", "jumbo", "loopback"], help="packet mode (same as --lanes MODE)")
+    p.add_argument("--slots", type=int, help="slots per set (default 4096)")
+    p.add_argument("--udp-port", type=int, help="UDP port that marks luwu in Ethernet frames (default 19541)")
+    p.add_argument("--seed", type=int, help="drop simulator seed (default 0)")
+    p.add_argument("--port", action="append", default=[], metavar="N=HOST:PORT[,peer=HOST:PORT]",
+                   help="UDP attachment of switch port N (repeatable); the peer is learned if not given")
+    p.add_argument("--iface", action="append", default=[], metavar="N=IFNAME",
+                   help="raw Ethernet attachment of switch port N to an interface (repeatable, root)")
+    p.add_argument("--drop", action="append", default=[], metavar="PORT|all:KEY=P[,KEY=P]",
+                   help=f"simulated impairments, KEY in {', '.join(DROP_KEYS)}; e.g. all:ingress=0.01 "
+                        f"or 3:egress=0.1,reorder=0.05 (repeatable)")
+    p.add_argument("--stats-file", help="JSON counters, rewritten every --stats-interval seconds")
+    p.add_argument("--stats-interval", type=float, help="seconds between stats file writes (default 1)")
+    p.add_argument("--p4runtime", metavar="ADDR", help="serve P4Runtime on HOST:PORT")
+    p.add_argument("--p4info", help="P4Info for --p4runtime (default: the committed p4/build/p4info.txtpb)")
+
+
+def config_from_args(args) -> DaemonConfig:
+    cfg = load_daemon_config(args.config)
+    sw = cfg.switch
+    overrides = {}
+    if args.lanes is not None and args.mode is not None:
+        raise ConfigError("give --lanes or --mode, not both")
+    if args.lanes is not None or args.mode is not None:
+        overrides["lanes"] = args.lanes if args.lanes is not None else args.mode
+    for key in ("slots", "udp_port", "seed"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
+    if overrides:
+        fields = {k: getattr(sw, k) for k in sw.__dataclass_fields__}
+        fields.update(overrides)
+        cfg.switch = SwitchConfig(**fields)
+    for spec in args.port:
+        num, sep, rest = spec.partition("=")
+        if not sep:
+            raise ConfigError(f"--port {spec!r}: expected N=HOST:PORT[,peer=HOST:PORT]")
+        n = switch_port_number(num, f"--port {spec!r}")
+        listen, _, peer = rest.partition(",")
+        peer_addr = None
+        if peer:
+            if not peer.startswith("peer="):
+                raise ConfigError(f"--port {spec!r}: after the address only peer=HOST:PORT is allowed")
+            peer_addr = parse_hostport(peer[len("peer="):], f"--port {spec!r} peer")
+        cfg.ifaces.pop(n, None)
+        cfg.ports[n] = UdpPortSpec(parse_hostport(listen, f"--port {spec!r}"), peer_addr)
+    for spec in args.iface:
+        num, sep, name = spec.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--iface {spec!r}: expected N=IFNAME")
+        n = switch_port_number(num, f"--iface {spec!r}")
+        cfg.ports.pop(n, None)
+        cfg.ifaces[n] = name
+    for spec in args.drop:
+        where, sep, body = spec.partition(":")
+        if not sep:
+            raise ConfigError(f"--drop {spec!r}: expected PORT|all:KEY=P[,KEY=P], e.g. all:ingress=0.01")
+        key = "all" if where == "all" else str(switch_port_number(where, f"--drop {spec!r}"))
+        values = {}
+        for item in body.split(","):
+            k, eq, v = item.partition("=")
+            try:
+                values[k.strip()] = float(v)
+            except ValueError:
+                raise ConfigError(f"--drop {spec!r}: {item!r} must be KEY=PROBABILITY") from None
+            if not eq:
+                raise ConfigError(f"--drop {spec!r}: {item!r} must be KEY=PROBABILITY")
+        cfg.drop.setdefault(key, {}).update(parse_drop(values, f"--drop {spec!r}"))
+    for key in ("runtime", "stats_file", "p4runtime", "p4info"):
+        if getattr(args, key) is not None:
+            setattr(cfg, key, getattr(args, key))
+    if args.stats_interval is not None:
+        if not 0.05 <= args.stats_interval <= 3600:
+            raise ConfigError(f"--stats-interval {args.stats_interval} must be seconds in [0.05, 3600]")
+        cfg.stats_interval = args.stats_interval
+    if not cfg.ports and not cfg.ifaces:
+        raise ConfigError("no switch ports: give --port N=HOST:PORT or --iface N=IFNAME (or ports:/ifaces: in "
+                          "--config)")
+    return cfg
+
+
+def _show(addr) -> str | None:
+    if addr is None:
+        return None
+    return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+
+
+def write_stats(sw, path: str, started: float) -> None:
+    snap = sw.counters()
+    doc = {"time": time.time(), "uptime_s": round(time.monotonic() - started, 3), "lanes": sw.lanes,
+           "slots": sw.config.slots, "errors": sw.errors,
+           "ports": {str(p): {"address": _show(a.address), "peer": _show(a.peer)} for p, a in sorted(sw.ports.items())},
+           "counters": named(snap)}
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)  # readers never see a half-written file
+
+
+def _start_p4runtime(sw, cfg: DaemonConfig):
+    try:
+        from . import p4runtime_server
+    except ImportError as e:
+        raise ConfigError(f"--p4runtime needs luwu.dataplane.switch.p4runtime_server, which cannot be imported "
+                          f"({e}); run without --p4runtime or install the controller part") from None
+    p4info = cfg.p4info
+    if p4info is None:
+        try:
+            from luwu.p4 import P4INFO_TXTPB as p4info
+        except ImportError:
+            p4info = None
+    return p4runtime_server.serve(sw, cfg.p4runtime, p4info, device_id=0)
+
+
+def run(args) -> int:
+    from .switch import SoftwareSwitch
+
+    stop = threading.Event()
+    p4rt = None
+    sw = None
+    try:
+        cfg = config_from_args(args)
+        sw = SoftwareSwitch(cfg.switch)
+        for n, spec in sorted(cfg.ports.items()):
+            try:
+                sw.attach_udp(n, spec.listen, spec.peer)
+            except OSError as e:
+                raise ConfigError(f"switch port {n}: cannot bind UDP {spec.listen[0]}:{spec.listen[1]}: "
+                                  f"{e.strerror}") from None
+        for n, name in sorted(cfg.ifaces.items()):
+            sw.attach_raw(n, name)
+        if cfg.runtime:
+            sw.load_runtime(cfg.runtime)
+        for n in sorted(set(cfg.ports) | set(cfg.ifaces)):
+            probs = cfg.drop_for(n)
+            if any(probs.values()):
+                sw.set_drop_sim(n, **probs)
+        if cfg.p4runtime:
+            p4rt = _start_p4runtime(sw, cfg)
+    except (ConfigError, TableError, FileNotFoundError) as e:
+        print(f"luwu switch: {e}", file=sys.stderr)
+        if sw is not None:
+            sw.stop()
+        return 2
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    started = time.monotonic()
+    sw.start()
+    ports = " ".join(f"{p}={_show(a)}" for p, a in sw.port_addresses().items())
+    extra = f" p4runtime={getattr(p4rt, 'address', cfg.p4runtime)}" if p4rt is not None else ""
+    print(f"luwu switch ready: lanes={sw.lanes} slots={sw.config.slots} udp_port={sw.config.udp_port} "
+          f"ports {ports}{extra}", flush=True)
+    try:
+        while not stop.is_set():
+            if cfg.stats_file:
+                try:
+                    write_stats(sw, cfg.stats_file, started)
+                except OSError as e:
+                    print(f"luwu switch: cannot write stats file {cfg.stats_file}: {e.strerror}", file=sys.stderr)
+            stop.wait(cfg.stats_interval)
+    finally:
+        if p4rt is not None:
+            p4rt.stop()
+        if cfg.stats_file:
+            try:
+                write_stats(sw, cfg.stats_file, started)
+            except OSError:
+                pass
+        sw.stop()
+        print("luwu switch stopped", flush=True)
+    return 0
+

@@ -1,0 +1,98 @@
+"""The switch's event loop: a background thread that, every turn, drains the ports with
+recvmmsg into one shared buffer (UDP ports and raw ports each have one), runs the turn's
+packets through the pipeline as one batch under the switch lock, and sends the results with
+sendmmsg. After an idle turn it sleeps in poll() and then reads only the ports poll reported."""
+
+from __future__ import annotations
+
+import select
+import sys
+import threading
+
+from ..protocol import aggregation_packet_len
+from .receiver import GroupReceiver
+
+MAX_TURN_ROWS = 2048  # rows of a shared receive buffer: ports beyond it wait for the next turn
+KINDS = ("udp", "raw")
+
+
+class EventLoop:
+    def __init__(self, switch):
+        self.switch = switch
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="luwu-switch", daemon=True)
+        self._receivers: dict[str, GroupReceiver] = {}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _receiver(self, kind: str, nports: int) -> GroupReceiver:
+        cfg = self.switch.config
+        rows = min(MAX_TURN_ROWS, max(cfg.batch, cfg.batch * nports))
+        rx = self._receivers.get(kind)
+        if rx is None or rx.capacity < rows:
+            max_len = cfg.max_datagram if kind == "udp" else cfg.max_frame
+            rx = self._receivers[kind] = GroupReceiver(rows, max(max_len, aggregation_packet_len(cfg.lanes)),
+                                                       want_addr=kind == "udp")
+        return rx
+
+    def _run(self) -> None:
+        sw = self.switch
+        batch = sw.config.batch
+        poll_ms = max(1, int(sw.config.poll_interval * 1000))
+        poller = select.poll()
+        registered: set[int] = set()
+        seen_ports = None
+        groups: list = []
+        turn = 0
+        ready: set[int] | None = None  # None: try every port (the last turn was busy)
+        while not self._stop.is_set():
+            if sw.ports_version != seen_ports:  # ports attached or closed: rebuild the per-turn plan
+                seen_ports = sw.ports_version
+                atts = list(sw.ports.values())
+                fds = {a.fd for a in atts}
+                for fd in registered - fds:
+                    poller.unregister(fd)
+                for fd in fds - registered:
+                    poller.register(fd, select.POLLIN)
+                registered = fds
+                groups = [(kind, [a for a in atts if a.kind == kind]) for kind in KINDS]
+                groups = [(kind, g, self._receiver(kind, len(g))) for kind, g in groups if g]
+                ready = None
+            busy = False
+            for kind, group, rx in groups:
+                rx.reset()
+                segments = []
+                n = len(group)
+                for i in range(n):  # rotate the start so no port always gets the leftovers
+                    att = group[(turn + i) % n]
+                    if ready is not None and att.fd not in ready:
+                        continue
+                    start = rx.filled
+                    try:
+                        k = rx.recv(att.fd, att.port, batch)
+                    except OSError as e:  # a closed or broken socket: note it, keep serving the others
+                        print(f"luwu switch: port {att.port}: receive failed: {e}", file=sys.stderr)
+                        continue
+                    if k:
+                        segments.append((att, start, start + k))
+                if segments:
+                    busy = True
+                    with sw.lock:
+                        sw.handle_turn(rx, segments)
+            turn += 1
+            if sw.links_in or sw.links_out:
+                with sw.lock:
+                    sw.release_stale()
+            if busy:
+                ready = None
+            else:
+                try:
+                    ready = {fd for fd, _ in poller.poll(poll_ms)}
+                except InterruptedError:
+                    ready = None

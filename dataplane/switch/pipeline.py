@@ -1,0 +1,224 @@
+"""The pipeline: one batch of packets through the controls, with exact per-packet P4 semantics.
+
+parser -> ingress drop simulator -> classifier -> register controls (slot owner, worker bitmap,
+contributor counter, exponent max, aggregation lanes; heartbeat table) -> next step selector
+-> forwarder (non-luwu IPv4) -> sender (multicast expansion) -> egress drop simulator.
+
+Register controls run in rounds: a packet's round is the number of earlier packets in the
+batch that touch the same register index (the slot, for aggregation: both sets share the
+bitmaps; the session, for heartbeats). Within a round every index appears at most once, so
+fancy-indexed read-modify-write is exact, and rounds run in arrival order, so a batch has the
+same effect as processing its packets one at a time. Emitted copies come out in the order of
+the packets that triggered them (then replica order) -- the order a sequential run produces.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..protocol import DropReason, Flag
+from . import phase_groups
+from .batch import Batch, Emission
+from .config import SwitchConfig
+from .controls import (
+    aggregation_lanes, contributor_counter, drop_simulator, exponent_max, heartbeat_table, slot_owner,
+    worker_bitmap,
+)
+from .controls.classifier import PATH_AGGREGATE, PATH_HEARTBEAT, Classified, classify
+from .controls.drop_simulator import Random32
+from .controls.forwarder import forward
+from .controls.next_step_selector import AggregationResult, HeartbeatResult, Routes, select
+from .controls.parser import parse
+from .controls.sender import FrameTemplate, deparse_frames, expand
+from .counters import Counters
+from .registers import Registers
+from .tables import Tables
+
+INGRESS, EGRESS, LINK_IN, LINK_OUT = range(4)  # random streams spawned from the seed
+SET, SATURATED, MAX = int(Flag.SET), int(Flag.SATURATED), int(Flag.MAX)
+
+
+def round_numbers(keys: np.ndarray) -> np.ndarray:
+    """For each key, how many earlier entries carry the same key."""
+    n = len(keys)
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    start = np.ones(n, dtype=bool)
+    start[1:] = sk[1:] != sk[:-1]
+    pos = np.arange(n)
+    group_start = np.maximum.accumulate(np.where(start, pos, 0))
+    rounds = np.empty(n, dtype=np.int64)
+    rounds[order] = pos - group_start
+    return rounds
+
+
+def _as_slice(a: np.ndarray) -> slice | None:
+    """`a` as a slice when it is an ascending run of consecutive integers."""
+    n = len(a)
+    if n == 0:
+        return None
+    lo = int(a[0])
+    if int(a[-1]) - lo == n - 1 and (n < 3 or bool((a[1:] - a[:-1] == 1).all())):
+        return slice(lo, lo + n)
+    return None
+
+
+class _AggInputs:
+    """Per-packet inputs of the aggregation path, gathered once per batch (rounds index them)."""
+
+    __slots__ = ("ai", "rows", "s", "other", "bit", "nw", "epoch", "exponent", "saturated", "is_max",
+                 "s_slice", "other_slice", "rows_slice")
+
+    def __init__(self, c: Classified, ai: np.ndarray, slot: np.ndarray, slots: int):
+        self.ai = ai
+        self.rows = c.idx[ai]
+        flags = c.flags[ai]
+        set_ = (flags & SET).astype(np.int64)
+        self.s = set_ * slots + slot
+        self.other = (1 - set_) * slots + slot
+        self.bit = c.bit[ai].astype(np.uint32)
+        self.nw = c.num_workers[ai].astype(np.uint32)
+        self.epoch = c.epoch[ai].astype(np.uint32)
+        self.exponent = c.h["exponent"][ai]
+        self.saturated = (flags & SATURATED) != 0
+        self.is_max = (flags & MAX) != 0
+        self.s_slice, self.other_slice, self.rows_slice = _as_slice(self.s), _as_slice(self.other), _as_slice(self.rows)
+
+
+class Pipeline:
+    def __init__(self, config: SwitchConfig, tables: Tables, registers: Registers, counters: Counters):
+        self.config = config
+        self.tables = tables
+        self.registers = registers
+        self.counters = counters
+        self.lanes = config.lanes
+        streams = np.random.SeedSequence(config.seed).spawn(2)
+        self.rng_ingress = Random32(streams[INGRESS])
+        self.rng_egress = Random32(streams[EGRESS])
+        self.template = FrameTemplate(config.service_mac, config.service_ip, config.udp_port)
+
+    def link_stream(self, port: int, direction: int) -> Random32:
+        """An independent seeded stream for one direction of one port's link impairments."""
+        return Random32(np.random.SeedSequence(self.config.seed, spawn_key=(direction, port)))
+
+    # -- one batch ---------------------------------------------------------------------------
+    def run(self, b: Batch) -> Emission:
+        t = self.tables.compiled()
+        cnt = self.counters
+        parse(b, self.config.udp_port)
+        if b.luwu.any():
+            cnt.rx_type((b.hdr["ver_type"][b.luwu] & 0xF).astype(np.int64), b.length[b.luwu])
+        if t.any_ingress_drop:
+            lost = drop_simulator.simulate(b.port, b.drop == 0, t.ingress_threshold, self.rng_ingress)
+            b.drop[lost] = DropReason.SIMULATED_LOSS
+        c = classify(b, t, self.lanes, cnt)
+        n = len(c.idx)
+        agg, hb = AggregationResult(n), HeartbeatResult(n)
+        self._registers(b, c, agg, hb)
+        routes = Routes(len(b))
+        events, drops = select(b, c, agg, hb, routes)
+        for code, idx in drops:
+            b.drop[idx] = code
+        if b.framed:
+            forward(b, t, routes, events)
+        copy_drops: list = []
+        em = expand(routes, t, copy_drops)
+        for code, idx in copy_drops:  # a multicast with no replicas: the packet itself is dropped
+            b.drop[idx] = code
+        if t.any_egress_drop and len(em):
+            lost = drop_simulator.simulate(em.port, np.ones(len(em), dtype=bool), t.egress_threshold, self.rng_egress)
+            if lost.any():
+                self.count_copy_drops(b, DropReason.SIMULATED_LOSS, em.pkt[lost])
+                em = em.select(~lost)
+        dropped = b.drop != 0
+        if dropped.any():
+            cnt.drop(b.drop[dropped], b.length[dropped])
+        if events:
+            codes = np.concatenate([np.full(len(i), int(code), dtype=np.int64) for code, i in events])
+            idx = np.concatenate([i for _, i in events])
+            cnt.event(codes, b.length[idx])
+        return em
+
+    def valid(self, b: Batch) -> np.ndarray:
+        """Which packets would pass the parser and classifier (no side effects): a UDP port learns
+        its peer from the first of them."""
+        probe = Batch(b.rows, b.length, b.port, b.framed, b.drop.copy())
+        parse(probe, self.config.udp_port)
+        c = classify(probe, self.tables.compiled(), self.lanes, None)
+        ok = np.zeros(len(b), dtype=bool)
+        ok[c.idx[probe.drop[c.idx] == 0]] = True
+        return ok
+
+    def count_copy_drops(self, b: Batch, code: int, pkt: np.ndarray) -> None:
+        self.counters.drop(np.full(len(pkt), int(code), dtype=np.int64), b.length[pkt])
+
+    def frames(self, b: Batch, em: Emission) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Ethernet frames for emitted copies (endpoints rewrite); (frames, lengths, kept mask)."""
+        drops: list = []
+        out = deparse_frames(b, em, self.tables.compiled(), self.template, drops)
+        for code, idx in drops:
+            self.count_copy_drops(b, code, idx)
+        return out
+
+    # -- register controls, in rounds -----------------------------------------------------------
+    def _registers(self, b: Batch, c: Classified, agg: AggregationResult, hb: HeartbeatResult) -> None:
+        ai = np.flatnonzero(c.path == PATH_AGGREGATE)
+        if len(ai):
+            slot = c.h["slot"][ai].astype(np.int64)
+            a = _AggInputs(c, ai, slot, self.registers.slots)
+            payload = b.payload(self.lanes)
+            rounds = round_numbers(slot)
+            rest = None
+            if rounds.max() > 0:  # several contributions to a slot: fold qualifying groups in one pass
+                plan = phase_groups.plan(slot, a, self.registers)
+                if plan is not None:
+                    phase_groups.apply(plan, a, self.registers, payload, agg)
+                    rest = np.flatnonzero(~plan.fast)
+                    rounds = round_numbers(slot[rest])
+            n_rounds = int(rounds.max()) + 1 if len(rounds) else 0
+            for r in range(n_rounds):
+                if n_rounds == 1:
+                    sel = rest  # None: every aggregation packet
+                else:
+                    sel = np.flatnonzero(rounds == r)
+                    sel = sel if rest is None else rest[sel]
+                self._aggregate(a, sel, payload, agg)
+        hi = np.flatnonzero(c.path == PATH_HEARTBEAT)
+        if len(hi):
+            rounds = round_numbers(c.session[hi])
+            n_rounds = int(rounds.max()) + 1
+            for r in range(n_rounds):
+                self._heartbeat(b, c, hi if n_rounds == 1 else hi[rounds == r], hb)
+
+    def _aggregate(self, a: "_AggInputs", sel, payload: np.ndarray, agg: AggregationResult) -> None:
+        """One round of the slot state machine over aggregation packets `sel` (None: all)."""
+        regs = self.registers
+        if sel is None:
+            s, other, rows, bit, nw = a.s_slice or a.s, a.other_slice or a.other, a.rows_slice or a.rows, a.bit, a.nw
+            epoch, exp_in, sat_in, is_max, out = a.epoch, a.exponent, a.saturated, a.is_max, a.ai
+        else:
+            s, other, rows, bit, nw = a.s[sel], a.other[sel], a.rows[sel], a.bit[sel], a.nw[sel]
+            epoch, exp_in, sat_in, is_max, out = a.epoch[sel], a.exponent[sel], a.saturated[sel], a.is_max[sel], a.ai[sel]
+            s, other, rows = _as_slice(s) or s, _as_slice(other) or other, _as_slice(rows) or rows
+        fresh = slot_owner.apply(regs.slot_owner, s, epoch)
+        before = worker_bitmap.apply(regs.bitmap, s, other, bit, fresh)
+        dup = (before & bit) != 0
+        first = before == 0
+        all_first = bool(first.all())
+        plain = not all_first and not (first.any() or dup.any())
+        remaining = contributor_counter.apply(regs.contributors, s, first, dup, nw, all_first, plain)
+        exponent, sat = exponent_max.apply(regs.exponents, regs.slot_flags, s, first, dup, exp_in, sat_in,
+                                           all_first, plain)
+        aggregation_lanes.apply(regs.lanes, payload, rows, s, first, dup, is_max, remaining == 0, all_first, plain)
+        agg.dup[out] = dup
+        agg.remaining[out] = remaining
+        agg.exponent[out] = exponent
+        agg.saturated[out] = sat
+
+    def _heartbeat(self, b: Batch, c: Classified, sel: np.ndarray, hb: HeartbeatResult) -> None:
+        h = b.hb[c.idx[sel]]
+        full, ack, credit = heartbeat_table.apply(self.registers, c.session[sel], c.epoch[sel], c.bit[sel],
+                                                  c.worker_mask[sel], h["ack"], h["credit"])
+        hb.full[sel] = full
+        hb.ack[sel] = ack
+        hb.credit[sel] = credit

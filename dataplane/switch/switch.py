@@ -1,0 +1,309 @@
+"""`SoftwareSwitch`: the P4 pipeline's executable twin, as an object with tables, counters,
+socket attachments and an event loop.
+
+`process_frames` / `process_datagrams` run packets through the pipeline without sockets (the
+conformance suite's entry point). `attach_udp` / `attach_raw` wire switch ports to sockets and
+`start()` runs the event loop in a background thread: poll, recvmmsg batches, pipeline,
+sendmmsg. Output order: the emitted copies of a call or batch come in the order of the packets
+that triggered them, replicas in multicast group order -- exactly what processing the packets
+one at a time produces (docs in pipeline.py); link impairments, when configured, then duplicate
+or swap neighbouring packets of a port.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+
+import numpy as np
+
+from ..net.mmsg import addr_of
+from ..protocol import ETH_IP_UDP_LEN, DropReason, aggregation_packet_len
+from . import runtime_json
+from .attach_raw import RawAttachment
+from .attach_udp import UdpAttachment
+from .batch import Batch, Emission
+from .config import ConfigError, SwitchConfig
+from .controls.drop_simulator import threshold_for
+from .counters import Counters
+from .impairments import Link
+from .loop import EventLoop
+from .pipeline import LINK_IN, LINK_OUT, Pipeline
+from .registers import Registers
+from .table_schema import PORT_BITS, TableError
+from .tables import Tables
+
+
+class SoftwareSwitch:
+    def __init__(self, config: SwitchConfig | None = None):
+        self.config = cfg = config or SwitchConfig()
+        self.lock = threading.Lock()  # held per batch by the event loop; hold it to change tables atomically
+        self.registers = Registers(cfg.slots, cfg.lanes)
+        self._counters = Counters()
+        self.tables = Tables(cfg.slots, on_clear=self._on_pipeline_reset)
+        self.pipeline = Pipeline(cfg, self.tables, self.registers, self._counters)
+        self.ports: dict[int, UdpAttachment | RawAttachment] = {}
+        self.ports_version = 0  # bumped when ports are attached or closed (the event loop replans)
+        self.links_in: dict[int, Link] = {}
+        self.links_out: dict[int, Link] = {}
+        self._loop: EventLoop | None = None
+        self.errors = 0  # batches whose processing raised (logged, never fatal)
+
+    @property
+    def lanes(self) -> int:
+        return self.config.lanes
+
+    # -- control ---------------------------------------------------------------------------------
+    def counters(self) -> dict:
+        with self.lock:
+            snap = self._counters.snapshot()
+            for port, link in self.links_in.items():
+                for k, v in link.stats.items():
+                    if v:
+                        snap["ports"].setdefault(port, {})[f"sim_rx_{k}"] = v
+            for port, link in self.links_out.items():
+                for k, v in link.stats.items():
+                    if v:
+                        snap["ports"].setdefault(port, {})[f"sim_tx_{k}"] = v
+            return snap
+
+    def reset_counters(self) -> None:
+        with self.lock:
+            self._counters.reset()
+
+    def load_runtime(self, source, replace: bool = False) -> dict:
+        """Apply a p4lang/tutorials runtime JSON (a path or a dict); see runtime_json.py."""
+        return runtime_json.load(self.tables, source, replace)
+
+    def _on_pipeline_reset(self) -> None:
+        self.registers.reset()
+
+    def set_drop_sim(self, port: int, ingress: float = 0.0, egress: float = 0.0, duplicate: float = 0.0,
+                     reorder: float = 0.0) -> None:
+        """Loss on a port's ingress/egress (the P4 drop_sim tables), plus the software-only
+        duplication and reordering of both directions of its link (impairments.py)."""
+        if isinstance(port, bool) or not isinstance(port, (int, np.integer)) or not 0 <= port < (1 << PORT_BITS):
+            raise TableError(f"set_drop_sim: port {port!r} out of range 0..{(1 << PORT_BITS) - 1}")
+        for name, p in (("ingress", ingress), ("egress", egress), ("duplicate", duplicate), ("reorder", reorder)):
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+                raise TableError(f"set_drop_sim: {name} probability {p!r} must be in [0, 1]")
+        for table, action, p in (("ingress_drop_sim", "set_ingress_drop_rate", ingress),
+                                 ("egress_drop_sim", "set_egress_drop_rate", egress)):
+            exists = self.tables.lookup(table, {"port": port}) is not None
+            if p > 0:
+                self.tables.insert(table, {"port": port}, action, {"threshold": threshold_for(p)}, modify=exists)
+            elif exists:
+                self.tables.delete(table, {"port": port})
+        with self.lock:
+            for links, direction in ((self.links_in, LINK_IN), (self.links_out, LINK_OUT)):
+                if port not in links:
+                    links[port] = Link(self.pipeline.link_stream(port, direction))
+                links[port].duplicate = float(duplicate)
+                links[port].reorder = float(reorder)
+
+    # -- packets without sockets -------------------------------------------------------------------
+    def process_datagrams(self, items: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        """luwu datagrams in (UDP-attachment semantics: no L2-L4, endpoints not consulted)."""
+        with self.lock:
+            items = self._impair(self.links_in, list(items))
+            if not items:
+                return []
+            b = Batch.from_bytes(items, False, aggregation_packet_len(self.lanes))
+            em = self.pipeline.run(b)
+            cache: dict[int, bytes] = {}
+            out = []
+            for port, pk in zip(em.port.tolist(), em.pkt.tolist()):
+                data = cache.get(pk)
+                if data is None:
+                    data = cache[pk] = b.rows[pk, :b.luwu_len[pk]].tobytes()
+                out.append((port, data))
+            return self._impair(self.links_out, out)
+
+    def process_frames(self, items: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        """Ethernet frames in and out (every port an Ethernet port)."""
+        with self.lock:
+            items = self._impair(self.links_in, list(items))
+            if not items:
+                return []
+            b = Batch.from_bytes(items, True, ETH_IP_UDP_LEN + aggregation_packet_len(self.lanes))
+            em = self.pipeline.run(b)
+            frames, lengths, kept = self.pipeline.frames(b, em)
+            out = [(port, frames[i, :lengths[i]].tobytes()) for i, port in enumerate(em.port[kept].tolist())]
+            return self._impair(self.links_out, out)
+
+    @staticmethod
+    def _impair(links: dict[int, Link], items: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        if not any(link.active for link in links.values()):
+            return items
+        out = []
+        for item in items:
+            link = links.get(item[0])
+            out.extend(link.pass_through([item]) if link is not None and link.active else [item])
+        return out
+
+    # -- sockets ---------------------------------------------------------------------------------
+    def attach_udp(self, port: int, listen: tuple[str, int], peer: tuple[str, int] | None = None) -> tuple[str, int]:
+        """Wire switch port `port` to a UDP socket bound to `listen`; returns the bound address."""
+        self._check_free(port)
+        att = UdpAttachment(port, listen, peer, self.config)
+        with self.lock:
+            self.ports[port] = att
+            self.ports_version += 1
+        return att.address
+
+    def attach_raw(self, port: int, ifname: str) -> None:
+        """Wire switch port `port` to a network interface (AF_PACKET, root only)."""
+        self._check_free(port)
+        att = RawAttachment(port, ifname, self.config)
+        with self.lock:
+            self.ports[port] = att
+            self.ports_version += 1
+
+    def _check_free(self, port: int) -> None:
+        if isinstance(port, bool) or not isinstance(port, (int, np.integer)) or not 0 <= port < (1 << PORT_BITS):
+            raise ConfigError(f"switch port {port!r} out of range 0..{(1 << PORT_BITS) - 1}")
+        if port in self.ports:
+            raise ConfigError(f"switch port {port} is already attached to {self.ports[port].address}")
+
+    def port_addresses(self) -> dict[int, object]:
+        return {p: a.address for p, a in sorted(self.ports.items())}
+
+    def start(self) -> None:
+        if self._loop is not None:
+            raise RuntimeError("the switch is already running")
+        self._loop = EventLoop(self)
+        self._loop.start()
+
+    def stop(self) -> None:
+        """Stop the event loop and close every port (a stopped switch is not restarted)."""
+        if self._loop is not None:
+            self._loop.stop()
+            self._loop = None
+        with self.lock:
+            for att in self.ports.values():
+                att.close()
+            self.ports.clear()
+            self.ports_version += 1
+
+    def __enter__(self) -> "SoftwareSwitch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- the event loop's per-batch work (called with self.lock held) ------------------------------
+    def handle_turn(self, rx, segments: list) -> None:
+        """One event-loop turn: the packets of `segments` ((attachment, first row, end row) in
+        the shared receive buffer `rx`) as one batch through the pipeline, then out."""
+        try:
+            n = rx.filled
+            framed = segments[0][0].framed
+            drop = np.zeros(n, dtype=np.int64)
+            learning = []
+            for att, a, z in segments:
+                self._count_port(att.port, "rx_packets", z - a)
+                if att.kind == "udp":
+                    if att.peer is None:
+                        learning.append((att, a, z))
+                    else:
+                        drop[a:z][att.foreign(rx.addr[a:z])] = DropReason.UNKNOWN_PORT
+            b = Batch(rx.rows[:n], rx.length[:n], rx.port[:n], framed, drop)
+            if learning:
+                valid = self.pipeline.valid(b)
+                for att, a, z in learning:
+                    att.learn(rx.addr[a:z], valid[a:z], b.drop[a:z])
+            if any(self.links_in.get(att.port) is not None and self.links_in[att.port].active
+                   for att, _, _ in segments):
+                b = self._impair_turn(b, framed)
+                if b is None:
+                    return
+            self.emit(b, self.pipeline.run(b))
+        except Exception:  # a bug must not take the switch down: log it, count it, keep forwarding
+            self.errors += 1
+            if self.errors <= 10:
+                traceback.print_exc(file=sys.stderr)
+
+    def _impair_turn(self, b: Batch, framed: bool) -> Batch | None:
+        """Rebuild the turn's batch after the links duplicated or held back packets (copies rows)."""
+        foreign = b.drop != 0
+        if foreign.any():
+            self.pipeline.count_copy_drops(b, DropReason.UNKNOWN_PORT, np.flatnonzero(foreign))
+        items = [(int(b.port[i]), b.rows[i, :b.length[i]].tobytes()) for i in np.flatnonzero(~foreign)]
+        items = self._impair(self.links_in, items)
+        if not items:
+            return None
+        return Batch.from_bytes(items, framed, self._min_width(framed))
+
+    def _min_width(self, framed: bool) -> int:
+        return (ETH_IP_UDP_LEN if framed else 0) + aggregation_packet_len(self.lanes)
+
+    def release_stale(self) -> None:
+        """Packets the reorder simulator held back for longer than reorder_hold go now."""
+        hold = self.config.reorder_hold
+        for port, link in self.links_in.items():
+            items = link.release_stale(hold)
+            att = self.ports.get(port)
+            if items and att is not None:
+                b = Batch.from_bytes(items, att.framed, self._min_width(att.framed))
+                self.emit(b, self.pipeline.run(b))
+        for port, link in self.links_out.items():
+            items = link.release_stale(hold)
+            if items:
+                self._send_bytes(port, [d for _, d in items])
+
+    def emit(self, b: Batch, em: Emission) -> None:
+        if not len(em):
+            return
+        ports = em.port
+        uniq = np.unique(ports)
+        stride = np.uint64(b.rows.strides[0])
+        base = np.uint64(addr_of(b.rows) + b.off)
+        for p in uniq.tolist():
+            sub = em if len(uniq) == 1 else em.select(ports == p)
+            att = self.ports.get(p)
+            if att is None or att.peer is None:
+                self.pipeline.count_copy_drops(b, DropReason.NO_ROUTE, sub.pkt)
+                continue
+            link = self.links_out.get(p)
+            impaired = link is not None and link.active
+            if att.kind == "udp":
+                if sub.l3.any():  # a routed IPv4 frame has no luwu datagram to put on a UDP port
+                    self.pipeline.count_copy_drops(b, DropReason.NO_ROUTE, sub.pkt[sub.l3])
+                    sub = sub.select(~sub.l3)
+                    if not len(sub):
+                        continue
+                lengths = b.luwu_len[sub.pkt]
+                if impaired:
+                    datas = [b.rows[pk, b.off:b.off + n].tobytes() for pk, n in zip(sub.pkt.tolist(), lengths.tolist())]
+                    self._send_bytes(p, [d for _, d in link.pass_through([(p, d) for d in datas])])
+                    continue
+                sent = att.send(base + sub.pkt.astype(np.uint64) * stride, lengths)
+            else:
+                frames, lengths, _ = self.pipeline.frames(b, sub)
+                if impaired:
+                    datas = [frames[i, :lengths[i]].tobytes() for i in range(len(frames))]
+                    self._send_bytes(p, [d for _, d in link.pass_through([(p, d) for d in datas])])
+                    continue
+                sent = att.send_frames(frames, lengths)
+            self._count_port(p, "tx_packets", sent)
+
+    def _send_bytes(self, port: int, datas: list[bytes]) -> None:
+        att = self.ports.get(port)
+        if att is None or not datas:
+            return
+        width = max(len(d) for d in datas)
+        rows = np.zeros((len(datas), width), dtype=np.uint8)
+        for i, d in enumerate(datas):
+            rows[i, :len(d)] = np.frombuffer(d, dtype=np.uint8)
+        lengths = np.array([len(d) for d in datas], dtype=np.int64)
+        if att.kind == "udp":
+            sent = att.send(np.uint64(addr_of(rows)) + np.arange(len(rows), dtype=np.uint64) * np.uint64(width),
+                            lengths)
+        else:
+            sent = att.send_frames(rows, lengths)
+        self._count_port(port, "tx_packets", sent)
+
+    def _count_port(self, port: int, key: str, n: int) -> None:
+        if n:
+            self._counters.port(port, key, int(n))
