@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 BENCHES: dict[str, tuple[str, str]] = {
     "allreduce": ("luwu.bench.allreduce", "in-network allreduce vs Gloo and the raw UDP ceiling"),
     "optimizer": ("luwu.bench.optimizer", "optimizer node vs torch fused AdamW and the disk"),
+    "switch": ("luwu.dataplane.switch.bench", "the software switch alone vs a do-nothing UDP relay"),
 }
 
 

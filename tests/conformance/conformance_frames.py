@@ -3,7 +3,8 @@
 Input frames go from a host to the switch's service address; expected output frames are
 written out in full by the vectors from the spec (docs/protocol.md 2: the switch rewrites the
 destination MAC, IPv4 address and UDP port from `endpoints`, zeroes the UDP checksum and
-recomputes the IPv4 checksum; everything else of the triggering frame is kept).
+recomputes the IPv4 checksum, and sends from the address the packet was sent to; everything
+else of the triggering frame is kept).
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def frame_in(src: Host, layer: Luwu, payload: bytes = b"") -> bytes:
 
 
 def frame_out(src: Host, dst: Host, layer: Luwu, payload: bytes = b"") -> bytes:
-    """What the switch emits toward `dst` for a packet that `src` sent (header rewritten as given)."""
-    pkt = (Ether(src=src.mac, dst=dst.mac) / IP(src=src.ip, dst=dst.ip)
+    """What the switch emits toward `dst` for a packet that `src` sent (header rewritten as given):
+    from the switch's service address, the address `src` sent to."""
+    pkt = (Ether(src=SWITCH_MAC, dst=dst.mac) / IP(src=SERVICE_IP, dst=dst.ip)
            / UDP(sport=UDP_PORT, dport=UDP_PORT, chksum=0))
     return bytes(pkt / layer / Raw(payload)) if payload else bytes(pkt / layer)
 

@@ -138,9 +138,11 @@ def test_frames_per_replica_rewrite(sw):
     for rank, (_, f) in enumerate(out):
         e = Ether(f)
         assert e.dst == f"02:00:00:00:01:{rank:02x}"  # endpoints[(1, rank)] of switch_setup.endpoint
-        assert e.src == "02:00:00:00:01:02"  # sources stay the triggering frame's (protocol.md 2)
-        assert e[IP].dst == f"10.1.0.{rank}" and e[IP].src == "10.0.1.2" and e[IP].ttl == 64
-        assert e[UDP].dport == 20000 + rank and e[UDP].sport == 40002
+        trigger = Ether(frame(2, agg_packet(1, 2, 0, [3] * LANES)))
+        # sent from the address the triggering frame went to: the service address (protocol.md 2)
+        assert e.src == trigger.dst and e[IP].src == trigger[IP].dst == SERVICE_IP
+        assert e[IP].dst == f"10.1.0.{rank}" and e[IP].ttl == 64
+        assert e[UDP].dport == 20000 + rank and e[UDP].sport == trigger[UDP].dport
         assert e[UDP].chksum == 0 and e[UDP].len == 8 + 32 + 4 * LANES
         ip = e[IP].copy()
         del ip.chksum

@@ -80,9 +80,6 @@ def netns():
             sh("ip", "-n", names["sw"], "link", "add", f"s{port}", "type", "veth", "peer", "name", "eth0", "netns", ns)
             sh("ip", "-n", names["sw"], "link", "set", f"s{port}", "up")
             sh("ip", "netns", "exec", ns, "sh", "-c", "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6")
-            # a result multicast back to the worker that completed it carries that worker's own source
-            # address (docs/protocol.md section 2): the host must accept it
-            sh("ip", "netns", "exec", ns, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/conf/all/accept_local")
             sh("ip", "-n", ns, "link", "set", "eth0", "address", host_mac(port))
             sh("ip", "-n", ns, "link", "set", "eth0", "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
@@ -174,7 +171,7 @@ def test_raw_attachment_in_namespaces(netns, tmp_path):
         for port in (1, 2):  # each worker got every RESULT, addressed to itself, with the right sum
             got = results[port]["got"]
             assert sorted(got) == [f"R{s}" for s in range(phases)], got
-            assert set(results[port]["sources"]) <= {host_ip(1), host_ip(2)}  # sources stay the contributors'
+            assert set(results[port]["sources"]) == {SERVICE_IP}  # results come from the service address
             for s in range(phases):
                 mtype, worker, first, last = got[f"R{s}"]
                 want = 1000 + s + 2000 + s

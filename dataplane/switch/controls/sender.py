@@ -5,10 +5,10 @@
 
 On Ethernet ports (`deparse_frames`) every luwu copy is rewritten from `endpoints[(session,
 dst)]` (dst = the replica's instance, or the unicast rank / 0xFFFF): destination MAC, IPv4 and
-UDP port; UDP checksum 0; IPv4 total length and checksum recomputed. Source MAC, IPv4 address
-and UDP port stay the triggering packet's (docs/protocol.md section 2: hosts accept a result
-that carries their own source address with accept_local). A miss drops the copy NO_ROUTE (a
-frame must never leave with the switch's service address as destination).
+UDP port; UDP checksum 0; IPv4 total length and checksum recomputed. The source becomes the
+address the triggering packet was sent to, the switch's service address (docs/protocol.md
+section 2), so a host never receives a frame bearing its own source address. A miss drops the
+copy NO_ROUTE (a frame must never leave with the switch's service address as destination).
 On UDP ports the luwu bytes go unchanged to the port's peer: the endpoints table is not
 consulted there, and a multicast sends one row to every replica without copying it.
 """
@@ -129,6 +129,10 @@ def deparse_frames(b, em: Emission, t: CompiledTables, template: FrameTemplate,
             frames[i, ETH_IP_UDP_LEN:ETH_IP_UDP_LEN + n] = b.rows[pkt[i], :n]
     li = np.flatnonzero(luwu & keep)
     if len(li):
+        if b.framed:  # reply from the address the packet was sent to (synthesised frames already do)
+            frames[li, MAC_LEN:2 * MAC_LEN] = frames[li, 0:MAC_LEN]
+            frames[li, OFF_IP_SRC:OFF_IP_SRC + 4] = frames[li, OFF_IP_DST:OFF_IP_DST + 4]
+            frames[li, OFF_UDP:OFF_UDP + 2] = frames[li, OFF_UDP_DPORT:OFF_UDP_DPORT + 2]
         r = row[li]
         ep = t.endpoints.params
         write_mac(frames, li, 0, ep["dst_mac"][r])
