@@ -11,6 +11,7 @@
  *      PARAM: 32 + count * itemsize(dtype), known dtype; PULL: 32 + 12 * count)
  *   no `sessions` entry .................................. UNKNOWN_SESSION
  *   sender is a rank (not NODE) without a `workers` entry  UNKNOWN_WORKER
+ *     (except a GRAD already marked FALLBACK: it passes through toward the node)
  * then by type (NODE = the session's optimizer node, or the parent switch):
  *   GRAD from a rank: in the pool and no FALLBACK flag -> AGGREGATE, else FALLBACK
  *   ALLREDUCE from a rank: in the pool -> AGGREGATE, else drop FOREIGN_SLOT
@@ -90,7 +91,10 @@ control Classifier(inout headers_t hdr, inout metadata_t meta, in bool parsed) {
         } else if (!sessions.apply().hit) {
             meta.drop_reason = DROP_UNKNOWN_SESSION;
         } else if (!from_node) {
-            if (!workers.apply().hit) {
+            /* A GRAD already marked FALLBACK was aggregated nowhere: its worker is a rank of a
+             * switch below, and it only passes through toward the node. */
+            bool passing = t == TYPE_GRAD && (hdr.luwu.flags & FLAG_FALLBACK) != 0;
+            if (!workers.apply().hit && !passing) {
                 meta.drop_reason = DROP_UNKNOWN_WORKER;
             }
         }

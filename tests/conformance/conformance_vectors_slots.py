@@ -14,7 +14,7 @@ import numpy as np
 from luwu.dataplane.protocol import NODE, DropReason, Dtype, Event, Flag, MsgType
 
 from conformance_frames import lanes_bytes, wrap32
-from conformance_topology import DATA, LANES, META, NODE_S, ONE, REUSE, TOR, WORKERS
+from conformance_topology import DATA, LANES, META, NODE_S, ONE, OUTSIDER, REUSE, TOR, WORKERS
 from conformance_vectors import Script, Vector, agg, keep_flags, result, to_group, to_host, to_up
 
 W0, W1, W2, W3 = WORKERS
@@ -225,8 +225,12 @@ def fallback() -> Vector:
     flagged = agg(MsgType.GRAD, NODE_S, W1, 4, values(1, 12), flags=Flag.FALLBACK)
     fwd2 = result(flagged, mtype=MsgType.GRAD, worker=W1.rank, exponent=0, flags=int(Flag.FALLBACK))
     s.send(W1, flagged.layer, flagged.payload, to_up(NODE_S, W1, fwd2, flagged.payload), note="FALLBACK already set")
-    return Vector("fallback", "6.3, 7.4", ("fallback_outside", "fallback_flag"), s.steps,
-                  events={Event.FALLBACK: 2, Event.UNICAST: 2})
+    below = agg(MsgType.GRAD, NODE_S, OUTSIDER, 4, values(3, 12), flags=Flag.FALLBACK)
+    fwd3 = result(below, mtype=MsgType.GRAD, worker=OUTSIDER.rank, exponent=0, flags=int(Flag.FALLBACK))
+    s.send(OUTSIDER, below.layer, below.payload, to_up(NODE_S, OUTSIDER, fwd3, below.payload),
+           note="FALLBACK from a rank of a switch below (no workers entry here): passes through")
+    return Vector("fallback", "6.3, 7.4", ("fallback_outside", "fallback_flag", "fallback_passes_through"), s.steps,
+                  events={Event.FALLBACK: 3, Event.UNICAST: 3})
 
 
 def foreign_slot() -> Vector:

@@ -18,7 +18,7 @@ from conformance_topology import NODE_HOST, OUTSIDER, PARENT, UDP_PORT, WORKERS,
 REQUIRED = {
     "first", "middle", "last", "shadow_set_reuse", "dup_incomplete", "resent_grad_root", "resent_allreduce_root",
     "resent_upstream", "exponent_max", "saturated_or", "max_op", "epoch_change", "n1", "fallback_outside",
-    "fallback_flag", "foreign_slot", "hb_round", "hb_serial_wrap", "hb_node_multicast", "param_multicast",
+    "fallback_flag", "fallback_passes_through", "foreign_slot", "hb_round", "hb_serial_wrap", "hb_node_multicast", "param_multicast",
     "replica_rewrite", "pull", "upstream_result", "upstream_grad", "hb_upstream", "unknown_session", "unknown_worker",
     "malformed_truncated", "malformed_oversized", "bad_version", "bad_type", "malformed_count", "bad_direction",
     "l3_forward", "l3_no_route", "drop_sim_never", "drop_sim_always_ingress", "drop_sim_always_egress",

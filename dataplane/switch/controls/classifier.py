@@ -104,7 +104,10 @@ def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
     c.worker = worker = h["worker"].astype(np.int64)
     c.from_node = from_node = worker == NODE
     w_hit, w_row = t.workers.find(session, worker)
-    drop[(drop == 0) & ~from_node & ~w_hit] = D_UNKNOWN_WORKER
+    # a GRAD already marked FALLBACK was aggregated nowhere on its way: its worker is a rank of a
+    # switch below, not of this one, and it only passes through toward the node (protocol.md 6.3)
+    passing = (mtype == GRAD) & ((c.flags & FALLBACK) != 0)
+    drop[(drop == 0) & ~from_node & ~w_hit & ~passing] = D_UNKNOWN_WORKER
     if len(t.workers.keys):
         c.bit = t.workers.params["worker_bit"][w_row]
         c.worker_port = t.workers.params["port"][w_row]
