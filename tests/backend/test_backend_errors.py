@@ -60,12 +60,12 @@ def switch_dies_on_rank(rank: int, world: int) -> dict:
 
 
 def test_switch_dying_mid_training_names_the_switch(tmp_path):
-    results = run_ranks(switch_dies_on_rank, 2, tmp_path, env={"LUWU_ENGINE": "embedded"}, pg_timeout=6.0)
+    results = run_ranks(switch_dies_on_rank, 2, tmp_path, env={"LUWU_ENGINE": "embedded"}, pg_timeout=20.0)
     for rank, res in enumerate(results):
         assert res["first_sum"] == 2.0
         first, second = res["errors"]
         assert first is not None and "LuwuError" in first, first
-        assert "did not complete within 6 s" in first and "switch at 127.0.0.1:" in first, first
+        assert "did not complete within 20 s" in first and "switch at 127.0.0.1:" in first, first
         assert "embedded software switch" in first and "switch.log" in first, first
         assert second is not None and "broken by an earlier failure" in second, second
 
