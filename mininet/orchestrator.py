@@ -1,0 +1,214 @@
+"""One emulation run, start to finish: network, switches, optimizer nodes, workers, results, teardown.
+
+`Emulation.run()` builds the network with the chosen backend, starts and programs one switch per
+switch node, starts the optimizer nodes (push/pull only) and the workers inside their hosts
+(workload.py, the venv's python), releases them together, collects every result within the
+deadline and tears everything down in reverse order -- on success, on failure and on Ctrl-C /
+SIGTERM alike (the runner turns SIGTERM into KeyboardInterrupt).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from luwu.controller.topology import Topology
+
+from .emulation import EmulationSpec
+from .job import EmulatedJob
+from .processes import ChildError, ChildGroup
+from .switches import RunningSwitch, start_bmv2, start_software
+
+READY_TIMEOUT = 60.0  # s for a switch or host process to come up (python start-up on a loaded machine)
+NODE_STOP_TIMEOUT = 15.0  # s for an optimizer node to report after the workers are done
+
+
+@dataclass
+class RunOptions:
+    backend: str = "netns"  # "netns" or "mininet"
+    switch: str = "software"  # "software" or "bmv2"
+    elements: int = 65536  # int32 elements each worker allreduces
+    push_pull: bool = False
+    timeout: float = 120.0  # s for the workload, once released
+    seed: int = 1
+    nvlink_port: int = 19600  # TCP port of the emulated NVLink exchange (rail-only)
+    mininet_python: str | None = None
+
+
+@dataclass
+class RunResult:
+    workers: list[dict] = field(default_factory=list)  # one result line per worker (or an error)
+    nodes: list[dict] = field(default_factory=list)
+    switches: dict[str, dict] = field(default_factory=dict)  # name -> counters
+    errors: list[str] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)  # what teardown could not remove
+
+    @property
+    def passed(self) -> bool:
+        ok = bool(self.workers) and all(w.get("verified") for w in self.workers)
+        ok = ok and all(w.get("pushpull", {}).get("verified", True) for w in self.workers)
+        return ok and not self.errors
+
+
+class Emulation:
+    def __init__(self, topo: Topology, spec: EmulationSpec, job: EmulatedJob, opts: RunOptions, run_dir: Path,
+                 progress=None):
+        self.topo, self.spec, self.job, self.opts, self.run_dir = topo, spec, job, opts, run_dir
+        self.progress = progress or (lambda msg: None)
+        env = dict(os.environ, LUWU_NO_BACKEND="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        self.children = ChildGroup(run_dir, env)
+        self.network = None
+        self.switches: list[RunningSwitch] = []
+
+    # -- the network --------------------------------------------------------------------------------
+    def _make_network(self):
+        if self.opts.backend == "mininet":
+            from .mininet_backend import MininetNetwork
+
+            return MininetNetwork(self.spec, self.opts.mininet_python, self.run_dir)
+        from .netns_backend import NetnsNetwork
+
+        return NetnsNetwork(self.spec)
+
+    def run(self) -> RunResult:
+        result = RunResult()
+        try:
+            self.progress(f"building the network ({self.opts.backend})")
+            self.network = self._make_network()
+            namespaces = self.network.start()
+            self._start_switches()
+            nodes = self._start_nodes(namespaces)
+            workers = self._start_workers(namespaces)
+            self.progress(f"running: {len(workers)} worker(s), {len(nodes)} optimizer node(s)")
+            for child in nodes + workers:
+                child.tell("go")
+            deadline = time.monotonic() + self.opts.timeout
+            for child in workers:
+                try:
+                    result.workers.append(child.expect("result", deadline))
+                except ChildError as e:
+                    result.errors.append(str(e))
+            for child in workers:
+                child.tell("stop")
+            if not self.network.alive():
+                result.errors.append(f"the {self.opts.backend} network went away during the run (see "
+                                     f"{self.run_dir / 'mininet.log'})")
+            for child in nodes:
+                child.tell("stop")
+            node_deadline = time.monotonic() + NODE_STOP_TIMEOUT
+            for child in nodes:
+                try:
+                    result.nodes.append(child.expect("result", node_deadline))
+                except ChildError as e:
+                    result.errors.append(str(e))
+        except ChildError as e:
+            result.errors.append(str(e))
+        except KeyboardInterrupt:
+            result.errors.append("interrupted")
+            raise
+        except Exception as e:  # reported, with the traceback in the run directory
+            import traceback
+
+            (self.run_dir / "runner.log").write_text(traceback.format_exc())
+            result.errors.append(f"{type(e).__name__}: {e} (traceback in {self.run_dir / 'runner.log'})")
+        finally:
+            with _shielded():  # a second Ctrl-C must not cut the teardown short
+                self.progress("tearing down")
+                switch_procs = {s.child for s in self.switches}
+                self.children.close(lambda c: c not in switch_procs)  # workers and nodes first
+                live = {s.spec.name: s.counters() for s in self.switches if s.grpc_address}  # BMv2: read while up
+                self.children.close()  # the software switch writes its last counters as it stops
+                result.switches = {s.spec.name: live.get(s.spec.name) or s.counters() for s in self.switches}
+                if self.network is not None:
+                    result.leftovers = self.network.stop()
+        return result
+
+    # -- switches -------------------------------------------------------------------------------------
+    def _start_switches(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        for i, sw in enumerate(self.spec.switches):
+            runtime = self.job.runtime[sw.name] if sw.name in self.job.runtime else _empty_runtime()
+            self.progress(f"starting {self.opts.switch} switch {sw.name} on {len(sw.ports)} port(s)")
+            if self.opts.switch == "bmv2":
+                self.switches.append(start_bmv2(self.children, sw, runtime, self.run_dir, deadline))
+            else:
+                self.switches.append(start_software(self.children, sw, runtime, self.run_dir, self.opts.seed + i,
+                                                    deadline))
+
+    # -- hosts ----------------------------------------------------------------------------------------
+    def _workload(self, name: str, cfg: dict, ns_path: str):
+        path = self.run_dir / f"{name}.workload.json"
+        path.write_text(json.dumps(cfg))
+        return self.children.start(name, [sys.executable, "-m", "luwu.mininet.workload", str(path)], ns_path)
+
+    def _start_nodes(self, namespaces: dict[str, str]) -> list:
+        if not self.opts.push_pull:
+            return []
+        started = []
+        for node, plans in sorted(self.job.node_plans.items()):
+            shards = [_shard(self.job, s) for s in self.job.plan.shards if s.node == node]
+            cfg = {"role": "node", "host": node, "seed": self.opts.seed, "timeout": self.opts.timeout + READY_TIMEOUT,
+                   "node": {"plans": [json.loads(p.to_json()) for p in plans], "shards": shards}}
+            started.append(self._workload(f"node-{node}", cfg, namespaces[node]))
+        deadline = time.monotonic() + READY_TIMEOUT
+        for child in started:
+            child.expect("ready", deadline)
+        return started
+
+    def _start_workers(self, namespaces: dict[str, str]) -> list:
+        plan, job = self.job.plan, self.job
+        all_ranks = sorted(job.worker_host)
+        servers: dict[str, list[int]] = {}
+        for r in all_ranks:
+            servers.setdefault(self.spec.host(job.worker_host[r]).server, []).append(r)
+        started = []
+        for rank in all_ranks:
+            host = self.spec.host(job.worker_host[rank])
+            group = plan.groups[plan.group_of(rank)]
+            w = {"rank": rank, "plan": json.loads(job.worker_plans[rank].to_json()), "elements": self.opts.elements,
+                 "group": group, "all_ranks": all_ranks, "nvlink": None, "pushpull": None}
+            mates = servers.get(host.server, []) if host.server else []
+            if len(mates) > 1:
+                w["nvlink"] = {"index": mates.index(rank), "port": self.opts.nvlink_port,
+                               "addresses": [self.spec.host(job.worker_host[r]).nvlink for r in mates]}
+            if self.opts.push_pull:
+                g = plan.group_of(rank)
+                w["pushpull"] = {"lanes": plan.lanes, "group": group,
+                                 "shards": [_shard(job, s) for s in plan.shards if s.group == g]}
+            cfg = {"role": "worker", "host": host.name, "seed": self.opts.seed,
+                   "timeout": self.opts.timeout + READY_TIMEOUT, "worker": w}
+            started.append(self._workload(f"worker-{rank}", cfg, namespaces[host.name]))
+        deadline = time.monotonic() + READY_TIMEOUT
+        for child in started:
+            child.expect("ready", deadline)
+        return started
+
+
+@contextlib.contextmanager
+def _shielded():
+    """SIGINT and SIGTERM held off (main thread only) while the block runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _shard(job: EmulatedJob, s) -> dict:
+    numel = dict(job.layers)[s.layer_id]
+    return {"layer": s.layer_id, "offset": s.offset, "numel": s.numel, "session": s.session, "layer_numel": numel}
+
+
+def _empty_runtime() -> dict:
+    return {"table_entries": [], "multicast_group_entries": []}

@@ -1,0 +1,200 @@
+"""`luwu mininet`: run luwu on an emulated star, multi-rack or rail-only network.
+
+    luwu mininet run  --topo star|multi-rack|rail-only [--workers N] [--backend auto|mininet|netns]
+                      [--switch software|bmv2] [--size 256KiB] [--drop P] [--push-pull] [--json]
+    luwu mininet show --topo ...      # the emulation spec and the plan, without building anything
+
+`run` plans the job with the controller's planner, builds the network (Mininet when it is
+installed, else plain namespaces), starts and programs one switch per switch node, runs an
+in-network allreduce of int32 tensors between the workers (hierarchical over NVLink on
+rail-only) and, with --push-pull, a pull/push/pull through the optimizer nodes, checks every
+result, prints grep-able `key: value` lines (or one JSON object) and tears everything down. Exit
+status 0 when every check passed, 1 when one failed, 2 for bad options or a missing prerequisite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from luwu.dataplane.protocol import DEFAULT_UDP_PORT, lanes_for_mode
+
+from .job import plan_job
+from .orchestrator import Emulation, RunOptions, RunResult
+from .results import summary, summary_lines
+from .switches import SWITCH_KINDS, bmv2_missing, drop_entries
+from .topologies import JUMBO_MTU, NODE_MODES, TOPOLOGIES, TopologyError, TopologyOptions, build_topology, emulate
+
+BACKENDS = ("auto", "mininet", "netns")
+DEFAULTS = {"size": "256KiB", "bw": 1000.0, "timeout": 120.0, "nvlink_port": 19600}
+MININET_MAX_BW = 1000.0  # Mbit/s: Mininet's TCLink refuses more
+_MAIN_PID = 0  # the runner's process: the only one whose SIGTERM unwinds into teardown
+PUSH_PULL_SMALL_LAYER = 777  # elements of the second push/pull layer: not a multiple of any lane count
+
+
+def add_arguments(p) -> None:
+    p.add_argument("action", choices=["run", "show"], help="run: emulate and check; show: print spec and plan")
+    p.add_argument("--topo", choices=TOPOLOGIES, default="star", help="topology (default star)")
+    p.add_argument("--workers", type=int, default=3, help="workers in all (default 3)")
+    p.add_argument("--nodes", type=int, default=1, help="optimizer nodes (star, multi-rack; default 1)")
+    p.add_argument("--racks", type=int, default=2, help="multi-rack: racks, workers split evenly (default 2)")
+    p.add_argument("--gpus", type=int, default=2, help="rail-only: GPUs per server = rails (default 2)")
+    p.add_argument("--node-mode", choices=NODE_MODES, default="port_per_rail",
+                   help="rail-only: one node with a port per rail, or a node per rail")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="mininet, netns (plain namespaces, pyroute2), or auto: mininet when installed")
+    p.add_argument("--switch", choices=SWITCH_KINDS, default="software",
+                   help="software: `luwu switch` on raw interfaces; bmv2: simple_switch_grpc")
+    p.add_argument("--size", default=DEFAULTS["size"], help="bytes of each worker's int32 tensor (default 256KiB)")
+    p.add_argument("--drop", type=float, default=0.0, help="loss probability on every switch port's ingress")
+    p.add_argument("--push-pull", action="store_true", help="also pull/push/pull through the optimizer nodes")
+    p.add_argument("--packet-mode", default=None,
+                   help="lanes per packet: jumbo (software default), tofino (bmv2, the only one it has) or a number")
+    p.add_argument("--slots", type=int, default=1024, help="slots per set of every switch (default 1024)")
+    p.add_argument("--bw", type=float, default=DEFAULTS["bw"], help="link bandwidth in Mbit/s, 0 = unshaped "
+                   "(tc htb; default 1000, Mininet's maximum)")
+    p.add_argument("--mtu", type=int, default=JUMBO_MTU, help=f"MTU of every link (default {JUMBO_MTU})")
+    p.add_argument("--udp-port", type=int, default=DEFAULT_UDP_PORT, help="luwu UDP port of every switch")
+    p.add_argument("--timeout", type=float, default=DEFAULTS["timeout"], help="seconds the workload may take")
+    p.add_argument("--seed", type=int, default=1, help="seeds the tensors, epochs and the drop simulator")
+    p.add_argument("--nvlink-port", type=int, default=DEFAULTS["nvlink_port"], help="TCP port of the NVLink exchange")
+    p.add_argument("--mininet-python", default=None, help="python that imports mininet (default /usr/bin/python3)")
+    p.add_argument("--run-dir", type=Path, default=None, help="where configs and logs go (default: a temp dir, "
+                   "removed after a passing run)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of key: value lines")
+
+
+class UsageError(ValueError):
+    """Options that cannot work together, or a missing prerequisite; exit status 2."""
+
+
+def _options(args) -> tuple[TopologyOptions, RunOptions]:
+    from luwu.bench.sizes import parse_size
+
+    mode = args.packet_mode or ("tofino" if args.switch == "bmv2" else "jumbo")
+    try:
+        lanes = lanes_for_mode(mode)
+        size = parse_size(args.size)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.switch == "bmv2" and lanes != lanes_for_mode("tofino"):
+        raise UsageError(f"--switch bmv2 runs the {lanes_for_mode('tofino')}-lane build; drop --packet-mode {mode}")
+    if size < 4 or size % 4:
+        raise UsageError(f"--size {args.size}: each worker's tensor is int32, so a positive multiple of 4 bytes")
+    if not 0.0 <= args.drop < 1.0:
+        raise UsageError(f"--drop {args.drop} must be a probability in [0, 1)")
+    if args.bw < 0 or args.timeout <= 0:
+        raise UsageError("--bw must be >= 0 and --timeout positive")
+    topo = TopologyOptions(args.topo, args.workers, args.nodes, args.racks, args.gpus, args.node_mode, lanes,
+                           args.slots, args.udp_port)
+    topo.validate()
+    if args.topo == "rail-only" and size // 4 < args.gpus:
+        raise UsageError(f"--size {args.size}: rail-only shards the tensor over {args.gpus} GPUs; use at least "
+                         f"{4 * args.gpus} bytes")
+    if args.push_pull and args.topo != "rail-only" and args.nodes < 1:
+        raise UsageError("--push-pull needs an optimizer node (--nodes 1 or more)")
+    run = RunOptions(backend=args.backend, switch=args.switch, elements=size // 4, push_pull=args.push_pull,
+                     timeout=args.timeout, seed=args.seed, nvlink_port=args.nvlink_port,
+                     mininet_python=args.mininet_python)
+    return topo, run
+
+
+def _backend(args) -> str:
+    from . import mininet_backend, netns_backend
+
+    if args.backend in ("auto", "mininet"):
+        why = mininet_backend.missing(args.mininet_python)
+        if why is None:
+            if args.bw > MININET_MAX_BW:
+                raise UsageError(f"--bw {args.bw:g}: Mininet shapes links up to {MININET_MAX_BW:g} Mbit/s; use "
+                                 "--bw 0 (unshaped) or --backend netns")
+            return "mininet"
+        if args.backend == "mininet":
+            raise UsageError(why)
+    why = netns_backend.require_root()
+    if why:
+        raise UsageError(why)
+    return "netns"
+
+
+def prepare(args, run_id: str):
+    """(topology, emulation spec, planned job, run options) from the command line."""
+    topo_opts, run_opts = _options(args)
+    topo = build_topology(topo_opts)
+    spec = emulate(topo, run_id, args.mtu, args.bw)
+    layers = [(0, max(1, run_opts.elements // 4)), (1, PUSH_PULL_SMALL_LAYER)] if run_opts.push_pull else None
+    nodes = 1 if args.topo == "rail-only" else args.nodes  # rail-only: the node(s) on each rail serve it
+    if args.switch == "bmv2":
+        from luwu.p4 import BUILD_DIR, P4INFO_TXTPB
+
+        job = plan_job(topo, spec, layers, "bmv2", str(P4INFO_TXTPB), str(BUILD_DIR / "luwu_v1model.json"),
+                       seed=args.seed, nodes=nodes)
+    else:
+        job = plan_job(topo, spec, layers, seed=args.seed, nodes=nodes)
+    for sw in spec.switches:
+        job.runtime.setdefault(sw.name, {"table_entries": [], "multicast_group_entries": []})
+        job.runtime[sw.name]["table_entries"] += drop_entries(list(sw.ports), args.drop)
+    return topo, spec, job, run_opts
+
+
+def run(args) -> int:
+    run_id = secrets.token_hex(2)
+    try:
+        topo, spec, job, run_opts = prepare(args, run_id)
+        if args.action == "show":
+            print(json.dumps({"spec": json.loads(spec.to_json()), "explanation": job.plan.explanation,
+                              "runtime": job.runtime}, indent=1))
+            return 0
+        if args.switch == "bmv2" and bmv2_missing():
+            raise UsageError(bmv2_missing())
+        run_opts.backend = _backend(args)
+    except (UsageError, TopologyError, ValueError) as e:
+        print(f"luwu mininet: {e}", file=sys.stderr)
+        return 2
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix=f"luwu-mininet-{run_id}-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        result = _execute(topo, spec, job, run_opts, run_dir, args.json)
+    except KeyboardInterrupt:
+        print(f"luwu mininet: interrupted; everything started was stopped (logs: {run_dir})", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    info = summary(args, spec, job, run_opts, result, run_dir)
+    if args.json:
+        print(json.dumps(info))
+    else:
+        print("\n".join(summary_lines(info)))
+    if result.passed and args.run_dir is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return 0 if result.passed else 1
+
+
+def _execute(topo, spec, job, run_opts: RunOptions, run_dir: Path, quiet: bool) -> RunResult:
+    from rich.console import Console
+
+    console = Console(stderr=True, quiet=quiet)
+    with console.status("luwu mininet") as status:
+        def progress(msg: str) -> None:
+            status.update(f"luwu mininet: {msg}")
+            console.log(msg)
+
+        return Emulation(topo, spec, job, run_opts, run_dir, progress).run()
+
+
+def _interrupt(signum, frame):
+    """SIGTERM: unwind through every `finally` (teardown) -- in this process only. A forked child
+    that inherited the handler (pyroute2 forks to open namespace sockets) must just exit: unwinding
+    there would run the parent's teardown from inside the child."""
+    if os.getpid() != _MAIN_PID:
+        os._exit(128 + signum)
+    raise KeyboardInterrupt

@@ -1,0 +1,173 @@
+"""Starting the emulated switches: the software switch (`luwu switch`) or BMv2 (`simple_switch_grpc`).
+
+Every switch node of the emulation gets one switch process in the root namespace whose ports
+are that node's interfaces (AF_PACKET for the software switch, `-i PORT@IFNAME` for BMv2), and
+is programmed with the planner's runtime JSON for it: the software switch reads the file at
+start, BMv2 gets the pipeline and the entries over P4Runtime (`luwu.p4.bmv2`). `--drop P` adds
+`ingress_drop_sim` entries (the P4 drop simulator) on every port, so it works on both.
+
+The software switch runs as `luwu switch --config FILE` (the daemon's own config format; JSON is
+YAML) with `ifaces` for its raw ports and a `stats_file`, whose first write says it is serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .emulation import EmuSwitch
+from .processes import Child, ChildError, ChildGroup
+
+SWITCH_KINDS = ("software", "bmv2")
+STATS_INTERVAL = 0.5  # s between the software switch's counter dumps
+BMV2_BINARY = "simple_switch_grpc"
+BMV2_CPU_PORT = 255
+BMV2_START_TIMEOUT = 30.0  # s for simple_switch_grpc to accept the pipeline
+
+
+class SwitchError(RuntimeError):
+    """A switch could not be started or programmed; the message says what is missing."""
+
+
+def drop_entries(ports: list[int], probability: float) -> list[dict]:
+    """Runtime entries that make every port lose `probability` of what it receives."""
+    if not probability:
+        return []
+    from luwu.dataplane.switch.controls.drop_simulator import threshold_for
+    from luwu.p4.runtime_config import drop_rate_entry
+
+    return [drop_rate_entry("ingress", p, threshold=threshold_for(probability)).to_dict() for p in sorted(ports)]
+
+
+def luwu_command() -> list[str]:
+    """The installed `luwu` entry point beside this python, or the module behind it."""
+    exe = Path(sys.executable).parent / "luwu"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "luwu.cli"]
+
+
+@dataclass
+class RunningSwitch:
+    spec: EmuSwitch
+    child: Child
+    stats_file: Path | None = None
+    grpc_address: str = ""
+
+    def counters(self) -> dict:
+        """{"events": {NAME: [packets, bytes]}, "drops": {...}} as last reported ({} if unknown)."""
+        if self.stats_file is not None:
+            try:
+                raw = json.loads(self.stats_file.read_text())
+            except (OSError, json.JSONDecodeError):
+                return {}
+            return raw.get("counters", raw) if isinstance(raw, dict) else {}
+        if self.grpc_address:
+            return bmv2_counters(self.grpc_address)
+        return {}
+
+
+def start_software(group: ChildGroup, sw: EmuSwitch, runtime: dict, run_dir: Path, seed: int,
+                   deadline: float) -> RunningSwitch:
+    runtime_path = run_dir / f"{sw.name}.runtime.json"
+    runtime_path.write_text(json.dumps(runtime, indent=1))
+    stats = run_dir / f"{sw.name}.stats.json"
+    config = {"lanes": sw.lanes, "slots": sw.slots, "udp_port": sw.udp_port, "seed": seed,
+              "service_ip": sw.service_ip, "service_mac": sw.service_mac,
+              "ifaces": {str(p): i for p, i in sorted(sw.ports.items())}, "runtime": str(runtime_path),
+              "stats_file": str(stats), "stats_interval": STATS_INTERVAL}
+    config_path = run_dir / f"{sw.name}.switch.json"
+    config_path.write_text(json.dumps(config, indent=1))
+    child = group.start(f"switch-{sw.name}", luwu_command() + ["switch", "--config", str(config_path)])
+    running = RunningSwitch(sw, child, stats_file=stats)
+    _wait_file(child, stats, deadline)  # written once the switch serves
+    return running
+
+
+def _wait_file(child: Child, path: Path, deadline: float, poll: float = 0.05) -> None:
+    while not path.exists():
+        if not child.alive():
+            raise ChildError(f"{child.name} exited ({child.proc.returncode}) while starting: {child.tail()}")
+        if time.monotonic() > deadline:
+            raise ChildError(f"{child.name} did not start serving in time; see {child.log}")
+        time.sleep(poll)
+
+
+# -- BMv2 ------------------------------------------------------------------------------------------
+
+def bmv2_missing() -> str | None:
+    """None when BMv2 can run here, else what to install or build."""
+    from luwu.p4 import BUILD_DIR
+
+    if shutil.which(BMV2_BINARY) is None:
+        return (f"--switch bmv2 needs {BMV2_BINARY} on PATH (BMv2 built with P4Runtime support; "
+                "see p4/README.md), or use --switch software")
+    if not (BUILD_DIR / "luwu_v1model.json").exists():
+        return f"--switch bmv2 needs {BUILD_DIR / 'luwu_v1model.json'}: run `luwu p4 build` (needs p4c) first"
+    return None
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_bmv2(group: ChildGroup, sw: EmuSwitch, runtime: dict, run_dir: Path, deadline: float) -> RunningSwitch:
+    why = bmv2_missing()
+    if why:
+        raise SwitchError(why)
+    from luwu.p4 import BUILD_DIR, P4INFO_TXTPB
+    from luwu.p4 import bmv2 as loader
+
+    grpc_port, thrift_port = _free_tcp_port(), _free_tcp_port()
+    argv = [BMV2_BINARY, "--device-id", str(loader.BMV2_DEVICE_ID), "--thrift-port", str(thrift_port)]
+    for port, ifname in sorted(sw.ports.items()):
+        argv += ["-i", f"{port}@{ifname}"]
+    argv += ["--no-p4", "--", "--grpc-server-addr", f"127.0.0.1:{grpc_port}", "--cpu-port", str(BMV2_CPU_PORT)]
+    child = group.start(f"switch-{sw.name}", argv)
+    runtime_path = run_dir / f"{sw.name}.runtime.json"
+    runtime_path.write_text(json.dumps(runtime, indent=1))
+    address = f"127.0.0.1:{grpc_port}"
+    last = None
+    limit = min(deadline, time.monotonic() + BMV2_START_TIMEOUT)
+    while time.monotonic() < limit:
+        if not child.alive():
+            raise SwitchError(f"{BMV2_BINARY} for {sw.name} exited ({child.proc.returncode}): {child.tail()}")
+        try:
+            asyncio.run(asyncio.wait_for(loader.load(address, runtime_path, Path(P4INFO_TXTPB),
+                                                     BUILD_DIR / "luwu_v1model.json"), BMV2_START_TIMEOUT))
+            return RunningSwitch(sw, child, grpc_address=address)
+        except Exception as e:  # not listening yet: retry until the deadline
+            last = e
+            time.sleep(0.5)
+    raise SwitchError(f"could not program {BMV2_BINARY} for {sw.name} at {address}: {last}")
+
+
+def bmv2_counters(address: str) -> dict:
+    from luwu.dataplane.protocol import DropReason, Event
+    from luwu.p4 import BUILD_DIR, P4INFO_TXTPB
+    from luwu.p4 import bmv2 as loader
+
+    async def read() -> dict:
+        sw = loader.switch_for(address, Path(P4INFO_TXTPB), BUILD_DIR / "luwu_v1model.json", force=False)
+        async with sw:
+            return await loader.read_counters(sw)
+
+    try:
+        raw = asyncio.run(asyncio.wait_for(read(), BMV2_START_TIMEOUT))
+    except Exception:
+        return {}
+
+    def name(enum, code):
+        try:
+            return enum(code).name
+        except ValueError:
+            return str(code)
+
+    return {"events": {name(Event, c): list(v) for c, v in raw.get("events", {}).items()},
+            "drops": {name(DropReason, c): list(v) for c, v in raw.get("drops", {}).items()}}

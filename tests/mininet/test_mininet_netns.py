@@ -1,0 +1,147 @@
+"""The netns backend end to end (root): real namespaces and veth pairs, `luwu switch` on raw interfaces,
+engines in the hosts; exact int32 sums, push/pull through the optimizer node, loss, teardown."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from luwu.mininet.netns_backend import NetnsError, NetnsNetwork
+from luwu.mininet.nsexec import popen_in, run_in
+from luwu.mininet.topologies import NAME_PREFIX, TopologyOptions, build_topology, emulate
+
+from mininet_helpers import ENV, check_clean, counters, leftovers, needs_root, remove_leftovers, run_json
+
+pytestmark = [needs_root, pytest.mark.netns]
+LANES = 2048
+SIZE = "64KiB"  # 16384 int32 = 8 jumbo packets per worker
+CHUNKS = 8
+ECHO_ONCE = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(20); "
+             "s.bind(('10.200.0.1', 7007)); print('bound', flush=True); d, a = s.recvfrom(100); "
+             "print('got', d.decode(), 'from', a[0])")
+SEND_ONE = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+            "s.bind(('10.200.0.2', 0)); s.sendto(b'hello', ('10.200.0.1', 7007))")
+
+
+def test_star_of_three_workers_sums_exactly_through_the_software_switch():
+    info = run_json("--topo", "star", "--workers", "3", "--backend", "netns", "--size", SIZE)
+    try:
+        assert info["_returncode"] == 0 and info["passed"], (info["errors"], info["_logs"])
+        assert info["backend"] == "netns" and info["lanes"] == LANES
+        assert info["allreduce"]["verified"] == 3
+        for w in info["allreduce"]["per_worker"]:
+            assert w["mismatches"] == 0 and w["contributors"] == 3 and w["elements"] == 16384
+        assert counters(info, "s1", "COMPLETED") == CHUNKS  # every chunk summed in the switch, once
+        assert counters(info, "s1", "MULTICAST") == CHUNKS
+    finally:
+        check_clean(info)
+
+
+def test_multi_rack_two_by_two_with_loss_and_push_pull():
+    info = run_json("--topo", "multi-rack", "--workers", "4", "--racks", "2", "--backend", "netns", "--size", SIZE,
+                    "--push-pull", "--drop", "0.03", "--seed", "4")
+    try:
+        assert info["_returncode"] == 0 and info["passed"], (info["errors"], info["_logs"])
+        assert info["allreduce"]["verified"] == 4 and info["pushpull"]["verified"] == 4
+        assert info["pushpull"]["node_gradients"] == 2  # two layers, each summed once by the tree
+        for sw in ("tor0", "tor1", "cluster"):
+            assert counters(info, sw, "COMPLETED") >= CHUNKS  # partial sums at the ToRs, the total at the top
+        lost = sum(c["drops"].get("SIMULATED_LOSS", 0) for c in info["counters"].values())
+        assert lost > 0  # the loss happened and was recovered from
+    finally:
+        check_clean(info)
+
+
+def test_rail_only_hierarchical_allreduce_over_nvlink_and_rails():
+    info = run_json("--topo", "rail-only", "--workers", "4", "--gpus", "2", "--backend", "netns", "--size", SIZE)
+    try:
+        assert info["_returncode"] == 0 and info["passed"], (info["errors"], info["_logs"])
+        for w in info["allreduce"]["per_worker"]:
+            assert w["contributors"] == 4 and w["mismatches"] == 0  # every GPU has the sum over all four
+            assert w["rail_allreduce_s"] > 0
+        for rail in ("rail0", "rail1"):
+            assert counters(info, rail, "COMPLETED") == CHUNKS // 2  # each rail sums its half of the tensor
+    finally:
+        check_clean(info)
+
+
+def test_a_run_that_cannot_finish_fails_and_still_tears_down():
+    info = run_json("--topo", "star", "--workers", "2", "--backend", "netns", "--size", SIZE, "--drop", "0.99",
+                    "--timeout", "3")
+    try:
+        assert info["_returncode"] == 1 and not info["passed"]
+        assert any("no 'result'" in e for e in info["errors"])
+        assert "worker-0.log" in info["_logs"]  # a failed run keeps its logs
+    finally:
+        check_clean(info)
+
+
+def test_sigterm_during_the_run_stops_everything(tmp_path):
+    run_dir = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "luwu.cli", "mininet", "run", "--topo", "star", "--workers", "2",
+                          "--backend", "netns", "--size", "8MiB", "--bw", "5", "--timeout", "200",
+                          "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=ENV)
+    run_id = ""
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (run_dir / "worker-1.log").exists() and p.poll() is None:
+            time.sleep(0.1)
+        assert p.poll() is None, f"the run ended before it could be interrupted: {p.communicate()[1][-2000:]}"
+        config = json.loads((run_dir / "s1.switch.json").read_text())
+        run_id = next(iter(config["ifaces"].values()))[len(NAME_PREFIX):].split("-")[0]
+        assert leftovers(run_id)  # the network is up
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 130, err[-2000:]
+        assert "interrupted" in err
+        assert leftovers(run_id) == []
+        assert subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True).returncode == 1  # no process left
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        if run_id:
+            remove_leftovers(run_id)
+
+
+def test_backend_builds_links_bridges_and_removes_exactly_them():
+    topo = build_topology(TopologyOptions("rail-only", workers=4, gpus=2))
+    run_id = "t" + secrets.token_hex(2)
+    spec = emulate(topo, run_id, bw_mbit=50)
+    net = NetnsNetwork(spec)
+    try:
+        paths = net.start()
+        assert set(paths) == {h.name for h in spec.hosts}
+        with pytest.raises(NetnsError, match="already exist"):
+            NetnsNetwork(spec).start()  # never reuses (or clobbers) another run's names
+        out = run_in(paths["s0g1"], ["ip", "-o", "addr", "show", "dev", "eth0"]).stdout
+        assert "10.0.0.2/16" in out
+        link = run_in(paths["s0g1"], ["ip", "-o", "link", "show", "dev", "eth0"]).stdout
+        assert "mtu 9000" in link
+        neigh = run_in(paths["s0g1"], ["ip", "neigh", "show", "dev", "eth0"]).stdout
+        rail1 = spec.switch("rail1")
+        assert rail1.service_ip in neigh and rail1.service_mac in neigh and "PERMANENT" in neigh
+        tc = subprocess.run(["tc", "class", "show", "dev", rail1.ports[1]], capture_output=True, text=True).stdout
+        assert "50Mbit" in tc
+        # NVLink: the two GPUs of server 0 reach each other over their bridge, and only over it
+        route = run_in(paths["s0g1"], ["ip", "route", "get", "10.200.0.1"]).stdout
+        assert "dev nv0" in route
+        listener = popen_in(paths["s0g0"], [sys.executable, "-c", ECHO_ONCE], stdout=subprocess.PIPE, text=True)
+        try:
+            assert listener.stdout.readline().strip() == "bound"
+            run_in(paths["s0g1"], [sys.executable, "-c", SEND_ONE])
+            assert listener.communicate(timeout=30)[0].strip() == "got hello from 10.200.0.2"
+        finally:
+            if listener.poll() is None:
+                listener.kill()
+                listener.communicate()
+    finally:
+        assert net.stop() == []
+    assert leftovers(run_id) == []

@@ -1,0 +1,140 @@
+"""The emulated topologies and plans, without building anything: names, addresses, neighbours,
+bridges, endpoint wiring, runtime entries, option errors, the `show` command."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import shutil
+
+import pytest
+
+from luwu.controller.planner import ip_to_int
+from luwu.dataplane.protocol import NODE
+from luwu.mininet.emulation import EmulationSpec
+from luwu.mininet.job import plan_job
+from luwu.mininet.switches import drop_entries
+from luwu.mininet.topologies import IFNAME_MAX, TopologyError, TopologyOptions, build_topology, emulate
+
+from mininet_helpers import luwu_mininet
+
+CASES = [TopologyOptions("star", workers=3), TopologyOptions("multi-rack", workers=4, racks=2),
+         TopologyOptions("rail-only", workers=6, gpus=3),
+         TopologyOptions("rail-only", workers=4, gpus=2, node_mode="node_per_rail")]
+
+
+def _spec(opt, run_id="t0"):
+    topo = build_topology(opt)
+    return topo, emulate(topo, run_id, bw_mbit=100)
+
+
+@pytest.mark.parametrize("opt", CASES, ids=lambda o: f"{o.name}-{o.node_mode}")
+def test_every_port_has_a_unique_interface_and_every_host_reaches_its_switch(opt):
+    topo, spec = _spec(opt)
+    assert {s.name for s in spec.switches} == set(topo.switches)
+    for s in spec.switches:
+        linked = {link.port_of(s.name) for link in topo.links_of(s.name)}
+        assert set(s.ports) == linked
+        assert ipaddress.ip_address(s.service_ip) in ipaddress.ip_network(spec.subnet)
+    names = spec.root_interfaces() + [b.ifname for b in spec.bridges]
+    assert len(names) == len(set(names)) and all(len(n) <= IFNAME_MAX and n.startswith("lwmt0-") for n in names)
+    services = {s.name: s for s in spec.switches}
+    host_ips = [i.ip for h in spec.hosts for i in h.interfaces]
+    assert len(host_ips) == len(set(host_ips))
+    for h in spec.hosts:
+        model = topo.hosts[h.name]
+        assert h.interfaces[0].ip == model.ip and h.interfaces[0].mac == model.mac
+        for iface in h.interfaces:
+            if not iface.switch:
+                continue
+            sw = services[iface.switch]
+            assert (sw.service_ip, sw.service_mac, iface.name) in h.neighbors
+            assert (f"{sw.service_ip}/32", iface.name) in h.routes
+            # the planner addresses the host by the MAC the model now knows for that port
+            assert topo.switches[iface.switch].port_mac[iface.port] == iface.mac
+
+
+def test_rail_only_servers_get_one_nvlink_bridge_with_every_gpu():
+    topo, spec = _spec(TopologyOptions("rail-only", workers=6, gpus=3))
+    assert len(spec.bridges) == 2  # two servers of three GPUs
+    for b in spec.bridges:
+        members = [lk.b for lk in spec.links if lk.a == b.name]
+        assert len(members) == 3 and len({spec.host(m).server for m in members}) == 1
+        addrs = [spec.host(m).nvlink for m in members]
+        assert len({str(ipaddress.ip_interface(f"{a}/24").network) for a in addrs}) == 1
+    n0 = spec.host("n0")  # a port per rail, each with its own address
+    assert [i.switch for i in n0.interfaces] == ["rail0", "rail1", "rail2"]
+    assert len({i.ip for i in n0.interfaces}) == 3
+
+
+def test_spec_round_trips_through_json():
+    _, spec = _spec(TopologyOptions("rail-only", workers=4, gpus=2))
+    again = EmulationSpec.from_dict(json.loads(spec.to_json()))
+    assert again == spec
+
+
+@pytest.mark.parametrize("opt", CASES, ids=lambda o: f"{o.name}-{o.node_mode}")
+def test_plan_wires_every_endpoint_to_its_own_address_and_its_switch(opt):
+    topo, spec = _spec(opt)
+    job = plan_job(topo, spec, layers=[(0, 5000), (1, 777)], seed=3)
+    assert sorted(job.worker_host) == list(range(opt.workers))
+    for rank, plan in job.worker_plans.items():
+        host = spec.host(job.worker_host[rank])
+        w = plan.wiring
+        assert w.transport == "ip" and w.local[0] == host.interfaces[0].ip
+        assert w.switch[0] == spec.switch(host.interfaces[0].switch).service_ip
+    for node, plans in job.node_plans.items():
+        for plan in plans:  # one engine per attachment: distinct local addresses, the rail's entries point there
+            switch = next(s for s in spec.switches if s.service_ip == plan.wiring.switch[0])
+            iface = spec.host(node).iface_to(switch.name)
+            assert plan.wiring.local[0] == iface.ip
+            mine = {s.session for s in plan.sessions}
+            eps = [e for e in job.runtime[switch.name]["table_entries"]
+                   if e["table"] == "endpoints" and e["match"]["dst"] == NODE and e["match"]["session"] in mine]
+            assert eps and all(e["action_params"]["dst_ip"] == ip_to_int(iface.ip) for e in eps)
+        assert len({p.wiring.local for p in plans}) == len(plans)
+
+
+def test_drop_entries_program_the_p4_drop_simulator_on_every_port():
+    entries = drop_entries([3, 1, 2], 0.25)
+    assert [e["match"]["port"] for e in entries] == [1, 2, 3]
+    assert all(e["table"].endswith("ingress_drop_sim") and e["action_params"]["threshold"] == 1 << 30
+               for e in entries)
+    assert drop_entries([1, 2], 0.0) == []
+
+
+@pytest.mark.parametrize("opt, words", [
+    (TopologyOptions("multi-rack", workers=5, racks=2), "split evenly"),
+    (TopologyOptions("rail-only", workers=5, gpus=2), "multiple of --gpus"),
+    (TopologyOptions("star", workers=33), "at most 32"),
+    (TopologyOptions("mesh"), "must be one of"),
+])
+def test_options_that_make_no_topology_say_what_to_change(opt, words):
+    with pytest.raises(TopologyError, match=words):
+        build_topology(opt)
+
+
+def test_show_prints_the_spec_and_the_plan_without_root():
+    r = luwu_mininet("show", "--topo", "multi-rack", "--workers", "4", "--push-pull", timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert sorted(s["name"] for s in out["spec"]["switches"]) == ["cluster", "tor0", "tor1"]
+    assert set(out["runtime"]) == {"cluster", "tor0", "tor1"}
+    assert any("root cluster" in line for line in out["explanation"])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--topo", "multi-rack", "--workers", "3"], "split evenly"),
+    (["--size", "5"], "multiple of 4"),
+    (["--drop", "1.5"], "probability"),
+    (["--switch", "bmv2", "--packet-mode", "jumbo"], "64-lane"),
+])
+def test_bad_options_exit_2_with_a_message(args, words):
+    r = luwu_mininet("show", *args, timeout=120)
+    assert r.returncode == 2 and words in r.stderr, (r.returncode, r.stderr)
+
+
+@pytest.mark.skipif(shutil.which("simple_switch_grpc") is not None, reason="BMv2 is installed here")
+def test_bmv2_without_simple_switch_grpc_is_a_clear_error():
+    r = luwu_mininet("run", "--switch", "bmv2", "--backend", "netns", timeout=120)
+    assert r.returncode == 2 and "simple_switch_grpc" in r.stderr and "--switch software" in r.stderr, r.stderr
