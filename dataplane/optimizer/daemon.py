@@ -17,6 +17,9 @@ from .service import OptimizerService
 from .spec import NodeConfig
 
 
+DEFAULT_CAPACITY = 1e8  # params/s registered with the controller when not measured
+
+
 def _size(text: str) -> int:
     from luwu.bench.sizes import parse_size
 
@@ -32,6 +35,12 @@ def add_arguments(p) -> None:
     p.add_argument("--control", default=None, help="control channel address: unix:/path or host:port")
     p.add_argument("--pipeline", choices=["step", "layer"], default="step", help="optimizer pipeline shape")
     p.add_argument("--threads-per-step", type=int, default=1)
+    from luwu.controller.daemon_link import add_controller_arguments
+
+    add_controller_arguments(p, "node")
+    p.add_argument("--params-per-second", type=float, default=DEFAULT_CAPACITY,
+                   help="with --controller: optimizer throughput this node offers (the planner balances layers "
+                        f"over nodes by it; `luwu bench optimizer` measures it; default {DEFAULT_CAPACITY:g})")
 
 
 def run(args) -> int:
@@ -46,6 +55,11 @@ def run(args) -> int:
         if restore is None:
             raise SystemExit(f"no complete checkpoint in {args.checkpoint_dir}")
     service = OptimizerService(plan, config, restore).start(args.control)
+    try:
+        beat = _join_controller(args, service, config)
+    except Exception:
+        service.close()
+        raise
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -58,5 +72,37 @@ def run(args) -> int:
             if service.engine.error is not None:
                 raise SystemExit(f"the engine failed: {service.engine.error!r}")
     finally:
+        if beat is not None:
+            beat.stop()
         service.close()
     return 0
+
+
+def _join_controller(args, service: OptimizerService, config: NodeConfig):
+    """Register (or re-register, with the engine's real address) and report health; None without
+    --controller. A node that stops reporting is marked down by the controller."""
+    from luwu.controller.daemon_link import HEARTBEAT_INTERVAL, connect
+
+    client = connect(args)
+    if client is None:
+        return None
+    import shutil
+
+    from luwu.proto import controller_pb2 as pb
+
+    host, port = service.address
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    client.register_node(pb.Node(name=args.name, data_address=f"{host}:{port}", capacity=pb.NodeCapacity(
+        params_per_second=args.params_per_second, ram_bytes=config.ram_budget,
+        disk_bytes=shutil.disk_usage(config.state_dir).free)))
+
+    def counters() -> dict[str, int]:
+        out = {}
+        for name, session in service.engine.session_stats().items():
+            if name.startswith("session "):
+                for key in ("gradients", "pulls_served", "agg_packets", "fallback_packets"):
+                    if key in session:
+                        out[f"{name.replace(' ', '_')}.{key}"] = int(session[key])
+        return out
+
+    return client.heartbeat_loop("node", args.name, HEARTBEAT_INTERVAL, counters=counters)

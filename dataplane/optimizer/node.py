@@ -1,0 +1,486 @@
+"""The optimizer node's core: jobs, the gradient/parameter API, versions, listeners, checkpoints.
+
+The network side (the engine that reassembles summed gradients from AGG packets and answers
+PULLs with PARAM packets) hosts one `OptimizerNode`; `provider(job)` and `gradient_sink(job, n)`
+adapt it to the engine's ParamProvider / GradientSink shapes. This package never imports the engine.
+
+Input errors raise `OptimizerInputError` subclasses (all `ValueError`s) synchronously from the
+call that got the bad input, are counted in `stats()["rejected"]`, and leave the state untouched.
+"""
+
+from __future__ import annotations
+
+import collections
+import fcntl
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import kernels
+from .checkpoint import CheckpointManager
+from .errors import (BadGradient, NodeFailed, NonFiniteGradient, OptimizerInputError, StepOutOfOrder, UnknownJob,
+                     UnknownLayer)
+from .initial import Filler, check_initial, fresh_filler, initial_master, record_filler
+from .layout import LayerPlan, plan_layer
+from .node_checkpoints import CheckpointMixin
+from .order import OrderTracker
+from .param_prefetch import ParamPrefetcher
+from .pipeline import LayerStep, Pipeline
+from .served import ServedCache
+from .shard_file import FileSet
+from .spec import JobSpec, NodeConfig
+from .store import StateStore
+
+log = logging.getLogger("luwu.optimizer")
+WIRE_DTYPE_NAMES = {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32"}  # luwu.dataplane.protocol.Dtype member names
+_QUIESCE = object()  # in_flight marker while a caller reads a layer's state
+
+
+@dataclass(eq=False)
+class LayerRuntime:
+    plan: LayerPlan
+    version: int = 0
+    next_step: int = 0
+    pending: collections.deque = field(default_factory=collections.deque)
+    in_flight: object = None  # LayerStep, _QUIESCE or None
+
+
+@dataclass(eq=False)
+class JobRuntime:
+    spec: JobSpec
+    max_shard_elems: int
+    layers: dict[int, LayerRuntime]
+    rank: dict[int, int]  # layer id -> position in the spec (forward order; the global norm's order)
+    order: list[int] = field(default_factory=list)  # layer ids in forward order
+    arrivals: dict[int, list[int]] = field(default_factory=dict)  # step -> layer ids in arrival order
+
+
+class OptimizerNode(CheckpointMixin):
+    def __init__(self, config: NodeConfig):
+        self.config = config
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(config.state_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise OptimizerInputError(f"state_dir {config.state_dir} is in use by another optimizer node") from None
+        self.files = FileSet(config.direct_io)
+        self.order = OrderTracker()
+        self.store = StateStore(self.files, self.order, config.ram_budget, config.prefetch)
+        self.served = ServedCache(self.files, self.store.fd, config.ram_budget)
+        self.param_prefetch = ParamPrefetcher(self.served, config.prefetch)
+        self.ckpt: CheckpointManager | None = None
+        self.jobs: dict[str, JobRuntime] = {}
+        self._cv = threading.Condition()
+        self._listeners: list[Callable[[str, int, int], None]] = []
+        self._ckpt_listeners: list[Callable[[str, dict], None]] = []
+        self.counts = {"submitted": 0, "published": 0, "saturated_gradients": 0, "listener_errors": 0,
+                       "rejected": collections.Counter()}
+        self.error: BaseException | None = None
+        self.closed = False
+        self.started = time.monotonic()
+        self._make_checkpoints()
+        self.pipeline = Pipeline(config, self)
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def add_job(self, spec: JobSpec) -> None:
+        """Register a job: plan its shards, create their files, set its starting state (version 0)."""
+        try:
+            self._add_job(spec, self.config.max_shard_elems, None)
+        except OptimizerInputError as e:
+            self._reject(e)
+
+    def _add_job(self, spec: JobSpec, max_shard_elems: int, restore: dict | None) -> None:
+        """`restore`: {layer_id: (version, {shard index: record loader})} from a checkpoint."""
+        if not isinstance(spec, JobSpec):
+            raise OptimizerInputError(f"add_job takes a JobSpec, got {type(spec).__name__}")
+        with self._cv:
+            self._check_usable()
+            if spec.job_id in self.jobs:
+                raise OptimizerInputError(f"job {spec.job_id!r} is already on this node")
+        plans = [plan_layer(spec, ly, max_shard_elems) for ly in spec.layers]
+        self._set_budgets(extra=plans)
+        job = JobRuntime(spec, max_shard_elems, {}, {p.layer_id: i for i, p in enumerate(plans)},
+                         [p.layer_id for p in plans])
+        # predicted arrival order: backward, i.e. descending layer ids
+        self.order.set_order(spec.job_id, [s.key for p in sorted(plans, key=lambda p: -p.layer_id) for s in p.shards])
+        if restore is None:
+            check_initial(plans, spec.initial)  # names and shapes, before any file is made
+        building = None  # (plan, served buffer) of the layer being registered
+        try:
+            for plan in sorted(plans, key=lambda p: -p.layer_id):
+                version = 0
+                if restore is None:
+                    master = initial_master(plan, spec.initial)
+                    fillers: list[Filler] = [fresh_filler(s, master) for s in plan.shards]
+                else:
+                    version, loaders = restore[plan.layer_id]
+                    fillers = [record_filler(s, loaders[s.index]) for s in plan.shards]
+                buf = self.served.new_buffer(plan)
+                building = (plan, buf)
+                for shard, fill in zip(plan.shards, fillers):
+                    self.store.register(shard, self._state_path(shard), self._with_served(plan, shard, fill, buf))
+                self.served.publish(plan, version, buf)
+                building = None
+                job.layers[plan.layer_id] = LayerRuntime(plan, version=version, next_step=version)
+        except BaseException:
+            # nothing of a job that failed to register stays: entries, copies, files, budget share
+            if building is not None:
+                self.served.discard(*building)
+            self.store.remove_job(spec.job_id)
+            self.served.remove_job(spec.job_id)
+            self.order.remove_job(spec.job_id)
+            self.files.close_under(self.config.state_dir / spec.job_id)
+            if self.jobs:
+                self._set_budgets(extra=[])
+            raise
+        finally:
+            self.store.end_registration()
+        with self._cv:
+            self.jobs[spec.job_id] = job
+
+    def _with_served(self, plan: LayerPlan, shard, fill: Filler, served_buf: np.ndarray) -> Filler:
+        def go(buf: np.ndarray) -> int:
+            step = fill(buf)
+            kernels.publish_copy(plan, served_buf, shard, torch.from_numpy(shard.state_views(buf)[0]))
+            return step
+
+        return go
+
+    def _state_path(self, shard) -> Path:
+        return self.config.state_dir / shard.job_id / f"{shard.name()}.state"
+
+    def _set_budgets(self, extra: list[LayerPlan]) -> None:
+        plans = [lr.plan for j in self.jobs.values() for lr in j.layers.values()] + list(extra)
+        state_total = sum(s.entry_bytes for p in plans for s in p.shards)
+        served_total = sum(p.served_buffer_bytes for p in plans)
+        budget = self.config.ram_budget
+        if state_total + 2 * served_total <= budget:
+            served_budget = 2 * served_total  # double-buffered: a new version is built beside the old
+        else:
+            served_budget = int(self.config.served_fraction * budget)
+        state_budget = budget - served_budget
+        big_entry = max(s.entry_bytes for p in plans for s in p.shards)
+        big_served = max(p.served_buffer_bytes for p in plans)
+        if state_budget < 2 * big_entry or served_budget < 2 * big_served:
+            raise OptimizerInputError(
+                f"ram_budget {budget} bytes is too small: it needs at least twice the largest shard record "
+                f"({big_entry} bytes) for state plus twice the largest served copy ({big_served} bytes) "
+                f"within served_fraction; raise ram_budget or lower max_shard_elems")
+        self.store.set_budget(state_budget)
+        self.served.set_budget(served_budget)
+
+    def _job(self, job_id: str) -> JobRuntime:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(f"unknown job {job_id!r}; this node has {sorted(self.jobs) or 'no jobs'}")
+        return job
+
+    def _layer(self, job_id: str, layer_id: int) -> tuple[JobRuntime, LayerRuntime]:
+        job = self._job(job_id)
+        lr = job.layers.get(layer_id) if isinstance(layer_id, (int, np.integer)) else None
+        if lr is None:
+            raise UnknownLayer(f"job {job_id!r} has no layer {layer_id!r} "
+                               f"(layers {min(job.layers)}..{max(job.layers)})")
+        return job, lr
+
+    def layer_rank(self, job_id: str, layer_id: int) -> int:
+        return self.jobs[job_id].rank[layer_id]
+
+    # -- gradients in ----------------------------------------------------------------------------
+    def submit_gradient(self, job_id: str, layer_id: int, step: int, grad, contributors: int = 1,
+                        saturated: bool = False) -> None:
+        """Queue layer `layer_id`'s summed gradient for step `step` (0-based; must be the layer's
+        next). `grad`: flat float32 (numpy or CPU torch), the sum over `contributors` workers: the
+        node applies their mean (1 = use as is). The node owns `grad` until that version is
+        published and may scale it in place. Returns at once; `params` / listeners tell when done."""
+        try:
+            self._submit(job_id, layer_id, step, grad, contributors, saturated)
+        except OptimizerInputError as e:
+            self._reject(e)
+
+    def _submit(self, job_id, layer_id, step, grad, contributors, saturated) -> None:
+        job, lr = self._layer(job_id, layer_id)
+        g = self._check_gradient(job_id, lr.plan, grad)
+        if not isinstance(contributors, (int, np.integer)) or contributors < 1:
+            raise BadGradient(f"contributors must be an integer >= 1, got {contributors!r}")
+        if not isinstance(step, (int, np.integer)):
+            raise StepOutOfOrder(f"step must be an integer, got {step!r}")
+        with self._cv:
+            self._check_usable()
+            if step != lr.next_step:
+                raise StepOutOfOrder(f"job {job_id!r} layer {layer_id}: got step {step}, expected step {lr.next_step} "
+                                     f"(steps are 0-based and each is submitted once, in order)")
+            lr.next_step += 1
+            item = LayerStep(job_id, job.spec.optimizer, lr.plan, int(step), g, int(contributors), len(job.layers))
+            self.counts["submitted"] += 1
+            self.counts["saturated_gradients"] += bool(saturated)
+            self._note_arrival(job, int(step), lr.plan.layer_id)
+            if lr.in_flight is None:
+                lr.in_flight = item
+                self.pipeline.submit(item)
+            else:
+                lr.pending.append(item)
+
+    def _check_gradient(self, job_id: str, plan: LayerPlan, grad) -> np.ndarray:
+        where = f"job {job_id!r} layer {plan.layer_id}"
+        if isinstance(grad, torch.Tensor):
+            if grad.device.type != "cpu" or grad.dtype != torch.float32:
+                raise BadGradient(f"{where}: gradient must be a CPU float32 tensor, got {grad.dtype} on {grad.device}")
+            grad = grad.detach().numpy()
+        if not isinstance(grad, np.ndarray):
+            raise BadGradient(f"{where}: gradient must be a numpy array or torch tensor, got {type(grad).__name__}")
+        if grad.dtype != np.float32:
+            raise BadGradient(f"{where}: gradient dtype is {grad.dtype}, expected float32")
+        if grad.size != plan.numel:
+            raise BadGradient(f"{where}: gradient has {grad.size} elements, the layer has {plan.numel}")
+        if not grad.flags.c_contiguous or not grad.flags.writeable:
+            raise BadGradient(f"{where}: gradient must be a C-contiguous, writeable array")
+        g = grad.reshape(-1)
+        # one read pass; a sum is finite iff every element is (unless finite values overflow float32 when summed)
+        if not math.isfinite(float(torch.sum(torch.from_numpy(g)))):
+            raise NonFiniteGradient(f"{where}: gradient has NaN or Inf (or values too large to sum in float32)")
+        return g
+
+    def _note_arrival(self, job: JobRuntime, step: int, layer_id: int) -> None:
+        arr = job.arrivals.setdefault(step, [])
+        arr.append(layer_id)
+        if len(arr) == len(job.layers):
+            del job.arrivals[step]
+            keys = [s.key for lid in arr for s in job.layers[lid].plan.shards]
+            if keys != self.order.order(job.spec.job_id):
+                self.order.set_order(job.spec.job_id, keys)
+
+    def gradient_sink(self, job_id: str, contributors: int) -> Callable[[int, np.ndarray, bool], None]:
+        """The engine's GradientSink shape: (tensor, summed gradient, saturated), each tensor's
+        gradients in step order. Runs on the engine's loop, so a bad gradient is counted (in
+        stats()["node"]["rejected"]), logged and dropped rather than raised into the loop; a
+        failed node still raises NodeFailed."""
+        def sink(tensor: int, grad: np.ndarray, saturated: bool) -> None:
+            try:
+                with self._cv:
+                    step = self._layer(job_id, tensor)[1].next_step
+                self.submit_gradient(job_id, tensor, step, grad, contributors, saturated)
+            except OptimizerInputError as e:
+                if isinstance(e, (UnknownJob, UnknownLayer)):  # _layer raised before submit could count it
+                    self.counts["rejected"][e.reason] += 1
+                log.warning("dropped a gradient of job %r tensor %s: %s", job_id, tensor, e)
+
+        return sink
+
+    # -- parameters out --------------------------------------------------------------------------
+    def params(self, job_id: str, layer_id: int, version: int, timeout: float | None = None) -> np.ndarray:
+        """The layer's parameters once it has had `version` optimizer steps (the latest version,
+        which is >= `version`): flat, read-only, in the served dtype (bf16 as np.uint16 bits,
+        fp16 as np.float16, fp32 as np.float32). Raises TimeoutError after `timeout` seconds."""
+        self.wait_version(job_id, layer_id, version, timeout)
+        arr = self.served.get((job_id, layer_id))[0]
+        job = self.jobs[job_id]
+        self.param_prefetch.hint(job_id, job.order, job.rank[layer_id])
+        return arr
+
+    def wait_version(self, job_id: str, layer_id: int, version: int, timeout: float | None = None) -> int:
+        """Block until the layer has had `version` optimizer steps; returns its version."""
+        try:
+            _, lr = self._layer(job_id, layer_id)
+        except OptimizerInputError as e:
+            self._reject(e)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while lr.version < version:
+                self._check_usable()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"job {job_id!r} layer {layer_id}: version {version} not reached within "
+                                       f"{timeout} s (at {lr.version})")
+                self._cv.wait(left if left is not None else 1.0)
+            return lr.version
+
+    def lookup(self, job_id: str, layer_id: int, version: int):
+        """Non-blocking: (array, wire dtype name) once `version` is reached, else None."""
+        _, lr = self._layer(job_id, layer_id)
+        if lr.version < version:
+            return None
+        return self.served.get((job_id, layer_id))[0], WIRE_DTYPE_NAMES[self.jobs[job_id].spec.served_dtype]
+
+    def provider(self, job_id: str):
+        """The engine's ParamProvider shape for one job: lookup(tensor, version) -> (array, Dtype) | None,
+        KeyError for a tensor the job does not have."""
+        from luwu.dataplane.protocol import Dtype
+
+        node = self
+
+        class _Provider:
+            def lookup(self, tensor: int, version: int):
+                try:
+                    found = node.lookup(job_id, tensor, version)
+                except UnknownLayer as e:
+                    raise KeyError(str(e)) from None
+                return None if found is None else (found[0], Dtype[found[1]])
+
+        return _Provider()
+
+    def version(self, job_id: str, layer_id: int) -> int:
+        return self._layer(job_id, layer_id)[1].version
+
+    def add_listener(self, callback: Callable[[str, int, int], None]) -> None:
+        """callback(job_id, layer_id, version) after each new version is published (from a
+        pipeline thread, in version order per layer; keep it short)."""
+        self._listeners.append(callback)
+
+    def add_checkpoint_listener(self, callback: Callable[[str, dict], None]) -> None:
+        """callback(event, info): "file" per shard file written, "commit" when a manifest is
+        committed, "error" when a checkpoint fails."""
+        self._ckpt_listeners.append(callback)
+
+    # -- pipeline callbacks ----------------------------------------------------------------------
+    def new_served_buffer(self, plan: LayerPlan) -> np.ndarray:
+        return self.served.new_buffer(plan)
+
+    def on_published(self, item: LayerStep) -> None:
+        version = item.step + 1
+        self.served.publish(item.plan, version, item.served_buf)
+        item.served_buf = item.grad = item.grad_t = None
+        lr = self._layer(item.job_id, item.plan.layer_id)[1]
+        with self._cv:
+            lr.version = version
+            item.published = True
+            if self.ckpt is not None and self.ckpt.wants(item.job_id, item.plan.layer_id, version):
+                self.ckpt.capture_layer(item.plan, version)
+            self.counts["published"] += 1
+            self._cv.notify_all()
+        for cb in list(self._listeners):
+            try:
+                cb(item.job_id, item.plan.layer_id, version)
+            except Exception:  # a listener's bug must not stop the pipeline
+                self.counts["listener_errors"] += 1
+                log.exception("optimizer listener failed")
+        with self._cv:
+            self._release_layer(lr)
+
+    def _release_layer(self, lr: LayerRuntime) -> None:
+        lr.in_flight = None
+        if lr.pending:
+            lr.in_flight = lr.pending.popleft()
+            self.pipeline.submit(lr.in_flight)
+        self._cv.notify_all()
+
+    def fail(self, exc: BaseException, where: str) -> None:
+        with self._cv:
+            if self.error is None:
+                self.error = exc
+                log.error("optimizer node failed in %s: %r", where, exc)
+            self._cv.notify_all()
+        self.store.close()
+        self.served.close()
+        if self.ckpt is not None:
+            self.ckpt.fail_all(NodeFailed(f"the node failed: {exc!r}"))
+
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def _check_usable(self) -> None:
+        if self.error is not None:
+            raise NodeFailed(f"the optimizer node failed ({self.error!r}); restore it from a checkpoint")
+        if self.closed:
+            raise NodeFailed("the optimizer node is closed")
+
+    def _reject(self, e: OptimizerInputError):
+        self.counts["rejected"][e.reason] += 1
+        raise e
+
+    def _emit_ckpt(self, event: str, info: dict) -> None:
+        for cb in list(self._ckpt_listeners):
+            try:
+                cb(event, info)
+            except Exception:
+                log.exception("checkpoint listener failed")
+
+    # -- waiting and reading state ---------------------------------------------------------------
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until every submitted gradient is applied and published. False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while any(lr.in_flight is not None or lr.pending for j in self.jobs.values() for lr in j.layers.values()):
+                self._check_usable()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cv.wait(min(left, 1.0) if left is not None else 1.0)
+        return True
+
+    def layer_state(self, job_id: str, layer_id: int, timeout: float | None = None) -> dict:
+        """Copies of a layer's fp32 arrays (by state name), its served copy and version, taken
+        between steps."""
+        job, lr = self._layer(job_id, layer_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while lr.in_flight is not None:
+                self._check_usable()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"layer {layer_id} stayed busy for {timeout} s")
+                self._cv.wait(1.0)
+            lr.in_flight = _QUIESCE
+        try:
+            names = job.spec.optimizer.state_names
+            out = {n: np.empty(lr.plan.numel, dtype=np.float32) for n in names}
+            for shard in lr.plan.shards:
+                e = self.store.acquire(shard.key)
+                try:
+                    for n, v in zip(names, shard.state_views(e.buf)):
+                        out[n][shard.elem_lo: shard.elem_lo + shard.numel] = v
+                finally:
+                    self.store.release(e, dirty=False)
+            arr, version = self.served.get((job_id, layer_id))
+            out["served"] = arr.copy()
+            out["version"] = version
+            return out
+        finally:
+            with self._cv:
+                self._release_layer(lr)
+
+    def stats(self) -> dict:
+        with self._cv:
+            node = {k: (dict(v) if isinstance(v, collections.Counter) else v) for k, v in self.counts.items()}
+            node["error"] = None if self.error is None else repr(self.error)
+        return {"node": node, "pipeline": self.pipeline.stats(), "store": self.store.stats(),
+                "served": self.served.stats(), "param_prefetch": self.param_prefetch.stats(),
+                "io": {**self.files.counters.snapshot(), "direct": self.files.direct},
+                "checkpoint": None if self.ckpt is None else self.ckpt.stats(),
+                "uptime_s": time.monotonic() - self.started}
+
+    # -- teardown --------------------------------------------------------------------------------
+    def close(self, timeout: float = 30.0) -> None:
+        """Finish the queued steps (up to `timeout`), pending checkpoints, then stop and delete
+        the scratch state files."""
+        if self.closed:
+            return
+        if self.error is None:
+            self.wait_idle(timeout)
+        if self.ckpt is not None:
+            self.ckpt.close(timeout)
+        with self._cv:
+            self.closed = True
+            self._cv.notify_all()
+        self.pipeline.close()
+        self.param_prefetch.close()
+        self.store.close()
+        self.served.close()
+        self.files.close_all(remove=True)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> OptimizerNode:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,288 @@
+"""The step-centric pipeline: receive gradient -> read state -> optimizer step -> write state ->
+publish parameters, a thread pool per step and bounded queues between them (LuWu's design); and
+the layer-centric alternative it is measured against, where one thread runs a layer's whole
+sequence.
+
+Layers rotate through the steps: while layer i is in the optimizer, layer i-1's state is being
+read and layer i+1's written back. Torch kernels and file I/O release the GIL, so the threads
+overlap real work. One step per layer is in the pipeline at a time (the node dispatches a
+layer's next gradient when its previous version is published), which keeps versions in order.
+
+Gradient clipping by the global norm needs every layer's gradient of a step before any layer
+can step: the receive step holds the step's gradients in a gate until the last one arrives.
+That gives up the overlap of optimizer work with the backward pass (the whole step's optimizer
+work then runs after the last layer's gradient); clipping per layer keeps it.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import kernels
+from .layout import LayerPlan, ShardPlan
+from .spec import NodeConfig, OptimizerSpec
+from .store import Entry
+
+STAGES = ("receive", "read", "optimize", "write", "publish")
+_STOP = object()
+
+
+@dataclass(eq=False)
+class LayerStep:
+    """One layer's gradient for one step, on its way through the pipeline."""
+
+    job_id: str
+    opt: OptimizerSpec
+    plan: LayerPlan
+    step: int
+    grad: np.ndarray
+    contributors: int
+    num_layers: int  # of the job (for the global clipping gate)
+    grad_t: torch.Tensor | None = None
+    grad_scale: torch.Tensor | None = None
+    coef: torch.Tensor | None = None
+    norms: list | None = None
+    served_buf: np.ndarray | None = None
+    remaining: int = 0
+    published: bool = False
+    t_submit: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(eq=False)
+class ShardTask:
+    item: LayerStep
+    shard: ShardPlan
+    entry: Entry | None = None
+
+
+class Pipeline:
+    def __init__(self, cfg: NodeConfig, node):
+        self.node = node  # new_served_buffer(plan), ckpt (or None), store, on_published(item), fail(exc, where)
+        self.mode = cfg.pipeline
+        self.threads_per_step = cfg.threads_per_step
+        self.lock = threading.Lock()
+        self.work_cv = threading.Condition()
+        self.work: collections.deque = collections.deque()  # ("recv" | "run", LayerStep)
+        self.gates: dict[tuple[str, int], list[LayerStep]] = {}
+        self.busy = {s: 0.0 for s in STAGES}
+        self.stopping = False
+        self.threads: list[threading.Thread] = []
+        if self.mode == "step":
+            self.queues = {s: queue.Queue(maxsize=cfg.queue_depth) for s in STAGES[1:]}
+            self._spawn("receive", self._receive_loop)
+            self._spawn("read", lambda: self._stage_loop("read", self._read, "optimize"))
+            self._spawn("optimize", lambda: self._stage_loop("optimize", self._optimize, "write"))
+            self._spawn("write", lambda: self._stage_loop("write", self._write, None))
+            self._spawn("publish", lambda: self._stage_loop("publish", self._publish, None))
+        else:
+            self.queues = {}
+            for i in range(self.threads_per_step * len(STAGES)):
+                t = threading.Thread(target=self._layer_loop, name=f"luwu-opt-layer-{i}", daemon=True)
+                t.start()
+                self.threads.append(t)
+
+    def _spawn(self, stage: str, target) -> None:
+        for i in range(self.threads_per_step):
+            t = threading.Thread(target=target, name=f"luwu-opt-{stage}-{i}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    # -- entry -----------------------------------------------------------------------------------
+    def submit(self, item: LayerStep) -> None:
+        with self.work_cv:
+            self.work.append(("recv", item))
+            self.work_cv.notify()
+
+    def _take(self, kinds: tuple[str, ...]):
+        with self.work_cv:
+            while True:
+                if self.stopping:
+                    return None
+                for i, (kind, item) in enumerate(self.work):
+                    if kind in kinds:
+                        del self.work[i]
+                        return kind, item
+                self.work_cv.wait(1.0)
+
+    # -- the five steps --------------------------------------------------------------------------
+    def _receive(self, item: LayerStep) -> list[LayerStep]:
+        """Gradient in: mean over contributors and clipping; returns the items ready to step."""
+        opt = item.opt
+        item.grad_t = torch.from_numpy(item.grad)
+        if item.contributors > 1:
+            if opt.clip_grad_norm is None:
+                item.grad_scale = torch.tensor(float(item.contributors))  # divided inside the kernel
+            else:
+                item.grad_t.div_(item.contributors)  # the norm is the mean's norm
+        if opt.clip_grad_norm is None:
+            return [item]
+        item.norms = kernels.tensor_norms(item.plan, item.grad_t)
+        if opt.clip_scope == "layer":
+            item.coef = kernels.clip_coefficient(item.norms, opt.clip_grad_norm)
+            return [item]
+        gate_key = (item.job_id, item.step)
+        with self.lock:
+            gate = self.gates.setdefault(gate_key, [])
+            gate.append(item)
+            if len(gate) < item.num_layers:
+                return []
+            del self.gates[gate_key]
+        # every layer of the step is here: the norm over all of them, in the job's layer order
+        ordered = sorted(gate, key=lambda it: self.node.layer_rank(it.job_id, it.plan.layer_id))
+        coef = kernels.clip_coefficient([n for it in ordered for n in it.norms], opt.clip_grad_norm)
+        for it in gate:
+            it.coef = coef
+        return gate  # arrival order
+
+    def _prepare(self, item: LayerStep) -> list[ShardTask]:
+        item.served_buf = self.node.new_served_buffer(item.plan)
+        item.remaining = len(item.plan.shards)
+        return [ShardTask(item, s) for s in item.plan.shards]
+
+    def _read(self, task: ShardTask) -> None:
+        """The shard's state, pinned in RAM; a checkpoint copy of it still pending gets its
+        snapshot here, on this thread, while the optimizer works on the previous shard. (No new
+        capture of this version can appear: the layer counts as busy from dispatch on.)"""
+        task.entry = self.node.store.acquire(task.shard.key)
+        if self.node.ckpt is not None:
+            self.node.ckpt.before_modify(task.entry)
+
+    def _optimize(self, task: ShardTask) -> None:
+        item, shard, e = task.item, task.shard, task.entry
+        g = item.grad_t[shard.elem_lo: shard.elem_lo + shard.numel]
+        kernels.apply_clip(g, item.coef)
+        kernels.step_shard(item.opt, shard, e.views, g, item.step, item.grad_scale,
+                           kernels.served_view(item.plan, item.served_buf, shard))
+        e.step = item.step + 1
+        shard.write_header(e.buf, e.step)
+
+    def _write(self, task: ShardTask) -> LayerStep | None:
+        """The checkpoint capture, then the state goes back to the store (written back there if
+        the store needs the room)."""
+        item, e = task.item, task.entry
+        version = item.step + 1
+        ckpt = self.node.ckpt
+        if ckpt is not None and ckpt.wants(item.job_id, item.plan.layer_id, version):
+            ckpt.capture_shard(task.shard, version)
+        self.node.store.release(e, dirty=True)
+        task.entry = None
+        self.node.store.trim()
+        with self.lock:
+            item.remaining -= 1
+            return item if item.remaining == 0 else None
+
+    def _publish(self, item: LayerStep) -> None:
+        self.node.on_published(item)
+
+    # -- step-centric threads --------------------------------------------------------------------
+    def _receive_loop(self) -> None:
+        while True:
+            got = self._take(("recv",))
+            if got is None:
+                return
+            item = got[1]
+            try:
+                t0 = time.perf_counter()
+                ready = self._receive(item)
+                self._account("receive", t0)
+                for it in ready:
+                    for task in self._prepare(it):
+                        self._put("read", task)
+            except BaseException as e:
+                self.node.fail(e, "receive")
+
+    def _stage_loop(self, stage: str, fn, nxt: str | None) -> None:
+        q = self.queues[stage]
+        while True:
+            task = q.get()
+            if task is _STOP:
+                return
+            if self.node.failed():
+                continue  # drain so that producers never block
+            try:
+                t0 = time.perf_counter()
+                out = fn(task)
+                self._account(stage, t0)
+                if stage == "read":
+                    self._put("optimize", task)
+                    t0 = time.perf_counter()
+                    self.node.store.prefetch_after(task.shard.key)
+                    self._account(stage, t0)
+                elif nxt is not None:
+                    self._put(nxt, task)
+                elif stage == "write" and out is not None:
+                    self._put("publish", out)
+            except BaseException as e:
+                self.node.fail(e, stage)
+
+    def _put(self, stage: str, task) -> None:
+        q = self.queues[stage]
+        while True:
+            try:
+                q.put(task, timeout=1.0)
+                return
+            except queue.Full:
+                if self.node.failed() or self.stopping:
+                    return
+
+    def _account(self, stage: str, t0: float) -> None:
+        dt = time.perf_counter() - t0
+        with self.lock:
+            self.busy[stage] += dt
+
+    # -- layer-centric threads -------------------------------------------------------------------
+    def _layer_loop(self) -> None:
+        while True:
+            got = self._take(("run", "recv"))
+            if got is None:
+                return
+            kind, item = got
+            try:
+                if kind == "recv":
+                    t0 = time.perf_counter()
+                    ready = self._receive(item)
+                    self._account("receive", t0)
+                    with self.work_cv:
+                        self.work.extendleft(("run", it) for it in reversed(ready))
+                        self.work_cv.notify_all()
+                    continue
+                for task in self._prepare(item):
+                    for stage, fn in (("read", self._read), ("optimize", self._optimize), ("write", self._write)):
+                        t0 = time.perf_counter()
+                        fn(task)
+                        if stage == "read":
+                            self.node.store.prefetch_after(task.shard.key)
+                        self._account(stage, t0)
+                t0 = time.perf_counter()
+                self._publish(item)
+                self._account("publish", t0)
+            except BaseException as e:
+                self.node.fail(e, "layer")
+
+    # -- teardown --------------------------------------------------------------------------------
+    def close(self, timeout: float = 5.0) -> None:
+        with self.work_cv:
+            self.stopping = True
+            self.work_cv.notify_all()
+        for q in self.queues.values():
+            for _ in range(self.threads_per_step):
+                try:
+                    q.put(_STOP, timeout=timeout)
+                except queue.Full:
+                    pass
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def stats(self) -> dict:
+        with self.lock:
+            out = {"mode": self.mode, "busy_seconds": dict(self.busy), "gates_open": len(self.gates)}
+        out["queued"] = {s: q.qsize() for s, q in self.queues.items()}
+        return out
