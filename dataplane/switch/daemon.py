@@ -1,7 +1,7 @@
 """`luwu switch`: run the software switch as a daemon.
 
 Ports come from `--config` (YAML, see switch.example.yaml) and/or flags; flags win. Prints one
-ready line with the bound ports, rewrites `--stats-file` (JSON counters) every stats interval
+JSON ready line (`{"ready": true, "ports": {N: "HOST:PORT"}, "p4runtime": ...}`), rewrites `--stats-file` (JSON counters) every stats interval
 so a hung job can be diagnosed without a CLI, optionally serves P4Runtime, and shuts down
 cleanly on SIGINT/SIGTERM.
 """
@@ -46,6 +46,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats-interval", type=float, help="seconds between stats file writes (default 1)")
     p.add_argument("--p4runtime", metavar="ADDR", help="serve P4Runtime on HOST:PORT")
     p.add_argument("--p4info", help="P4Info for --p4runtime (default: the committed p4/build/p4info.txtpb)")
+    from luwu.controller.daemon_link import add_controller_arguments
+
+    add_controller_arguments(p, "switch")
+    p.add_argument("--node-port", action="append", default=[], metavar="N=NODE",
+                   help="with --controller: port N leads to optimizer node NODE (repeatable); other ports lead "
+                        "to workers unless --peer-port says another switch")
+    p.add_argument("--peer-port", action="append", default=[], metavar="N=SWITCH:PORT",
+                   help="with --controller: port N is wired to port PORT of switch SWITCH (repeatable)")
+    p.add_argument("--role", choices=["star", "tor", "cluster", "rail"], default="star",
+                   help="with --controller: this switch's place in the topology")
+    p.add_argument("--rail", type=int, default=0, help="with --role rail: the rail number")
 
 
 def config_from_args(args) -> DaemonConfig:
@@ -144,12 +155,46 @@ def _start_p4runtime(sw, cfg: DaemonConfig):
     return p4runtime_server.serve(sw, cfg.p4runtime, p4info, device_id=0)
 
 
+def _join_controller(args, sw, p4rt):
+    """Register with the controller (which then installs the pipeline and programs the tables over
+    P4Runtime) and report health with the switch's counters; None without --controller."""
+    from luwu.controller.daemon_link import HEARTBEAT_INTERVAL, connect
+
+    client = connect(args)
+    if client is None:
+        return None
+    from luwu.controller.client import software_switch_record
+    from luwu.proto import controller_pb2 as pb
+
+    nodes, peers = {}, {}
+    for spec in args.node_port:
+        num, _, name = spec.partition("=")
+        nodes[switch_port_number(num, f"--node-port {spec!r}")] = name
+    for spec in args.peer_port:
+        num, _, rest = spec.partition("=")
+        other, _, port = rest.rpartition(":")
+        if not other or not port.isdigit():
+            raise ConfigError(f"--peer-port {spec!r}: expected N=SWITCH:PORT")
+        peers[switch_port_number(num, f"--peer-port {spec!r}")] = (other, int(port))
+    role = {"star": pb.STAR, "tor": pb.TOR, "cluster": pb.CLUSTER, "rail": pb.RAIL}[args.role]
+    client.register_switch(software_switch_record(sw, args.name, p4rt.address, role=role, rail=args.rail,
+                                                  peers=peers, nodes=nodes))
+
+    def counters() -> dict[str, int]:
+        snap = named(sw.counters())
+        return {f"{kind}.{label}": int(v[0]) for kind, table in snap.items() if isinstance(table, dict)
+                for label, v in table.items() if isinstance(v, (list, tuple)) and v and v[0]}
+
+    return client.heartbeat_loop("switch", args.name, HEARTBEAT_INTERVAL, counters=counters)
+
+
 def run(args) -> int:
     from .switch import SoftwareSwitch
 
     stop = threading.Event()
     p4rt = None
     sw = None
+    beat = None
     try:
         cfg = config_from_args(args)
         sw = SoftwareSwitch(cfg.switch)
@@ -163,13 +208,17 @@ def run(args) -> int:
             sw.attach_raw(n, name)
         if cfg.runtime:
             sw.load_runtime(cfg.runtime)
+        if args.controller and not cfg.p4runtime:
+            raise ConfigError("--controller needs --p4runtime ADDR: the controller programs the switch over it")
+        if cfg.p4runtime:
+            p4rt = _start_p4runtime(sw, cfg)
+        beat = _join_controller(args, sw, p4rt)
+        # after registration: the controller's pipeline install clears every table, the drop simulator's too
         for n in sorted(set(cfg.ports) | set(cfg.ifaces)):
             probs = cfg.drop_for(n)
             if any(probs.values()):
                 sw.set_drop_sim(n, **probs)
-        if cfg.p4runtime:
-            p4rt = _start_p4runtime(sw, cfg)
-    except (ConfigError, TableError, FileNotFoundError) as e:
+    except (ConfigError, TableError, FileNotFoundError, ConnectionError, RuntimeError) as e:
         print(f"luwu switch: {e}", file=sys.stderr)
         if sw is not None:
             sw.stop()
@@ -178,10 +227,11 @@ def run(args) -> int:
         signal.signal(sig, lambda *_: stop.set())
     started = time.monotonic()
     sw.start()
-    ports = " ".join(f"{p}={_show(a)}" for p, a in sw.port_addresses().items())
-    extra = f" p4runtime={getattr(p4rt, 'address', cfg.p4runtime)}" if p4rt is not None else ""
-    print(f"luwu switch ready: lanes={sw.lanes} slots={sw.config.slots} udp_port={sw.config.udp_port} "
-          f"ports {ports}{extra}", flush=True)
+    # one JSON line, like every luwu daemon's ready line
+    print(json.dumps({"ready": True, "lanes": sw.lanes, "slots": sw.config.slots, "udp_port": sw.config.udp_port,
+                      "ports": {str(p): _show(a) for p, a in sw.port_addresses().items()},
+                      "p4runtime": getattr(p4rt, "address", cfg.p4runtime) if p4rt is not None else None,
+                      "name": getattr(args, "name", None) if beat is not None else None}), flush=True)
     try:
         while not stop.is_set():
             if cfg.stats_file:
@@ -191,6 +241,8 @@ def run(args) -> int:
                     print(f"luwu switch: cannot write stats file {cfg.stats_file}: {e.strerror}", file=sys.stderr)
             stop.wait(cfg.stats_interval)
     finally:
+        if beat is not None:
+            beat.stop()
         if p4rt is not None:
             p4rt.stop()
         if cfg.stats_file:

@@ -1,8 +1,8 @@
 """The demo's network: everything but the workers, started on loopback and stopped with the demo.
 
 `ControllerFabric` is the real deployment shape: a `luwu controller` process, the software switch
-(switch_host.py, registering itself and served over P4Runtime), `luwu node` optimizer node(s)
-registered with the controller, and a job created through it: the controller plans sessions and
+(`luwu switch`, registering itself and served over P4Runtime), `luwu node` optimizer node(s)
+registering themselves and reporting their health, and a job created through it: the controller plans sessions and
 pools and programs the switch; workers JoinJob for their plans. `LocalFabric` is the fallback
 without a controller (a StarPlan's switch and in-process optimizer nodes).
 """
@@ -20,7 +20,7 @@ from luwu.dataplane.loopback import free_udp_port
 from .launch import Child, luwu_command
 
 READY_TIMEOUT = 60.0  # s a daemon may take to come up
-HEALTH_INTERVAL = 1.0  # s between the health reports the demo makes for its node(s)
+SWITCH_SLOTS = 1024  # aggregation slots per set of the demo's switch
 NODE_PARAMS_PER_SECOND = 1e7  # the node capacity registered with the controller (one node: no effect)
 NODE_DISK_BYTES = 1 << 34
 
@@ -39,7 +39,6 @@ class ControllerFabric:
         self.workers, self.nodes, self.lanes = workers, nodes, lanes
         self.drop, self.seed, self.node_ram = drop, seed, node_ram
         self.children: list[Child] = []
-        self.beats = []
         self.admin = None
         self.token = secrets.token_hex(16)
         self.address = ""
@@ -62,16 +61,19 @@ class ControllerFabric:
         self.children.append(ctl)
         self.admin = ControllerClient(self.address, self.token)
         self._wait_controller(ctl)
-        for name in self.node_names:
+        for name in self.node_names:  # placeholders for the planner; each node re-registers itself when it starts
             self.admin.register_node(pb.Node(name=name, data_address=f"127.0.0.1:{free_udp_port()}",
                                              capacity=pb.NodeCapacity(params_per_second=NODE_PARAMS_PER_SECOND,
                                                                       ram_bytes=self.node_ram,
                                                                       disk_bytes=NODE_DISK_BYTES)))
-            self.beats.append(self.admin.heartbeat_loop("node", name, HEALTH_INTERVAL))
-        switch = Child("the software switch", [
-            sys.executable, "-m", "luwu.demo.switch_host", "--workers", str(self.workers), "--nodes", *self.node_names,
-            "--lanes", str(self.lanes), "--drop", str(self.drop), "--seed", str(self.seed), "--controller",
-            self.address, "--token-file", str(token_file)], log=self.dir / "switch.log")
+        ports = [a for p in range(1, self.workers + self.nodes + 1) for a in ("--port", f"{p}=127.0.0.1:0")]
+        node_ports = [a for i, name in enumerate(self.node_names)
+                      for a in ("--node-port", f"{self.workers + 1 + i}={name}")]
+        drop = ["--drop", f"all:ingress={self.drop},egress={self.drop}"] if self.drop else []
+        switch = Child("the software switch", luwu_command() + [
+            "switch", "--lanes", str(self.lanes), "--slots", str(SWITCH_SLOTS), "--seed", str(self.seed), *ports,
+            "--p4runtime", "127.0.0.1:0", "--controller", self.address, "--token-file", str(token_file),
+            "--name", "demo-switch", *node_ports, *drop], log=self.dir / "switch.log")
         self.children.append(switch)
         self.switch_info = switch.read_json_line(READY_TIMEOUT)
         job = pb.Job(name="demo", num_workers=self.workers, packet_mode=str(self.lanes), num_nodes=self.nodes,
@@ -87,7 +89,8 @@ class ControllerFabric:
             control = f"unix:{self.dir / (name + '.sock')}"
             node = Child(f"optimizer node {name}", luwu_command() + [
                 "node", "--plan", str(plan_path), "--state-dir", str(self.dir / f"{name}-state"), "--control", control,
-                "--ram-budget", str(self.node_ram)], log=self.dir / f"{name}.log")
+                "--ram-budget", str(self.node_ram), "--controller", self.address, "--token-file", str(token_file),
+                "--name", name, "--params-per-second", str(NODE_PARAMS_PER_SECOND)], log=self.dir / f"{name}.log")
             self.children.append(node)
             ready = node.read_json_line(READY_TIMEOUT)
             self.node_controls.append(ready.get("control") or control)
@@ -140,8 +143,6 @@ class ControllerFabric:
                 self.admin.end_job(self.job_id)
             except Exception:  # noqa: BLE001 - the demo is going away either way
                 pass
-        for b in self.beats:
-            b.stop()
         for child in reversed(self.children):
             child.stop()
         self.children.clear()

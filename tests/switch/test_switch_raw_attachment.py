@@ -154,7 +154,7 @@ def test_raw_attachment_in_namespaces(netns, tmp_path):
     switch = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         ready = switch.stdout.readline()
-        assert ready.startswith("luwu switch ready:"), ready + switch.stderr.read()
+        assert ready.startswith('{"ready": true'), ready + switch.stderr.read()
         phases = 6
         procs = {}
         for port in (3, 1, 2):  # the node first: its socket must be bound before AGG arrives

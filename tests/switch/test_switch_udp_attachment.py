@@ -201,8 +201,8 @@ def test_daemon_serves_writes_stats_and_stops_on_sigterm(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
         line = proc.stdout.readline()
-        assert line.startswith("luwu switch ready:"), line + proc.stderr.read()
-        ports = dict(tok.split("=", 1) for tok in line.split("ports ", 1)[1].split())
+        assert line.startswith('{"ready": true'), line + proc.stderr.read()
+        ports = json.loads(line)["ports"]
         addr = {int(p): (a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1])) for p, a in ports.items()}
         w = Endpoint(addr[1])
         try:
@@ -258,8 +258,8 @@ def test_daemon_serves_p4runtime(tmp_path):
                             env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=tmp_path)
     try:
         line = proc.stdout.readline()
-        assert "p4runtime=" in line, line + proc.stderr.read()
-        address = line.rsplit("p4runtime=", 1)[1].strip()
+        assert line.startswith('{"ready": true'), line
+        address = json.loads(line)["p4runtime"]
         with grpc.insecure_channel(address) as channel:
             grpc.channel_ready_future(channel).result(timeout=DEADLINE)
         proc.send_signal(signal.SIGINT)
