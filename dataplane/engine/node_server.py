@@ -42,9 +42,13 @@ class GradAssembly:
         self.saturated = False
 
     def absorb(self, chunk: np.ndarray, lanes_view: np.ndarray, exps: np.ndarray, flags: np.ndarray) -> bool:
-        self.buf[chunk] = np.ldexp(lanes_view.astype(np.float32), (exps.astype(np.int32) + self.shift)[:, None])
+        e = exps.astype(np.int32)
+        self.buf[chunk] = np.ldexp(lanes_view.astype(np.float32), (e + self.shift)[:, None])
         self.got += len(chunk)
-        self.saturated |= bool((flags & int(Flag.SATURATED)).any())
+        # |sum| < 2^(e + c): finite in float32 unless that passes 2^128. Anything else that could
+        # be non-finite was clipped by a quantiser, which set SATURATED; so an unsaturated sum is
+        # finite by construction and the node can skip its NaN/Inf pass.
+        self.saturated |= bool((flags & int(Flag.SATURATED)).any()) or bool((e + self.shift + 31 > 128).any())
         return self.got >= self.chunks
 
 

@@ -198,19 +198,21 @@ class OptimizerNode(CheckpointMixin):
 
     # -- gradients in ----------------------------------------------------------------------------
     def submit_gradient(self, job_id: str, layer_id: int, step: int, grad, contributors: int = 1,
-                        saturated: bool = False) -> None:
+                        saturated: bool = False, finite: bool = False) -> None:
         """Queue layer `layer_id`'s summed gradient for step `step` (0-based; must be the layer's
         next). `grad`: flat float32 (numpy or CPU torch), the sum over `contributors` workers: the
         node applies their mean (1 = use as is). The node owns `grad` until that version is
-        published and may scale it in place. Returns at once; `params` / listeners tell when done."""
+        published and may scale it in place. Returns at once; `params` / listeners tell when done.
+        `finite`: the caller guarantees no NaN/Inf (a fixed-point sum from the network that no
+        contributor saturated is finite by construction), which saves the check's read pass."""
         try:
-            self._submit(job_id, layer_id, step, grad, contributors, saturated)
+            self._submit(job_id, layer_id, step, grad, contributors, saturated, finite)
         except OptimizerInputError as e:
             self._reject(e)
 
-    def _submit(self, job_id, layer_id, step, grad, contributors, saturated) -> None:
+    def _submit(self, job_id, layer_id, step, grad, contributors, saturated, finite=False) -> None:
         job, lr = self._layer(job_id, layer_id)
-        g = self._check_gradient(job_id, lr.plan, grad)
+        g = self._check_gradient(job_id, lr.plan, grad, finite)
         if not isinstance(contributors, (int, np.integer)) or contributors < 1:
             raise BadGradient(f"contributors must be an integer >= 1, got {contributors!r}")
         if not isinstance(step, (int, np.integer)):
@@ -231,7 +233,7 @@ class OptimizerNode(CheckpointMixin):
             else:
                 lr.pending.append(item)
 
-    def _check_gradient(self, job_id: str, plan: LayerPlan, grad) -> np.ndarray:
+    def _check_gradient(self, job_id: str, plan: LayerPlan, grad, finite: bool = False) -> np.ndarray:
         where = f"job {job_id!r} layer {plan.layer_id}"
         if isinstance(grad, torch.Tensor):
             if grad.device.type != "cpu" or grad.dtype != torch.float32:
@@ -247,7 +249,7 @@ class OptimizerNode(CheckpointMixin):
             raise BadGradient(f"{where}: gradient must be a C-contiguous, writeable array")
         g = grad.reshape(-1)
         # one read pass; a sum is finite iff every element is (unless finite values overflow float32 when summed)
-        if not math.isfinite(float(torch.sum(torch.from_numpy(g)))):
+        if not finite and not math.isfinite(float(torch.sum(torch.from_numpy(g)))):
             raise NonFiniteGradient(f"{where}: gradient has NaN or Inf (or values too large to sum in float32)")
         return g
 
@@ -269,7 +271,8 @@ class OptimizerNode(CheckpointMixin):
             try:
                 with self._cv:
                     step = self._layer(job_id, tensor)[1].next_step
-                self.submit_gradient(job_id, tensor, step, grad, contributors, saturated)
+                # the engine flags a sum that may hold non-finite values as saturated (node_server.py)
+                self.submit_gradient(job_id, tensor, step, grad, contributors, saturated, finite=not saturated)
             except OptimizerInputError as e:
                 if isinstance(e, (UnknownJob, UnknownLayer)):  # _layer raised before submit could count it
                     self.counts["rejected"][e.reason] += 1
