@@ -18,9 +18,10 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
-from .protocol import NODE, NextStep, lanes_for_mode
+from .protocol import NODE, NextStep, aggregation_packet_len, lanes_for_mode
 from .session import EndpointPlan, SessionSpec, Wiring
 
+IN_FLIGHT_BYTES = 4 << 20  # per stream, default window sizing
 META_SESSION = 1
 DATA_SESSION = 2
 FIRST_NODE_SESSION = 3
@@ -33,9 +34,9 @@ class StarPlan:
     mode: str | int = "jumbo"
     slots: int = 4096  # slots per set on the switch
     meta_pool: int = 32
-    data_pool: int = 256
-    node_pool: int = 256
-    param_window: int = 256
+    data_pool: int | None = None  # None: as many packets as fit in IN_FLIGHT_BYTES, at most 256
+    node_pool: int | None = None
+    param_window: int | None = None
     epoch: int = field(default_factory=lambda: random.getrandbits(32))
     host: str = "127.0.0.1"
     switch_ports: dict[int, tuple[str, int]] = field(default_factory=dict)  # filled once the switch is bound
@@ -44,6 +45,11 @@ class StarPlan:
         if not 1 <= self.workers <= 32:
             raise ValueError(f"a star holds 1..32 workers (one bitmap), got {self.workers}")
         self.lanes = lanes_for_mode(self.mode)
+        # a window's packets must fit in the receivers' socket buffers (rmem_max is 4 MiB without root)
+        fit = 1 << max(4, min(8, (IN_FLIGHT_BYTES // aggregation_packet_len(self.lanes)).bit_length() - 1))
+        self.data_pool = self.data_pool or fit
+        self.node_pool = self.node_pool or fit
+        self.param_window = self.param_window or fit
         need = self.meta_pool + self.data_pool + self.nodes * self.node_pool
         if need > self.slots:
             raise ValueError(f"pools need {need} slots but the switch has {self.slots}: lower the pool sizes")

@@ -159,7 +159,10 @@ def run(args) -> int:
                  "lanes": lanes, "packet_bytes": aggregation_packet_len(lanes), "iters": args.iters, "drop": args.drop}
     with console.status("raw UDP ceiling") as status:
         if not args.no_ceiling:
-            res["udp_ceiling"] = measure_ceiling(args.workers, numel * 4, aggregation_packet_len(lanes))
+            from luwu.dataplane.loopback import StarPlan
+
+            window = StarPlan(workers=args.workers, mode=args.mode).data_pool  # the same window as the switch's
+            res["udp_ceiling"] = measure_ceiling(args.workers, numel * 4, aggregation_packet_len(lanes), window=window)
         status.update(f"luwu allreduce through the software switch ({args.workers} workers, {format_size(numel * 4)})")
         res["luwu"] = run_luwu(args.workers, numel, args.dtype, args.mode, args.iters, args.verify, args.drop)
         if not args.no_gloo and args.dtype == "float32":
