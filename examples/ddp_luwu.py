@@ -76,6 +76,7 @@ def main(argv=None) -> int:
             with open(args.out, "w") as f:
                 json.dump({"backend": args.backend, "world_size": world, "losses": losses, "digests": digests,
                            "params": params}, f)
+    dist.barrier()  # nobody tears the group down while a peer still talks to it (Gloo aborts on that)
     dist.destroy_process_group()
     return 0
 

@@ -116,3 +116,14 @@ def test_exact_under_loss_duplication_and_reordering(loss):
 
     assert counters["drops"].get(int(DropReason.SIMULATED_LOSS), (0, 0))[0] > 0, "the drop simulator dropped nothing"
     assert sum(s["session 2"]["send_stream"]["timeouts"] for s in stats) > 0, "no sender ever went back N"
+
+
+def test_64_mib_buffers_sum_exactly():
+    """The largest size of the acceptance: 64 MiB per worker (16 Mi int32), jumbo packets."""
+    n, numel = 2, (64 << 20) // 4
+    xs = _int_inputs(n, numel, seed=64)
+    expected = xs[0] + xs[1]
+    with star(n, mode="jumbo") as (_, _, engines):
+        results = [h.wait(300) for h in [e.allreduce(x) for e, x in zip(engines, xs)]]
+    for r in results:
+        np.testing.assert_array_equal(r, expected)

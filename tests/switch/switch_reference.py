@@ -73,7 +73,8 @@ class ReferenceSwitch:
         s = self.sessions[pkt.session]
         self._count(self.session_packets, pkt.session, n)
         from_node = pkt.worker == NODE
-        if not from_node and (pkt.session, pkt.worker) not in self.workers:
+        passing = pkt.type == MsgType.GRAD and pkt.flags & Flag.FALLBACK  # a rank of a switch below
+        if not from_node and (pkt.session, pkt.worker) not in self.workers and not passing:
             self._count(self.drops, DropReason.UNKNOWN_WORKER, n)
             return []
         bit, wport = self.workers.get((pkt.session, pkt.worker), (0, 0))
