@@ -45,6 +45,7 @@ class Flag(enum.IntFlag):
     SATURATED = 0x04
     MAX = 0x08
     FALLBACK = 0x10
+    GAP = 0x20  # HEARTBEAT: the receiver holds packets past `ack` (a hole: something was lost)
 
 
 class Dtype(enum.IntEnum):

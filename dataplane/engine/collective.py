@@ -109,6 +109,8 @@ class CollectiveSession:
                     op.on_done(op)
         if self.window.advance():
             self.send.on_ack(self.window.ack, self.window.credit(), now)
+        if self.window.has_gap():
+            self.send.fast_retransmit(now)
 
     def pump(self, now: float) -> int:
         return self.send.pump(now)

@@ -296,9 +296,10 @@ class Engine:
                 return True
             if t == MsgType.HEARTBEAT:
                 hb = header_view(rows[idx], HEARTBEAT_HEADER)
-                for ack, credit, worker in zip(hb["ack"].tolist(), hb["credit"].tolist(), hb["worker"].tolist()):
+                for ack, credit, worker, flags in zip(hb["ack"].tolist(), hb["credit"].tolist(),
+                                                      hb["worker"].tolist(), hb["flags"].tolist()):
                     if worker == NODE:
-                        s.on_node_heartbeat(ack, credit, now)
+                        s.on_node_heartbeat(ack, credit, now, bool(flags & int(Flag.GAP)))
                 return True
             return False
         if t == MsgType.AGG:

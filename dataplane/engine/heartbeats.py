@@ -33,6 +33,7 @@ class HeartbeatSender:
         self.last_ack: int | None = None
         self.last_time = -1e9
         self.urgent = False
+        self._gap_told = False
         self.sent = 0
 
     def nudge(self) -> None:
@@ -43,6 +44,8 @@ class HeartbeatSender:
         ack = self.window.ack
         since = now - self.last_time
         moved = self.last_ack is None or ((ack - self.last_ack) & 0xFFFFFFFF) >= self.window.size // 4
+        if self.window.has_gap() and self.last_ack == ack and not self._gap_told:
+            self.urgent = True  # tell the sender of the hole once per acknowledgement
         due = (self.urgent and since >= self.policy.min_gap) or moved
         due = due or (since >= self.policy.interval and ack != self.last_ack) or since >= self.policy.keepalive
         if not due:
@@ -51,10 +54,12 @@ class HeartbeatSender:
         return True
 
     def send(self, now: float) -> None:
-        row = heartbeat(self.session, self.worker, self.seq, self.window.ack, self.window.credit(self.capacity))
+        row = heartbeat(self.session, self.worker, self.seq, self.window.ack, self.window.credit(self.capacity),
+                        gap=self.window.has_gap())
         self.sock.send_rows(row, [0], [row.shape[1]])
         self.seq += 1
         self.sent += 1
+        self._gap_told = self.window.has_gap()
         self.last_ack = self.window.ack
         self.last_time = now
         self.urgent = False

@@ -106,8 +106,10 @@ class WorkerNodeSession:
         meta.set_values(meta_op, local)
         self.stats["pushes"] += 1
 
-    def on_node_heartbeat(self, ack: int, credit: int, now: float) -> None:
-        self.grad.on_ack(ack, credit, now)
+    def on_node_heartbeat(self, ack: int, credit: int, now: float, gap: bool = False) -> None:
+        moved = self.grad.on_ack(ack, credit, now)
+        if gap and not moved and ack == self.grad.ack:
+            self.grad.fast_retransmit(now)  # the node has packets past a hole: resend from its ack
 
     # -- pull ---------------------------------------------------------------------------------
     def pull(self, tensor: int, version: int, handle: Handle, out: np.ndarray | None, now: float) -> None:

@@ -90,10 +90,11 @@ def param_fill(*, seg_start: int, session: int, pull_id: int, tensor: int, data:
     return fill
 
 
-def heartbeat(session: int, worker: int, seq: int, ack: int, credit: int) -> np.ndarray:
+def heartbeat(session: int, worker: int, seq: int, ack: int, credit: int, gap: bool = False) -> np.ndarray:
     row = np.zeros((1, HEADER_LEN), dtype=np.uint8)
     h = header_view(row, HEARTBEAT_HEADER)
     h["ver_type"] = ver_type(MsgType.HEARTBEAT)
+    h["flags"] = int(Flag.GAP) if gap else 0
     h["session"] = session
     h["worker"] = worker
     h["seq"] = seq & MASK32

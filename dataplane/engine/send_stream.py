@@ -108,7 +108,8 @@ class SendStream:
         self._head = 0  # index of the oldest unacknowledged segment
         self.last_progress = now
         self._probe: tuple[int, float] | None = None
-        self.stats = {"packets": 0, "retransmitted": 0, "timeouts": 0}
+        self._last_fast = -1e9
+        self.stats = {"packets": 0, "retransmitted": 0, "timeouts": 0, "fast_retransmits": 0}
 
     # -- reservation ---------------------------------------------------------------------------
     def reserve(self, count: int, on_acked: Callable[[], None] | None = None) -> Segment:
@@ -215,6 +216,21 @@ class SendStream:
             del self._segs[: self._head]
             self._head = 0
         return moved
+
+    def fast_retransmit(self, now: float) -> bool:
+        """The receiver reports a hole before packets it already has: a loss, not a slow peer (in a
+        collective, a later chunk completing means every worker sent the earlier one). Go back to
+        `ack` at once, paced like a timeout but without backing off, at most once per RTT."""
+        if self.outstanding() <= 0 or now - self._last_fast < (self.rto.srtt or self.rto.policy.minimum):
+            return False
+        self._last_fast = now
+        self.recover_to = self.high
+        self.send_next = self.ack
+        self.burst_end = (self.ack + self.burst) & MASK32
+        self.last_progress = now
+        self._probe = None
+        self.stats["fast_retransmits"] += 1
+        return True
 
     def check_timeout(self, now: float) -> bool:
         """Go back to the acknowledgement when it has stalled for a retransmission timeout."""

@@ -57,6 +57,10 @@ class RecvWindow:
         self.ack = (self.ack + n) & MASK32
         return n
 
+    def has_gap(self) -> bool:
+        """Something past `ack` has arrived while `ack` itself has not: a packet was lost."""
+        return bool(self._bits.any())
+
     def received_mask(self, first: int, count: int) -> np.ndarray:
         """For seqs first..first+count-1: True where already received (or below ack)."""
         seqs = (first + np.arange(count, dtype=np.int64)) & MASK32

@@ -35,6 +35,7 @@ const bit<8> FLAG_RETX = 2;
 const bit<8> FLAG_SATURATED = 4;
 const bit<8> FLAG_MAX = 8;
 const bit<8> FLAG_FALLBACK = 16;
+const bit<8> FLAG_GAP = 32;
 
 /* Dtype */
 const bit<8> DTYPE_INT32 = 0;
