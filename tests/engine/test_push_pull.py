@@ -4,46 +4,13 @@ node); bf16 parameters."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
 from luwu.dataplane.engine import Engine
+from luwu.dataplane.engine.sgd_store import SgdParamStore
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
-from luwu.dataplane.protocol import Dtype
 from luwu.dataplane.quantize import chunk_exponents, error_bound
-
-
-class SgdParamServer:
-    """A minimal real parameter store for the node role: plain SGD on each summed gradient."""
-
-    def __init__(self, layers: dict[int, np.ndarray], lr: float = 0.5, bf16: bool = False):
-        self.params = {t: p.astype(np.float32).copy() for t, p in layers.items()}
-        self.version = {t: 0 for t in layers}
-        self.lr = lr
-        self.bf16 = bf16
-        self.lock = threading.Lock()
-        self.engine: Engine | None = None
-        self.saturated = False
-
-    def lookup(self, tensor: int, version: int):
-        with self.lock:
-            if tensor not in self.params:
-                raise KeyError(tensor)
-            if self.version[tensor] < version:
-                return None
-            p = self.params[tensor].copy()
-        if self.bf16:
-            return (p.view(np.uint32) >> 16).astype(np.uint16), Dtype.BF16
-        return p, Dtype.FP32
-
-    def on_gradient(self, tensor: int, grad: np.ndarray, saturated: bool) -> None:
-        with self.lock:
-            self.params[tensor] -= np.float32(self.lr) * grad
-            self.version[tensor] += 1
-            self.saturated |= saturated
-        self.engine.notify_params()
 
 
 def _run(workers: int, layers: dict[int, np.ndarray], grads, drop=None, runtime_edit=None, bf16=False):
@@ -51,7 +18,7 @@ def _run(workers: int, layers: dict[int, np.ndarray], grads, drop=None, runtime_
     runtime = plan.runtime()
     if runtime_edit:
         runtime_edit(runtime)
-    server = SgdParamServer(layers, bf16=bf16)
+    server = SgdParamStore(layers, lr=0.5, bf16=bf16)
     sid = plan.node_session(0)
     with LoopbackSwitch(plan, drop=drop, seed=5, runtime=runtime) as sw:
         node = Engine(plan.node_plan(0), provider=server, on_gradient=server.on_gradient)

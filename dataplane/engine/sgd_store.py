@@ -1,8 +1,8 @@
-"""The emulated optimizer node's parameters: the slices of layers one attachment serves, plain SGD.
+"""The simplest parameter store an engine in the node role can serve: plain SGD in RAM.
 
-The push/pull check needs a node whose result the workers can predict exactly, so this is the
-engine's node role (`ParamProvider` + gradient sink) with an SGD step, not the full out-of-core
-Adam node (`luwu node`), whose own tests cover the optimizer.
+`ParamProvider` (lookup) plus gradient sink (on_gradient), with results a worker can predict
+exactly: for push/pull checks in tests and emulation (`luwu mininet run --push-pull`), where the
+full out-of-core Adam node (`luwu node`, dataplane/optimizer/) would only add noise.
 """
 
 from __future__ import annotations
@@ -11,18 +11,19 @@ import threading
 
 import numpy as np
 
-from luwu.dataplane.protocol import Dtype
+from ..protocol import Dtype
 
 
-class SliceStore:
-    def __init__(self, params: dict[int, np.ndarray], lr: float):
-        self.params = {layer: p.astype(np.float32).copy() for layer, p in params.items()}
-        self.version = {layer: 0 for layer in params}
+class SgdParamStore:
+    def __init__(self, params: dict[int, np.ndarray], lr: float, bf16: bool = False):
+        self.params = {t: p.astype(np.float32).reshape(-1).copy() for t, p in params.items()}
+        self.version = {t: 0 for t in params}
         self.lr = np.float32(lr)
+        self.bf16 = bf16
         self.lock = threading.Lock()
         self.engine = None  # set once the engine exists: told when new parameters are ready
         self.gradients = 0
-        self.unknown = 0  # gradients for tensors this store does not hold (reported, never applied)
+        self.unknown = 0  # gradients for tensors this store does not hold (counted, never applied)
         self.saturated = False
 
     def lookup(self, tensor: int, version: int):
@@ -31,7 +32,10 @@ class SliceStore:
                 raise KeyError(tensor)
             if self.version[tensor] < version:
                 return None
-            return self.params[tensor].copy(), Dtype.FP32
+            p = self.params[tensor].copy()
+        if self.bf16:  # truncated to bf16 bits, as a worker can reproduce exactly
+            return (p.view(np.uint32) >> 16).astype(np.uint16), Dtype.BF16
+        return p, Dtype.FP32
 
     def on_gradient(self, tensor: int, grad: np.ndarray, saturated: bool) -> None:
         with self.lock:
