@@ -39,6 +39,21 @@ def addr_of(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
+def recv_vectors(rows: np.ndarray, addrs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """iovec and mmsghdr arrays for recvmmsg into the rows of `rows` (one datagram per row),
+    with source addresses into the rows of `addrs` when given. Keep both arrays alive."""
+    n, width = rows.shape
+    iov = np.zeros(n, dtype=IOVEC)
+    iov["base"] = addr_of(rows) + np.arange(n, dtype=np.uint64) * np.uint64(width)
+    iov["len"] = width
+    hdr = np.zeros(n, dtype=MMSGHDR)
+    hdr["iov"] = addr_of(iov) + np.arange(n, dtype=np.uint64) * np.uint64(IOVEC.itemsize)
+    hdr["iovlen"] = 1
+    if addrs is not None:
+        hdr["name"] = addr_of(addrs) + np.arange(n, dtype=np.uint64) * np.uint64(SOCKADDR_LEN)
+    return iov, hdr
+
+
 def sockaddr_in(host: str, port: int) -> np.ndarray:
     """A struct sockaddr_in as 16 bytes."""
     b = np.zeros(SOCKADDR_LEN, dtype=np.uint8)
@@ -70,15 +85,8 @@ class BatchSocket:
         self.rx = np.zeros((batch, max_len), dtype=np.uint8)
         self.rx_len = np.zeros(batch, dtype=np.int64)
         self.rx_addr = np.zeros((batch, SOCKADDR_LEN), dtype=np.uint8)
-        self._rx_iov = np.zeros(batch, dtype=IOVEC)
-        self._rx_iov["base"] = addr_of(self.rx) + np.arange(batch, dtype=np.uint64) * np.uint64(max_len)
-        self._rx_iov["len"] = max_len
-        self._rx_hdr = np.zeros(batch, dtype=MMSGHDR)
-        self._rx_hdr["iov"] = addr_of(self._rx_iov) + np.arange(batch, dtype=np.uint64) * np.uint64(IOVEC.itemsize)
-        self._rx_hdr["iovlen"] = 1
         self._want_addr = sock.family == socket.AF_INET
-        if self._want_addr:
-            self._rx_hdr["name"] = addr_of(self.rx_addr) + np.arange(batch, dtype=np.uint64) * np.uint64(SOCKADDR_LEN)
+        self._rx_iov, self._rx_hdr = recv_vectors(self.rx, self.rx_addr if self._want_addr else None)
         self._tx_iov = np.zeros(batch, dtype=IOVEC)
         self._tx_hdr = np.zeros(batch, dtype=MMSGHDR)
         self._tx_hdr["iov"] = addr_of(self._tx_iov) + np.arange(batch, dtype=np.uint64) * np.uint64(IOVEC.itemsize)

@@ -10,16 +10,12 @@ starts at the first free row.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 
 import numpy as np
 
-from ..net.mmsg import IOVEC, MMSGHDR, MSG_DONTWAIT, SOCKADDR_LEN, addr_of
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.recvmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
+from ..net.mmsg import MMSGHDR, MSG_DONTWAIT, SOCKADDR_LEN, _libc, addr_of, recv_vectors
 
 
 class GroupReceiver:
@@ -29,15 +25,8 @@ class GroupReceiver:
         self.length = np.zeros(capacity, dtype=np.int64)
         self.port = np.zeros(capacity, dtype=np.int64)
         self.addr = np.zeros((capacity, SOCKADDR_LEN), dtype=np.uint8)
-        self._iov = np.zeros(capacity, dtype=IOVEC)
-        self._iov["base"] = addr_of(self.rows) + np.arange(capacity, dtype=np.uint64) * np.uint64(max_len)
-        self._iov["len"] = max_len
-        self._hdr = np.zeros(capacity, dtype=MMSGHDR)
-        self._hdr["iov"] = addr_of(self._iov) + np.arange(capacity, dtype=np.uint64) * np.uint64(IOVEC.itemsize)
-        self._hdr["iovlen"] = 1
         self._want_addr = want_addr
-        if want_addr:
-            self._hdr["name"] = addr_of(self.addr) + np.arange(capacity, dtype=np.uint64) * np.uint64(SOCKADDR_LEN)
+        self._iov, self._hdr = recv_vectors(self.rows, self.addr if want_addr else None)
         self._hdr_base = addr_of(self._hdr)
         self.filled = 0
 
