@@ -32,6 +32,7 @@ def constants_p4() -> str:
     """constants.p4: every wire number of docs/protocol.md that the P4 programs use."""
     out = [BANNER.format(args="", source="dataplane/protocol.py"),
            "#ifndef LUWU_CONSTANTS_P4\n#define LUWU_CONSTANTS_P4\n\n",
+           "/* The whole wire vocabulary: hosts use some values the switch never tests (@noWarn). */\n",
            "/* Build parameters defaulting to the protocol (override with -D). */\n",
            f"#ifndef LUWU_UDP_PORT\n#define LUWU_UDP_PORT {protocol.DEFAULT_UDP_PORT}\n#endif\n",
            f"#ifndef MAX_SESSIONS\n#define MAX_SESSIONS {protocol.MAX_SESSIONS}\n#endif\n\n",
@@ -40,14 +41,14 @@ def constants_p4() -> str:
            f"#define MAX_CONTRIBUTORS {protocol.MAX_CONTRIBUTORS}\n\n",
            f"const bit<4>  LUWU_VERSION = {protocol.VERSION};\n",
            f"const bit<16> LUWU_HEADER_LEN = {protocol.HEADER_LEN};\n",
-           f"const bit<16> LUWU_COMMON_LEN = {protocol.COMMON_LEN};\n",
+           f"@noWarn(\"unused\") const bit<16> LUWU_COMMON_LEN = {protocol.COMMON_LEN};\n",
            f"const bit<16> NODE = 0x{protocol.NODE:04X};\n"]
     for cls, prefix, p4type in ENUMS:
         out.append(f"\n/* {cls.__name__} */\n")
         for member in cls:
             if member.name == "NONE":
                 continue
-            out.append(f"const {p4type} {prefix}{member.name} = {int(member)};\n")
+            out.append(f"@noWarn(\"unused\") const {p4type} {prefix}{member.name} = {int(member)};\n")
     out.append(_length_functions())
     out.append("\n#endif\n")
     return "".join(out)
@@ -67,14 +68,14 @@ def _length_functions() -> str:
         chain = f"(dtype == DTYPE_{d.name} ? {_times('count', size)} : {chain})"
     return (
         "\n/* Element sizes of the payload encodings (protocol.DTYPE_ITEMSIZE) and of a PULL request. */\n"
-        "function bool dtype_known(in bit<8> dtype) {\n"
+        "bool dtype_known(in bit<8> dtype) {\n"
         f"    return {known};\n"
         "}\n\n"
-        "function bit<32> param_payload_bytes(in bit<8> dtype, in bit<32> count) {\n"
+        "bit<32> param_payload_bytes(in bit<8> dtype, in bit<32> count) {\n"
         f"    return {chain};\n"
         "}\n\n"
         f"/* PULL_REQUEST.itemsize = {protocol.PULL_REQUEST.itemsize} bytes per request */\n"
-        "function bit<32> pull_payload_bytes(in bit<32> count) {\n"
+        "bit<32> pull_payload_bytes(in bit<32> count) {\n"
         f"    return {_times('count', protocol.PULL_REQUEST.itemsize)};\n"
         "}\n"
     )

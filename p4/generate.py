@@ -4,10 +4,12 @@
   p4/include/constants.p4          from luwu.dataplane.protocol
   p4/include/payload.p4            the LANES-field payload header     (templates/payload.p4)
   p4/include/aggregation_lanes.p4  one register per lane, v1model     (templates/aggregation_lanes.p4)
-  p4/tna/aggregation_lanes.p4      one register per lane, TNA         (templates/tna_aggregation_lanes.p4)
-  p4/build/p4info.txtpb            P4Info of p4/luwu_v1model.p4, derived from the sources
+  p4/tna/aggregation_lanes.p4      two lanes per register, TNA        (templates/tna_aggregation_lanes.p4)
+then, when p4c is on PATH, compiles p4/luwu_v1model.p4 into the committed build (luwu.p4.compiler:
+p4/build/p4info.txtpb, p4/build/luwu_v1model.json, p4/build/build-info.json), and last
   p4/runtime/star4.json            the example runtime config (luwu.p4.runtime_examples)
-`luwu p4 check` regenerates in memory with the committed lane count and reports stale files.
+`luwu p4 check` regenerates the sources in memory with the committed lane count and reports stale
+files, including a build whose stamp does not match the sources (no compiler needed for that).
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from pathlib import Path
 
 from luwu.dataplane.protocol import PACKET_MODES
 
-from . import BUILD_DIR, P4_DIR, P4INFO_TXTPB
+from . import P4_DIR, P4INFO_TXTPB
 from .codegen import constants_p4, render_lanes
+from .compiler import INSTALL_HINT, build_staleness, p4c_available, rebuild, rel
 
 DEFAULT_LANES = PACKET_MODES["tofino"]
-V1MODEL_PROGRAM = P4_DIR / "luwu_v1model.p4"
-TNA_PROGRAM = P4_DIR / "luwu_tna.p4"
 PAYLOAD_P4 = P4_DIR / "include" / "payload.p4"
+RUNTIME_DIR = P4_DIR / "runtime"
 
 # generated path -> template (None: constants from protocol.py)
 LANE_FILES = {
@@ -51,8 +53,8 @@ def committed_lanes() -> int:
     return int(m.group(1))
 
 
-def render_all(lanes: int = DEFAULT_LANES) -> dict[Path, str]:
-    """Text of every generated file for `lanes` lanes, P4Info last (it reads the others)."""
+def render_sources(lanes: int = DEFAULT_LANES) -> dict[Path, str]:
+    """Text of every generated P4 source for `lanes` lanes."""
     if lanes < 1:
         raise ValueError(f"lane count must be >= 1, got {lanes}")
     files: dict[Path, str] = {P4_DIR / "include" / "constants.p4": constants_p4()}
@@ -62,26 +64,21 @@ def render_all(lanes: int = DEFAULT_LANES) -> dict[Path, str]:
             files[path] = (f'#error "the TNA program pairs lanes: regenerate with an even --lanes (got {lanes})"\n')
             continue
         files[path] = render_lanes(template, lanes)
-    from .p4info import p4info_text  # protobuf is only needed here
-
-    files[P4INFO_TXTPB] = p4info_text(V1MODEL_PROGRAM, overrides=files)
-    from .runtime_examples import STAR_FILE, star_runtime
-
-    files[P4_DIR / "runtime" / STAR_FILE] = star_runtime().dumps()
     return files
 
 
-def generate(lanes: int = DEFAULT_LANES) -> list[Path]:
-    """Write every generated file; returns the paths that changed. Validates the P4Info."""
-    files = render_all(lanes)
-    validate_p4info_text(files[P4INFO_TXTPB])
-    from .runtime_config import RuntimeConfig
-    from .runtime_examples import STAR_FILE
+def render_runtime() -> dict[Path, str]:
+    """The example runtime config, validated against the committed P4Info."""
+    from .runtime_config import P4InfoIndex, RuntimeConfig
+    from .runtime_examples import STAR_FILE, star_runtime
 
-    RuntimeConfig.from_dict(json.loads(files[P4_DIR / "runtime" / STAR_FILE])).validate(
-        _p4info_message(files[P4INFO_TXTPB]))
+    text = star_runtime().dumps()
+    RuntimeConfig.from_dict(json.loads(text)).validate(P4InfoIndex.load(P4INFO_TXTPB))
+    return {RUNTIME_DIR / STAR_FILE: text}
+
+
+def _write(files: dict[Path, str]) -> list[Path]:
     changed = []
-    BUILD_DIR.mkdir(parents=True, exist_ok=True)
     for path, text in files.items():
         if not path.exists() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,34 +87,34 @@ def generate(lanes: int = DEFAULT_LANES) -> list[Path]:
     return changed
 
 
+def generate(lanes: int = DEFAULT_LANES, compile: bool = True) -> tuple[list[Path], list[str]]:
+    """Write the generated sources, rebuild with p4c when it is installed, write the runtime example.
+
+    Returns:
+        (paths that changed, notes for the user: p4c's warnings, or why the build was not redone).
+    """
+    changed = _write(render_sources(lanes))
+    notes: list[str] = []
+    if compile and p4c_available():
+        result = rebuild()
+        notes.extend(f"p4c: {w}" for w in result.warnings)
+    elif build_staleness():
+        notes.append(f"p4c is not on PATH: the committed build ({rel(P4INFO_TXTPB.parent)}) is stale; {INSTALL_HINT}")
+    changed += _write(render_runtime())
+    return changed, notes
+
+
 def check(lanes: int | None = None) -> list[Stale]:
     """Generated files that differ from what `generate` would write (empty: all up to date)."""
-    files = render_all(committed_lanes() if lanes is None else lanes)
+    files = render_sources(committed_lanes() if lanes is None else lanes)
     stale = []
+    for reason in build_staleness():
+        stale.append(Stale(P4INFO_TXTPB.parent, reason))
+    if not stale:
+        files.update(render_runtime())
     for path, text in files.items():
         if not path.exists():
             stale.append(Stale(path, "missing"))
         elif path.read_text() != text:
             stale.append(Stale(path, "differs from its sources"))
     return stale
-
-
-def validate_p4info_text(text: str) -> None:
-    """Load the P4Info the way controllers will (finsy.P4Schema); raises on any problem."""
-    import tempfile
-
-    from finsy import P4Schema
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "p4info.txtpb"
-        path.write_text(text)
-        schema = P4Schema(path)
-        if not schema.tables or not schema.actions:
-            raise ValueError("generated P4Info has no tables or actions")
-
-
-def _p4info_message(text: str):
-    from finsy.proto import p4i
-    from google.protobuf import text_format
-
-    return text_format.Parse(text, p4i.P4Info())

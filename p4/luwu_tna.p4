@@ -9,8 +9,9 @@
  * Two passes for an emitted aggregation result: pass 1 runs the slot state machine and
  * writes the new even lanes into the packet, then sends it to RECIRC_PORT with a harvest
  * header; pass 2 reads the odd lanes of the same cell and delivers the packet as pass 1
- * decided. Absorbed and dropped packets, and every other type, take one pass. Counters are
- * counted in pass 1 only. A session's ports and RECIRC_PORT must be in one pipe (registers
+ * decided; it also reads the cell's stored flags (SATURATED) from the exponent/flags pair.
+ * Absorbed and dropped packets, and every other type, take one pass. Counters are counted in
+ * pass 1, except SATURATED, known in pass 2. A session's ports and RECIRC_PORT must be in one pipe (registers
  * are per pipe); p4/README.md has the resource budget.
  *
  * Build: bf-p4c --target tofino --arch tna --std p4-16 -o build/tofino luwu_tna.p4
@@ -79,6 +80,12 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta,
         if (hdr.harvest.isValid()) {
             /* pass 2: the odd lanes, then the delivery pass 1 chose */
             aggregation_lanes.apply(hdr, LANE_READ, hdr.harvest.cell, true);
+            meta.exponent_in = 0;  /* register-action inputs unused by the reads of pass 2 */
+            meta.saturated_in = 0;
+            exponent_max.apply(hdr, meta, true, hdr.harvest.cell);
+            if (meta.saturated == 1) {
+                saturated_events.count(EVENT_SATURATED);
+            }
             meta.emit = 1;
             meta.multicast = hdr.harvest.multicast;
             meta.dst = hdr.harvest.dst;
@@ -123,7 +130,7 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta,
                     slot_owner.apply(meta);
                     worker_bitmap.apply(meta);
                     contributor_counter.apply(meta);
-                    exponent_max.apply(hdr, meta);
+                    exponent_max.apply(hdr, meta, false, meta.cell);
                     aggregation_lanes.apply(hdr, meta.lane_op, meta.cell, false);
                 } else if (meta.op == OP_HEARTBEAT) {
                     heartbeat_table.apply(hdr, meta);

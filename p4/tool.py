@@ -1,9 +1,11 @@
 """`luwu p4`: generate, check and build the P4 programs.
 
-  luwu p4 generate [--lanes N]   write constants.p4, the lane files and build/p4info.txtpb
-  luwu p4 check                  fail (exit 1) if a generated file is stale
-  luwu p4 build [--target T]     compile with p4c / bf-p4c when installed; otherwise say
-                                 what is missing and print the exact commands
+  luwu p4 generate [--lanes N]   write the generated sources; with p4c on PATH, recompile the
+                                 committed build (P4Info, BMv2 JSON, stamp)
+  luwu p4 check [--compile]      fail (exit 1) if a generated file or the committed build is stale;
+                                 --compile also recompiles with p4c and compares byte for byte
+  luwu p4 build [--target T]     compile with p4c (BMv2), p4test (TNA front/mid end) or bf-p4c
+                                 (Tofino) when installed; otherwise say in one line what to install
   luwu p4 commands               print the compile and run commands only
   luwu p4 load --runtime F       push the pipeline and a runtime JSON to a P4Runtime switch
 """
@@ -11,62 +13,55 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from . import BUILD_DIR, P4_DIR, P4INFO_TXTPB
+from .compiler import (
+    INSTALL_HINT, TNA_BUILD, TOFINO_HINT, CompileError, bmv2_command, check_tna, compare_with_fresh_compile,
+    p4c_available, rebuild, rel, tna_check_command, tofino_command,
+)
 
-BMV2_JSON = BUILD_DIR / "luwu_v1model.json"
-BMV2_P4INFO = BUILD_DIR / "p4info.compiled.txtpb"  # p4c's own output, compared with the committed one
-TNA_BUILD = BUILD_DIR / "tofino"
 P4RUNTIME_PORT = 50051  # simple_switch_grpc's default gRPC port
 BMV2_DEVICE_ID = 0  # finsy defaults to 1, which BMv2 rejects
-
-
-def _rel(path: Path) -> str:
-    """`path` relative to the working directory when it is inside it (commands to paste)."""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
-def bmv2_compile_command(defines: list[str] = ()) -> list[str]:
-    return ["p4c", "--target", "bmv2", "--arch", "v1model", *[f"-D{d}" for d in defines],
-            "--p4runtime-files", _rel(BMV2_P4INFO), "-o", _rel(BUILD_DIR), _rel(P4_DIR / "luwu_v1model.p4")]
-
-
-def tofino_compile_command(defines: list[str] = ()) -> list[str]:
-    return ["bf-p4c", "--target", "tofino", "--arch", "tna", "--std", "p4-16", *[f"-D{d}" for d in defines],
-            "--p4runtime-files", _rel(TNA_BUILD / "p4info.txtpb"), "-o", _rel(TNA_BUILD), _rel(P4_DIR / "luwu_tna.p4")]
+TNA_TARGETS = (1, 2)  # __TARGET_TOFINO__ values p4test checks the TNA program for
 
 
 def commands_text(defines: list[str] = ()) -> str:
     return "\n".join([
-        "# BMv2 (v1model): JSON for simple_switch_grpc and P4Info",
-        " ".join(bmv2_compile_command(defines)),
+        "# BMv2 (v1model): JSON for simple_switch_grpc and P4Info (run from the repository root)",
+        " ".join(bmv2_command(BUILD_DIR, defines)),
+        "# TNA front and mid end (p4c's p4test with the Tofino architecture includes):",
+        " ".join(tna_check_command(1, defines)),
         "# Tofino (TNA) with the Intel P4 Studio SDE ($SDE set, $SDE_INSTALL/bin on PATH):",
-        " ".join(tofino_compile_command(defines)),
-        f"#   or: $SDE/p4_build.sh {_rel(P4_DIR / 'luwu_tna.p4')} P4_NAME=luwu P4_VERSION=p4-16 P4_ARCHITECTURE=tna"
+        " ".join(tofino_command(defines)),
+        f"#   or: $SDE/p4_build.sh {rel(P4_DIR / 'luwu_tna.p4')} P4_NAME=luwu P4_VERSION=p4-16 P4_ARCHITECTURE=tna"
         + "".join(f" P4FLAGS+=-D{d}" for d in defines),
         "# run on BMv2 (veth pairs as ports 1..N; P4Runtime on 50051, device id 0):",
         f"simple_switch_grpc --device-id {BMV2_DEVICE_ID} -i 1@veth1 -i 2@veth3 --no-p4 -- "
         f"--grpc-server-addr 0.0.0.0:{P4RUNTIME_PORT} --cpu-port 255",
         "# then set the pipeline (bmv2 JSON + P4Info) and a runtime JSON over P4Runtime:",
         f"luwu p4 load --addr 127.0.0.1:{P4RUNTIME_PORT} --device-id {BMV2_DEVICE_ID} "
-        f"--runtime {_rel(P4_DIR / 'runtime' / 'star4.json')}",
+        f"--runtime {rel(P4_DIR / 'runtime' / 'star4.json')}",
     ])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True)
-    gen = sub.add_parser("generate", help="write the generated P4 files and build/p4info.txtpb")
+    gen = sub.add_parser("generate", help="write the generated P4 files; recompile the committed build with p4c")
     gen.add_argument("--lanes", default="tofino",
                      help="lanes per aggregation packet: a packet mode (tofino=64, jumbo, loopback) or a number")
-    sub.add_parser("check", help="exit 1 if a generated file is out of date")
-    build = sub.add_parser("build", help="compile with p4c (BMv2) and/or bf-p4c (Tofino) when installed")
-    build.add_argument("--target", choices=["bmv2", "tofino", "all"], default="bmv2")
+    gen.add_argument("--no-compile", action="store_true", help="write the sources only, even where p4c is installed")
+    chk = sub.add_parser("check", help="exit 1 if a generated file or the committed build is out of date")
+    chk.add_argument("--compile", action="store_true",
+                     help="also recompile with p4c and compare with the committed P4Info and BMv2 JSON")
+    build = sub.add_parser("build", help="compile with p4c (BMv2), p4test (TNA) and/or bf-p4c (Tofino)")
+    build.add_argument("--target", choices=["bmv2", "tna", "tofino", "all"], default="bmv2",
+                       help="bmv2: p4c into p4/build; tna: p4test front/mid end for Tofino 1 and 2; "
+                            "tofino: bf-p4c (Intel SDE); all: each that is installed")
     build.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
                        help="build parameter, e.g. -D SLOTS=8192 (see p4/include/parameters.p4)")
     cmds = sub.add_parser("commands", help="print the compile and run commands")
@@ -86,21 +81,38 @@ def run(args: argparse.Namespace) -> int:
         from .generate import generate
 
         lanes = lanes_for_mode(args.lanes)
-        changed = generate(lanes)
+        try:
+            changed, notes = generate(lanes, compile=not args.no_compile)
+        except CompileError as exc:
+            print(f"luwu p4 generate: {exc}", file=sys.stderr)
+            return 1
         for path in changed:
-            print(f"wrote {path.relative_to(P4_DIR.parent)}")
-        print(f"{len(changed)} file(s) changed; lanes = {lanes}; P4Info: {P4INFO_TXTPB.relative_to(P4_DIR.parent)}")
+            print(f"wrote {rel(path)}")
+        for note in notes:
+            print(note)
+        print(f"{len(changed)} file(s) changed; lanes = {lanes}; P4Info: {rel(P4INFO_TXTPB)}")
         return 0
     if args.action == "check":
         from .generate import check
 
         stale = check()
         for item in stale:
-            print(f"STALE {item.path.relative_to(P4_DIR.parent)}: {item.reason}")
+            print(f"STALE {rel(item.path)}: {item.reason}")
+        if not stale and args.compile:
+            if not p4c_available():
+                print(f"luwu p4 check --compile: p4c is not on PATH; {INSTALL_HINT}", file=sys.stderr)
+                return 2
+            try:
+                for diff in compare_with_fresh_compile():
+                    print(f"STALE {diff}")
+                    stale.append(diff)
+            except CompileError as exc:
+                print(f"luwu p4 check: {exc}", file=sys.stderr)
+                return 1
         if stale:
-            print("run `luwu p4 generate` (with the same --lanes) and commit the result")
+            print("run `luwu p4 generate` (with the same --lanes, p4c on PATH) and commit the result")
             return 1
-        print("generated P4 files and P4Info are up to date")
+        print("generated P4 files, P4Info and BMv2 JSON are up to date" + (" (recompiled: identical)" if args.compile else ""))
         return 0
     if args.action == "commands":
         print(commands_text(args.defines))
@@ -111,26 +123,57 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    targets = ["bmv2", "tofino"] if args.target == "all" else [args.target]
-    status = 0
+    targets = ["bmv2", "tna", "tofino"] if args.target == "all" else [args.target]
+    status, ran = 0, 0
     for target in targets:
-        cmd = bmv2_compile_command(args.defines) if target == "bmv2" else tofino_compile_command(args.defines)
-        if shutil.which(cmd[0]) is None:
-            hint = ("install p4c (e.g. the p4lang `p4c` Debian/Ubuntu package) for p4c-bm2-ss"
-                    if target == "bmv2" else "install the Intel P4 Studio SDE and put $SDE_INSTALL/bin on PATH")
-            print(f"{target}: `{cmd[0]}` is not on PATH: {hint}. Command to run:\n  {' '.join(cmd)}")
-            status = 2
+        tool = {"bmv2": "p4c", "tna": "p4test", "tofino": "bf-p4c"}[target]
+        if shutil.which(tool) is None:
+            hint = TOFINO_HINT if target == "tofino" else INSTALL_HINT
+            print(f"luwu p4 build: {tool} is not on PATH ({target}); {hint}", file=sys.stderr)
+            if args.target != "all":  # `all` builds what is installed
+                status = status or 2
             continue
-        if target == "tofino":
-            TNA_BUILD.mkdir(parents=True, exist_ok=True)
-        print("$ " + " ".join(cmd))
-        result = subprocess.run(cmd, check=False)
-        if result.returncode:
-            print(f"{target}: compile failed (exit {result.returncode})")
-            status = result.returncode
-        elif target == "bmv2":
-            status = max(status, _compare_p4info())
-    return status
+        ran += 1
+        try:
+            if target == "bmv2":
+                if args.defines:  # a parameterised build is the user's, never the committed one
+                    out = BUILD_DIR / "custom"
+                    from .compiler import compile_bmv2
+
+                    result = compile_bmv2(out, args.defines)
+                else:
+                    result = rebuild()
+                for w in result.warnings:
+                    print(f"p4c: {w}")
+                print(f"bmv2: {rel(result.bmv2_json)} and {rel(result.p4info)}")
+            elif target == "tna":
+                for tofino in TNA_TARGETS:
+                    warnings = check_tna(tofino, args.defines)
+                    print(f"tna: {rel(P4_DIR / 'luwu_tna.p4')} passes p4test for Tofino {tofino}"
+                          f"{'' if warnings else ' with no warnings'}")
+                    for line in summarize_warnings(warnings):
+                        print(f"  p4test: {line}")
+            else:
+                TNA_BUILD.mkdir(parents=True, exist_ok=True)
+                cmd = tofino_command(args.defines)
+                print("$ " + " ".join(cmd))
+                result = subprocess.run(cmd, cwd=P4_DIR.parent, check=False)
+                if result.returncode:
+                    print(f"luwu p4 build: bf-p4c failed (exit {result.returncode})", file=sys.stderr)
+                    status = result.returncode
+        except CompileError as exc:
+            print(f"luwu p4 build: {exc}", file=sys.stderr)
+            status = 1
+    return status if ran else 2
+
+
+def summarize_warnings(warnings: list[str]) -> list[str]:
+    """One line per warning kind (`[--Wwarn=kind]`): its count and first occurrence."""
+    kinds: dict[str, list[str]] = {}
+    for w in warnings:
+        m = re.search(r"\[--Wwarn=([\w-]+)\]", w)
+        kinds.setdefault(m.group(1) if m else "other", []).append(w)
+    return [f"{len(ws)} x {kind} (p4/README.md explains it), first: {ws[0]}" for kind, ws in kinds.items()]
 
 
 def _load(args: argparse.Namespace) -> int:
@@ -146,18 +189,4 @@ def _load(args: argparse.Namespace) -> int:
         print(f"luwu p4 load: {exc}")
         return 2
     print(f"pipeline set and {n} entities written to {args.addr} (device id {args.device_id})")
-    return 0
-
-
-def _compare_p4info() -> int:
-    """p4c's P4Info against the committed one (which the generator derives without p4c)."""
-    from .p4info import load_p4info, p4info_differences
-
-    diffs = p4info_differences(load_p4info(BMV2_P4INFO), load_p4info(P4INFO_TXTPB))
-    if diffs:
-        print(f"p4c's P4Info ({_rel(BMV2_P4INFO)}) differs from the committed {_rel(P4INFO_TXTPB)}:")
-        for line in diffs:
-            print("  " + line)
-        return 1
-    print(f"p4c's P4Info matches the committed {_rel(P4INFO_TXTPB)}")
     return 0

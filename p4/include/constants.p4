@@ -3,6 +3,7 @@
 #ifndef LUWU_CONSTANTS_P4
 #define LUWU_CONSTANTS_P4
 
+/* The whole wire vocabulary: hosts use some values the switch never tests (@noWarn). */
 /* Build parameters defaulting to the protocol (override with -D). */
 #ifndef LUWU_UDP_PORT
 #define LUWU_UDP_PORT 19541
@@ -17,74 +18,74 @@
 
 const bit<4>  LUWU_VERSION = 1;
 const bit<16> LUWU_HEADER_LEN = 32;
-const bit<16> LUWU_COMMON_LEN = 8;
+@noWarn("unused") const bit<16> LUWU_COMMON_LEN = 8;
 const bit<16> NODE = 0xFFFF;
 
 /* MsgType */
-const bit<4> TYPE_GRAD = 1;
-const bit<4> TYPE_AGG = 2;
-const bit<4> TYPE_ALLREDUCE = 3;
-const bit<4> TYPE_RESULT = 4;
-const bit<4> TYPE_PARAM = 5;
-const bit<4> TYPE_HEARTBEAT = 6;
-const bit<4> TYPE_PULL = 7;
+@noWarn("unused") const bit<4> TYPE_GRAD = 1;
+@noWarn("unused") const bit<4> TYPE_AGG = 2;
+@noWarn("unused") const bit<4> TYPE_ALLREDUCE = 3;
+@noWarn("unused") const bit<4> TYPE_RESULT = 4;
+@noWarn("unused") const bit<4> TYPE_PARAM = 5;
+@noWarn("unused") const bit<4> TYPE_HEARTBEAT = 6;
+@noWarn("unused") const bit<4> TYPE_PULL = 7;
 
 /* Flag */
-const bit<8> FLAG_SET = 1;
-const bit<8> FLAG_RETX = 2;
-const bit<8> FLAG_SATURATED = 4;
-const bit<8> FLAG_MAX = 8;
-const bit<8> FLAG_FALLBACK = 16;
-const bit<8> FLAG_GAP = 32;
+@noWarn("unused") const bit<8> FLAG_SET = 1;
+@noWarn("unused") const bit<8> FLAG_RETX = 2;
+@noWarn("unused") const bit<8> FLAG_SATURATED = 4;
+@noWarn("unused") const bit<8> FLAG_MAX = 8;
+@noWarn("unused") const bit<8> FLAG_FALLBACK = 16;
+@noWarn("unused") const bit<8> FLAG_GAP = 32;
 
 /* Dtype */
-const bit<8> DTYPE_INT32 = 0;
-const bit<8> DTYPE_FP32 = 1;
-const bit<8> DTYPE_BF16 = 2;
-const bit<8> DTYPE_FP16 = 3;
-const bit<8> DTYPE_FIXED32 = 4;
-const bit<8> DTYPE_ORDERED32 = 5;
+@noWarn("unused") const bit<8> DTYPE_INT32 = 0;
+@noWarn("unused") const bit<8> DTYPE_FP32 = 1;
+@noWarn("unused") const bit<8> DTYPE_BF16 = 2;
+@noWarn("unused") const bit<8> DTYPE_FP16 = 3;
+@noWarn("unused") const bit<8> DTYPE_FIXED32 = 4;
+@noWarn("unused") const bit<8> DTYPE_ORDERED32 = 5;
 
 /* NextStep */
-const bit<8> NEXT_STEP_ROOT = 0;
-const bit<8> NEXT_STEP_UPSTREAM = 1;
+@noWarn("unused") const bit<8> NEXT_STEP_ROOT = 0;
+@noWarn("unused") const bit<8> NEXT_STEP_UPSTREAM = 1;
 
 /* DropReason */
-const bit<8> DROP_MALFORMED = 1;
-const bit<8> DROP_BAD_VERSION = 2;
-const bit<8> DROP_BAD_TYPE = 3;
-const bit<8> DROP_UNKNOWN_SESSION = 4;
-const bit<8> DROP_UNKNOWN_WORKER = 5;
-const bit<8> DROP_FOREIGN_SLOT = 6;
-const bit<8> DROP_DUPLICATE = 7;
-const bit<8> DROP_SIMULATED_LOSS = 8;
-const bit<8> DROP_NO_ROUTE = 9;
-const bit<8> DROP_BAD_DIRECTION = 10;
-const bit<8> DROP_UNKNOWN_PORT = 11;
+@noWarn("unused") const bit<8> DROP_MALFORMED = 1;
+@noWarn("unused") const bit<8> DROP_BAD_VERSION = 2;
+@noWarn("unused") const bit<8> DROP_BAD_TYPE = 3;
+@noWarn("unused") const bit<8> DROP_UNKNOWN_SESSION = 4;
+@noWarn("unused") const bit<8> DROP_UNKNOWN_WORKER = 5;
+@noWarn("unused") const bit<8> DROP_FOREIGN_SLOT = 6;
+@noWarn("unused") const bit<8> DROP_DUPLICATE = 7;
+@noWarn("unused") const bit<8> DROP_SIMULATED_LOSS = 8;
+@noWarn("unused") const bit<8> DROP_NO_ROUTE = 9;
+@noWarn("unused") const bit<8> DROP_BAD_DIRECTION = 10;
+@noWarn("unused") const bit<8> DROP_UNKNOWN_PORT = 11;
 
 /* Event */
-const bit<8> EVENT_COMPLETED = 1;
-const bit<8> EVENT_ABSORBED = 2;
-const bit<8> EVENT_RESENT = 3;
-const bit<8> EVENT_FALLBACK = 4;
-const bit<8> EVENT_HB_ROUND = 5;
-const bit<8> EVENT_HB_ABSORBED = 6;
-const bit<8> EVENT_MULTICAST = 7;
-const bit<8> EVENT_UNICAST = 8;
-const bit<8> EVENT_FORWARDED = 9;
-const bit<8> EVENT_SATURATED = 10;
+@noWarn("unused") const bit<8> EVENT_COMPLETED = 1;
+@noWarn("unused") const bit<8> EVENT_ABSORBED = 2;
+@noWarn("unused") const bit<8> EVENT_RESENT = 3;
+@noWarn("unused") const bit<8> EVENT_FALLBACK = 4;
+@noWarn("unused") const bit<8> EVENT_HB_ROUND = 5;
+@noWarn("unused") const bit<8> EVENT_HB_ABSORBED = 6;
+@noWarn("unused") const bit<8> EVENT_MULTICAST = 7;
+@noWarn("unused") const bit<8> EVENT_UNICAST = 8;
+@noWarn("unused") const bit<8> EVENT_FORWARDED = 9;
+@noWarn("unused") const bit<8> EVENT_SATURATED = 10;
 
 /* Element sizes of the payload encodings (protocol.DTYPE_ITEMSIZE) and of a PULL request. */
-function bool dtype_known(in bit<8> dtype) {
+bool dtype_known(in bit<8> dtype) {
     return dtype == DTYPE_INT32 || dtype == DTYPE_FP32 || dtype == DTYPE_BF16 || dtype == DTYPE_FP16 || dtype == DTYPE_FIXED32 || dtype == DTYPE_ORDERED32;
 }
 
-function bit<32> param_payload_bytes(in bit<8> dtype, in bit<32> count) {
+bit<32> param_payload_bytes(in bit<8> dtype, in bit<32> count) {
     return (dtype == DTYPE_INT32 ? (count << 2) : (dtype == DTYPE_FP32 ? (count << 2) : (dtype == DTYPE_BF16 ? (count << 1) : (dtype == DTYPE_FP16 ? (count << 1) : (dtype == DTYPE_FIXED32 ? (count << 2) : (dtype == DTYPE_ORDERED32 ? (count << 2) : 32w0))))));
 }
 
 /* PULL_REQUEST.itemsize = 12 bytes per request */
-function bit<32> pull_payload_bytes(in bit<32> count) {
+bit<32> pull_payload_bytes(in bit<32> count) {
     return (count << 2) + (count << 3);
 }
 

@@ -12,7 +12,7 @@
 #define LUWU_HEARTBEAT_TABLE_P4
 
 /* RFC 1982: a precedes b iff (int32)(a - b) < 0; the minimum is the one that precedes. */
-function bit<32> serial_min(in bit<32> a, in bit<32> b) {
+bit<32> serial_min(in bit<32> a, in bit<32> b) {
     return ((int<32>)(a - b) < 0) ? a : b;
 }
 

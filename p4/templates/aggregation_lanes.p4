@@ -9,7 +9,7 @@
 #ifndef LUWU_AGGREGATION_LANES_P4
 #define LUWU_AGGREGATION_LANES_P4
 
-function bit<32> combine_lane(in bit<2> op, in bit<32> stored, in bit<32> x) {
+bit<32> combine_lane(in bit<2> op, in bit<32> stored, in bit<32> x) {
     return (op == LANE_WRITE) ? x
          : ((op == LANE_ADD) ? (stored + x)
          : ((op == LANE_MAX) ? (((int<32>)x > (int<32>)stored) ? x : stored)

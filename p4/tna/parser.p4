@@ -13,6 +13,7 @@
 parser LuwuIngressParser(packet_in pkt, out headers_t hdr, out metadata_t meta,
                          out ingress_intrinsic_metadata_t ig_intr_md) {
     state start {
+        meta = {...};  // every field 0: what Tofino's parser gives metadata (@pa_auto_init_metadata), said in P4
         pkt.extract(ig_intr_md);
         pkt.advance(PORT_METADATA_SIZE);
         transition select(ig_intr_md.ingress_port) {
@@ -99,6 +100,7 @@ control LuwuIngressDeparser(packet_out pkt, inout headers_t hdr, in metadata_t m
 parser LuwuEgressParser(packet_in pkt, out headers_t hdr, out metadata_t meta,
                         out egress_intrinsic_metadata_t eg_intr_md) {
     state start {
+        meta = {...};
         pkt.extract(eg_intr_md);
         pkt.extract(hdr.bridge);
         transition select(hdr.bridge.harvest) {
