@@ -74,6 +74,7 @@ class DropReason(enum.IntEnum):
     NO_ROUTE = 9
     BAD_DIRECTION = 10
     UNKNOWN_PORT = 11
+    SPOOFED = 12  # a sender id on a port its `workers` entry (or the session's up_port) does not bind it to
 
 
 class Event(enum.IntEnum):

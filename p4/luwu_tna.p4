@@ -115,7 +115,7 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta,
             if (meta.drop_reason != 0) {
                 /* malformed, not routable, or lost on the simulated link */
             } else if (luwu) {
-                classifier.apply(hdr, meta, parsed);
+                classifier.apply(hdr, meta, parsed, ig_intr_md.ingress_port);
                 if (meta.session_known == 1) {
                     session_packets.count(hdr.luwu.session);
                 }

@@ -82,7 +82,7 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_m
         if (meta.drop_reason != 0) {
             /* malformed, not routable, or lost on the simulated link */
         } else if (luwu) {
-            classifier.apply(hdr, meta, standard_metadata.parser_error == error.NoError);
+            classifier.apply(hdr, meta, standard_metadata.parser_error == error.NoError, standard_metadata.ingress_port);
             if (meta.session_known == 1) {
                 session_packets.count((bit<32>)hdr.luwu.session);
             }

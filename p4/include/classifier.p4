@@ -12,6 +12,7 @@
  *   no `sessions` entry .................................. UNKNOWN_SESSION
  *   sender is a rank (not NODE) without a `workers` entry  UNKNOWN_WORKER
  *     (except a GRAD already marked FALLBACK: it passes through toward the node)
+ *   a rank not on its entry's port, or NODE not on the session's up_port ... SPOOFED
  * then by type (NODE = the session's optimizer node, or the parent switch):
  *   GRAD from a rank: in the pool and no FALLBACK flag -> AGGREGATE, else FALLBACK
  *   ALLREDUCE from a rank: in the pool -> AGGREGATE, else drop FOREIGN_SLOT
@@ -25,7 +26,7 @@
 #define LUWU_CLASSIFIER_P4
 
 
-control Classifier(inout headers_t hdr, inout metadata_t meta, in bool parsed) {
+control Classifier(inout headers_t hdr, inout metadata_t meta, in bool parsed, in port_t ingress_port) {
     @id(3) action set_session(bit<32> pool_base, bit<32> pool_size, bit<8> num_workers,
                               bit<32> worker_mask, bit<32> epoch, bit<16> mcast_grp,
                               bit<8> next_step, port_t up_port, bit<16> up_worker) {
@@ -94,9 +95,17 @@ control Classifier(inout headers_t hdr, inout metadata_t meta, in bool parsed) {
             /* A GRAD already marked FALLBACK was aggregated nowhere: its worker is a rank of a
              * switch below, and it only passes through toward the node. */
             bool passing = t == TYPE_GRAD && (hdr.luwu.flags & FLAG_FALLBACK) != 0;
-            if (!workers.apply().hit && !passing) {
+            if (workers.apply().hit) {
+                /* source guard: a rank speaks only on the port its entry binds it to */
+                if (ingress_port != meta.worker_port) {
+                    meta.drop_reason = DROP_SPOOFED;
+                }
+            } else if (!passing) {
                 meta.drop_reason = DROP_UNKNOWN_WORKER;
             }
+        } else if (ingress_port != meta.up_port) {
+            /* the node (or the parent switch) speaks only on the session's up_port */
+            meta.drop_reason = DROP_SPOOFED;
         }
         if (meta.drop_reason == 0) {
             meta.src_worker = hdr.luwu.worker;

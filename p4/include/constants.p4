@@ -62,6 +62,7 @@ const bit<16> NODE = 0xFFFF;
 @noWarn("unused") const bit<8> DROP_NO_ROUTE = 9;
 @noWarn("unused") const bit<8> DROP_BAD_DIRECTION = 10;
 @noWarn("unused") const bit<8> DROP_UNKNOWN_PORT = 11;
+@noWarn("unused") const bit<8> DROP_SPOOFED = 12;
 
 /* Event */
 @noWarn("unused") const bit<8> EVENT_COMPLETED = 1;

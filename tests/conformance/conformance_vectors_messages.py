@@ -118,12 +118,12 @@ def bad_direction() -> Vector:
            note="PARAM from a worker")
     a = agg(MsgType.AGG, NODE_S, W0, 1, [1])
     s.send(W0, a.layer, a.payload, note="AGG at a switch")
-    r = agg(MsgType.RESULT, DATA, NODE_HOST, 1, [1])
+    r = agg(MsgType.RESULT, NODE_S, NODE_HOST, 1, [1])
     s.send(NODE_HOST, r.layer, r.payload, note="RESULT at a root")
     r2 = agg(MsgType.RESULT, TOR, W0, 1, [1])
     s.send(W0, r2.layer, r2.payload, note="RESULT from a worker at a ToR")
     for mtype in (MsgType.GRAD, MsgType.ALLREDUCE):
-        g = agg(mtype, NODE_S if mtype == MsgType.GRAD else DATA, NODE_HOST, 2, [1])
+        g = agg(mtype, NODE_S, NODE_HOST, 2, [1])  # from the node's own port: not SPOOFED
         s.send(NODE_HOST, g.layer, g.payload, note=f"{mtype.name} claiming to be the node")
     s.send(NODE_HOST, luwu_layer(MsgType.PULL, NODE_S.id, NODE, count=1), bytes(12), note="PULL from the node")
     return Vector("bad_direction", "6.5", ("bad_direction",), s.steps, drops={DropReason.BAD_DIRECTION: 7})

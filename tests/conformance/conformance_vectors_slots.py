@@ -240,5 +240,35 @@ def foreign_slot() -> Vector:
     return Vector("foreign_slot", "6.3", ("foreign_slot",), s.steps, drops={DropReason.FOREIGN_SLOT: 1})
 
 
+def spoofed() -> Vector:
+    """Source guard (protocol.md 6.7): a rank's id from another rank's port, and the node's id from a
+    worker's port, are SPOOFED and change no slot: the real contributions then complete the sum
+    as if the forgeries had never been sent."""
+    from conformance_vectors_messages import hb
+    from luwu.dataplane.protocol import Dtype as D
+    from conformance_frames import luwu_layer
+
+    s = Script()
+    seq = 7
+    pk = {h: agg(MsgType.ALLREDUCE, DATA, h, seq, values(h.rank, 9), dtype=Dtype.FIXED32) for h in WORKERS}
+    for victim, liar in ((W1, W0), (W2, W0), (W3, W2)):
+        forged = agg(MsgType.ALLREDUCE, DATA, liar, seq, [2**30] * LANES, dtype=Dtype.FIXED32)
+        forged.layer.worker = victim.rank
+        s.send(liar, forged.layer, forged.payload, note=f"rank {victim.rank}'s id from rank {liar.rank}'s port")
+    s.send(W0, luwu_layer(MsgType.PARAM, NODE_S.id, NODE, count=1, dtype=int(D.FP32)), bytes(4),
+           note="PARAM claiming the node from a worker's port")
+    s.send(W1, hb(NODE_S, W1, 1, 0, 0, worker=NODE), note="HEARTBEAT claiming the node from a worker's port")
+    s.send(W2, hb(NODE_S, W2, 1, 0, 0, worker=W3.rank), note="HEARTBEAT with rank 3's id from rank 2's port")
+    order = [W0, W1, W2, W3]
+    for h in order[:3]:
+        s.send(h, pk[h].layer, pk[h].payload, note="a real contribution: absorbed")
+    last = pk[W3]
+    out = result(last, mtype=MsgType.RESULT, worker=NODE, exponent=0, flags=keep_flags(last.layer.flags))
+    s.send(W3, last.layer, last.payload, to_group(DATA, W3, out, lanes_bytes(total(*(p.values for p in pk.values())))),
+           note="the last real contribution completes the true sum")
+    return Vector("spoofed", "6.7", ("source_guard",), s.steps, drops={DropReason.SPOOFED: 6},
+                  events={Event.ABSORBED: 3, Event.COMPLETED: 1, Event.MULTICAST: 1})
+
+
 VECTORS = [allreduce_complete, allreduce_saturated, allreduce_max, shadow_sets, duplicate_before_completion, grad_root,
-           upstream_allreduce, upstream_grad, epoch_change, single_worker, fallback, foreign_slot]
+           upstream_allreduce, upstream_grad, epoch_change, single_worker, fallback, foreign_slot, spoofed]

@@ -78,6 +78,10 @@ class ReferenceSwitch:
             self._count(self.drops, DropReason.UNKNOWN_WORKER, n)
             return []
         bit, wport = self.workers.get((pkt.session, pkt.worker), (0, 0))
+        known = (pkt.session, pkt.worker) in self.workers
+        if (from_node and port != s["up_port"]) or (not from_node and known and port != wport):
+            self._count(self.drops, DropReason.SPOOFED, n)  # source guard: an id off its bound port
+            return []
         root = s["next_step"] == NextStep.ROOT
         t = pkt.type
         bad_dir = (t == MsgType.AGG or (t in (MsgType.GRAD, MsgType.ALLREDUCE, MsgType.PULL) and from_node)

@@ -67,11 +67,14 @@ def test_simulated_loss_is_counted():
     sw.process_datagrams([(2, agg_packet(1, 1, 0, V))])
     out = sw.process_datagrams([(3, agg_packet(1, 2, 0, V))])  # incomplete: worker 0's packet was lost
     assert out == []
-    sw.process_datagrams([(4, agg_packet(1, 0, 0, V))])  # worker 0 retransmits via another port
+    sw.process_datagrams([(4, agg_packet(1, 0, 0, V))])  # worker 0's id from another port: a forgery
+    sw.set_drop_sim(1, ingress=0.0)
+    sw.process_datagrams([(1, agg_packet(1, 0, 0, V))])  # worker 0 retransmits on its own port
     out = sw.process_datagrams([])
     drops = sw.counters()["drops"]
     assert drops[int(DropReason.SIMULATED_LOSS)] == (2, 2 * len(d))  # ingress on port 1, egress replica to port 2
-    assert all(v == (0, 0) for code, v in drops.items() if code != int(DropReason.SIMULATED_LOSS))
+    assert drops[int(DropReason.SPOOFED)] == (1, len(d))
+    assert all(v == (0, 0) for code, v in drops.items() if code not in (DropReason.SIMULATED_LOSS, DropReason.SPOOFED))
 
 
 def test_unknown_port_is_counted_on_a_udp_attachment():

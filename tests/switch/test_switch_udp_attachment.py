@@ -126,25 +126,29 @@ def test_allreduce_grad_param_and_heartbeats_over_udp(star):
 def test_peer_learning_and_unknown_port():
     sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS))
     addr = sw.attach_udp(1, ("127.0.0.1", 0))
+    node_addr = sw.attach_udp(NODE_PORT, ("127.0.0.1", 0))
     sw.load_runtime(runtime())
     sw.start()
-    a, b = Endpoint(addr), Endpoint(addr)
+    a, b, node = Endpoint(addr), Endpoint(addr), Endpoint(node_addr)
     try:
         b.send(b"\x13" * 20)  # malformed: does not teach the port
         wait_for(lambda: sw.counters()["drops"][int(DropReason.MALFORMED)][0] == 1, "the malformed packet")
+        b.send(heartbeat(2, NODE, 1, 2))  # the node's id on rank 0's port: SPOOFED, does not teach it
+        wait_for(lambda: sw.counters()["drops"][int(DropReason.SPOOFED)][0] == 1, "the spoofed packet")
         assert sw.ports[1].peer is None
-        a.send(heartbeat(2, NODE, 1, 2))  # valid (node heartbeat, multicast): the port learns a
+        a.send(heartbeat(2, 0, 1, 2))  # valid (rank 0's heartbeat on rank 0's port): the port learns a
         wait_for(lambda: sw.ports[1].peer is not None, "peer learning")
         assert sw.ports[1].peer == a.addr
-        b.send(heartbeat(2, NODE, 1, 2))
+        b.send(heartbeat(2, 0, 1, 2))
         wait_for(lambda: sw.counters()["drops"][int(DropReason.UNKNOWN_PORT)][0] == 1, "UNKNOWN_PORT")
-        a.send(heartbeat(2, NODE, 7, 8))  # multicast includes port 1: the copy goes to a
+        node.send(heartbeat(2, NODE, 7, 8))  # multicast includes port 1: the copy goes to a
         wait_for(lambda: any(p.ack == 7 for p in a.recv_all()), "the multicast copy at the learned peer")
         assert b.recv_all() == []
     finally:
         sw.stop()
         a.close()
         b.close()
+        node.close()
 
 
 def test_simulated_loss_is_recovered_by_retransmission(star):
@@ -238,11 +242,19 @@ def test_daemon_serves_writes_stats_and_stops_on_sigterm(tmp_path):
     (["--port", "1=127.0.0.1:0", "--lanes", "huge"], "unknown packet mode"),
     (["--port", "1=127.0.0.1:0", "--runtime", "/nonexistent.json"], "cannot read runtime file"),
     (["--port", "1=127.0.0.1:0", "--slots", "3", "--runtime", "RT"], "must lie inside [0, 3)"),
+    (["--port", "1=127.0.0.1:0", "--p4runtime", "127.0.0.1:0"], "--p4runtime needs a credential"),
+    (["--port", "1=127.0.0.1:0", "--p4runtime", "0.0.0.0:0", "--p4runtime-token-file", "TOKEN"],
+     "carry its token in clear text"),
+    (["--port", "1=127.0.0.1:0", "--p4runtime", "127.0.0.1:0", "--p4runtime-token-file", "TOKEN",
+      "--p4runtime-tls-cert", "/nonexistent.pem"], "needs both --p4runtime-tls-cert and --p4runtime-tls-key"),
 ])
 def test_daemon_refuses_bad_configuration(tmp_path, args, needle):
     if "RT" in args:
         (tmp_path / "rt.json").write_text(json.dumps(runtime()))
         args = [str(tmp_path / "rt.json") if a == "RT" else a for a in args]
+    if "TOKEN" in args:
+        (tmp_path / "token").write_text("switch-token\n")
+        args = [str(tmp_path / "token") if a == "TOKEN" else a for a in args]
     proc = subprocess.run([sys.executable, "-m", "luwu.cli", "switch", *args], capture_output=True, text=True,
                           timeout=60, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 2
@@ -253,15 +265,26 @@ def test_daemon_serves_p4runtime(tmp_path):
     pytest.importorskip("luwu.dataplane.switch.p4runtime_server", reason="the P4Runtime server is not written yet")
     import grpc
 
+    from finsy.proto import p4r, p4r_grpc
+
+    (tmp_path / "token").write_text("switch-token\n")
     proc = subprocess.Popen([sys.executable, "-m", "luwu.cli", "switch", "--port", "1=127.0.0.1:0", "--p4runtime",
-                             "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=tmp_path)
+                             "127.0.0.1:0", "--p4runtime-token-file", str(tmp_path / "token")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=tmp_path)
     try:
         line = proc.stdout.readline()
         assert line.startswith('{"ready": true'), line
         address = json.loads(line)["p4runtime"]
-        with grpc.insecure_channel(address) as channel:
+        local = grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+        with grpc.secure_channel(address, local) as channel:
             grpc.channel_ready_future(channel).result(timeout=DEADLINE)
+            stub = p4r_grpc.P4RuntimeStub(channel)
+            for token, code in (("wrong", grpc.StatusCode.UNAUTHENTICATED),
+                                ("switch-token", grpc.StatusCode.FAILED_PRECONDITION)):  # no pipeline yet
+                with pytest.raises(grpc.RpcError) as err:
+                    stub.GetForwardingPipelineConfig(p4r.GetForwardingPipelineConfigRequest(device_id=0),
+                                                     metadata=(("authorization", f"Bearer {token}"),), timeout=DEADLINE)
+                assert err.value.code() == code
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=DEADLINE)
         assert proc.returncode == 0

@@ -4,7 +4,8 @@ Checks, in this order, each failure dropping the packet with its reason: version
 (BAD_VERSION), type (BAD_TYPE), length for the type (MALFORMED: aggregation packets are exactly
 32 + 4 * lanes bytes with count <= lanes; PARAM 32 + count * itemsize(dtype); PULL 32 + 12 *
 count; HEARTBEAT 32), `sessions` hit (UNKNOWN_SESSION), `workers` hit for every packet whose
-worker is not NODE (UNKNOWN_WORKER), then direction (BAD_DIRECTION) and pool (FOREIGN_SLOT).
+worker is not NODE (UNKNOWN_WORKER), the sender's port (SPOOFED: a rank off its entry's port,
+NODE off the session's up_port), then direction (BAD_DIRECTION) and pool (FOREIGN_SLOT).
 Each surviving packet gets a path: aggregate, fallback, heartbeat round, multicast or pull.
 
 Hot code: constants are plain ints (numpy arithmetic with enum members is several times
@@ -36,6 +37,7 @@ UPSTREAM = int(NextStep.UPSTREAM)
 D_BAD_VERSION, D_BAD_TYPE, D_MALFORMED = int(DropReason.BAD_VERSION), int(DropReason.BAD_TYPE), int(DropReason.MALFORMED)
 D_UNKNOWN_SESSION, D_UNKNOWN_WORKER = int(DropReason.UNKNOWN_SESSION), int(DropReason.UNKNOWN_WORKER)
 D_BAD_DIRECTION, D_FOREIGN_SLOT = int(DropReason.BAD_DIRECTION), int(DropReason.FOREIGN_SLOT)
+D_SPOOFED = int(DropReason.SPOOFED)
 
 _ITEMSIZE = np.zeros(256, dtype=np.int64)  # 0 = unknown dtype
 for _d, _size in DTYPE_ITEMSIZE.items():
@@ -116,6 +118,11 @@ def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
 
     sid = np.where(s_hit, session, 0)
     s = t.s
+    # source guard: a rank speaks only on the port its `workers` entry binds it to, the node (or
+    # the parent switch) only on the session's up_port; anything else is a forgery (SPOOFED)
+    in_port = b.port[idx]
+    spoofed = np.where(from_node, s["up_port"][sid] != in_port, w_hit & (c.worker_port != in_port))
+    drop[(drop == 0) & spoofed] = D_SPOOFED
     c.pool_base = s["pool_base"][sid]
     c.num_workers = s["num_workers"][sid]
     c.worker_mask = s["worker_mask"][sid]
