@@ -17,6 +17,7 @@ from google.protobuf import json_format
 from rich.console import Console
 from rich.table import Table
 
+from luwu.dataplane.usage import USAGE_EXIT, OneLineParser, UserError
 from luwu.proto import controller_pb2 as pb
 
 from .client import ControllerClient, ControllerRefused, ControllerUnreachable
@@ -26,7 +27,7 @@ ROLES = {v: k for k, v in pb.SwitchRole.items()}
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="luwu-ctl", description="talk to a running luwu controller")
+    p = OneLineParser(prog="luwu-ctl", description="talk to a running luwu controller")
     p.add_argument("--controller", default=None, help="HOST:PORT of the controller (default $LUWU_CONTROLLER)")
     p.add_argument("--token", default=None, help="admin or job token (default $LUWU_TOKEN)")
     p.add_argument("--tls-ca", default=None, help="CA certificate (PEM) when the controller serves TLS")
@@ -65,9 +66,16 @@ def _ago(t: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console()
-    client = ControllerClient(args.controller, args.token, args.tls_ca)
+    try:
+        client = ControllerClient(args.controller, args.token, args.tls_ca)
+    except UserError as exc:
+        print(f"luwu-ctl: {exc}", file=sys.stderr)
+        return USAGE_EXIT
     try:
         return _run(args, client, console)
+    except UserError as exc:
+        print(f"luwu-ctl: {exc}", file=sys.stderr)
+        return USAGE_EXIT
     except ControllerUnreachable as exc:
         print(f"luwu-ctl: {exc}", file=sys.stderr)
         return 3
@@ -98,12 +106,12 @@ def _run(args, client: ControllerClient, console: Console) -> int:
             return 0
         t = Table(title="switches")
         for col in ("name", "role", "target", "p4runtime", "lanes", "slots", "ports", "health", "last seen", "jobs",
-                    "programmed"):
+                    "programmed", "drift"):
             t.add_column(col)
         for s in switches:
             t.add_row(s.name, ROLES.get(s.role, "?").lower(), s.target, f"{s.p4runtime_address} dev {s.device_id}",
                       str(s.lanes), str(s.slots), str(len(s.ports)), s.health, _ago(s.last_seen), ", ".join(s.jobs),
-                      s.programmed)
+                      s.programmed, s.drift or "none")
         console.print(t)
     elif cmd == "nodes":
         nodes = client.nodes()

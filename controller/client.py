@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 from typing import Callable, Iterator
 
 import grpc
 
 from luwu.dataplane.session import EndpointPlan
+from luwu.dataplane.usage import check_host_port, existing_file_or_error
 from luwu.proto import controller_pb2 as pb
 from luwu.proto import controller_pb2_grpc as pb_grpc
 
@@ -41,10 +41,12 @@ class ControllerClient:
     def __init__(self, address: str | None = None, token: str | None = None, tls_ca: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT):
         self.address = address or os.environ.get(CONTROLLER_ENV) or DEFAULT_LISTEN
+        if not self.address.startswith("unix:") and "://" not in self.address:
+            check_host_port(self.address, f"controller address (--controller or ${CONTROLLER_ENV})")
         self.token = token if token is not None else os.environ.get(TOKEN_ENV, "")
         self.timeout = timeout
         if tls_ca:
-            creds = grpc.ssl_channel_credentials(Path(tls_ca).read_bytes())
+            creds = grpc.ssl_channel_credentials(existing_file_or_error(tls_ca, "--tls-ca").read_bytes())
             self.channel = grpc.secure_channel(self.address, creds)
         else:
             self.channel = grpc.insecure_channel(self.address)
@@ -204,7 +206,8 @@ def software_switch_record(switch, name: str, p4runtime_address: str, role: int 
     """The registration of a running `SoftwareSwitch`: its lanes, slots and UDP-attached ports.
 
     `peers` maps a port to the (switch, port) at its other end, `nodes` a port to the optimizer
-    node on it; every other port is a worker port."""
+    node on it; every other port is a worker port. The drop simulators' entries the switch holds
+    now are declared as the port's simulated loss (the controller keeps exactly those)."""
     peers, nodes = peers or {}, nodes or {}
     rec = pb.Switch(name=name, p4runtime_address=p4runtime_address, device_id=device_id, target="software",
                     lanes=switch.config.lanes, slots=switch.config.slots, role=role, rail=rail,
@@ -221,5 +224,9 @@ def software_switch_record(switch, name: str, p4runtime_address: str, role: int 
             port.peer_kind, port.peer = pb.PEER_NODE, nodes[number]
         else:
             port.peer_kind = pb.PEER_WORKER
+        for table, field in (("ingress_drop_sim", "ingress_drop_threshold"), ("egress_drop_sim", "egress_drop_threshold")):
+            entry = switch.tables.lookup(table, {"port": number})
+            if entry is not None:
+                setattr(port, field, int(entry["params"]["threshold"]))
     return rec
 

@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from luwu.dataplane.usage import UserError
+
 DEFAULT_LISTEN = "127.0.0.1:50100"  # the controller's gRPC address (P4Runtime servers start at 50051)
 CONTROLLER_ENV = "LUWU_CONTROLLER"  # clients: where the controller is
 TOKEN_ENV = "LUWU_TOKEN"  # clients and server: the admin token
@@ -37,6 +39,10 @@ class ControllerConfig:
     bmv2_json: str = ""  # BMv2 device config for targets "bmv2"; empty: p4/build/luwu_v1model.json
     program_timeout: float = 20.0  # seconds for connecting to and programming one switch
     device_config_marker: str = "luwu-software-switch"  # device config sent to software switches
+    switch_tls_ca: str = ""  # PEM CA of the switches' P4Runtime certificates; empty: loopback plaintext
+    switch_tls_cert: str = ""  # PEM client certificate for switches that require one (mutual TLS)
+    switch_tls_key: str = ""
+    reconcile_interval: float = 10.0  # seconds between read-backs of every switch (drift repair); 0: off
 
     def validate(self) -> None:
         for name in ("meta_pool", "data_pool", "node_pool", "min_pool"):
@@ -47,6 +53,12 @@ class ControllerConfig:
             raise ValueError(f"--health-timeout must be positive, got {self.health_timeout}")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("TLS needs both --tls-cert and --tls-key")
+        if bool(self.switch_tls_cert) != bool(self.switch_tls_key):
+            raise ValueError("a client certificate for switches needs both --switch-tls-cert and --switch-tls-key")
+        if self.switch_tls_cert and not self.switch_tls_ca:
+            raise ValueError("--switch-tls-cert needs --switch-tls-ca (the CA that signed the switches' certificates)")
+        if self.reconcile_interval < 0:
+            raise ValueError(f"--reconcile-interval must be >= 0 seconds (0: off), got {self.reconcile_interval}")
 
     def p4info_path(self) -> Path:
         if self.p4info:
@@ -69,7 +81,9 @@ def read_token(token: str = "", token_file: str = "", env: str = TOKEN_ENV) -> s
         return token.strip()
     if token_file:
         path = Path(token_file).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"token file {path} does not exist: write the deployment's token into it")
-        return path.read_text().strip()
+        try:
+            return path.read_text().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"token file {path}: cannot read it ({getattr(e, 'strerror', None) or e}); write the "
+                            "deployment's token into it") from None
     return os.environ.get(env, "").strip()

@@ -16,6 +16,7 @@ import time
 import grpc
 
 from luwu.dataplane.protocol import DropReason, Event, MsgType
+from luwu.dataplane.switch.p4runtime_auth import switch_token
 from luwu.dataplane.switch.p4runtime_server import device_config_marker
 from luwu.proto import controller_pb2 as pb
 
@@ -24,11 +25,12 @@ from .config import ControllerConfig
 from .events import JobEvents
 from .health import HealthMonitor
 from .job_spec import JobSpec
-from .plan import JobPlan, SwitchProgram
+from .plan import JobPlan, SwitchProgram, TableEntry
 from .planner import PlanError, Planner, ip_to_int
 from .programmer import ProgramError, SwitchProgrammer, SwitchTarget
 from .registry import build_topology, check_address, validate_node, validate_switch
 from .store import JobRow, StateStore, token_hash
+from .switch_credentials import SwitchTls
 from .usage import SwitchUsage
 
 LABELS = {"drops": DropReason, "events": Event, "rx_types": MsgType}
@@ -45,13 +47,16 @@ class ControllerCore:
     def __init__(self, config: ControllerConfig, store: StateStore, programmer: SwitchProgrammer | None = None):
         self.config = config
         self.store = store
+        tls = SwitchTls(config.switch_tls_ca, config.switch_tls_cert, config.switch_tls_key) \
+            if config.switch_tls_ca else None
         self.programmer = programmer or SwitchProgrammer(config.p4info_path(), self._device_config,
-                                                         config.program_timeout)
+                                                         config.program_timeout, tls)
         self.planner = Planner(config)
         self.health = HealthMonitor(config.health_timeout)
         self.events = JobEvents(store)
         self.lock = asyncio.Lock()
         self.programmed: dict[str, str] = {}
+        self.drift: dict[str, str] = {}  # switch -> "none" or the last drift found and repaired
         self.started = time.time()
         self.switches = {n: pb.Switch.FromString(r) for n, r in store.switches().items()}
         self.nodes = {n: pb.Node.FromString(r) for n, (r, _) in store.nodes().items()}
@@ -91,10 +96,18 @@ class ControllerCore:
 
     def target(self, name: str) -> SwitchTarget:
         sw = self.switches[name]
-        return SwitchTarget(name, sw.p4runtime_address, sw.device_id, sw.target, sw.lanes, sw.slots)
+        return SwitchTarget(name, sw.p4runtime_address, sw.device_id, sw.target, sw.lanes, sw.slots,
+                            switch_token(self.config.admin_token, name) if self.config.admin_token else "")
 
     def desired(self, switch: str) -> SwitchProgram:
         merged = SwitchProgram(switch)
+        record = self.switches.get(switch)
+        for port in record.ports if record is not None else ():
+            # the loss the switch declared it simulates; any other drop_sim entry is drift
+            for table, action, threshold in (("ingress_drop_sim", "set_ingress_drop_rate", port.ingress_drop_threshold),
+                                             ("egress_drop_sim", "set_egress_drop_rate", port.egress_drop_threshold)):
+                if threshold:
+                    merged.entries.append(TableEntry(table, {"port": port.number}, action, {"threshold": threshold}))
         for row in self.live_jobs():
             prog = JobPlan.from_json(row.plan).programs.get(switch)
             if prog:
@@ -122,6 +135,41 @@ class ControllerCore:
     async def reconcile_all(self) -> dict[str, str]:
         async with self.lock:
             return await self.program(self.switches)
+
+    # -- drift ----------------------------------------------------------------------------------
+    async def check_drift(self) -> dict[str, str]:
+        """One read-back round: reconcile every switch not known down; {switch: drift text} for the
+        switches that held something other than what the controller last programmed (repaired now).
+
+        Under the lock the desired state is what the last successful programming wrote, so any
+        difference on a switch whose status was "ok" is drift: an operator's stray entry, a
+        deleted or modified one, a lost multicast group."""
+        found: dict[str, str] = {}
+        async with self.lock:
+            names = [n for n in sorted(self.switches) if self.health.health("switch", n) != "down"]
+            reports = {n: {} for n in names}
+            results = await asyncio.gather(*(self.programmer.program(self.target(n), self.desired(n), reports[n])
+                                             for n in names), return_exceptions=True)
+            for name, res in zip(names, results):
+                if isinstance(res, BaseException):
+                    self.programmed[name] = str(res) if isinstance(res, ProgramError) else f"{type(res).__name__}: {res}"
+                    continue
+                was_ok = self.programmed.get(name) == "ok"
+                self.programmed[name] = "ok"
+                self.drift.setdefault(name, "none")
+                if was_ok and any(res.values()):
+                    found[name] = self.drift[name] = _drift_text(reports[name])
+                    for row in self.jobs_on("switch", name):
+                        self.events.emit(row.job_id, "drift", name, f"switch {name}: {found[name]}")
+        return found
+
+    async def drift_loop(self) -> None:
+        """check_drift every `reconcile_interval` seconds (not at all when it is 0)."""
+        if not self.config.reconcile_interval:
+            return
+        while True:
+            await asyncio.sleep(self.config.reconcile_interval)
+            await self.check_drift()
 
     # -- registrations --------------------------------------------------------------------------
     async def register_switch(self, sw: pb.Switch) -> str:
@@ -226,7 +274,8 @@ class ControllerCore:
                              + (f"; nodes {', '.join(plan.nodes)}" if plan.nodes else ""))
             return row, token
 
-    async def join_job(self, row: JobRow, rank: int, endpoint: str) -> tuple[str, str]:
+    async def join_job(self, row: JobRow, rank: int, endpoint: str, repoint: bool = False) -> tuple[str, str]:
+        """Join `rank` from `endpoint`; a rank that joined from elsewhere moves only with `repoint` (admin)."""
         if row.ended is not None:
             raise ControllerError(grpc.StatusCode.FAILED_PRECONDITION, f"job {row.job_id} has ended")
         if not 0 <= rank < row.spec["num_workers"]:
@@ -238,6 +287,13 @@ class ControllerCore:
             raise ControllerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         async with self.lock:
             row = self.job_row(row.job_id)
+            joined = row.joined.get(rank)
+            if joined is not None and joined != endpoint and not repoint:
+                # a job token must not move another rank's traffic (its sums) to an address of its choosing
+                raise ControllerError(grpc.StatusCode.FAILED_PRECONDITION,
+                                      f"rank {rank} of job {row.job_id} already joined from {joined}: a rank's "
+                                      f"endpoint cannot be repointed to {endpoint} with the job token (rejoin from "
+                                      f"{joined}, or an admin re-joins it)")
             plan = JobPlan.from_json(row.plan)
             wiring = plan.worker_wiring[rank]
             wiring.local = (host, port)
@@ -339,6 +395,19 @@ class ControllerCore:
                                       bytes=nbytes)
             out.append(sc)
         return out
+
+
+def _drift_text(report: dict[str, list[str]]) -> str:
+    """'repaired at HH:MM:SS: 1 unexpected entry deleted (ingress_drop_sim); ...'"""
+    parts = []
+    for kind, one, many in (("deleted", "unexpected entry deleted", "unexpected entries deleted"),
+                            ("modified", "changed entry restored", "changed entries restored"),
+                            ("inserted", "missing entry re-inserted", "missing entries re-inserted"),
+                            ("groups", "multicast group fixed", "multicast groups fixed")):
+        items = report.get(kind, [])
+        if items:
+            parts.append(f"{len(items)} {one if len(items) == 1 else many} ({', '.join(sorted(set(items)))})")
+    return f"repaired at {time.strftime('%H:%M:%S')}: " + "; ".join(parts)
 
 
 def _label(counter: str, index: int) -> str:

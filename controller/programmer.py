@@ -6,8 +6,11 @@ already runs it (finsy compares cookies, so a reconnecting controller does not w
 programmed switch), reconciles the managed tables (`sessions`, `workers`, `endpoints`) and the
 multicast groups with the desired program by reading them first and writing only the
 difference (delete, modify, insert), then reads everything back and checks it. So the same
-call creates, updates and idempotently re-applies a switch's state. Tables it does not manage
-(`ipv4_lpm`, the drop simulators) are never touched.
+call creates, updates and idempotently re-applies a switch's state, and, run periodically
+(ControllerCore.check_drift), finds and repairs drift: entries someone else changed, deleted or
+added. The drop simulators are managed too (their desired entries are the loss the switch
+declared at registration), so a stray 100% drop rule does not survive; `ipv4_lpm` (plain L3
+forwarding the controller does not plan, loaded by the switch's --runtime) is never touched.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from finsy import P4CounterEntry, P4MulticastGroupEntry, P4TableAction, P4TableE
 from finsy.p4entity import P4Replica
 
 from .plan import MulticastGroup, SwitchProgram, TableEntry
+from .switch_credentials import SwitchTls, switch_credentials
 
-MANAGED_TABLES = ("sessions", "workers", "endpoints")
+MANAGED_TABLES = ("sessions", "workers", "endpoints", "ingress_drop_sim", "egress_drop_sim")
 WRITE_BATCH = 500  # updates per WriteRequest
 COUNTER_NAMES = ("drops", "events", "rx_types", "session_packets")
 
@@ -63,11 +67,14 @@ class SwitchTarget:
     target: str = "software"  # "software" | "bmv2" | "tofino"
     lanes: int = 0
     slots: int = 0
+    token: str = ""  # the switch's P4Runtime bearer token (switch_credentials.py)
 
 
 class SwitchProgrammer:
-    def __init__(self, p4info: Path, device_config: Callable[[SwitchTarget], bytes], timeout: float = 20.0):
+    def __init__(self, p4info: Path, device_config: Callable[[SwitchTarget], bytes], timeout: float = 20.0,
+                 tls: SwitchTls | None = None):
         self.p4info = Path(p4info)
+        self.tls = tls
         self.device_config = device_config
         self.timeout = timeout
         if not self.p4info.exists():
@@ -79,7 +86,8 @@ class SwitchProgrammer:
             blob = self.device_config(target)
         except (OSError, ValueError) as exc:
             raise ProgramError(f"switch {target.name}: no device config for target {target.target!r}: {exc}") from exc
-        opts = SwitchOptions(p4info=self.p4info, p4blob=blob, device_id=target.device_id)
+        opts = SwitchOptions(p4info=self.p4info, p4blob=blob, device_id=target.device_id,
+                             channel_credentials=switch_credentials(target.address, target.token, self.tls))
         _FAILURES.last.pop(target.name, None)
         try:
             async with asyncio.timeout(self.timeout):
@@ -99,8 +107,12 @@ class SwitchProgrammer:
                                f"{type(exc).__name__}: {exc}") from exc
 
     # -- programming ----------------------------------------------------------------------------
-    async def program(self, target: SwitchTarget, program: SwitchProgram) -> dict[str, int]:
-        """Make the switch hold exactly `program` in the managed tables and groups; return counts."""
+    async def program(self, target: SwitchTarget, program: SwitchProgram,
+                      report: dict[str, list[str]] | None = None) -> dict[str, int]:
+        """Make the switch hold exactly `program` in the managed tables and groups; return counts.
+
+        `report`, when given, receives what was changed: {"deleted"|"modified"|"inserted": [table
+        names], "groups": [group ids]} (one item per update)."""
 
         async def body(sw: Switch) -> dict[str, int]:
             schema = sw.p4info
@@ -129,6 +141,10 @@ class SwitchProgrammer:
                 for i in range(0, len(batch), WRITE_BATCH):
                     await sw.write(batch[i:i + WRITE_BATCH])
             counts.update(deleted=len(deletes), modified=len(modifies), inserted=len(inserts), groups=len(group_ops))
+            if report is not None:
+                for kind, batch in (("deleted", deletes), ("modified", modifies), ("inserted", inserts)):
+                    report[kind] = [_table_name(e, schema) for e in batch]
+                report["groups"] = [str(e.multicast_group_id) for e in group_ops]
             after, after_groups = await _read_state(sw)
             bad = [k for k in desired if k not in after or _value(after[k], schema) != _value(desired[k], schema)]
             extra = [k for k in after if k not in desired]
@@ -175,6 +191,10 @@ class SwitchProgrammer:
 def _entity(e: TableEntry) -> P4TableEntry:
     match = P4TableMatch({k: tuple(v) if isinstance(v, list) else v for k, v in e.match.items()})
     return P4TableEntry(e.table, match=match, action=P4TableAction(e.action, **e.params))
+
+
+def _table_name(entity: P4TableEntry, schema) -> str:
+    return schema.tables[entity.table_id].alias
 
 
 def _key(te) -> tuple:

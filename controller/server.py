@@ -2,8 +2,10 @@
 
 Options: --listen HOST:PORT, --db FILE (sqlite state), --token-file FILE (else LUWU_TOKEN),
 --tls-cert/--tls-key (PEM; both or neither), --health-timeout SECONDS, pool sizes, --p4info,
---bmv2-json. On start it loads the state, re-programs every registered switch from the live
-jobs in the background (idempotent), and watches heartbeats.
+--bmv2-json, --switch-tls-ca/--switch-tls-cert/--switch-tls-key (P4Runtime to the switches over
+TLS), --reconcile-interval SECONDS. On start it loads the state, re-programs every registered
+switch from the live jobs in the background (idempotent), watches heartbeats, and reads every
+switch back periodically to find and repair drift.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from pathlib import Path
 
 import grpc
 
-from luwu.proto import controller_pb2_grpc as pb_grpc
+from luwu.dataplane.usage import UserError, existing_file_or_error, host_port, nonnegative_int, positive_float
 
 from .auth import Authenticator
 from .config import DEFAULT_DB, DEFAULT_LISTEN, ControllerConfig, read_token
 from .core import ControllerCore
+from .grpc_surface import add_controller_service
 from .service import ControllerService
 from .store import StateStore
 
@@ -45,7 +48,7 @@ class ControllerServer:
         store = StateStore(self.config.db)
         self.core = ControllerCore(self.config, store, self._programmer)
         self.server = grpc.aio.server()
-        pb_grpc.add_ControllerServicer_to_server(ControllerService(self.core, self.auth), self.server)
+        add_controller_service(ControllerService(self.core, self.auth), self.server)
         if self.config.tls_cert:
             creds = grpc.ssl_server_credentials([(Path(self.config.tls_key).read_bytes(),
                                                   Path(self.config.tls_cert).read_bytes())])
@@ -57,7 +60,8 @@ class ControllerServer:
         await self.server.start()
         self.address = f"{self.config.listen.rpartition(':')[0]}:{port}"
         self.reconciled = asyncio.create_task(self.core.reconcile_all())
-        self._tasks = [self.reconciled, asyncio.create_task(self.core.health_loop())]
+        self._tasks = [self.reconciled, asyncio.create_task(self.core.health_loop()),
+                       asyncio.create_task(self.core.drift_loop())]
         return self.address
 
     async def stop(self) -> None:
@@ -97,34 +101,51 @@ class BackgroundController:
 
 def add_arguments(p) -> None:
     d = ControllerConfig()
-    p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"gRPC address to serve on (default {DEFAULT_LISTEN})")
+    p.add_argument("--listen", default=DEFAULT_LISTEN, type=host_port, help=f"gRPC address to serve on (default {DEFAULT_LISTEN})")
     p.add_argument("--db", default=str(DEFAULT_DB), help="sqlite file holding registrations, jobs, plans and epochs "
                                                          f"(default {DEFAULT_DB})")
     p.add_argument("--token-file", default="", help="file holding the admin token (default: $LUWU_TOKEN)")
     p.add_argument("--tls-cert", default="", help="PEM certificate: serve TLS (with --tls-key)")
     p.add_argument("--tls-key", default="", help="PEM private key for --tls-cert")
-    p.add_argument("--health-timeout", type=float, default=d.health_timeout,
+    p.add_argument("--health-timeout", type=positive_float, default=d.health_timeout,
                    help=f"seconds without a heartbeat before a switch or node is down (default {d.health_timeout})")
-    p.add_argument("--meta-pool", type=int, default=d.meta_pool, help=f"meta session slots (default {d.meta_pool})")
-    p.add_argument("--data-pool", type=int, default=d.data_pool, help=f"data session slots (default {d.data_pool})")
-    p.add_argument("--node-pool", type=int, default=d.node_pool, help=f"node session slots (default {d.node_pool})")
-    p.add_argument("--min-pool", type=int, default=d.min_pool,
+    p.add_argument("--meta-pool", type=nonnegative_int, default=d.meta_pool, help=f"meta session slots (default {d.meta_pool})")
+    p.add_argument("--data-pool", type=nonnegative_int, default=d.data_pool, help=f"data session slots (default {d.data_pool})")
+    p.add_argument("--node-pool", type=nonnegative_int, default=d.node_pool, help=f"node session slots (default {d.node_pool})")
+    p.add_argument("--min-pool", type=nonnegative_int, default=d.min_pool,
                    help=f"smallest pool a full switch may shrink a session to (default {d.min_pool})")
     p.add_argument("--allow-fallback", action="store_true",
                    help="when a switch is full, give node sessions pool size 0 (all traffic falls back to the node); "
                         "needs a switch that accepts pool_size 0")
     p.add_argument("--p4info", default="", help="P4Info text file (default: the committed p4/build/p4info.txtpb)")
     p.add_argument("--bmv2-json", default="", help="BMv2 JSON for bmv2 targets (default: p4/build/luwu_v1model.json)")
-    p.add_argument("--program-timeout", type=float, default=d.program_timeout,
+    p.add_argument("--program-timeout", type=positive_float, default=d.program_timeout,
                    help=f"seconds to connect to and program one switch (default {d.program_timeout})")
+    p.add_argument("--switch-tls-ca", default="",
+                   help="PEM CA that signed the switches' P4Runtime certificates: program switches over TLS (default: "
+                        "plaintext, loopback switches only; the switch token is sent either way)")
+    p.add_argument("--switch-tls-cert", default="", help="PEM client certificate for switches that require one (mutual "
+                                                         "TLS; with --switch-tls-key)")
+    p.add_argument("--switch-tls-key", default="", help="PEM private key for --switch-tls-cert")
+    p.add_argument("--reconcile-interval", type=float, default=d.reconcile_interval,
+                   help="seconds between read-backs of every switch's tables; drift (entries changed, missing or "
+                        f"not written by the controller) is reported and repaired (default {d.reconcile_interval}; "
+                        "0: off)")
 
 
 def config_from_args(args) -> ControllerConfig:
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key), ("--p4info", args.p4info),
+                       ("--bmv2-json", args.bmv2_json), ("--switch-tls-ca", args.switch_tls_ca),
+                       ("--switch-tls-cert", args.switch_tls_cert), ("--switch-tls-key", args.switch_tls_key)):
+        if path:
+            existing_file_or_error(path, flag)
     return ControllerConfig(listen=args.listen, db=args.db, admin_token=read_token("", args.token_file),
                             tls_cert=args.tls_cert, tls_key=args.tls_key, health_timeout=args.health_timeout,
                             meta_pool=args.meta_pool, data_pool=args.data_pool, node_pool=args.node_pool,
                             min_pool=args.min_pool, allow_fallback=args.allow_fallback, p4info=args.p4info,
-                            bmv2_json=args.bmv2_json, program_timeout=args.program_timeout)
+                            bmv2_json=args.bmv2_json, program_timeout=args.program_timeout,
+                            switch_tls_ca=args.switch_tls_ca, switch_tls_cert=args.switch_tls_cert,
+                            switch_tls_key=args.switch_tls_key, reconcile_interval=args.reconcile_interval)
 
 
 def run(args) -> int:
@@ -132,7 +153,7 @@ def run(args) -> int:
     try:
         config = config_from_args(args)
         server = ControllerServer(config)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, UserError) as exc:
         print(f"luwu controller: {exc}", file=sys.stderr)
         return 2
 

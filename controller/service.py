@@ -2,7 +2,8 @@
 
 Every method authenticates first (admin token, or the job's own token for the job-scoped
 calls), validates its fields, then calls `ControllerCore`. Refusals are gRPC status codes with
-a detail string that says what to fix; a refused request changes nothing.
+a detail string that says what to fix; a refused request changes nothing. `grpc_surface.py`
+registers it: undecodable requests answer INVALID_ARGUMENT and no detail echoes a large input.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class ControllerService(pb_grpc.ControllerServicer):
             await context.abort(exc.code, exc.message)
 
     async def _job(self, context, method: str, job_id: str) -> JobRow:
+        return (await self._job_caller(context, method, job_id))[0]
+
+    async def _job_caller(self, context, method: str, job_id: str) -> tuple[JobRow, Caller]:
         caller = await self._caller(context, method, admin=False)
         if not job_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: job_id is empty")
@@ -56,7 +60,7 @@ class ControllerService(pb_grpc.ControllerServicer):
             self.auth.require_job(caller, method, row.token_sha256)
         except AuthError as exc:
             await context.abort(exc.code, exc.message)
-        return row
+        return row, caller
 
     @staticmethod
     async def _run(context, coro):
@@ -106,6 +110,7 @@ class ControllerService(pb_grpc.ControllerServicer):
         out.last_seen = self.core.health.seen("switch", name)
         out.jobs.extend(r.job_id for r in self.core.jobs_on("switch", name))
         out.programmed = self.core.programmed.get(name, "")
+        out.drift = self.core.drift.get(name, "")
         return out
 
     def _node(self, name: str) -> pb.Node:
@@ -139,9 +144,9 @@ class ControllerService(pb_grpc.ControllerServicer):
         return pb.CreateJobResponse(job=self._job_proto(row), job_token=token)
 
     async def JoinJob(self, request, context):
-        row = await self._job(context, "JoinJob", request.job_id)
-        plan_json, job_json = await self._run(context, self.core.join_job(row, request.rank,
-                                                                          request.endpoint_address))
+        row, caller = await self._job_caller(context, "JoinJob", request.job_id)
+        plan_json, job_json = await self._run(context, self.core.join_job(row, request.rank, request.endpoint_address,
+                                                                          repoint=caller.admin))
         return pb.JoinJobResponse(endpoint_plan_json=plan_json, job_json=job_json)
 
     async def GetJob(self, request, context):

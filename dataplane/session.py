@@ -77,6 +77,24 @@ class EndpointPlan:
             s.validate()
         return cls(wiring, sessions)
 
+    @classmethod
+    def from_file(cls, path, what: str = "--plan") -> "EndpointPlan":
+        """The plan in a JSON file; a missing, unreadable or malformed file raises UserError
+        (one line naming the file and what is wrong), never a traceback."""
+        from .usage import UserError
+
+        try:
+            text = open(path, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"{what} {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+        try:
+            return cls.from_json(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{what} {path}: not JSON ({e}); expected an endpoint plan "
+                            "(luwu.dataplane.session.EndpointPlan)") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise UserError(f"{what} {path}: not a valid endpoint plan ({type(e).__name__}: {e})") from None
+
 
 def worker_bit(local_index: int) -> int:
     if not 0 <= local_index < MAX_CONTRIBUTORS:

@@ -2,18 +2,20 @@
 
 A subcommand module exposes `add_arguments(parser)` and `run(args) -> int`. Modules are
 imported only when their command runs, so `luwu --help` is instant and a broken optional part
-cannot break the others.
+cannot break the others. A user mistake is one line on stderr and exit status 2: flags are
+checked by argparse types (luwu.dataplane.usage) and a one-line parser, and a `UserError` raised
+while the command runs is printed as `luwu <cmd>: <message>`.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("luwu.demo", "train a small GPT through the switch and the optimizer node on loopback"),
     "switch": ("luwu.dataplane.switch.daemon", "run the software switch (UDP on loopback, or raw interfaces)"),
+    "bmv2": ("luwu.p4.bmv2_switch", "run BMv2 (simple_switch_grpc) with the luwu pipeline on interfaces"),
     "engine": ("luwu.dataplane.engine.daemon", "run a SmartNIC engine daemon beside a worker"),
     "node": ("luwu.dataplane.optimizer.daemon", "run an in-network optimizer node"),
     "controller": ("luwu.controller.server", "run the gRPC controller"),
@@ -48,11 +50,17 @@ def _dispatch(table: dict[str, tuple[str, str]], prog: str, argv: list[str]) -> 
     if name not in table:
         print(f"{prog}: unknown command {name!r}\n\n{_usage(table, prog)}", file=sys.stderr)
         return 2
+    from luwu.dataplane.usage import USAGE_EXIT, OneLineParser, UserError
+
     module = importlib.import_module(table[name][0])
-    parser = argparse.ArgumentParser(prog=f"{prog} {name}", description=table[name][1])
+    parser = OneLineParser(prog=f"{prog} {name}", description=table[name][1])
     module.add_arguments(parser)
     args = parser.parse_args(rest)
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except UserError as exc:  # bad input found while running: one line, no traceback
+        print(f"{prog} {name}: {exc}", file=sys.stderr)
+        return USAGE_EXIT
 
 
 def main(argv: list[str] | None = None) -> int:

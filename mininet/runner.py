@@ -36,6 +36,11 @@ DEFAULTS = {"size": "256KiB", "bw": 1000.0, "timeout": 120.0, "nvlink_port": 196
 MININET_MAX_BW = 1000.0  # Mbit/s: Mininet's TCLink refuses more
 _MAIN_PID = 0  # the runner's process: the only one whose SIGTERM unwinds into teardown
 PUSH_PULL_SMALL_LAYER = 777  # elements of the second push/pull layer: not a multiple of any lane count
+# Slots of every session's pool on BMv2. A pool is also each stream's window, and BMv2 forwards
+# about a thousand 64-lane packets a second here and holds 64 packets per egress port (more are
+# dropped, uncounted): with the planner's 256-slot pools the queues overflow, every loss costs a
+# retransmission that queues behind the rest and the run collapses into resends (docs/mininet.md).
+BMV2_POOL = 16
 
 
 def add_arguments(p) -> None:
@@ -57,6 +62,9 @@ def add_arguments(p) -> None:
     p.add_argument("--packet-mode", default=None,
                    help="lanes per packet: jumbo (software default), tofino (bmv2, the only one it has) or a number")
     p.add_argument("--slots", type=int, default=1024, help="slots per set of every switch (default 1024)")
+    p.add_argument("--pool", type=int, default=None,
+                   help=f"slots of every session's pool and packets of the PARAM window, a power of two (default: "
+                        f"the planner's, meta 32 and data/node 256; bmv2: {BMV2_POOL}, what its queues hold)")
     p.add_argument("--bw", type=float, default=DEFAULTS["bw"], help="link bandwidth in Mbit/s, 0 = unshaped "
                    "(tc htb; default 1000, Mininet's maximum)")
     p.add_argument("--mtu", type=int, default=JUMBO_MTU, help=f"MTU of every link (default {JUMBO_MTU})")
@@ -97,6 +105,8 @@ def _options(args) -> tuple[TopologyOptions, RunOptions]:
     if args.topo == "rail-only" and size // 4 < args.gpus:
         raise UsageError(f"--size {args.size}: rail-only shards the tensor over {args.gpus} GPUs; use at least "
                          f"{4 * args.gpus} bytes")
+    if args.pool is not None and (args.pool < 1 or args.pool & (args.pool - 1) or args.pool > args.slots):
+        raise UsageError(f"--pool {args.pool} must be a power of two between 1 and --slots ({args.slots})")
     if args.push_pull and args.topo != "rail-only" and args.nodes < 1:
         raise UsageError("--push-pull needs an optimizer node (--nodes 1 or more)")
     run = RunOptions(backend=args.backend, switch=args.switch, elements=size // 4, push_pull=args.push_pull,
@@ -130,17 +140,29 @@ def prepare(args, run_id: str):
     spec = emulate(topo, run_id, args.mtu, args.bw)
     layers = [(0, max(1, run_opts.elements // 4)), (1, PUSH_PULL_SMALL_LAYER)] if run_opts.push_pull else None
     nodes = 1 if args.topo == "rail-only" else args.nodes  # rail-only: the node(s) on each rail serve it
+    config = _planner_config(args.pool or (BMV2_POOL if args.switch == "bmv2" else None))
     if args.switch == "bmv2":
         from luwu.p4 import BUILD_DIR, P4INFO_TXTPB
 
         job = plan_job(topo, spec, layers, "bmv2", str(P4INFO_TXTPB), str(BUILD_DIR / "luwu_v1model.json"),
-                       seed=args.seed, nodes=nodes)
+                       config=config, seed=args.seed, nodes=nodes)
     else:
-        job = plan_job(topo, spec, layers, seed=args.seed, nodes=nodes)
+        job = plan_job(topo, spec, layers, config=config, seed=args.seed, nodes=nodes)
     for sw in spec.switches:
         job.runtime.setdefault(sw.name, {"table_entries": [], "multicast_group_entries": []})
         job.runtime[sw.name]["table_entries"] += drop_entries(list(sw.ports), args.drop)
     return topo, spec, job, run_opts
+
+
+def _planner_config(pool: int | None):
+    """The planner's settings with every pool (meta, data, node) and the PARAM window at `pool`
+    packets; None: its defaults."""
+    if pool is None:
+        return None
+    from luwu.controller.config import ControllerConfig
+
+    return ControllerConfig(meta_pool=pool, data_pool=pool, node_pool=pool, param_window=pool,
+                            min_pool=min(pool, ControllerConfig.min_pool))
 
 
 def run(args) -> int:

@@ -3,8 +3,9 @@
 Every switch node of the emulation gets one switch process in the root namespace whose ports
 are that node's interfaces (AF_PACKET for the software switch, `-i PORT@IFNAME` for BMv2), and
 is programmed with the planner's runtime JSON for it: the software switch reads the file at
-start, BMv2 gets the pipeline and the entries over P4Runtime (`luwu.p4.bmv2`). `--drop P` adds
-`ingress_drop_sim` entries (the P4 drop simulator) on every port, so it works on both.
+start, BMv2 gets the pipeline and the entries over P4Runtime (`luwu.p4.bmv2_switch`, the code
+behind `luwu bmv2`, starts and programs it). `--drop P` adds `ingress_drop_sim` entries (the P4
+drop simulator) on every port, so it works on both.
 
 The software switch runs as `luwu switch --config FILE` (the daemon's own config format; JSON is
 YAML) with `ifaces` for its raw ports and a `stats_file`, whose first write says it is serving.
@@ -12,9 +13,7 @@ YAML) with `ifaces` for its raw ports and a `stats_file`, whose first write says
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
 import socket
 import sys
 import time
@@ -26,7 +25,6 @@ from .processes import Child, ChildError, ChildGroup
 
 SWITCH_KINDS = ("software", "bmv2")
 STATS_INTERVAL = 0.5  # s between the software switch's counter dumps
-BMV2_BINARY = "simple_switch_grpc"
 BMV2_CPU_PORT = 255
 BMV2_START_TIMEOUT = 30.0  # s for simple_switch_grpc to accept the pipeline
 
@@ -101,14 +99,10 @@ def _wait_file(child: Child, path: Path, deadline: float, poll: float = 0.05) ->
 
 def bmv2_missing() -> str | None:
     """None when BMv2 can run here, else what to install or build."""
-    from luwu.p4 import BUILD_DIR
+    from luwu.p4.bmv2_switch import missing
 
-    if shutil.which(BMV2_BINARY) is None:
-        return (f"--switch bmv2 needs {BMV2_BINARY} on PATH (BMv2 built with P4Runtime support; "
-                "see p4/README.md), or use --switch software")
-    if not (BUILD_DIR / "luwu_v1model.json").exists():
-        return f"--switch bmv2 needs {BUILD_DIR / 'luwu_v1model.json'}: run `luwu p4 build` (needs p4c) first"
-    return None
+    why = missing()
+    return f"--switch bmv2 {why}, or use --switch software" if why else None
 
 
 def _free_tcp_port() -> int:
@@ -121,46 +115,29 @@ def start_bmv2(group: ChildGroup, sw: EmuSwitch, runtime: dict, run_dir: Path, d
     why = bmv2_missing()
     if why:
         raise SwitchError(why)
-    from luwu.p4 import BUILD_DIR, P4INFO_TXTPB
-    from luwu.p4 import bmv2 as loader
+    from luwu.p4 import P4INFO_TXTPB, bmv2_switch
 
-    grpc_port, thrift_port = _free_tcp_port(), _free_tcp_port()
-    argv = [BMV2_BINARY, "--device-id", str(loader.BMV2_DEVICE_ID), "--thrift-port", str(thrift_port)]
-    for port, ifname in sorted(sw.ports.items()):
-        argv += ["-i", f"{port}@{ifname}"]
-    argv += ["--no-p4", "--", "--grpc-server-addr", f"127.0.0.1:{grpc_port}", "--cpu-port", str(BMV2_CPU_PORT)]
-    child = group.start(f"switch-{sw.name}", argv)
+    address = f"127.0.0.1:{_free_tcp_port()}"
+    child = group.start(f"switch-{sw.name}", bmv2_switch.command(sw.ports, address, _free_tcp_port(),
+                                                                 cpu_port=BMV2_CPU_PORT))
     runtime_path = run_dir / f"{sw.name}.runtime.json"
     runtime_path.write_text(json.dumps(runtime, indent=1))
-    address = f"127.0.0.1:{grpc_port}"
-    last = None
-    limit = min(deadline, time.monotonic() + BMV2_START_TIMEOUT)
-    while time.monotonic() < limit:
-        if not child.alive():
-            raise SwitchError(f"{BMV2_BINARY} for {sw.name} exited ({child.proc.returncode}): {child.tail()}")
-        try:
-            asyncio.run(asyncio.wait_for(loader.load(address, runtime_path, Path(P4INFO_TXTPB),
-                                                     BUILD_DIR / "luwu_v1model.json"), BMV2_START_TIMEOUT))
-            return RunningSwitch(sw, child, grpc_address=address)
-        except Exception as e:  # not listening yet: retry until the deadline
-            last = e
-            time.sleep(0.5)
-    raise SwitchError(f"could not program {BMV2_BINARY} for {sw.name} at {address}: {last}")
+    try:
+        bmv2_switch.program(child.proc, address, runtime_path, Path(P4INFO_TXTPB), bmv2_switch.BMV2_JSON,
+                            max(1.0, min(deadline - time.monotonic(), BMV2_START_TIMEOUT)))
+    except bmv2_switch.Bmv2Error as e:
+        raise SwitchError(f"{sw.name}: {e}: {child.tail()}") from None
+    return RunningSwitch(sw, child, grpc_address=address)
 
 
 def bmv2_counters(address: str) -> dict:
+    """The counters of the BMv2 at `address` by name, as the software switch reports them ({} if unreadable)."""
     from luwu.dataplane.protocol import DropReason, Event
-    from luwu.p4 import BUILD_DIR, P4INFO_TXTPB
-    from luwu.p4 import bmv2 as loader
-
-    async def read() -> dict:
-        sw = loader.switch_for(address, Path(P4INFO_TXTPB), BUILD_DIR / "luwu_v1model.json", force=False)
-        async with sw:
-            return await loader.read_counters(sw)
+    from luwu.p4 import bmv2_switch
 
     try:
-        raw = asyncio.run(asyncio.wait_for(read(), BMV2_START_TIMEOUT))
-    except Exception:
+        raw = bmv2_switch.counters(address, timeout=BMV2_START_TIMEOUT)
+    except Exception:  # noqa: BLE001 - a switch that cannot be read reports no counters
         return {}
 
     def name(enum, code):

@@ -45,7 +45,7 @@ DEGRADED: JobState
 ENDED: JobState
 
 class SwitchPort(_message.Message):
-    __slots__ = ("number", "udp_address", "interface", "peer_kind", "peer", "peer_port", "mac", "ip")
+    __slots__ = ("number", "udp_address", "interface", "peer_kind", "peer", "peer_port", "mac", "ip", "ingress_drop_threshold", "egress_drop_threshold")
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     UDP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INTERFACE_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,8 @@ class SwitchPort(_message.Message):
     PEER_PORT_FIELD_NUMBER: _ClassVar[int]
     MAC_FIELD_NUMBER: _ClassVar[int]
     IP_FIELD_NUMBER: _ClassVar[int]
+    INGRESS_DROP_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_DROP_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     number: int
     udp_address: str
     interface: str
@@ -62,10 +64,12 @@ class SwitchPort(_message.Message):
     peer_port: int
     mac: str
     ip: str
-    def __init__(self, number: _Optional[int] = ..., udp_address: _Optional[str] = ..., interface: _Optional[str] = ..., peer_kind: _Optional[_Union[PeerKind, str]] = ..., peer: _Optional[str] = ..., peer_port: _Optional[int] = ..., mac: _Optional[str] = ..., ip: _Optional[str] = ...) -> None: ...
+    ingress_drop_threshold: int
+    egress_drop_threshold: int
+    def __init__(self, number: _Optional[int] = ..., udp_address: _Optional[str] = ..., interface: _Optional[str] = ..., peer_kind: _Optional[_Union[PeerKind, str]] = ..., peer: _Optional[str] = ..., peer_port: _Optional[int] = ..., mac: _Optional[str] = ..., ip: _Optional[str] = ..., ingress_drop_threshold: _Optional[int] = ..., egress_drop_threshold: _Optional[int] = ...) -> None: ...
 
 class Switch(_message.Message):
-    __slots__ = ("name", "p4runtime_address", "device_id", "target", "lanes", "slots", "role", "rail", "ports", "service_address", "udp_port", "health", "last_seen", "jobs", "programmed")
+    __slots__ = ("name", "p4runtime_address", "device_id", "target", "lanes", "slots", "role", "rail", "ports", "service_address", "udp_port", "health", "last_seen", "jobs", "programmed", "drift")
     NAME_FIELD_NUMBER: _ClassVar[int]
     P4RUNTIME_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +85,7 @@ class Switch(_message.Message):
     LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     PROGRAMMED_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_FIELD_NUMBER: _ClassVar[int]
     name: str
     p4runtime_address: str
     device_id: int
@@ -96,7 +101,8 @@ class Switch(_message.Message):
     last_seen: float
     jobs: _containers.RepeatedScalarFieldContainer[str]
     programmed: str
-    def __init__(self, name: _Optional[str] = ..., p4runtime_address: _Optional[str] = ..., device_id: _Optional[int] = ..., target: _Optional[str] = ..., lanes: _Optional[int] = ..., slots: _Optional[int] = ..., role: _Optional[_Union[SwitchRole, str]] = ..., rail: _Optional[int] = ..., ports: _Optional[_Iterable[_Union[SwitchPort, _Mapping]]] = ..., service_address: _Optional[str] = ..., udp_port: _Optional[int] = ..., health: _Optional[str] = ..., last_seen: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., programmed: _Optional[str] = ...) -> None: ...
+    drift: str
+    def __init__(self, name: _Optional[str] = ..., p4runtime_address: _Optional[str] = ..., device_id: _Optional[int] = ..., target: _Optional[str] = ..., lanes: _Optional[int] = ..., slots: _Optional[int] = ..., role: _Optional[_Union[SwitchRole, str]] = ..., rail: _Optional[int] = ..., ports: _Optional[_Iterable[_Union[SwitchPort, _Mapping]]] = ..., service_address: _Optional[str] = ..., udp_port: _Optional[int] = ..., health: _Optional[str] = ..., last_seen: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., programmed: _Optional[str] = ..., drift: _Optional[str] = ...) -> None: ...
 
 class RegisterSwitchRequest(_message.Message):
     __slots__ = ("switch",)

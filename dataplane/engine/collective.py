@@ -24,7 +24,7 @@ Decode = Callable[[np.ndarray, np.ndarray, np.ndarray], None]  # (chunk indices,
 
 class ReduceOp:
     __slots__ = ("op_id", "numel", "chunks", "dtype", "flags", "seg", "decode", "on_done", "result", "got",
-                 "saturated", "session")
+                 "saturated", "saturated_chunks", "session")
 
     def __init__(self, session: "CollectiveSession", op_id: int, numel: int, dtype: Dtype, flags: int,
                  seg: Segment, decode: Decode | None, on_done: Callable[["ReduceOp"], None]):
@@ -40,6 +40,7 @@ class ReduceOp:
         self.result = None if decode else np.zeros((self.chunks, session.lanes), dtype=np.int32)
         self.got = 0
         self.saturated = False
+        self.saturated_chunks: list[np.ndarray] = []  # chunk indices whose RESULT carried SATURATED
 
     def absorb(self, chunk: np.ndarray, lanes: np.ndarray, flags: np.ndarray, exps: np.ndarray) -> bool:
         if self.decode is not None:
@@ -47,8 +48,10 @@ class ReduceOp:
         else:
             self.result[chunk] = lanes
         self.got += len(chunk)
-        if (flags & int(Flag.SATURATED)).any():
+        sat = (flags & int(Flag.SATURATED)) != 0
+        if sat.any():
             self.saturated = True
+            self.saturated_chunks.append(chunk[sat])
         return self.got >= self.chunks
 
 

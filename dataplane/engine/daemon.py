@@ -14,11 +14,11 @@ import signal
 import socket
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 
 from ..session import EndpointPlan
+from ..usage import positive_int
 from .engine import Engine, EngineConfig
 from .handles import Handle
 from .shm import ShmCache
@@ -124,11 +124,11 @@ class EngineServer:
 def add_arguments(p) -> None:
     p.add_argument("--plan", required=True, help="endpoint plan JSON file (luwu.dataplane.session.EndpointPlan)")
     p.add_argument("--control", required=True, help="Unix socket path the worker connects to")
-    p.add_argument("--batch", type=int, default=EngineConfig.batch, help="datagrams per system call")
+    p.add_argument("--batch", type=positive_int, default=EngineConfig.batch, help="datagrams per system call")
 
 
 def run(args) -> int:
-    plan = EndpointPlan.from_json(Path(args.plan).read_text())
+    plan = EndpointPlan.from_file(args.plan)
     engine = Engine(plan, EngineConfig(batch=args.batch)).start()
     server = EngineServer(engine, args.control)
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -25,6 +25,7 @@ from ..session import EndpointPlan, SessionSpec
 from .collective import CollectiveSession
 from .handles import EngineError, Handle
 from .heartbeats import HeartbeatPolicy
+from .liveness import DEFAULT_PEER_TIMEOUT, PeerWatch, drain_error_reports, enable_error_reports
 from .node_server import GradientSink, NodeServerSession, ParamProvider
 from .node_worker import WorkerNodeSession
 from .reductions import AllreduceOp, check_reduction
@@ -41,6 +42,7 @@ class EngineConfig:
     timer_tick: float = 0.001  # s between timer checks while anything is outstanding
     idle_tick: float = 0.05  # s the loop sleeps when nothing is outstanding
     socket_buffer: int = 8 << 20  # bytes asked for SO_RCVBUF/SO_SNDBUF
+    peer_timeout: float = DEFAULT_PEER_TIMEOUT  # s a dead switch/node may starve pending ops (liveness.py; 0: off)
 
 
 class Engine:
@@ -53,10 +55,12 @@ class Engine:
         self.is_node = w.rank == NODE
         lanes = max([s.lanes for s in plan.sessions] or [64])
         sock = udp_socket(w.local[0], w.local[1], cfg.socket_buffer, cfg.socket_buffer)
+        enable_error_reports(sock)
         self.sock = BatchSocket(sock, batch=cfg.batch, max_len=HEADER_LEN + 4 * lanes + 64, peers=1)
         self.sock.set_peer(0, w.switch[0], w.switch[1])
         self.sock.default_peer = 0
         now = time.monotonic()
+        self.watch = PeerWatch(tuple(w.switch), cfg.peer_timeout, now)
         self.sessions: dict[int, object] = {}
         self.meta: CollectiveSession | None = None
         self.data: CollectiveSession | None = None
@@ -231,6 +235,7 @@ class Engine:
                 s.hello(now)
         next_timer = now
         sessions = list(self.sessions.values())
+        node_sessions = [(sid, s) for sid, s in self.sessions.items() if isinstance(s, WorkerNodeSession)]
         try:
             while not self._stop:
                 while self._cmds:
@@ -238,21 +243,30 @@ class Engine:
                 now = time.monotonic()
                 got = 0
                 for _ in range(cfg.rx_batches_per_turn):
-                    k = self.sock.recv()
+                    try:
+                        k = self.sock.recv()
+                    except ConnectionRefusedError:  # the switch's port is gone (IP_RECVERR)
+                        self._refused(now)
+                        break
                     if not k:
                         break
                     self._dispatch(k, now)
                     got += k
+                if got:
+                    self.watch.heard(now)
                 sent = sum(s.pump(now) for s in sessions)
                 busy = any(s.busy() for s in sessions)
                 if now >= next_timer:
                     for s in sessions:
                         s.on_timer(now)
+                    self._check_peers(now, node_sessions)
                     next_timer = now + (cfg.timer_tick if busy else cfg.idle_tick)
                 self.stats["loop_turns"] += 1
                 if got == 0 and sent == 0 and not self._cmds:
                     wait = max(0.0, min(next_timer, now + cfg.heartbeat.interval) - time.monotonic())
-                    poller.poll(max(1, int(wait * 1000 + 0.5)) if wait > 0 else 0)
+                    for _fd, ev in poller.poll(max(1, int(wait * 1000 + 0.5)) if wait > 0 else 0):
+                        if ev & select.POLLERR:
+                            self._refused(now, certain=False)
                     try:
                         os.read(self._wake_r, 4096)
                     except BlockingIOError:
@@ -262,6 +276,23 @@ class Engine:
             for h in list(self._handles):
                 h.set_error(EngineError(f"the engine loop failed: {e!r}"))
             raise
+
+    def _refused(self, now: float, certain: bool = True) -> None:
+        """The kernel reported an error on the socket: drain its queue (else poll spins on POLLERR)
+        and note the switch's port as unreachable when it says so (a refused recv says so itself)."""
+        if drain_error_reports(self.sock.sock) or certain:
+            self.watch.refused(now)
+
+    def _check_peers(self, now: float, node_sessions) -> None:
+        """Fail every pending operation with LuwuPeerDead once the switch or a node it waits on is dead."""
+        self.watch.pending(bool(self._handles), now)
+        dead = self.watch.verdict(now, [(sid, s.node_heard, s.busy()) for sid, s in node_sessions])
+        if dead is None:
+            return
+        self.stats["peer_dead"] = self.stats.get("peer_dead", 0) + 1
+        for h in list(self._handles):
+            h.set_error(dead)
+        self.watch.pending(False, now)  # the next operation gets its own full timeout
 
     def _dispatch(self, k: int, now: float) -> None:
         rows = self.sock.rx[:k]

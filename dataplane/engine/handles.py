@@ -24,7 +24,7 @@ class Handle:
         self._callbacks: list[Callable[["Handle"], None]] = []
         self._lock = threading.Lock()
         self.name = name
-        self.saturated = False  # a contributor's quantiser clipped (fixed point)
+        self.saturated = False  # a contributor's quantiser clipped: a float sum's saturated chunks read NaN (protocol.md 5.1)
         self.info: dict = {}
 
     def done(self) -> bool:

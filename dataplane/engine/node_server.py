@@ -43,12 +43,18 @@ class GradAssembly:
 
     def absorb(self, chunk: np.ndarray, lanes_view: np.ndarray, exps: np.ndarray, flags: np.ndarray) -> bool:
         e = exps.astype(np.int32)
-        self.buf[chunk] = np.ldexp(lanes_view.astype(np.float32), (e + self.shift)[:, None])
+        with np.errstate(over="ignore"):  # past 2^128 the sum is inf, as IEEE rounds it
+            self.buf[chunk] = np.ldexp(lanes_view.astype(np.float32), (e + self.shift)[:, None])
         self.got += len(chunk)
+        sat = (flags & int(Flag.SATURATED)) != 0
+        if sat.any():
+            # a contributor clipped (inf/NaN, or |x| >= 2^127): the fixed-point sum of the chunk is not
+            # the sum, so it reaches the node as NaN, never as a plausible number (docs/protocol.md 5.1)
+            self.buf[chunk[sat]] = np.float32(np.nan)
         # |sum| < 2^(e + c): finite in float32 unless that passes 2^128. Anything else that could
         # be non-finite was clipped by a quantiser, which set SATURATED; so an unsaturated sum is
         # finite by construction and the node can skip its NaN/Inf pass.
-        self.saturated |= bool((flags & int(Flag.SATURATED)).any()) or bool((e + self.shift + 31 > 128).any())
+        self.saturated |= bool(sat.any()) or bool((e + self.shift + 31 > 128).any())
         return self.got >= self.chunks
 
 

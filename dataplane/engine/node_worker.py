@@ -61,6 +61,7 @@ class WorkerNodeSession:
         self.sock = sock
         self.lanes = spec.lanes
         self.grad = SendStream(sock, spec.pool_size, rto, HEADER_LEN + 4 * spec.lanes, now)
+        self.node_heard = now  # last HEARTBEAT from the node (liveness.py: its silence names it dead)
         self.param_window = RecvWindow(_pow2_at_least(spec.param_window))
         self.hb = HeartbeatSender(sock, spec.session, rank, self.param_window, hb, capacity=spec.param_window)
         self.pull_retry = pull_retry
@@ -107,6 +108,7 @@ class WorkerNodeSession:
         self.stats["pushes"] += 1
 
     def on_node_heartbeat(self, ack: int, credit: int, now: float, gap: bool = False) -> None:
+        self.node_heard = now
         moved = self.grad.on_ack(ack, credit, now)
         if gap and not moved and ack == self.grad.ack:
             self.grad.fast_retransmit(now)  # the node has packets past a hole: resend from its ack

@@ -1,9 +1,16 @@
 """How an allreduce of a dtype and an op crosses the network (docs/protocol.md 5).
 
 float sum/avg: agree per-chunk exponents with a MAX on the `meta` session, then FIXED32 sums on
-the `data` session. float max/min: ORDERED32 with lane MAX (min negates the keys). int32:
-INT32 sum (wrapping like numpy) or max/min. Results are decoded as RESULT packets arrive, so
-no int32 copy of the whole result is kept.
+the `data` session. float max/min: ORDERED32 with lane MAX (min negates the keys; NaN is made
+the winning key first, so NaN propagates as in torch.maximum/minimum). int32: INT32 sum
+(wrapping like numpy) or max/min. Results are decoded as RESULT packets arrive, so no int32 copy
+of the whole result is kept.
+
+A float sum chunk whose RESULT carries SATURATED (some contributor had inf/NaN or a value the
+agreed exponent could not hold) cannot be read from the fixed-point sum: the engine never returns
+its clipped value but fills that chunk with NaN and sets `handle.saturated`, so a caller recomputes
+exactly those elements on an exact path (the torch backend: worker/backend/fallback.py) and a
+caller that does not still sees no plausible number (docs/protocol.md 5.1).
 """
 
 from __future__ import annotations
@@ -67,7 +74,7 @@ class AllreduceOp:
             meta.set_values(meta_op, local)
             return
         if self.x.dtype == np.float32:
-            keys = to_ordered(self.x)
+            keys = to_ordered(nan_wins(self.x, self.op))  # float max/min (sums returned above)
             dtype = Dtype.ORDERED32
         else:
             keys = self.x
@@ -94,7 +101,8 @@ class AllreduceOp:
 
     def _decode_fixed(self, chunk: np.ndarray, lanes_view: np.ndarray, _hdr_exps: np.ndarray) -> None:
         shift = (self.exps[chunk].astype(np.int32) + contributor_bits(self.n) - 31)[:, None]
-        self.out[chunk] = np.ldexp(lanes_view.astype(np.float32), shift)
+        with np.errstate(over="ignore"):  # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it
+            self.out[chunk] = np.ldexp(lanes_view.astype(np.float32), shift)
 
     # -- max/min and integers -----------------------------------------------------------------
     def _decode_keys(self, chunk: np.ndarray, lanes_view: np.ndarray, _hdr_exps: np.ndarray) -> None:
@@ -104,8 +112,21 @@ class AllreduceOp:
         self.out[chunk] = from_ordered(keys) if self.x.dtype == np.float32 else keys
 
     def _done(self, data_op: ReduceOp) -> None:
+        if data_op.saturated_chunks and data_op.dtype == Dtype.FIXED32:
+            # the clipped fixed-point sum of these chunks is not the sum: never hand it out
+            self.out[np.concatenate(data_op.saturated_chunks)] = np.float32(np.nan)
         result = self.out.reshape(-1)[: self.numel]
         if self.op == "avg":
             result /= np.float32(self.n)
         self.handle.saturated = self.saturated or data_op.saturated
         self.handle.set_result(result)
+
+
+def nan_wins(x: np.ndarray, op: str) -> np.ndarray:
+    """x with every NaN made the key that wins `op` (+NaN for max, -NaN for min), so a NaN in any
+    contribution gives NaN, as torch.maximum/minimum do (the ordered encoding ranks +NaN above
+    +inf and -NaN below -inf, whatever the NaN's sign bit was)."""
+    nan = np.isnan(x)
+    if not nan.any():
+        return x
+    return np.where(nan, np.copysign(np.float32(np.nan), np.float32(1 if op == "max" else -1)), x).astype(np.float32)

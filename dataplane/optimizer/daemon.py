@@ -2,6 +2,10 @@
 
 Prints one JSON line `{"ready": true, "udp": ..., "control": ...}` when it serves, and runs
 until SIGINT/SIGTERM.
+
+The control channel is always authenticated (control.py): a job's token, checked with the
+controller (--controller), or the node's own --control-token-file (which, like the admin token
+of --token-file, reaches every job).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import threading
 from pathlib import Path
 
 from ..session import EndpointPlan
+from ..usage import UserError, positive_int, size
+from .errors import CheckpointError
 from .node import OptimizerNode
 from .service import OptimizerService
 from .spec import NodeConfig
@@ -20,21 +26,22 @@ from .spec import NodeConfig
 DEFAULT_CAPACITY = 1e8  # params/s registered with the controller when not measured
 
 
-def _size(text: str) -> int:
-    from luwu.bench.sizes import parse_size
-
-    return parse_size(text)
-
-
 def add_arguments(p) -> None:
-    p.add_argument("--plan", required=True, type=Path, help="endpoint plan JSON (the node's sessions and wiring)")
+    p.add_argument("--plan", required=True, help="endpoint plan JSON (the node's sessions and wiring)")
     p.add_argument("--state-dir", required=True, type=Path, help="directory for the optimizer state files")
-    p.add_argument("--ram-budget", default="1GiB", type=_size, help="RAM for state and served copies (e.g. 512MiB)")
+    p.add_argument("--ram-budget", default="1GiB", type=size, help="RAM for state and served copies (e.g. 512MiB)")
     p.add_argument("--checkpoint-dir", type=Path, help="where checkpoints go (none: checkpoints refused)")
     p.add_argument("--restore", help="checkpoint to resume from: a path, or 'latest' in --checkpoint-dir")
-    p.add_argument("--control", default=None, help="control channel address: unix:/path or host:port")
+    p.add_argument("--control", default=None, help="control channel address: unix:/path or host:port; clients "
+                                                   "authenticate with a job's token (checked with --controller) or "
+                                                   "the --control-token-file token")
+    p.add_argument("--control-token-file", default="", help="file holding a token that reaches every job on the "
+                                                            "control channel (needed for --control without "
+                                                            "--controller)")
+    p.add_argument("--control-max-message", type=size, default=None,
+                   help="bytes one control message may carry (checked before allocating; default: --ram-budget)")
     p.add_argument("--pipeline", choices=["step", "layer"], default="step", help="optimizer pipeline shape")
-    p.add_argument("--threads-per-step", type=int, default=1)
+    p.add_argument("--threads-per-step", type=positive_int, default=1)
     from luwu.controller.daemon_link import add_controller_arguments
 
     add_controller_arguments(p, "node")
@@ -44,17 +51,24 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    plan = EndpointPlan.from_json(args.plan.read_text())
+    plan = EndpointPlan.from_file(args.plan)
     config = NodeConfig(state_dir=args.state_dir, ram_budget=args.ram_budget, checkpoint_dir=args.checkpoint_dir,
                         pipeline=args.pipeline, threads_per_step=args.threads_per_step)
     restore = args.restore
     if restore == "latest":
         if args.checkpoint_dir is None:
-            raise SystemExit("--restore latest needs --checkpoint-dir")
+            raise UserError("--restore latest needs --checkpoint-dir")
         restore = OptimizerNode.latest_checkpoint(args.checkpoint_dir)
         if restore is None:
-            raise SystemExit(f"no complete checkpoint in {args.checkpoint_dir}")
-    service = OptimizerService(plan, config, restore).start(args.control)
+            raise UserError(f"--restore latest: no complete checkpoint in {args.checkpoint_dir}")
+    elif restore is not None and not Path(restore).is_dir():
+        raise UserError(f"--restore {restore}: no such checkpoint directory (or pass 'latest')")
+    auth = _control_auth(args) if args.control else None
+    try:
+        service = OptimizerService(plan, config, restore)
+    except CheckpointError as exc:  # a corrupt or foreign checkpoint is the user's to replace, not a crash
+        raise UserError(f"--restore {restore}: {exc}") from None
+    service.start(args.control, auth, args.control_max_message or config.ram_budget)
     try:
         beat = _join_controller(args, service, config)
     except Exception:
@@ -76,6 +90,32 @@ def run(args) -> int:
             beat.stop()
         service.close()
     return 0
+
+
+def _control_auth(args):
+    """Who may use the control channel: --control-token-file, the admin token, and job tokens the
+    controller confirms (its job-scoped GetJob answers only the job's own token)."""
+    from luwu.controller.config import read_token
+
+    from .control import ControlAuth
+
+    static = read_token("", args.control_token_file) if args.control_token_file else ""
+    verify = None
+    if getattr(args, "controller", None):
+        static = static or read_token("", args.token_file)
+
+        def verify(job_id: str, token: str) -> bool:
+            from luwu.controller.client import ControllerClient, ControllerRefused
+
+            with ControllerClient(args.controller, token, timeout=10) as client:
+                try:
+                    return client.job(job_id).job_id == job_id
+                except (ControllerRefused, ConnectionError):  # refused, or the controller is unreachable
+                    return False
+    if not static and verify is None:
+        raise UserError("--control needs --control-token-file FILE or --controller: the control channel takes "
+                        "only authenticated clients")
+    return ControlAuth(token=static, verify=verify)
 
 
 def _join_controller(args, service: OptimizerService, config: NodeConfig):

@@ -3,7 +3,8 @@
 Each node session of the plan serves one job: its summed gradients (AGG from the switch) go to
 the node's pipeline, and PULLs are answered from the node's served parameters as soon as the
 requested version is published. Jobs arrive over the control channel (`control.py`) with their
-spec and initial parameters, or come back from a checkpoint.
+spec and initial parameters, or come back from a checkpoint. With a `ControlAuth` the channel
+takes only authenticated connections, and a job's token may add only that job.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from ..engine import Engine, EngineConfig
 from ..session import EndpointPlan
-from .control import ControlServer, unpack_arrays
+from .control import DEFAULT_MAX_MESSAGE, ControlAuth, ControlServer, Grant, unpack_arrays
 from .node import OptimizerNode
 from .spec import JobSpec, NodeConfig
 
@@ -28,10 +29,13 @@ class OptimizerService:
         self._lock = threading.Lock()
         self.control: ControlServer | None = None
 
-    def start(self, control: str | None = None) -> "OptimizerService":
+    def start(self, control: str | None = None, auth: ControlAuth | None = None,
+              max_message: int = DEFAULT_MAX_MESSAGE) -> "OptimizerService":
+        """Start the engine and, with `control`, the control channel (`auth`: who may use it; None
+        serves it unauthenticated, for in-process tests; `max_message`: bytes one message may claim)."""
         self.engine.start()
         if control:
-            self.control = ControlServer(control, self.handle).start()
+            self.control = ControlServer(control, self.handle, auth=auth, max_message=max_message).start()
         return self
 
     def add_job(self, session: int, contributors: int, spec: JobSpec) -> None:
@@ -45,11 +49,14 @@ class OptimizerService:
         self.engine.bind(session, self.node.provider(spec.job_id),
                          self.node.gradient_sink(spec.job_id, contributors)).wait(30)
 
-    def handle(self, header: dict, blobs: list[bytes]) -> dict:
+    def handle(self, header: dict, blobs: list[bytes], grant: Grant | None = None) -> dict:
         op = header.get("op")
         if op == "add_job":
             initial = unpack_arrays(header["initial"], blobs) if "initial" in header else int(header.get("seed", 0))
             spec = JobSpec.from_json(header["job"], initial)
+            if grant is not None and grant.job_id is not None and spec.job_id != grant.job_id:
+                raise PermissionError(f"this connection holds the token of job {grant.job_id!r}; it cannot add job "
+                                      f"{str(spec.job_id)[:80]!r}")
             self.add_job(int(header["session"]), int(header["contributors"]), spec)
             return {"job_id": spec.job_id}
         if op == "stats":

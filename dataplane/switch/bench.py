@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..net.mmsg import BatchSocket, udp_socket
+from ..usage import UserError, positive_int, size
 from ..protocol import (
     HEADER_LEN, Dtype, MsgType, NextStep, aggregation_packet_len, header_view, lanes_for_mode, ver_type,
 )
@@ -38,24 +39,15 @@ STALL_TIMEOUT = 10  # s without any new result before a worker gives up
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, default=4, help="worker processes (1..32)")
-    p.add_argument("--size", default="32MiB", help="bytes each worker reduces (e.g. 8MiB, 64MiB)")
+    p.add_argument("--workers", type=positive_int, default=4, help="worker processes (1..32)")
+    p.add_argument("--size", type=size, default="32MiB", help="bytes each worker reduces (e.g. 8MiB, 64MiB)")
     p.add_argument("--mode", default="jumbo", help="packet mode or lane count (jumbo = 2048 lanes)")
-    p.add_argument("--pool", type=int, default=256, help="slot pool = window of packets in flight per worker")
-    p.add_argument("--batch", type=int, default=64, help="datagrams per recvmmsg/sendmmsg")
-    p.add_argument("--repeat", type=int, default=3, help="runs of each; the best is reported")
+    p.add_argument("--pool", type=positive_int, default=256, help="slot pool = window of packets in flight per worker")
+    p.add_argument("--batch", type=positive_int, default=64, help="datagrams per recvmmsg/sendmmsg")
+    p.add_argument("--repeat", type=positive_int, default=3, help="runs of each; the best is reported")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", type=Path, help="directory for switch_bench.json and switch_bench.png")
     p.add_argument("--profile", type=Path, help="write the switch process's cProfile stats here")
-
-
-def _size(text: str) -> int:
-    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 1000, "mb": 10**6, "gb": 10**9, "b": 1}
-    t = text.strip().lower()
-    for u, mult in units.items():
-        if t.endswith(u):
-            return int(float(t[: -len(u)]) * mult)
-    return int(t)
 
 
 # --- the two servers ---------------------------------------------------------------------------
@@ -268,9 +260,12 @@ def _summary(runs: list[dict]) -> dict:
 
 def run(args) -> int:
     if not 1 <= args.workers <= 32:
-        raise SystemExit("--workers must be 1..32")
-    lanes = lanes_for_mode(args.mode)
-    nbytes = _size(args.size)
+        raise UserError("--workers must be 1..32")
+    try:
+        lanes = lanes_for_mode(args.mode)
+    except ValueError as exc:
+        raise UserError(f"--mode: {exc}") from None
+    nbytes = args.size
     npkts = max(1, -(-nbytes // (4 * lanes)))
     from rich.progress import Progress
 

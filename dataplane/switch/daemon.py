@@ -4,6 +4,10 @@ Ports come from `--config` (YAML, see switch.example.yaml) and/or flags; flags w
 JSON ready line (`{"ready": true, "ports": {N: "HOST:PORT"}, "p4runtime": ...}`), rewrites `--stats-file` (JSON counters) every stats interval
 so a hung job can be diagnosed without a CLI, optionally serves P4Runtime, and shuts down
 cleanly on SIGINT/SIGTERM.
+
+P4Runtime is always authenticated (p4runtime_auth.py): the token comes from
+--p4runtime-token-file, or, with --controller, is derived from the admin token and --name (what
+the controller sends). Without TLS it serves loopback only.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..usage import UserError
 from .config import (
     DROP_KEYS, ConfigError, DaemonConfig, SwitchConfig, UdpPortSpec, load_daemon_config, parse_drop, parse_hostport,
     switch_port_number,
@@ -46,6 +51,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats-interval", type=float, help="seconds between stats file writes (default 1)")
     p.add_argument("--p4runtime", metavar="ADDR", help="serve P4Runtime on HOST:PORT")
     p.add_argument("--p4info", help="P4Info for --p4runtime (default: the committed p4/build/p4info.txtpb)")
+    p.add_argument("--p4runtime-token-file", help="file holding the token every P4Runtime client must present "
+                                                   "(default with --controller: derived from the admin token and "
+                                                   "--name, as the controller does; required otherwise)")
+    p.add_argument("--p4runtime-tls-cert", help="PEM certificate: serve P4Runtime over TLS (with --p4runtime-tls-key;"
+                                                " needed for a non-loopback --p4runtime address)")
+    p.add_argument("--p4runtime-tls-key", help="PEM private key for --p4runtime-tls-cert")
+    p.add_argument("--p4runtime-tls-client-ca", help="PEM CA: P4Runtime clients must present a certificate it signed "
+                                                     "(mutual TLS; the controller's --switch-tls-cert)")
     from luwu.controller.daemon_link import add_controller_arguments
 
     add_controller_arguments(p, "switch")
@@ -140,7 +153,7 @@ def write_stats(sw, path: str, started: float) -> None:
     os.replace(tmp, path)  # readers never see a half-written file
 
 
-def _start_p4runtime(sw, cfg: DaemonConfig):
+def _start_p4runtime(sw, cfg: DaemonConfig, args):
     try:
         from . import p4runtime_server
     except ImportError as e:
@@ -152,7 +165,46 @@ def _start_p4runtime(sw, cfg: DaemonConfig):
             from luwu.p4 import P4INFO_TXTPB as p4info
         except ImportError:
             p4info = None
-    return p4runtime_server.serve(sw, cfg.p4runtime, p4info, device_id=0)
+    credentials, auth = _p4runtime_tls(args), _p4runtime_auth(args)
+    try:
+        return p4runtime_server.serve(sw, cfg.p4runtime, p4info, device_id=0, credentials=credentials, auth=auth)
+    except ValueError as e:  # a token in clear text beyond loopback
+        raise ConfigError(str(e)) from None
+
+
+def _p4runtime_auth(args):
+    """The token P4Runtime clients must present (ConfigError saying where to get one when there is none)."""
+    from luwu.controller.config import read_token
+
+    from .p4runtime_auth import P4RuntimeAuth, switch_token
+
+    if args.p4runtime_token_file:
+        token = read_token("", args.p4runtime_token_file)
+        if not token:
+            raise ConfigError(f"--p4runtime-token-file {args.p4runtime_token_file} is empty: write the token into it")
+        return P4RuntimeAuth(token)
+    if getattr(args, "controller", None):
+        admin = read_token("", args.token_file)
+        if admin:
+            return P4RuntimeAuth(switch_token(admin, args.name))
+    raise ConfigError("--p4runtime needs a credential for its clients: pass --p4runtime-token-file FILE, or "
+                      "--controller with --token-file (the controller's token is then derived)")
+
+
+def _p4runtime_tls(args):
+    cert, key, ca = args.p4runtime_tls_cert, args.p4runtime_tls_key, args.p4runtime_tls_client_ca
+    if bool(cert) != bool(key):
+        raise ConfigError("P4Runtime TLS needs both --p4runtime-tls-cert and --p4runtime-tls-key")
+    if ca and not cert:
+        raise ConfigError("--p4runtime-tls-client-ca needs --p4runtime-tls-cert/--p4runtime-tls-key")
+    if not cert:
+        return None
+    from .p4runtime_auth import server_credentials
+
+    for flag, path in (("--p4runtime-tls-cert", cert), ("--p4runtime-tls-key", key), ("--p4runtime-tls-client-ca", ca)):
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{flag} {path}: no such file")
+    return server_credentials(cert, key, ca or "")
 
 
 def _join_controller(args, sw, p4rt):
@@ -188,6 +240,13 @@ def _join_controller(args, sw, p4rt):
     return client.heartbeat_loop("switch", args.name, HEARTBEAT_INTERVAL, counters=counters)
 
 
+def _apply_drop(sw, cfg: DaemonConfig) -> None:
+    for n in sorted(set(cfg.ports) | set(cfg.ifaces)):
+        probs = cfg.drop_for(n)
+        if any(probs.values()):
+            sw.set_drop_sim(n, **probs)
+
+
 def run(args) -> int:
     from .switch import SoftwareSwitch
 
@@ -211,14 +270,14 @@ def run(args) -> int:
         if args.controller and not cfg.p4runtime:
             raise ConfigError("--controller needs --p4runtime ADDR: the controller programs the switch over it")
         if cfg.p4runtime:
-            p4rt = _start_p4runtime(sw, cfg)
+            p4rt = _start_p4runtime(sw, cfg, args)
+        # before registration, so that the record declares the simulated loss (the controller keeps it and
+        # removes any other drop_sim entry), and again after: the controller's pipeline install clears the tables
+        _apply_drop(sw, cfg)
         beat = _join_controller(args, sw, p4rt)
-        # after registration: the controller's pipeline install clears every table, the drop simulator's too
-        for n in sorted(set(cfg.ports) | set(cfg.ifaces)):
-            probs = cfg.drop_for(n)
-            if any(probs.values()):
-                sw.set_drop_sim(n, **probs)
-    except (ConfigError, TableError, FileNotFoundError, ConnectionError, RuntimeError) as e:
+        if beat is not None:
+            _apply_drop(sw, cfg)
+    except (ConfigError, TableError, FileNotFoundError, ConnectionError, RuntimeError, UserError) as e:
         print(f"luwu switch: {e}", file=sys.stderr)
         if sw is not None:
             sw.stop()

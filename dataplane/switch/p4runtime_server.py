@@ -12,6 +12,11 @@ BMv2), StreamChannel (primary arbitration by election id) and Capabilities.
 
 `P4RuntimeBase` holds everything but the storage; the controller's in-process fake P4Runtime
 server (`luwu.controller.fake_p4runtime`) reuses it with a recording store.
+
+With a `P4RuntimeAuth` (`p4runtime_auth.py`; `luwu switch` always has one) every call but
+Capabilities needs the switch's bearer token, and arbitration only the controller's role: a
+client without them can neither become primary, nor write, nor read. `serve(..., auth=None)`
+is the unauthenticated in-process server of tests and tools.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from finsy.p4entity import P4Replica
 from finsy.p4values import encode_exact, encode_lpm
 from finsy.proto import U128, p4i, p4r, p4r_grpc, rpc_code, rpc_status
 
+from .p4runtime_auth import P4RuntimeAuth, check_transport, local_server_credentials
 from .table_schema import SCHEMA, TableError, short_name
 
 API_VERSION = "1.4.1"
@@ -56,8 +62,9 @@ class _Stream:
 class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
     """Arbitration, pipeline config and the Write/Read envelopes; subclasses store entities."""
 
-    def __init__(self, device_id: int = 0):
+    def __init__(self, device_id: int = 0, auth: P4RuntimeAuth | None = None):
         self.device_id = device_id
+        self.auth = auth
         self.schema: P4Schema | None = None
         self.config: p4r.ForwardingPipelineConfig | None = None
         self._saved: p4r.ForwardingPipelineConfig | None = None
@@ -77,6 +84,13 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
     def read_entity(self, entity: p4r.Entity) -> list[p4r.Entity]:
         raise UpdateError(grpc.StatusCode.UNIMPLEMENTED, "reads are not supported")
 
+    # -- authentication -------------------------------------------------------------------------
+    def _authenticate(self, context) -> None:
+        if self.auth is not None:
+            why = self.auth.refusal(context.invocation_metadata())
+            if why:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+
     # -- arbitration ----------------------------------------------------------------------------
     def primary_election_id(self) -> int | None:
         ids = [s.election_id for s in self._streams if s.election_id is not None]
@@ -86,6 +100,10 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
         if update.device_id != self.device_id:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown device id {update.device_id}: this switch is "
                                                      f"device {self.device_id} (pass device_id={self.device_id})")
+        if self.auth is not None:
+            why = self.auth.role_refusal(update.role.name if update.HasField("role") else "")
+            if why:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         election = U128.decode(update.election_id)
         with self._mutex:
             for other in list(self._streams):
@@ -104,6 +122,7 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
                     election_id=U128.encode(primary), status=rpc_status.Status(code=code))))
 
     def StreamChannel(self, request_iterator, context):
+        self._authenticate(context)  # before the stream exists: an unauthenticated client never arbitrates
         stream = _Stream(context)
         with self._mutex:
             self._streams.append(stream)
@@ -146,6 +165,7 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
                                                          else rpc_code.ALREADY_EXISTS))))
 
     def _check_writer(self, device_id: int, election_id, context) -> None:
+        self._authenticate(context)
         if device_id != self.device_id:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown device id {device_id}: this switch is device "
                                                      f"{self.device_id}")
@@ -189,6 +209,7 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
             self.clear()
 
     def GetForwardingPipelineConfig(self, request, context):
+        self._authenticate(context)
         if request.device_id != self.device_id:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown device id {request.device_id}")
         with self._mutex:
@@ -230,6 +251,7 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
         return p4r.WriteResponse()
 
     def Read(self, request, context):
+        self._authenticate(context)
         if request.device_id != self.device_id:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown device id {request.device_id}")
         if self.config is None:
@@ -250,8 +272,8 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
 class SwitchP4Runtime(P4RuntimeBase):
     """P4Runtime over the software switch's `tables` (insert/delete/entries/multicast) and counters."""
 
-    def __init__(self, switch, device_id: int = 0):
-        super().__init__(device_id)
+    def __init__(self, switch, device_id: int = 0, auth: P4RuntimeAuth | None = None):
+        super().__init__(device_id, auth)
         self.switch = switch
 
     def check_p4info(self, p4info: p4i.P4Info) -> None:
@@ -480,14 +502,35 @@ def start_server(servicer: P4RuntimeBase, address: str, credentials: grpc.Server
     return P4RuntimeHandle(server, f"{address.rpartition(':')[0]}:{port}", servicer)
 
 
-def serve(switch, address: str, p4info_path, device_id: int = 0, credentials=None) -> P4RuntimeHandle:
-    """Serve P4Runtime for `switch` (a SoftwareSwitch) on `address` ("HOST:PORT", port 0 = any)."""
+def serve(switch, address: str, p4info_path, device_id: int = 0, credentials=None,
+          auth: P4RuntimeAuth | None = None) -> P4RuntimeHandle:
+    """Serve P4Runtime for `switch` (a SoftwareSwitch) on `address` ("HOST:PORT", port 0 = any).
+
+    Args:
+        switch: the SoftwareSwitch whose tables are served.
+        address: "HOST:PORT" to listen on.
+        p4info_path: the P4Info the controller will install (checked to exist).
+        device_id: the P4Runtime device id (BMv2's convention: 0).
+        credentials: TLS server credentials (`p4runtime_auth.server_credentials`), or None.
+        auth: the token and role every call must present; None serves unauthenticated (tests and
+            in-process tools only). With auth and no TLS, only a loopback address is allowed and
+            the server uses gRPC local credentials (loopback peers; call credentials allowed).
+
+    Returns:
+        A P4RuntimeHandle (`.address`, `.stop()`).
+
+    Example:
+        >>> handle = serve(sw, "127.0.0.1:0", P4INFO_TXTPB, auth=P4RuntimeAuth(switch_token(admin, "s1")))
+    """
+    check_transport(address, auth, credentials is not None)
+    if auth is not None and credentials is None:
+        credentials = local_server_credentials()
     if p4info_path and not Path(p4info_path).exists():
         raise FileNotFoundError(f"P4Info {p4info_path} not found: run `luwu p4 generate` or pass the committed "
                                 "p4/build/p4info.txtpb")
     # The P4Info itself arrives with SetForwardingPipelineConfig (checked against the tables then);
     # the path is only checked here so that a daemon misconfiguration shows at start.
-    return start_server(SwitchP4Runtime(switch, device_id), address, credentials)
+    return start_server(SwitchP4Runtime(switch, device_id, auth), address, credentials)
 
 
 def device_config_marker(lanes: int, slots: int, name: str = "luwu-software-switch") -> bytes:

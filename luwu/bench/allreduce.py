@@ -22,17 +22,18 @@ from pathlib import Path
 import numpy as np
 
 from luwu.bench.sizes import format_size, parse_size
+from luwu.dataplane.usage import UserError, positive_int, probability, size
 from luwu.bench.udp_ceiling import measure as measure_ceiling
 from luwu.dataplane.protocol import aggregation_packet_len, lanes_for_mode
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--workers", type=int, default=4, help="number of workers (1..32)")
-    p.add_argument("--size", default="16MiB", help="bytes per worker buffer (float32), e.g. 4MiB, 64MiB")
+    p.add_argument("--workers", type=positive_int, default=4, help="number of workers (1..32)")
+    p.add_argument("--size", type=size, default="16MiB", help="bytes per worker buffer (float32), e.g. 4MiB, 64MiB")
     p.add_argument("--mode", default="jumbo", help="packet mode: tofino (64 lanes), jumbo (2048), loopback (16000)")
-    p.add_argument("--iters", type=int, default=5, help="timed allreduces (after one warm-up)")
+    p.add_argument("--iters", type=positive_int, default=5, help="timed allreduces (after one warm-up)")
     p.add_argument("--dtype", choices=["float32", "int32"], default="float32")
-    p.add_argument("--drop", type=float, default=0.0, help="simulated loss probability on every switch port")
+    p.add_argument("--drop", type=probability, default=0.0, help="simulated loss probability on every switch port")
     p.add_argument("--verify", action="store_true", help="check every element of every result")
     p.add_argument("--no-gloo", action="store_true", help="skip the Gloo baseline")
     p.add_argument("--no-ceiling", action="store_true", help="skip the raw UDP ceiling")
@@ -149,9 +150,14 @@ def run_gloo(workers: int, numel: int, iters: int) -> dict:
 def run(args) -> int:
     nbytes = parse_size(args.size)
     numel = nbytes // 4
-    lanes = lanes_for_mode(args.mode)
+    try:
+        lanes = lanes_for_mode(args.mode)
+    except ValueError as exc:
+        raise UserError(f"--mode: {exc}") from None
     if not 1 <= args.workers <= 32:
-        raise SystemExit("--workers must be 1..32 (one switch bitmap)")
+        raise UserError("--workers must be 1..32 (one switch bitmap)")
+    if numel < 1:
+        raise UserError(f"--size {args.size}: at least 4 bytes (one float32)")
     from rich.console import Console
 
     console = Console(stderr=True)

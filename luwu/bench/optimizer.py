@@ -32,15 +32,16 @@ from pathlib import Path
 import numpy as np
 
 from luwu.bench.sizes import parse_size
+from luwu.dataplane.usage import UserError, positive_float, positive_int, size
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--params", default="24M", help="parameters of the in-RAM model (e.g. 24M)")
-    p.add_argument("--layers", type=int, default=12, help="layers (each a weight, a bias and a norm scale)")
-    p.add_argument("--steps", type=int, default=8, help="timed steps per measurement block (after a warm-up)")
-    p.add_argument("--ooc-params", default="8M", help="parameters of the out-of-core model")
-    p.add_argument("--ooc-ratio", type=float, default=8.0, help="out-of-core state size / RAM budget")
-    p.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
+    p.add_argument("--params", type=size, default="24M", help="parameters of the in-RAM model (e.g. 24M)")
+    p.add_argument("--layers", type=positive_int, default=12, help="layers (each a weight, a bias and a norm scale)")
+    p.add_argument("--steps", type=positive_int, default=8, help="timed steps per measurement block (after a warm-up)")
+    p.add_argument("--ooc-params", type=size, default="8M", help="parameters of the out-of-core model")
+    p.add_argument("--ooc-ratio", type=positive_float, default=8.0, help="out-of-core state size / RAM budget")
+    p.add_argument("--checkpoint-every", type=positive_int, default=50, help="steps between checkpoints")
     p.add_argument("--served", choices=["bf16", "fp16", "fp32"], default="bf16", help="served parameter dtype")
     p.add_argument("--dir", type=Path, default=None, help="where state files and checkpoints go (a real disk; "
                                                            "default: the system temp directory)")
@@ -290,6 +291,8 @@ def bench_out_of_core(root: Path, args, status) -> dict:
 
 
 def run(args) -> int:
+    if args.dir is not None and not args.dir.is_dir():
+        raise UserError(f"--dir {args.dir}: no such directory")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     from rich.console import Console

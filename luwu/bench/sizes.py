@@ -2,17 +2,7 @@
 
 from __future__ import annotations
 
-import re
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 2**20,
-          "g": 10**9, "gb": 10**9, "gib": 2**30}
-
-
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read size {text!r}: use a number with an optional unit (B, KiB, MiB, GiB, k, M, G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+from luwu.dataplane.usage import parse_size, size  # noqa: F401 - one parser of sizes (usage.py), re-exported
 
 
 def format_size(n: int) -> str:

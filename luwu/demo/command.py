@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from luwu.dataplane.optimizer.spec import SERVED_DTYPES
+from luwu.dataplane.usage import UserError, existing_file, positive_float, positive_int, probability
 
 from .launch import WorkerGroup
 from .progress import DemoProgress, human_bytes
@@ -29,41 +30,44 @@ NODE_RAM = 256 << 20  # bytes of RAM the optimizer node may use for state and se
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--steps", type=int, default=150, help="training steps (default 150)")
+    p.add_argument("--workers", type=positive_int, default=2, help="worker processes (default 2)")
+    p.add_argument("--steps", type=positive_int, default=150, help="training steps (default 150)")
     p.add_argument("--out", type=Path, default=Path("luwu-demo"), help="where report.json and the plots go")
-    p.add_argument("--drop", type=float, default=0.0, help="simulated packet loss on every switch port and "
+    p.add_argument("--drop", type=probability, default=0.0, help="simulated packet loss on every switch port and "
                                                            "direction (e.g. 0.01); recovery keeps results exact")
     p.add_argument("--no-baseline", action="store_true", help="skip the DDP + Gloo baseline run")
     p.add_argument("--no-controller", action="store_true",
                    help="plan the loopback star without a controller (no P4Runtime, nothing for luwu-ctl)")
-    p.add_argument("--nodes", type=int, default=1, help="optimizer nodes; units are spread over them")
-    p.add_argument("--batch", type=int, default=16, help="global batch (sequences per step, split over workers)")
-    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--nodes", type=positive_int, default=1, help="optimizer nodes; units are spread over them")
+    p.add_argument("--batch", type=positive_int, default=16, help="global batch (sequences per step, split over workers)")
+    p.add_argument("--lr", type=positive_float, default=3e-3, help="AdamW learning rate")
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4, help="transformer blocks")
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--context", type=int, default=64, help="characters per training sequence")
+    p.add_argument("--d-model", type=positive_int, default=128)
+    p.add_argument("--layers", type=positive_int, default=4, help="transformer blocks")
+    p.add_argument("--heads", type=positive_int, default=4, help="attention heads (must divide --d-model)")
+    p.add_argument("--context", type=positive_int, default=64, help="characters per training sequence")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-dtype", choices=sorted(SERVED_DTYPES), default="bf16",
                    help="how the optimizer node serves parameters (the workers compute in fp32)")
     p.add_argument("--packet-mode", default="jumbo", help="tofino (64 lanes), jumbo (2048) or loopback (16000)")
-    p.add_argument("--corpus", type=Path, default=None, help="a UTF-8 text file instead of the packaged corpus")
+    p.add_argument("--corpus", type=existing_file, default=None, help="a UTF-8 text file instead of the packaged corpus")
     p.add_argument("--quiet", action="store_true", help="no live progress (the summary is still printed)")
 
 
 def _check(args) -> None:
+    """Options that argparse's per-flag types cannot check alone (UserError: one line, exit 2)."""
+    from luwu.dataplane.protocol import lanes_for_mode
+
     if not 1 <= args.workers <= 32:
-        raise SystemExit("luwu demo: --workers must be 1..32 (one switch, one bitmap)")
-    if args.steps < 1:
-        raise SystemExit("luwu demo: --steps must be >= 1")
+        raise UserError("--workers must be 1..32 (one switch, one bitmap)")
     if args.batch % args.workers:
-        raise SystemExit(f"luwu demo: --batch {args.batch} must be a multiple of --workers {args.workers}")
-    if not 0.0 <= args.drop < 1.0:
-        raise SystemExit("luwu demo: --drop is a probability in [0, 1)")
-    if args.nodes < 1:
-        raise SystemExit("luwu demo: --nodes must be >= 1")
+        raise UserError(f"--batch {args.batch} must be a multiple of --workers {args.workers}")
+    if args.d_model % args.heads:
+        raise UserError(f"--heads {args.heads} must divide --d-model {args.d_model} (each head gets d_model/heads)")
+    try:
+        lanes_for_mode(args.packet_mode)
+    except ValueError as exc:
+        raise UserError(f"--packet-mode: {exc}") from None
 
 
 def _spec(args, mode: str) -> dict:
@@ -81,7 +85,12 @@ def _model_info(args) -> dict:
     from .data import CharCorpus
     from .model import GPTConfig, build
 
-    corpus = CharCorpus.load(args.corpus)
+    try:
+        corpus = CharCorpus.load(args.corpus)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--corpus {args.corpus}: cannot read it as UTF-8 text ({exc})") from None
+    if len(corpus.tokens) <= args.context + 1:
+        raise UserError(f"--corpus has {len(corpus.tokens)} characters, fewer than --context {args.context} + 2")
     cfg = GPTConfig(vocab=corpus.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
                     context=args.context)
     units = split_units(build(cfg, args.seed))
@@ -105,7 +114,10 @@ def run(args) -> int:
     _check(args)
     console = Console()
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot create it ({exc.strerror})") from None
     info = _model_info(args)
     tokens_per_step = args.batch * args.context
     console.print(f"[bold]luwu demo[/]: a {info['parameters']:,}-parameter GPT ({args.layers} blocks, d_model "

@@ -130,7 +130,7 @@ class ControllerFabric:
 
         out = []
         for addr in self.node_controls:
-            c = ControlClient(addr)
+            c = ControlClient(addr, token=self.job_token, job_id=self.job_id)
             try:
                 out.append(c.stats())
             finally:

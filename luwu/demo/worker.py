@@ -128,7 +128,7 @@ def _network(spec: dict, rank: int):
         endpoint, info = client.join_job(ctl["job_id"], rank, f"127.0.0.1:{free_udp_port()}")
     finally:
         client.close()
-    return JobNetwork.from_controller(endpoint, info, ctl["node_controls"], job_id=ctl["job_id"])
+    return JobNetwork.from_controller(endpoint, info, ctl["node_controls"], job_id=ctl["job_id"], job_token=ctl["token"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,7 +61,7 @@ def fake_switch():
 def controller_config(tmp_path, p4info) -> ControllerConfig:
     return ControllerConfig(listen="127.0.0.1:0", db=str(tmp_path / "controller.sqlite"), admin_token=ADMIN,
                             p4info=str(p4info), health_timeout=60.0, meta_pool=32, data_pool=128, node_pool=128,
-                            program_timeout=15.0)
+                            program_timeout=15.0, reconcile_interval=0)  # drift tests run their rounds themselves
 
 
 @pytest.fixture

@@ -41,11 +41,11 @@ def __getattr__(name: str):
         from .work import LuwuWork
 
         return LuwuWork
-    if name in ("LuwuError", "SaturationWarning"):
+    if name == "LuwuError":
         from . import diagnostics
 
         return getattr(diagnostics, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["BACKEND_NAME", "register", "LuwuProcessGroup", "LuwuWork", "LuwuError", "SaturationWarning"]
+__all__ = ["BACKEND_NAME", "register", "LuwuProcessGroup", "LuwuWork", "LuwuError"]

@@ -1,32 +1,10 @@
-"""Error messages that say what failed and what to check, and the once-per-process saturation warning."""
+"""Error messages that say what failed and what to check."""
 
 from __future__ import annotations
-
-import threading
-import warnings
-
-_saturation_warned = threading.Event()
 
 
 class LuwuError(RuntimeError):
     """A luwu collective failed (switch unreachable, engine gone, timeout); the message says what to check."""
-
-
-class SaturationWarning(RuntimeWarning):
-    pass
-
-
-def warn_saturated(name: str, numel: int) -> None:
-    """Once per process: a float sum had to clip values (non-finite inputs, see docs/protocol.md 5)."""
-    if _saturation_warned.is_set():
-        return
-    _saturation_warned.set()
-    warnings.warn(
-        f"luwu {name}: the in-network sum of a tensor of {numel} elements saturated: some rank contributed a value "
-        "that fixed point cannot hold (inf or NaN, or beyond the agreed per-packet exponent), and it was clipped "
-        "to the largest representable value, so the affected elements of the result are wrong. Check the inputs "
-        "for inf/NaN (e.g. an exploding loss, or an fp16 overflow without loss scaling). This warning is shown "
-        "once per process.", SaturationWarning, stacklevel=2)
 
 
 def _results_seen(stats: dict | None) -> int | None:

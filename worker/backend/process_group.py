@@ -27,6 +27,7 @@ from .codec import UnsupportedCollective, nbytes, reduction_encoding, tensor_byt
 from .config import BackendConfig
 from .diagnostics import LuwuError
 from .engine_link import open_engine
+from .fallback import ExactFallback
 from .plan_source import default_workdir, obtain_plan, release_plan
 from .scheduler import Scheduler
 from .work import LuwuWork
@@ -81,10 +82,11 @@ class LuwuProcessGroup(dist.ProcessGroup):
         self._lease = obtain_plan(store, rank, world_size, self._timeout, cfg, self._workdir)
         try:
             self._link = open_engine(cfg.engine, self._lease.plan, self._workdir, cfg.connect_timeout)
-            self._sched = Scheduler(self._link, self._lease, f"r{rank}", cfg.watchdog_tick)
             from luwu.worker.p2p import P2PChannel
 
             self._p2p = P2PChannel(store, rank, world_size, cfg.p2p_host, self._timeout)
+            self._sched = Scheduler(self._link, self._lease, f"r{rank}", cfg.watchdog_tick,
+                                    ExactFallback(self._p2p, rank, world_size))
             self._probe()
         except BaseException:
             self.shutdown()

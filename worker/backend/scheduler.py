@@ -21,7 +21,7 @@ import numpy as np
 
 from luwu.dataplane.engine import Handle
 
-from .diagnostics import LuwuError, engine_failure, timeout_failure, warn_saturated
+from .diagnostics import LuwuError, engine_failure, timeout_failure
 from .work import LuwuWork
 
 Start = Callable[["OpContext"], None]
@@ -35,8 +35,12 @@ class OpContext:
         self.work = work
 
     def allreduce(self, x: np.ndarray, op: str) -> Handle:
-        h = self.sched.link.allreduce(np.ascontiguousarray(x).reshape(-1), op)
+        """The engine's allreduce of x; a float sum's saturated elements are recomputed exactly (fallback.py)."""
+        x = np.ascontiguousarray(x).reshape(-1)
+        h = self.sched.link.allreduce(x, op)
         h.info["numel"] = int(x.size)
+        if x.dtype == np.float32 and op in ("sum", "avg") and self.sched.fallback is not None:
+            h = self.sched.fallback.guard(h, x, op)
         return h
 
     def then(self, handle: Handle, step: Callable[[np.ndarray], None]) -> None:
@@ -50,9 +54,10 @@ class OpContext:
 
 
 class Scheduler:
-    def __init__(self, link, lease, name: str, tick: float):
+    def __init__(self, link, lease, name: str, tick: float, fallback=None):
         self.link = link
         self.lease = lease
+        self.fallback = fallback  # ExactFallback for saturated float sums (None: a float sum may not saturate)
         self.tick = tick
         self.broken: LuwuError | None = None
         self._submit_q: queue.SimpleQueue = queue.SimpleQueue()
@@ -151,9 +156,6 @@ class Scheduler:
             return
         try:
             results = [h.wait() for h in handles]
-            for h in handles:
-                if h.saturated:
-                    warn_saturated(work.name, h.info.get("numel", 0))
             assemble(results)
         except Exception as e:  # noqa: BLE001
             self._fail(work, e, engine=False)

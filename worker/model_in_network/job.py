@@ -30,8 +30,9 @@ def node_jobs(job_id: str, optimizer: OptimizerSpec, units: list[Unit], placemen
 
 
 def hand_over(jobs: dict[int, JobSpec], sessions: dict[int, int], controls: list[str], contributors: int,
-              initial: dict[int, dict[str, np.ndarray]], timeout: float) -> None:
-    """Rank 0: give each node its job and the initial values of its units."""
+              initial: dict[int, dict[str, np.ndarray]], timeout: float, token: str = "") -> None:
+    """Rank 0: give each node its job and the initial values of its units (`token`: the job's, for
+    the nodes' control channels)."""
     for node, spec in jobs.items():
         if node >= len(controls) or not controls[node]:
             raise ValueError(f"rank 0 must reach optimizer node {node} to hand it the job: the network description "
@@ -40,7 +41,7 @@ def hand_over(jobs: dict[int, JobSpec], sessions: dict[int, int], controls: list
             raise ValueError(f"optimizer node {node} has no node session in this worker's plan "
                              f"(sessions for nodes {sorted(sessions)})")
         mine = {ly.layer_id: initial[ly.layer_id] for ly in spec.layers}
-        client = ControlClient(controls[node], timeout=timeout)
+        client = ControlClient(controls[node], timeout=timeout, token=token, job_id=spec.job_id)
         try:
             client.add_job(sessions[node], contributors, spec.to_json(), initial=mine)
         finally:

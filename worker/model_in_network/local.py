@@ -8,10 +8,12 @@ and a `JobNetwork` for every rank. For tests, examples and the demo's no-control
 
 from __future__ import annotations
 
+import secrets
 import tempfile
 from pathlib import Path
 
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+from luwu.dataplane.optimizer.control import ControlAuth
 from luwu.dataplane.optimizer.service import OptimizerService
 from luwu.dataplane.optimizer.spec import NodeConfig
 
@@ -31,6 +33,7 @@ class LocalNetwork:
         self.job_id = job_id
         self.node_ram = node_ram
         self.services: list[OptimizerService] = []
+        self.control_token = secrets.token_urlsafe(32)  # the nodes' control channels take only this deployment
 
     def start(self) -> "LocalNetwork":
         self.switch.start()
@@ -38,7 +41,8 @@ class LocalNetwork:
             for i in range(self.plan.nodes):
                 cfg = NodeConfig(state_dir=self.dir / f"node{i}", ram_budget=self.node_ram)
                 svc = OptimizerService(self.plan.node_plan(i), cfg)
-                self.services.append(svc.start(control=f"unix:{self.dir}/node{i}.sock"))
+                self.services.append(svc.start(control=f"unix:{self.dir}/node{i}.sock",
+                                               auth=ControlAuth(token=self.control_token)))
         except BaseException:
             self.close()
             raise
@@ -49,7 +53,7 @@ class LocalNetwork:
         return [s.control.address for s in self.services]
 
     def network(self, rank: int, placement: dict[int, int] | None = None) -> JobNetwork:
-        return JobNetwork.from_star(self.plan, rank, self.controls, self.job_id, placement)
+        return JobNetwork.from_star(self.plan, rank, self.controls, self.job_id, placement, self.control_token)
 
     def counters(self) -> dict:
         return self.switch.counters()

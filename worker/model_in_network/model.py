@@ -105,7 +105,7 @@ class ModelInNetwork(nn.Module):
         if self.rank == 0:
             jobs = node_jobs(self.network.job_id, self.optimizer, self.units, self.placement, self.served_dtype)
             hand_over(jobs, self.network.node_sessions, self.network.node_controls, self.world_size,
-                      {f.unit.index: f.initial() for f in self.flats}, self.timeout)
+                      {f.unit.index: f.initial() for f in self.flats}, self.timeout, self.network.control_token)
         for f in self.flats:
             f.free()
         barrier(self.network.job_id, self.world_size, store, self.transport, self.timeout)

@@ -22,6 +22,7 @@ class JobNetwork:
     node_controls: list[str] = field(default_factory=list)  # node index -> control address (rank 0 uses them)
     placement: dict[int, int] | None = None  # unit (layer id) -> node index; None: balanced by size
     job_id: str = DEFAULT_JOB_ID
+    control_token: str = ""  # the job's token (or the local nodes' control token): the nodes' control channels need it
 
     @property
     def rank(self) -> int:
@@ -47,7 +48,7 @@ class JobNetwork:
     def to_json(self) -> str:
         placement = None if self.placement is None else {str(k): v for k, v in self.placement.items()}
         return json.dumps({"endpoint": json.loads(self.endpoint.to_json()), "node_controls": self.node_controls,
-                           "placement": placement, "job_id": self.job_id})
+                           "placement": placement, "job_id": self.job_id, "control_token": self.control_token})
 
     @classmethod
     def from_json(cls, text: str) -> "JobNetwork":
@@ -55,18 +56,18 @@ class JobNetwork:
         placement = raw.get("placement")
         return cls(EndpointPlan.from_json(json.dumps(raw["endpoint"])), list(raw.get("node_controls", [])),
                    None if placement is None else {int(k): int(v) for k, v in placement.items()},
-                   raw.get("job_id", DEFAULT_JOB_ID))
+                   raw.get("job_id", DEFAULT_JOB_ID), raw.get("control_token", ""))
 
     # -- sources ----------------------------------------------------------------------------------
     @classmethod
     def from_star(cls, plan, rank: int, node_controls: list[str], job_id: str = DEFAULT_JOB_ID,
-                  placement: dict[int, int] | None = None) -> "JobNetwork":
+                  placement: dict[int, int] | None = None, control_token: str = "") -> "JobNetwork":
         """From a loopback `StarPlan` whose switch is running (its ports are bound)."""
-        return cls(plan.worker_plan(rank), list(node_controls), placement, job_id)
+        return cls(plan.worker_plan(rank), list(node_controls), placement, job_id, control_token)
 
     @classmethod
     def from_controller(cls, endpoint: EndpointPlan, job_info: dict, node_controls: list[str],
-                        job_id: str | None = None) -> "JobNetwork":
+                        job_id: str | None = None, job_token: str = "") -> "JobNetwork":
         """From JoinJob's answer: the endpoint plan and the job JSON with its shard map. The
         controller may cut a large layer into slices for several nodes; a unit travels whole, so
         slices are refused here with advice."""
@@ -77,7 +78,8 @@ class JobNetwork:
                 raise ValueError(f"the controller split layer {lid} across optimizer nodes; ModelInNetwork moves a "
                                  "unit as one buffer: use fewer nodes or smaller units")
             placement[lid] = node
-        return cls(endpoint, list(node_controls), placement or None, job_id or job_info.get("job_id", DEFAULT_JOB_ID))
+        return cls(endpoint, list(node_controls), placement or None, job_id or job_info.get("job_id", DEFAULT_JOB_ID),
+                   job_token)
 
 
 def balance(sizes: dict[int, int], nodes: list[int]) -> dict[int, int]:

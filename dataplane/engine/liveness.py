@@ -1,0 +1,126 @@
+"""Failure named in seconds: an engine's watch on its switch and on the optimizer nodes it uses.
+
+While operations are pending, the engine fails them with `LuwuPeerDead` (naming the component,
+its address and how long it has been silent) instead of letting them wait for a caller's long
+timeout, on either sign of death lasting `peer_timeout` seconds (EngineConfig, default 5 s;
+docs/protocol.md 7.5):
+
+* the switch: no packet at all from it, and the kernel reports its port unreachable (ICMP port
+  unreachable, reported through IP_RECVERR: nothing listens there any more). Silence alone is
+  not enough in a collective, where a slow peer also means silence;
+* an optimizer node: no HEARTBEAT from it on a node session with pending pushes or pulls. A node
+  sends one at least every keepalive (0.1 s) whatever its load, so silence is unambiguous. The
+  switch carries those heartbeats: when its port is unreachable the switch is named instead (a
+  remote switch that dies without ICMP looks like a dead node; the message says so).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+
+from .handles import EngineError
+
+IP_RECVERR = getattr(socket, "IP_RECVERR", 11)  # Linux
+DEFAULT_PEER_TIMEOUT = 5.0  # s of silence before a pending operation's peer is declared dead
+
+# struct sock_extended_err { u32 ee_errno; u8 origin, type, code, pad; u32 info; u32 data; }
+_EXT_ERR = struct.Struct("=IBBBBII")
+_DEAD_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH}
+
+
+class LuwuPeerDead(EngineError):
+    """A component the operation needs (the switch or an optimizer node) stopped answering.
+
+    `component` is "switch" or "optimizer node", `address` where it was, `silent` the seconds
+    since anything was heard from it.
+    """
+
+    def __init__(self, component: str, address: str, silent: float, detail: str):
+        super().__init__(f"{component} {address} stopped answering {silent:.1f} s ago ({detail})")
+        self.component = component
+        self.address = address
+        self.silent = silent
+
+
+def enable_error_reports(sock: socket.socket) -> None:
+    """Ask the kernel to report ICMP errors (port unreachable) on this unconnected UDP socket."""
+    try:
+        sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+    except OSError:
+        pass  # not Linux: the node heartbeat watch still works, the switch watch waits for silence only
+
+
+def drain_error_reports(sock: socket.socket) -> int:
+    """Read the socket's queued ICMP errors; returns how many said the peer is gone. Clears the
+    pending socket error too, so poll() stops reporting POLLERR."""
+    dead = 0
+    for _ in range(1024):  # bounded: the queue holds at most what the receive buffer allows
+        try:
+            _, anc, _, _ = sock.recvmsg(1, 512, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            break
+        except OSError as e:
+            if e.errno in _DEAD_ERRNOS:
+                dead += 1
+                continue
+            break
+        for level, _type, data in anc:
+            if level == socket.IPPROTO_IP and len(data) >= _EXT_ERR.size:
+                if _EXT_ERR.unpack_from(data)[0] in _DEAD_ERRNOS:
+                    dead += 1
+    try:
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    except OSError:
+        pass
+    return dead
+
+
+class PeerWatch:
+    """The engine's clock of what it last heard, and the verdict when pending work starves."""
+
+    def __init__(self, switch: tuple[str, int], timeout: float, now: float):
+        self.switch = f"{switch[0]}:{switch[1]}"
+        self.timeout = timeout
+        self.last_rx = now
+        self.refused_at: float | None = None  # first "port unreachable" since the last packet
+        self.busy_since: float | None = None  # when pending work began (silence before it is not starvation)
+
+    def heard(self, now: float) -> None:
+        self.last_rx = now
+        self.refused_at = None
+
+    def refused(self, now: float) -> None:
+        if self.refused_at is None:
+            self.refused_at = now
+
+    def pending(self, busy: bool, now: float) -> None:
+        if not busy:
+            self.busy_since = None
+        elif self.busy_since is None:
+            self.busy_since = now
+
+    def verdict(self, now: float, node_sessions) -> LuwuPeerDead | None:
+        """The dead component, if pending work has starved for `timeout`; else None.
+
+        `node_sessions`: (session id, last node heartbeat time, has pending node work) triples.
+        """
+        if self.busy_since is None or self.timeout <= 0:
+            return None
+        silent = now - self.last_rx
+        if self.refused_at is not None and now - max(self.last_rx, self.busy_since) >= self.timeout:
+            return LuwuPeerDead("switch", self.switch, silent, "nothing listens on its port any more: the kernel "
+                                "answered port unreachable; see the switch's log, restart it and the job")
+        for sid, last_heard, waiting in node_sessions:
+            if not waiting:
+                continue
+            quiet = now - max(last_heard, self.busy_since)
+            if quiet < self.timeout:
+                continue
+            # the switch's port still takes packets (no port unreachable, checked above): the node is gone
+            return LuwuPeerDead("optimizer node", f"of session {sid} (behind switch {self.switch})", now - last_heard,
+                                "no heartbeat from it while pushes or pulls wait; see the node's log, or restart it "
+                                "with `luwu node --restore latest` (a remote switch that died silently looks the "
+                                "same: check it too)")
+        return None

@@ -1,0 +1,123 @@
+"""The exact path for float sums the switch could not compute (docs/protocol.md 5.1, docs/backend.md).
+
+A float SUM/AVG chunk whose RESULT carries SATURATED (a contributor had inf/NaN, or a value of at
+least 2^127 that the shared exponent cannot hold) comes back from the engine as NaN, and only such
+chunks do (a fixed-point sum never decodes to NaN). For those elements every rank sends its raw
+float32 input to every other rank over the group's TCP channel (luwu.worker.p2p) and sums the N
+contributions locally in rank order in float64, rounded once to float32: IEEE semantics (inf + 1 =
+inf, inf + -inf = NaN, a finite sum past the float32 range = inf) and the identical result on
+every rank. Every rank learns the same saturated set from the same RESULT flags, so they exchange
+the same elements without asking each other.
+
+The exchange runs from the engine handle's callback and the channel's threads, never blocking the
+scheduler's threads, and is matched by a tag every rank assigns in submission order, so saturated
+collectives may complete in any order without deadlock. Tags from FALLBACK_TAG_BASE up are
+reserved: user send/recv tags are non-negative.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from luwu.dataplane.engine import Handle
+
+from .diagnostics import LuwuError
+
+FALLBACK_TAG_BASE = -(2**62)  # p2p tags of fallback exchanges (HELLO_TAG is -2^63; user tags are >= 0)
+
+
+def exact_sum(parts: list[np.ndarray], avg: bool) -> np.ndarray:
+    """The IEEE sum of the ranks' float32 contributions, in rank order, in float64, rounded once to
+    float32 (for two ranks this is exactly float32 a + b; float64 never overflows on float32 inputs,
+    so only the final rounding turns a too-large finite sum into inf)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = parts[0].astype(np.float64)
+        for p in parts[1:]:
+            total += p
+        if avg:
+            total /= len(parts)
+        return total.astype(np.float32)
+
+
+class ExactFallback:
+    """Recomputes the saturated elements of float sums of one process group over its P2PChannel."""
+
+    def __init__(self, p2p, rank: int, world_size: int):
+        self.p2p = p2p
+        self.rank = rank
+        self.world_size = world_size
+        self._next = 0
+        self.stats = {"exchanges": 0, "elements": 0}
+
+    def guard(self, handle: Handle, x: np.ndarray, op: str) -> Handle:
+        """A handle that completes like `handle`, with any saturated elements recomputed exactly.
+
+        Call on the submit thread, once per float32 SUM/AVG engine allreduce, in submission order
+        (that order numbers the exchange). `x` is this rank's float32 input, read when the result is in.
+        """
+        tag = FALLBACK_TAG_BASE + self._next
+        self._next += 1
+        out = Handle(handle.name)
+        out.info = handle.info
+
+        def done(h: Handle) -> None:
+            if h.error is not None:
+                out.set_error(h.error)
+                return
+            result = h.wait()
+            if not h.saturated:
+                out.set_result(result)
+                return
+            try:
+                self._exchange(result, x, op, tag, out)
+            except Exception as e:  # noqa: BLE001 - e.g. the channel is closed: this collective fails
+                out.set_error(LuwuError(f"luwu {out.name}: the exact recomputation of saturated elements failed: {e}"))
+
+        handle.add_done_callback(done)
+        return out
+
+    def _exchange(self, result: np.ndarray, x: np.ndarray, op: str, tag: int, out: Handle) -> None:
+        idx = np.flatnonzero(np.isnan(result))
+        mine = np.ascontiguousarray(x.reshape(-1)[idx], dtype=np.float32)
+        parts: list[np.ndarray | None] = [None] * self.world_size
+        parts[self.rank] = mine
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        remaining = [len(peers)]
+        lock = threading.Lock()
+        self.stats["exchanges"] += 1
+        self.stats["elements"] += int(idx.size)
+
+        def finish() -> None:
+            result[idx] = exact_sum(parts, op == "avg")
+            out.set_result(result)
+
+        def failed(what: str, err: BaseException) -> None:
+            out.set_error(LuwuError(f"luwu {out.name}: exact recomputation of {idx.size} saturated elements: "
+                                    f"{what}: {err}"))
+
+        def received(err: BaseException | None) -> None:
+            if err is not None:
+                failed("receiving a rank's values failed", err)
+                return
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                finish()
+
+        def deliver(peer: int, payload: bytes) -> None:
+            got = np.frombuffer(payload, dtype=np.float32)
+            if got.size != idx.size:
+                raise ValueError(f"rank {peer} sent {got.size} values for {idx.size} saturated elements "
+                                 "(the ranks disagree on the saturated chunks)")
+            parts[peer] = got
+
+        if not peers:
+            finish()
+            return
+        payload = mine.tobytes()
+        for peer in peers:
+            self.p2p.send(peer, tag, payload, lambda err, p=peer: err is not None and failed(f"sending to rank {p}", err))
+        for peer in peers:
+            self.p2p.recv(peer, tag, lambda b, p=peer: deliver(p, b), received)
