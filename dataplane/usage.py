@@ -64,24 +64,17 @@ def _size(text: str) -> int:
     return n
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise ValueError(f"{n} must be >= 1")
-    return n
-
-
-def _nonnegative_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a whole number") from None
-    if n < 0:
-        raise ValueError(f"{n} must be >= 0")
-    return n
+def _int_at_least(minimum: int):
+    """A whole number >= `minimum` (the check behind positive_int and nonnegative_int)."""
+    def check(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a whole number") from None
+        if n < minimum:
+            raise ValueError(f"{n} must be >= {minimum}")
+        return n
+    return check
 
 
 def _positive_float(text: str) -> float:
@@ -141,8 +134,8 @@ def existing_file_or_error(path, what: str) -> Path:
 
 
 size = _typed(_size, "size")
-positive_int = _typed(_positive_int, "positive_int")
-nonnegative_int = _typed(_nonnegative_int, "nonnegative_int")
+positive_int = _typed(_int_at_least(1), "positive_int")
+nonnegative_int = _typed(_int_at_least(0), "nonnegative_int")
 positive_float = _typed(_positive_float, "positive_float")
 probability = _typed(_probability, "probability")
 existing_file = _typed(_existing_file, "existing_file")
