@@ -29,7 +29,7 @@ BMV2_CPU_PORT = 255
 BMV2_START_TIMEOUT = 30.0  # s for simple_switch_grpc to accept the pipeline
 
 
-class SwitchError(RuntimeError):
+class SwitchError(ChildError):
     """A switch could not be started or programmed; the message says what is missing."""
 
 

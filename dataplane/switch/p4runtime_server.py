@@ -156,9 +156,11 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
                 if stream in self._streams:
                     was_primary = stream.election_id == self.primary_election_id()
                     self._streams.remove(stream)
-                    if was_primary and self._streams:
-                        primary = self.primary_election_id()
-                        for s in self._streams:
+                    primary = self.primary_election_id()
+                    if was_primary and primary is not None:
+                        # only streams that arbitrated hear of the new primary: one still connecting
+                        # would take "OK, election 0" for its own win (finsy: primary invariant failed)
+                        for s in (s for s in self._streams if s.election_id is not None):
                             s.outbox.put(p4r.StreamMessageResponse(arbitration=p4r.MasterArbitrationUpdate(
                                 device_id=self.device_id, election_id=U128.encode(primary or 0),
                                 status=rpc_status.Status(code=rpc_code.OK if s.election_id == primary
