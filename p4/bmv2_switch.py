@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from . import P4INFO_TXTPB
+from .bmv2 import BMV2_DEVICE_ID
 from .compiler import BMV2_JSON
 
 BINARY = "simple_switch_grpc"
@@ -60,7 +61,7 @@ def missing(bmv2_json: Path | None = None, p4info: Path | None = None) -> str | 
     return None
 
 
-def command(ports: dict[int, str], grpc_address: str, thrift_port: int, device_id: int = 0,
+def command(ports: dict[int, str], grpc_address: str, thrift_port: int, device_id: int = BMV2_DEVICE_ID,
             cpu_port: int | None = None, log_file: Path | None = None, log_level: str = "") -> list[str]:
     """simple_switch_grpc's command line: `-i PORT@IFNAME` per port, no program (P4Runtime sets it).
 
@@ -119,7 +120,7 @@ def program(proc: subprocess.Popen | None, address: str, runtime: Path | None, p
     from .runtime_config import RuntimeConfig
 
     async def push() -> int:
-        sw = loader.switch_for(address, p4info, bmv2_json, loader.BMV2_DEVICE_ID)
+        sw = loader.switch_for(address, p4info, bmv2_json, BMV2_DEVICE_ID)
         async with sw:
             return 0 if cfg is None else await loader.write_runtime(sw, cfg)
 
@@ -152,7 +153,7 @@ def counters(address: str, p4info: Path = P4INFO_TXTPB, timeout: float = START_T
     from . import bmv2 as loader
 
     async def read() -> dict:
-        sw = loader.switch_for(address, p4info, None, loader.BMV2_DEVICE_ID, force=False)
+        sw = loader.switch_for(address, p4info, None, BMV2_DEVICE_ID, force=False)
         async with sw:
             return await loader.read_counters(sw)
 
@@ -263,7 +264,7 @@ def run(args) -> int:
         except Bmv2Error as e:
             print(f"luwu bmv2: {e}", file=sys.stderr)
             return EXIT_FAILED
-        print(json.dumps({"ready": True, "pid": proc.pid, "p4runtime": args.grpc, "device_id": 0,
+        print(json.dumps({"ready": True, "pid": proc.pid, "p4runtime": args.grpc, "device_id": BMV2_DEVICE_ID,
                           "thrift_port": args.thrift_port, "ports": {str(p): i for p, i in sorted(ports.items())},
                           "pipeline": str(bmv2_json), "p4info": str(p4info),
                           "runtime": str(args.runtime) if args.runtime else None, "entities": written}), flush=True)
