@@ -77,21 +77,22 @@ def _int_at_least(minimum: int):
     return check
 
 
-def _positive_float(text: str) -> float:
+def _number(text: str) -> float:
     try:
-        x = float(text)
+        return float(text)
     except ValueError:
         raise ValueError(f"{text!r} is not a number") from None
+
+
+def _positive_float(text: str) -> float:
+    x = _number(text)
     if not x > 0 or x == float("inf"):
         raise ValueError(f"{text} must be a positive, finite number")
     return x
 
 
 def _probability(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
+    x = _number(text)
     if not 0.0 <= x < 1.0:
         raise ValueError(f"{text} must be a probability in [0, 1)")
     return x
