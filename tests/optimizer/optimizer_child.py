@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,8 +39,16 @@ def spec() -> JobSpec:
     return JobSpec("crash", opt, layers, "bf16", initial_values(layers, seed=11))
 
 
+_SAY_LOCK = threading.Lock()
+
+
 def say(*words) -> None:
-    print(*words, flush=True)
+    # one write per line under a lock: the publish and checkpoint listeners run on different
+    # threads, and print() writes each word separately, so lines could interleave
+    line = " ".join(str(w) for w in words) + "\n"
+    with _SAY_LOCK:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def main() -> int:
