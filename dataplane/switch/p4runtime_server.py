@@ -11,7 +11,7 @@ matches), Write (table entries, default actions, multicast groups; per-update er
 BMv2), StreamChannel (primary arbitration by election id) and Capabilities.
 
 `P4RuntimeBase` holds everything but the storage; the controller's in-process fake P4Runtime
-server (`luwu.controller.fake_p4runtime`) reuses it with a recording store.
+server (tests/controller/fake_p4runtime.py) reuses it with a recording store.
 
 With a `P4RuntimeAuth` (`p4runtime_auth.py`; `luwu switch` always has one) every call but
 Capabilities needs the switch's bearer token, and arbitration only the controller's role: a

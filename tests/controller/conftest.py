@@ -10,7 +10,7 @@ import pytest
 from ctl_helpers import ADMIN, LANES, SLOTS
 from luwu.controller.client import ControllerClient
 from luwu.controller.config import ControllerConfig
-from luwu.controller.fake_p4runtime import serve_fake
+from fake_p4runtime import serve_fake
 from luwu.controller.server import BackgroundController
 from luwu.p4 import P4INFO_TXTPB
 
