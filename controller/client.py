@@ -39,7 +39,7 @@ class ControllerRefused(RuntimeError):
 
 class ControllerClient:
     def __init__(self, address: str | None = None, token: str | None = None, tls_ca: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT):
+                 timeout: float = DEFAULT_TIMEOUT, options: list[tuple[str, int]] | None = None):
         self.address = address or os.environ.get(CONTROLLER_ENV) or DEFAULT_LISTEN
         if not self.address.startswith("unix:") and "://" not in self.address:
             check_host_port(self.address, f"controller address (--controller or ${CONTROLLER_ENV})")
@@ -47,9 +47,9 @@ class ControllerClient:
         self.timeout = timeout
         if tls_ca:
             creds = grpc.ssl_channel_credentials(existing_file_or_error(tls_ca, "--tls-ca").read_bytes())
-            self.channel = grpc.secure_channel(self.address, creds)
+            self.channel = grpc.secure_channel(self.address, creds, options=options)
         else:
-            self.channel = grpc.insecure_channel(self.address)
+            self.channel = grpc.insecure_channel(self.address, options=options)
         self.stub = pb_grpc.ControllerStub(self.channel)
 
     def close(self) -> None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import socket
 
+from luwu.dataplane.usage import host_port
+
 HEARTBEAT_INTERVAL = 1.0  # s between health reports
 
 
 def add_controller_arguments(p, kind: str) -> None:
     g = p.add_argument_group("controller (optional)")
-    g.add_argument("--controller", default=os.environ.get("LUWU_CONTROLLER"),
+    g.add_argument("--controller", default=os.environ.get("LUWU_CONTROLLER"), type=host_port,
                    help=f"register this {kind} with the controller at HOST:PORT and report health "
                         "(default: $LUWU_CONTROLLER)")
     g.add_argument("--token-file", default="", help="file holding the deployment's admin token (else $LUWU_TOKEN)")

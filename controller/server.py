@@ -30,6 +30,10 @@ from .store import StateStore
 
 log = logging.getLogger("luwu.controller")
 STOP_GRACE = 1.0  # seconds in-flight RPCs get at shutdown
+# Workers keep an idle WatchJob stream open and ping it every few seconds (watch.py), so that a
+# controller host that dies silently is noticed; gRPC's default would answer such pings with GOAWAY.
+KEEPALIVE_SERVER_OPTIONS = [("grpc.http2.min_ping_interval_without_data_ms", 1000),
+                            ("grpc.http2.max_ping_strikes", 0), ("grpc.keepalive_permit_without_calls", 1)]
 
 
 class ControllerServer:
@@ -47,7 +51,7 @@ class ControllerServer:
     async def start(self) -> str:
         store = StateStore(self.config.db)
         self.core = ControllerCore(self.config, store, self._programmer)
-        self.server = grpc.aio.server()
+        self.server = grpc.aio.server(options=KEEPALIVE_SERVER_OPTIONS)
         add_controller_service(ControllerService(self.core, self.auth), self.server)
         if self.config.tls_cert:
             creds = grpc.ssl_server_credentials([(Path(self.config.tls_key).read_bytes(),

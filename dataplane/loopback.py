@@ -1,8 +1,10 @@
 """A single-switch (star) deployment on loopback, planned without a controller.
 
 This is the embedded default: the torch backend with no controller configured, the benchmarks
-and the tests. Port p of the software switch is a UDP socket on 127.0.0.1; worker r is wired
-to port r + 1 and optimizer node i to port workers + 1 + i. The same plan yields the switch's
+and the tests. Port p of the software switch is a pair of shared-memory packet rings in
+/dev/shm (`transport="shm"`, the default where supported) or a UDP socket on 127.0.0.1
+(`transport="udp"`, or `LUWU_TRANSPORT=udp`); worker r is wired to port r + 1 and optimizer node
+i to port workers + 1 + i. The same plan yields the switch's
 runtime JSON (docs/protocol.md 6.1) and every endpoint's `EndpointPlan`.
 """
 
@@ -25,13 +27,28 @@ IN_FLIGHT_BYTES = 4 << 20  # per stream, default window sizing
 META_SESSION = 1
 DATA_SESSION = 2
 FIRST_NODE_SESSION = 3
+TRANSPORTS = ("shm", "udp")
+
+
+def default_transport() -> str:
+    """`LUWU_TRANSPORT` if set, else shared memory where rings are safe (Linux x86-64), else UDP."""
+    from .net.shm_ring import supported
+
+    env = os.environ.get("LUWU_TRANSPORT", "").strip().lower()
+    if env:
+        if env not in TRANSPORTS:
+            raise ValueError(f"LUWU_TRANSPORT={env!r}: use one of {', '.join(TRANSPORTS)}")
+        if env == "shm" and not supported():
+            raise ValueError("LUWU_TRANSPORT=shm: shared-memory rings need Linux on x86-64 with /dev/shm; use udp")
+        return env
+    return "shm" if supported() else "udp"
 
 
 @dataclass
 class StarPlan:
     workers: int
     nodes: int = 0
-    mode: str | int = "jumbo"
+    mode: str | int = "loopback"  # 64 KiB datagrams: the per-packet cost of loopback UDP falls 2-3x vs 8 KiB
     slots: int = 4096  # slots per set on the switch
     meta_pool: int = 32
     data_pool: int | None = None  # None: as many packets as fit in IN_FLIGHT_BYTES, at most 256
@@ -40,10 +57,17 @@ class StarPlan:
     epoch: int = field(default_factory=lambda: random.getrandbits(32))
     host: str = "127.0.0.1"
     switch_ports: dict[int, tuple[str, int]] = field(default_factory=dict)  # filled once the switch is bound
+    # udp: the address each port's endpoint binds (port -> (host, udp port)), the only source its switch
+    # port accepts (docs/protocol.md 6.8); chosen by `assign_endpoints` before the switch starts
+    endpoints: dict[int, tuple[str, int]] = field(default_factory=dict)
+    # "shm": ports are ring pairs in /dev/shm (switch_ports[p] = (prefix, 0)); "udp": sockets on `host`
+    transport: str = field(default_factory=default_transport)
 
     def __post_init__(self):
         if not 1 <= self.workers <= 32:
             raise ValueError(f"a star holds 1..32 workers (one bitmap), got {self.workers}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport {self.transport!r}: use one of {', '.join(TRANSPORTS)}")
         self.lanes = lanes_for_mode(self.mode)
         # a window's packets must fit in the receivers' socket buffers (rmem_max is 4 MiB without root)
         fit = 1 << max(4, min(8, (IN_FLIGHT_BYTES // aggregation_packet_len(self.lanes)).bit_length() - 1))
@@ -81,6 +105,24 @@ class StarPlan:
         return FIRST_NODE_SESSION + index
 
     # -- endpoint plans -----------------------------------------------------------------------------
+    def assign_endpoints(self) -> None:
+        """Give every port's endpoint a free UDP address on `host` (UDP transport; idempotent).
+
+        The switch binds each port to that address and the endpoint binds it, so a port is never
+        claimed by whoever sends first. The ports are free when chosen; if another process takes
+        one before the endpoint binds it, the endpoint's bind fails (EADDRINUSE) -- loudly.
+        """
+        if self.transport != "udp":
+            return
+        missing = [p for p in self.ports if p not in self.endpoints]
+        socks = [_bound_udp(self.host) for _ in missing]  # held together: the ports differ
+        for port, sock in zip(missing, socks):
+            self.endpoints[port] = (self.host, sock.getsockname()[1])
+            sock.close()
+
+    def _local(self, port: int) -> tuple[str, int]:
+        return self.endpoints.get(port, (self.host, 0))
+
     def _switch_addr(self, port: int) -> tuple[str, int]:
         if port not in self.switch_ports:
             raise RuntimeError(f"switch port {port} has no bound address yet: start the switch first")
@@ -88,12 +130,12 @@ class StarPlan:
 
     def worker_plan(self, rank: int) -> EndpointPlan:
         port = self.worker_port(rank)
-        wiring = Wiring(rank, "udp", (self.host, 0), self._switch_addr(port), port)
+        wiring = Wiring(rank, self.transport, self._local(port), self._switch_addr(port), port)
         return EndpointPlan(wiring, self.sessions())
 
     def node_plan(self, index: int) -> EndpointPlan:
         port = self.node_port(index)
-        wiring = Wiring(NODE, "udp", (self.host, 0), self._switch_addr(port), port)
+        wiring = Wiring(NODE, self.transport, self._local(port), self._switch_addr(port), port)
         return EndpointPlan(wiring, [s for s in self.sessions() if s.kind == "node" and s.node_rank == index])
 
     # -- the switch side ----------------------------------------------------------------------------
@@ -124,22 +166,29 @@ class StarPlan:
         return {"target": "luwu-software-switch", "table_entries": entries, "multicast_group_entries": groups}
 
     def _endpoint(self, session: int, dst: int, port: int) -> dict:
-        # on loopback the switch port decides the destination; addresses matter on Ethernet only
+        # on loopback the switch port decides where a packet goes; dst_udp names the address the port's
+        # endpoint binds (0: none assigned), which a UDP port without a configured peer accepts (peers.py)
         return {"table": "endpoints", "match": {"session": session, "dst": dst}, "action_name": "set_endpoint",
-                "action_params": {"dst_mac": port, "dst_ip": 0x7F000001, "dst_udp": 0}}
+                "action_params": {"dst_mac": port, "dst_ip": 0x7F000001, "dst_udp": self._local(port)[1]}}
+
+
+def _bound_udp(host: str):
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((host, 0))
+    return s
 
 
 def free_udp_port(host: str = "127.0.0.1") -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind((host, 0))
+    with _bound_udp(host) as s:
         return s.getsockname()[1]
 
 
 def plan_to_json(plan: StarPlan) -> str:
     d = dataclasses.asdict(plan)
     d["switch_ports"] = {str(k): list(v) for k, v in plan.switch_ports.items()}
+    d["endpoints"] = {str(k): list(v) for k, v in plan.endpoints.items()}
     return json.dumps(d)
 
 
@@ -150,6 +199,7 @@ def plan_from_json(text: str | dict) -> StarPlan:
     if unknown:
         raise ValueError(f"not a StarPlan: unknown keys {sorted(unknown)} (expected {sorted(names)})")
     d["switch_ports"] = {int(k): (str(v[0]), int(v[1])) for k, v in d.get("switch_ports", {}).items()}
+    d["endpoints"] = {int(k): (str(v[0]), int(v[1])) for k, v in d.get("endpoints", {}).items()}
     return StarPlan(**d)
 
 
@@ -158,8 +208,12 @@ def _build_switch(plan: StarPlan, drop: dict, seed: int, runtime: dict | None = 
 
     sw = SoftwareSwitch(SwitchConfig(lanes=plan.lanes, slots=plan.slots, seed=seed))
     for port in plan.ports:
-        addr = plan.switch_ports.get(port) or (plan.host, free_udp_port(plan.host))
-        sw.attach_udp(port, listen=addr)
+        if plan.transport == "shm":
+            addr = (sw.attach_shm(port), 0)
+        else:
+            addr = plan.switch_ports.get(port) or (plan.host, free_udp_port(plan.host))
+            plan.assign_endpoints()
+            sw.attach_udp(port, listen=addr, peer=plan.endpoints[port])  # never learned: 6.8
         plan.switch_ports[port] = addr
         if drop:
             sw.set_drop_sim(port, **drop)
@@ -174,13 +228,19 @@ class LoopbackSwitch:
     applied to every port; `runtime` replaces the plan's table entries (tests of misconfiguration).
     The child process (`process=True`) is a plain subprocess driven through its stdin, not
     multiprocessing's spawn (which would re-import the caller's `__main__`); it exits when its
-    stdin closes, so it never outlives its parent, and it logs to `log_path`.
+    stdin closes, so it never outlives its parent, and it logs to `log_path`. `host`: a started
+    process=True switch whose child process also runs this one (a thread there, no new process:
+    the torch backend's new_group); stopping the host's own switch stops the process, and with it
+    every switch it hosts.
     """
 
     READY_TIMEOUT = 60.0
 
     def __init__(self, plan: StarPlan, process: bool = False, drop: dict | None = None, seed: int = 0,
-                 runtime: dict | None = None, log_path: str | None = None):
+                 runtime: dict | None = None, log_path: str | None = None, host: "LoopbackSwitch | None" = None):
+        self._host, self._id = host, 0  # hosted: the host's child runs this switch as number _id
+        if host is not None:
+            process, log_path = True, host.log_path
         self.plan = plan
         self.process = process
         self.drop = drop or {}
@@ -192,10 +252,13 @@ class LoopbackSwitch:
         self._lock = threading.Lock()
 
     def start(self) -> "LoopbackSwitch":
+        self.plan.assign_endpoints()  # here, so the parent's plan holds them when the switch is a child
         if not self.process:
             self._sw = _build_switch(self.plan, self.drop, self.seed, self.runtime)
             self._sw.start()
             return self
+        if self._host is not None:
+            return self._start_hosted()
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "luwu.dataplane.loopback"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -210,10 +273,26 @@ class LoopbackSwitch:
         self.plan.switch_ports.update({int(k): (v[0], int(v[1])) for k, v in reply["switch_ports"].items()})
         return self
 
+    def _start_hosted(self) -> "LoopbackSwitch":
+        request = {"op": "add", "plan": json.loads(plan_to_json(self.plan)), "drop": self.drop, "seed": self.seed,
+                   "runtime": self.runtime}
+        reply = self._host._ask(json.dumps(request), self.READY_TIMEOUT) if self._host.alive() else None
+        if not reply or "switch_ports" not in reply:
+            raise RuntimeError(f"the luwu switch process (pid {self._host.pid}) could not start another switch: "
+                               f"{(reply or {}).get('error', 'no answer')}; its log {self.log_path} says:\n"
+                               f"{tail(self.log_path)}")
+        self._id = int(reply["id"])
+        self.plan.switch_ports.update({int(k): (v[0], int(v[1])) for k, v in reply["switch_ports"].items()})
+        return self
+
     def _exit_code(self):
+        if self._host is not None:
+            return self._host._exit_code()
         return None if self._proc is None else self._proc.poll()
 
     def _ask(self, line: str, timeout: float) -> dict | None:
+        if self._host is not None:
+            return self._host._ask(line, timeout)
         result: list = []
 
         def talk() -> None:
@@ -234,25 +313,39 @@ class LoopbackSwitch:
 
     def kill(self) -> None:
         """Kill the switch process abruptly (tests of failure handling)."""
+        if self._host is not None:
+            self._host.kill()
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait(10)
+            self._remove_rings()
 
     @property
     def pid(self) -> int:
+        if self._host is not None:
+            return self._host.pid
         return os.getpid() if self._proc is None else self._proc.pid
 
     def alive(self) -> bool:
         if self._sw is not None:
             return True
+        if self._host is not None:
+            return self._id > 0 and self._host.alive()
         return self._proc is not None and self._proc.poll() is None
 
     def counters(self, timeout: float = 10.0) -> dict | None:
         if self._sw is not None:
             return self._sw.counters()
+        if self._host is not None:
+            return self._ask(json.dumps({"op": "counters", "id": self._id}), timeout) if self.alive() else None
         return self._ask("counters", timeout) if self.alive() else None
 
     def stop(self) -> None:
+        if self._host is not None:
+            if self.alive():
+                self._ask(json.dumps({"op": "stop", "id": self._id}), 10.0)
+            self._id = 0
+            return
         if self._sw is not None:
             self._sw.stop()
             self._sw = None
@@ -270,6 +363,20 @@ class LoopbackSwitch:
                 self._proc.kill()
                 self._proc.wait(10)
             self._proc = None
+            self._remove_rings()
+
+    def _remove_rings(self) -> None:
+        """A child switch that was killed could not unlink its shared-memory rings: do it for it."""
+        if self.plan.transport != "shm":
+            return
+        for prefix, _ in self.plan.switch_ports.values():
+            for suffix in (".up", ".up.bell", ".down", ".down.bell"):
+                path = prefix + suffix
+                if os.path.dirname(path) == "/dev/shm" and os.path.basename(path).startswith("luwu-sw-"):
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
 
     def __enter__(self) -> "LoopbackSwitch":
         return self.start()
@@ -299,6 +406,7 @@ def _serve_stdin() -> int:
     sw = _build_switch(plan, req.get("drop") or {}, int(req.get("seed", 0)), req.get("runtime"))
     sw.start()
     print(json.dumps({"switch_ports": {str(k): list(v) for k, v in plan.switch_ports.items()}}), flush=True)
+    hosted: dict = {}  # id -> switch started by {"op": "add"} (LoopbackSwitch(host=...))
     try:
         for line in sys.stdin:  # EOF: the parent is gone
             cmd = line.strip()
@@ -307,9 +415,37 @@ def _serve_stdin() -> int:
             elif cmd == "stop":
                 print(json.dumps({"stopped": True}), flush=True)
                 break
+            elif cmd.startswith("{"):
+                print(json.dumps(_hosted_request(json.loads(cmd), hosted), default=str), flush=True)
     finally:
+        for other in hosted.values():
+            other.stop()
         sw.stop()
     return 0
+
+
+def _hosted_request(req: dict, hosted: dict) -> dict:
+    """add / counters / stop of a switch this process hosts besides its own."""
+    op = req.get("op")
+    try:
+        if op == "add":
+            plan = plan_from_json(req["plan"])
+            other = _build_switch(plan, req.get("drop") or {}, int(req.get("seed", 0)), req.get("runtime"))
+            other.start()
+            key = max(hosted, default=0) + 1
+            hosted[key] = other
+            return {"id": key, "switch_ports": {str(k): list(v) for k, v in plan.switch_ports.items()}}
+        other = hosted.get(int(req.get("id", 0)))
+        if other is None:
+            return {"error": f"no hosted switch {req.get('id')!r}"}
+        if op == "counters":
+            return other.counters()
+        if op == "stop":
+            hosted.pop(int(req["id"])).stop()
+            return {"stopped": True}
+        return {"error": f"unknown request {op!r}: add, counters or stop"}
+    except Exception as e:  # noqa: BLE001 - a bad request fails alone; the other switches keep running
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def local_star(workers: int, nodes: int = 0, mode: str | int = "tofino", drop: dict | None = None, seed: int = 0,

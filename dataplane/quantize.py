@@ -66,7 +66,8 @@ def quantize(x: np.ndarray, exps: np.ndarray, lanes: int, n: int, out: np.ndarra
     lim = float(2 ** (31 - c) - 1)
     padded = np.zeros(chunks * lanes, dtype=np.float32)
     padded[: x.size] = x
-    scaled = np.ldexp(padded.reshape(chunks, lanes), (31 - c - exps.astype(np.int32))[:, None])
+    scaled = padded.reshape(chunks, lanes)
+    scale_pow2(scaled, 31 - c - exps.astype(np.int32))
     np.rint(scaled, out=scaled)
     bad = ~(np.abs(scaled) <= lim)  # also catches NaN
     saturated = bad.any(axis=1)
@@ -83,7 +84,9 @@ def dequantize(qsum: np.ndarray, exps: np.ndarray, lanes: int, n: int, numel: in
     chunks = num_chunks(numel, lanes)
     c = contributor_bits(n)
     q = np.asarray(qsum).reshape(-1)[: chunks * lanes].reshape(chunks, lanes)
-    out = np.ldexp(q.astype(np.float32), (exps.astype(np.int32) + c - 31)[:, None])
+    out = q.astype(np.float32)
+    with np.errstate(over="ignore"):  # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it
+        scale_pow2(out, exps.astype(np.int32) + c - 31)
     return out.reshape(-1)[:numel]
 
 
@@ -131,3 +134,108 @@ def exponent_error_hint(max_abs: float, n: int) -> float:
         return 0.0
     e = math.frexp(max_abs)[1]
     return n * math.ldexp(1.0, e + contributor_bits(n) - 31) / 2
+
+
+# --- scaling by powers of two -----------------------------------------------------------------
+# x * 2^k with a float32 multiply is exactly ldexp(x, k) (one correctly rounded result; libm's
+# scalbnf per element costs 3-6x more) as long as 2^k is a normal float32. A shift outside
+# [-126, 127] is split into two factors; the first multiply is then exact (its result stays
+# normal, or overflows to inf, which the second cannot undo), so the second rounds once, as
+# ldexp does. tests/engine/test_kernels.py checks this against np.ldexp bit for bit.
+
+POW2_LO, POW2_HI = -126, 127
+
+
+def pow2_split(k: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Per-chunk shifts k (int) -> float32 factors (s1, s2) with s1 * s2 == 2^k, and whether any s2 != 1."""
+    k = np.asarray(k, dtype=np.int64)
+    k1 = np.clip(k, POW2_LO, POW2_HI)
+    one = np.float32(1)
+    s1 = np.ldexp(one, k1.astype(np.int32)).astype(np.float32)  # per chunk, not per element
+    two = bool((k1 != k).any())
+    s2 = np.ldexp(one, (k - k1).astype(np.int32)).astype(np.float32) if two else np.ones(k.shape, np.float32)
+    return s1, s2, two
+
+
+def scale_pow2(values: np.ndarray, k: np.ndarray) -> None:
+    """values (chunks, lanes) float32 *= 2^k[chunk], in place, bit-identical to np.ldexp."""
+    s1, s2, two = pow2_split(k)
+    values *= s1[:, None]
+    if two:
+        values *= s2[:, None]
+
+
+# --- fused packet paths: compiled when dataplane/kernels says so, numpy otherwise ------------
+
+def quantize_into_rows(x: np.ndarray, exps: np.ndarray, lanes: int, n: int, rows: np.ndarray, col: int) -> np.ndarray:
+    """quantize(x, exps, lanes, n) written big-endian into packet rows: chunk r's lanes at bytes
+    [col, col + 4 * lanes) of rows[r]. Returns the per-chunk saturated flags. `x` may be short
+    (the buffer's tail): the rest of the last chunk is zeros."""
+    chunks = len(exps)
+    if _compiled():
+        words = _as_words(rows, col)
+        if words is not None:
+            from .kernels.fixed_point import quantize_rows
+
+            c = contributor_bits(n)
+            s1, s2, _ = pow2_split(31 - c - np.asarray(exps, dtype=np.int64))
+            sat = np.zeros(chunks, dtype=np.bool_)
+            x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+            return quantize_rows(x, s1, s2, np.float32(2 ** (31 - c) - 1), words, rows.shape[1] // 4, col // 4,
+                                 lanes, sat)
+    q, sat = quantize(x, np.asarray(exps), lanes, n)
+    rows[:chunks, col:col + 4 * lanes].view(">i4")[...] = q.reshape(chunks, lanes)
+    return sat
+
+
+def dequantize_rows_into(rows: np.ndarray, sel: np.ndarray, col: int, lanes: int, shift: np.ndarray,
+                         chunk: np.ndarray, out: np.ndarray) -> None:
+    """out[chunk[i]] = (big-endian int32 lanes at byte `col` of rows[sel[i]]) as float32 * 2^shift[i].
+
+    The receive side's decode-and-scatter of fixed-point sums (float32 overflow gives inf, as
+    IEEE rounds it; callers decide what that means)."""
+    if _compiled():
+        words = _as_words(rows, col)
+        if words is not None and out.flags.c_contiguous and out.dtype == np.float32:
+            from .kernels.fixed_point import dequantize_rows
+
+            s1, s2, _ = pow2_split(shift)
+            dequantize_rows(words, rows.shape[1] // 4, col // 4, lanes, np.asarray(sel, dtype=np.int64), s1, s2,
+                            np.asarray(chunk, dtype=np.int64), out.reshape(-1))
+            return
+    vals = rows[sel, col:col + 4 * lanes].view(">i4").astype(np.float32)
+    with np.errstate(over="ignore"):
+        scale_pow2(vals, shift)
+    out[chunk] = vals
+
+
+def warm_up() -> None:
+    """Load the compiled kernels now (numba's import and its on-disk cache, ~0.3 s), off the
+    datapath: the engine calls this in a background thread at start, so its first float sum does
+    not stall while the other workers' timers run. A no-op with LUWU_KERNELS=reference."""
+    from .usage import UserError
+
+    try:
+        if not _compiled():
+            return
+    except UserError:
+        return  # a bad LUWU_KERNELS: the first operation reports it, in one line, to its caller
+    rows = np.zeros((1, 8), dtype=np.uint8)
+    quantize_into_rows(np.ones(1, np.float32), np.ones(1, np.int32), 1, 1, rows, 4)
+    dequantize_rows_into(rows, np.zeros(1, np.int64), 4, 1, np.zeros(1, np.int64), np.zeros(1, np.int64),
+                         np.zeros((1, 1), np.float32))
+
+
+def _compiled() -> bool:
+    from .kernels import use_numba
+
+    return use_numba()
+
+
+def _as_words(rows: np.ndarray, col: int) -> np.ndarray | None:
+    """A C-contiguous uint8 (K, W) buffer as its flat uint32 words (no copy), or None if it is not
+    one or is not word-aligned (the numpy path then runs)."""
+    if rows.ndim != 2 or not rows.flags.c_contiguous or rows.dtype != np.uint8 or rows.shape[1] % 4 or col % 4 \
+            or rows.__array_interface__["data"][0] % 4:
+        return None
+    return rows.reshape(-1).view(np.uint32)

@@ -50,6 +50,9 @@ class Wiring:
     `switch` (loopback / software switch). transport "ip": the endpoint binds `local` (its own
     address, UDP port = the luwu port) and sends to the switch's service address `switch`;
     the switch rewrites destinations from its `endpoints` table (Mininet, BMv2, Tofino).
+    transport "shm": the switch runs on this host and its port is a pair of shared-memory rings;
+    `switch` is (the rings' path prefix in /dev/shm, 0) and `local` is unused
+    (`luwu.dataplane.net.shm_ring`, `SoftwareSwitch.attach_shm`).
     """
 
     rank: int  # worker rank, or 0xFFFF for an optimizer node

@@ -21,11 +21,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("luwu.controller.server", "run the gRPC controller"),
     "mininet": ("luwu.mininet.runner", "run a topology in Mininet emulation"),
     "p4": ("luwu.p4.tool", "generate, check and build the P4 programs"),
+    "simulate": ("luwu.simulate.command", "simulate a training iteration at paper scale; plan optimizer nodes"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "allreduce": ("luwu.bench.allreduce", "in-network allreduce vs Gloo and the raw UDP ceiling"),
     "optimizer": ("luwu.bench.optimizer", "optimizer node vs torch fused AdamW and the disk"),
     "switch": ("luwu.dataplane.switch.bench", "the software switch alone vs a do-nothing UDP relay"),
+    "fuzz": ("luwu.bench.fuzz", "hostile packets against a running switch with live jobs: exact sums, every drop accounted"),
 }
 
 

@@ -58,9 +58,10 @@ def entities(cfg: RuntimeConfig, index: P4InfoIndex) -> list:
 
 
 def switch_for(address: str, p4info: Path, bmv2_json: Path | None, device_id: int = BMV2_DEVICE_ID,
-               force: bool = True) -> fy.Switch:
+               force: bool = True, credentials=None) -> fy.Switch:
+    """`credentials`: finsy channel credentials (TLS and/or a bearer token), None for plaintext."""
     options = fy.SwitchOptions(p4info=Path(p4info), p4blob=Path(bmv2_json) if bmv2_json else None,
-                               device_id=device_id, p4force=force)
+                               device_id=device_id, p4force=force, channel_credentials=credentials)
     return fy.Switch("luwu", address, options)
 
 
@@ -90,14 +91,15 @@ def resolve(cfg_path: Path, name: str) -> Path:
 
 
 async def load(address: str, runtime: Path, p4info: Path | None = None, bmv2_json: Path | None = None,
-               device_id: int = BMV2_DEVICE_ID) -> int:
-    """Push the pipeline and the runtime JSON to the switch at `address`; returns entities written."""
+               device_id: int = BMV2_DEVICE_ID, credentials=None) -> int:
+    """Push the pipeline and the runtime JSON to the switch at `address`; returns entities written.
+    `credentials`: finsy channel credentials for an authenticated switch (tool.py builds them)."""
     cfg = RuntimeConfig.load(runtime)
     p4info = p4info or resolve(runtime, cfg.p4info)
     bmv2_json = bmv2_json or resolve(runtime, cfg.bmv2_json)
     missing = [str(p) for p in (p4info, bmv2_json) if not Path(p).exists()]
     if missing:
         raise FileNotFoundError(f"missing {', '.join(missing)}: run `luwu p4 build` (needs p4c) first")
-    sw = switch_for(address, p4info, bmv2_json, device_id)
+    sw = switch_for(address, p4info, bmv2_json, device_id, credentials=credentials)
     async with sw:
         return await write_runtime(sw, cfg)

@@ -7,7 +7,8 @@
   luwu p4 build [--target T]     compile with p4c (BMv2), p4test (TNA front/mid end) or bf-p4c
                                  (Tofino) when installed; otherwise say in one line what to install
   luwu p4 commands               print the compile and run commands only
-  luwu p4 load --runtime F       push the pipeline and a runtime JSON to a P4Runtime switch
+  luwu p4 load --runtime F       push the pipeline and a runtime JSON to a P4Runtime switch (with
+                                 --token/--token-file and --tls-* for an authenticated `luwu switch`)
 """
 
 from __future__ import annotations
@@ -72,6 +73,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--runtime", required=True, help="runtime JSON (p4/runtime/star4.json is an example)")
     load.add_argument("--p4info", help="P4Info (default: the runtime JSON's `p4info`, relative to the file)")
     load.add_argument("--bmv2-json", help="compiled BMv2 JSON (default: the runtime JSON's `bmv2_json`)")
+    auth = load.add_mutually_exclusive_group()
+    auth.add_argument("--token", help="the switch's P4Runtime token (a `luwu switch` with authentication: its "
+                                      "--p4runtime-token-file, or HMAC of the admin token and its name as the "
+                                      "controller derives it); sent as `authorization: Bearer`, over TLS or loopback")
+    auth.add_argument("--token-file", help="file holding the switch's P4Runtime token (preferred over --token: "
+                                           "not in the process list)")
+    load.add_argument("--tls-ca", help="PEM CA of the switch's P4Runtime certificate: connect over TLS")
+    load.add_argument("--tls-cert", help="PEM client certificate for switches that require one (mutual TLS; with "
+                                         "--tls-key)")
+    load.add_argument("--tls-key", help="PEM private key of --tls-cert")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,6 +178,40 @@ def _build(args: argparse.Namespace) -> int:
     return status if ran else 2
 
 
+def _load_credentials(args: argparse.Namespace):
+    """finsy channel credentials for `luwu p4 load`, the way the controller reaches a switch
+    (luwu.controller.switch_credentials): the token over TLS, or over gRPC local credentials on
+    loopback; None for a plaintext switch (BMv2). Bad options raise UserError (one line)."""
+    from luwu.dataplane.usage import UserError, existing_file_or_error
+
+    token = args.token
+    if args.token_file:
+        try:
+            token = existing_file_or_error(args.token_file, "--token-file").read_text().strip()
+        except OSError as exc:
+            raise UserError(f"--token-file {args.token_file}: cannot read it ({exc.strerror})") from None
+        if not token:
+            raise UserError(f"--token-file {args.token_file} is empty: it must hold the switch's P4Runtime token")
+    if token is not None and not token.strip():
+        raise UserError("--token must not be empty")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UserError("--tls-cert and --tls-key go together (the client certificate and its key)")
+    if args.tls_cert and not args.tls_ca:
+        raise UserError("--tls-cert needs --tls-ca (the CA of the switch's certificate): mutual TLS is TLS first")
+    for flag in ("tls_ca", "tls_cert", "tls_key"):
+        if getattr(args, flag):
+            existing_file_or_error(getattr(args, flag), "--" + flag.replace("_", "-"))
+    if not token and not args.tls_ca:
+        return None
+    from luwu.controller.switch_credentials import SwitchTls, switch_credentials
+    from luwu.dataplane.switch.p4runtime_auth import is_loopback
+
+    tls = SwitchTls(args.tls_ca, args.tls_cert or "", args.tls_key or "") if args.tls_ca else None
+    if token and tls is None and not is_loopback(args.addr):
+        raise UserError(f"--token to {args.addr} needs --tls-ca: a bearer token travels only over TLS or loopback")
+    return switch_credentials(args.addr, token or "", tls)
+
+
 def summarize_warnings(warnings: list[str]) -> list[str]:
     """One line per warning kind (`[--Wwarn=kind]`): its count and first occurrence."""
     kinds: dict[str, list[str]] = {}
@@ -178,15 +223,26 @@ def summarize_warnings(warnings: list[str]) -> list[str]:
 
 def _load(args: argparse.Namespace) -> int:
     import asyncio
+    import logging
+
+    import finsy
 
     from .bmv2 import load
     from .runtime_config import RuntimeConfigError
 
+    credentials = _load_credentials(args)
+    logging.getLogger("finsy").setLevel(logging.CRITICAL + 1)  # its tracebacks (logged CRITICAL) say what one line says
     try:
         n = asyncio.run(load(args.addr, Path(args.runtime), Path(args.p4info) if args.p4info else None,
-                             Path(args.bmv2_json) if args.bmv2_json else None, args.device_id))
+                             Path(args.bmv2_json) if args.bmv2_json else None, args.device_id, credentials))
     except (RuntimeConfigError, FileNotFoundError) as exc:
         print(f"luwu p4 load: {exc}")
         return 2
+    except finsy.P4ClientError as exc:  # refused (no or wrong token, role) or unreachable: one line naming the switch
+        code = getattr(getattr(exc, "code", None), "name", "") or "error"
+        hint = " (pass the switch's --token-file)" if code == "UNAUTHENTICATED" else ""
+        print(f"luwu p4 load: the P4Runtime switch at {args.addr} (device id {args.device_id}) answered {code}: "
+              f"{(getattr(exc, 'message', '') or str(exc))[:300]}{hint}", file=sys.stderr)
+        return 1
     print(f"pipeline set and {n} entities written to {args.addr} (device id {args.device_id})")
     return 0

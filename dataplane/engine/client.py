@@ -66,31 +66,54 @@ class EngineClient:
         self.log_path: str | None = None
 
     @classmethod
-    def spawn(cls, plan: EndpointPlan, workdir: str | None = None, batch: int = 64, log_path: str | None = None,
-              connect_timeout: float = 30.0) -> "EngineClient":
+    def spawn(cls, plan: EndpointPlan | None, workdir: str | None = None, batch: int = 64,
+              log_path: str | None = None, connect_timeout: float = 30.0) -> "EngineClient":
         """Start `luwu engine` for `plan` as a child process that dies with this one (even by
-        SIGKILL), logging to `log_path` (default: engine-<rank>.log in `workdir`), and connect."""
+        SIGKILL), logging to `log_path` (default: engine-<rank>.log in `workdir`), and connect.
+        `plan=None` starts an engine host: each connection opens its own engine (`open`)."""
+        proc, control, log_path = cls.launch(plan, workdir, batch, log_path)
+        return cls.connect(proc, control, log_path, connect_timeout)
+
+    @staticmethod
+    def launch(plan: EndpointPlan | None, workdir: str | None = None, batch: int = 64,
+               log_path: str | None = None) -> tuple[subprocess.Popen, str, str]:
+        """Start the daemon without waiting for it: (process, control socket path, log path)."""
         workdir = workdir or tempfile.mkdtemp(prefix="luwu-engine-")
-        rank = plan.wiring.rank
-        plan_path = os.path.join(workdir, f"plan-{rank}.json")
-        with open(plan_path, "w") as f:
-            f.write(plan.to_json())
-        control = os.path.join(workdir, f"engine-{rank}.sock")
-        log_path = log_path or os.path.join(workdir, f"engine-{rank}.log")
+        name = "h" if plan is None else str(plan.wiring.rank)  # short: a Unix socket path holds 107 bytes
+        args = []
+        if plan is not None:
+            plan_path = os.path.join(workdir, f"plan-{name}.json")
+            with open(plan_path, "w") as f:
+                f.write(plan.to_json())
+            args = ["--plan", plan_path]
+        control = os.path.join(workdir, f"engine-{name}.sock")
+        log_path = log_path or os.path.join(workdir, f"engine-{name}.log")
         env = dict(os.environ, OMP_NUM_THREADS="1", LUWU_NO_BACKEND="1")
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), "-m", "luwu.dataplane.engine.daemon",
-                 "--plan", plan_path, "--control", control, "--batch", str(batch)],
+                 *args, "--control", control, "--batch", str(batch)],
                 env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        return proc, control, log_path
+
+    @classmethod
+    def connect(cls, proc: subprocess.Popen | None, control: str, log_path: str,
+                connect_timeout: float = 30.0) -> "EngineClient":
+        """Connect to a daemon `launch` started (`proc`: kill it if it never listens; None: not ours)."""
         try:
             client = cls(control, proc, connect_timeout)
         except EngineError as e:
-            proc.kill()
-            proc.wait(10)
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)
             raise EngineError(f"{e}; the engine log {log_path} says:\n{_tail(log_path)}") from e
         client.log_path = log_path
         return client
+
+    def open(self, plan: EndpointPlan, timeout: float = 30.0) -> str:
+        """Open this connection's own engine for `plan` in an engine host; returns its UDP address
+        (HOST:PORT). The engine closes with the connection."""
+        return self._call({"op": "open", "plan": json.loads(plan.to_json())}, "open").wait(timeout)
 
     # -- buffers ------------------------------------------------------------------------------------
     def buffer(self, nbytes: int) -> ShmBuffer:
@@ -146,7 +169,7 @@ class EngineClient:
                         h.set_error(EngineError(msg.get("error", "engine error")))
                     else:
                         h.saturated = bool(msg.get("saturated"))
-                        h.set_result(msg.get("stats", h.info.get("result")))
+                        h.set_result(msg.get("stats", msg.get("udp", h.info.get("result"))))
         except (OSError, ValueError):
             pass
         with self._lock:

@@ -19,7 +19,8 @@ from .packets import LanesOf, aggregation_fill, payload_int32, slice_lanes
 from .send_stream import RtoEstimator, Segment, SendStream
 from .window import RecvWindow
 
-Decode = Callable[[np.ndarray, np.ndarray, np.ndarray], None]  # (chunk indices, lanes view, header exponents)
+# (chunk indices, received rows, the rows of those chunks, header exponents): reads the lanes in place
+Decode = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
 
 
 class ReduceOp:
@@ -42,11 +43,11 @@ class ReduceOp:
         self.saturated = False
         self.saturated_chunks: list[np.ndarray] = []  # chunk indices whose RESULT carried SATURATED
 
-    def absorb(self, chunk: np.ndarray, lanes: np.ndarray, flags: np.ndarray, exps: np.ndarray) -> bool:
+    def absorb(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, flags: np.ndarray, exps: np.ndarray) -> bool:
         if self.decode is not None:
-            self.decode(chunk, lanes, exps)
+            self.decode(chunk, rows, sel, exps)
         else:
-            self.result[chunk] = lanes
+            self.result[chunk] = payload_int32(rows[sel], self.session.lanes)
         self.got += len(chunk)
         sat = (flags & int(Flag.SATURATED)) != 0
         if sat.any():
@@ -107,7 +108,7 @@ class CollectiveSession:
                     continue
                 chunk = (h["offset"][sel] // self.lanes).astype(np.int64)
                 self.stats["results"] += len(sel)
-                if op.absorb(chunk, payload_int32(rows[sel], self.lanes), h["flags"][sel], h["exponent"][sel]):
+                if op.absorb(chunk, rows, sel, h["flags"][sel], h["exponent"][sel]):
                     del self.ops[op.op_id]
                     op.on_done(op)
         if self.window.advance():
@@ -120,6 +121,10 @@ class CollectiveSession:
 
     def on_timer(self, now: float) -> None:
         self.send.check_timeout(now)
+
+    def wake_at(self) -> float:
+        """The engine may sleep until then unless a packet arrives: RESULTs are all it waits for."""
+        return self.send.deadline()
 
     def busy(self) -> bool:
         return bool(self.ops) or not self.send.idle()

@@ -4,6 +4,13 @@ The worker talks to it over a Unix socket (one JSON object per line) and shares 
 through /dev/shm (`shm.py`), so packet work never competes with training for the GIL. Requests:
 `allreduce` (in place), `push`, `pull` (into the buffer), `stats`, `close`. Every request
 carries an `id`; the reply `{"id", "ok", ...}` comes when the operation completes.
+
+One daemon can host several engines: a connection whose first request is `{"op": "open", "plan":
+EndpointPlan}` gets an engine of its own, closed with the connection (`close` on it closes only
+that engine). Connections that open none use the `--plan` engine, and their `close` stops the
+daemon. Started without `--plan`, the daemon waits for `open`s: a worker starts it before it
+knows its plan (the plan and the process start overlap) and each of its process groups opens an
+engine in it instead of starting a process (torch backend: worker/backend/engine_link.py).
 """
 
 from __future__ import annotations
@@ -27,8 +34,9 @@ DTYPES = {"float32": np.float32, "int32": np.int32, "float16": np.float16, "bflo
 
 
 class EngineServer:
-    def __init__(self, engine: Engine, control_path: str):
-        self.engine = engine
+    def __init__(self, engine: Engine | None, control_path: str, config: EngineConfig | None = None):
+        self.engine = engine  # the --plan engine, for connections that open none
+        self.config = config  # of the engines connections open
         self.path = control_path
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         if os.path.exists(control_path):
@@ -55,6 +63,10 @@ class EngineServer:
     def stop(self) -> None:
         self.stopped.set()
         try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes accept() now, not at its next timeout
+        except OSError:
+            pass
+        try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
@@ -71,27 +83,42 @@ class EngineServer:
                 except OSError:
                     pass
 
-        with conn, conn.makefile("rb") as lines:
-            for line in lines:
-                try:
-                    req = json.loads(line)
-                except json.JSONDecodeError as e:
-                    reply({"id": None, "ok": False, "error": f"not JSON: {e}"})
-                    continue
-                try:
-                    if req.get("op") == "close":
-                        reply({"id": req.get("id"), "ok": True})
-                        self.stop()
-                        break
-                    self._request(req, shm, reply)
-                except Exception as e:  # a bad request fails alone
-                    reply({"id": req.get("id"), "ok": False, "error": f"{type(e).__name__}: {e}"})
-        shm.close()
+        engine, own = self.engine, None
+        try:
+            with conn, conn.makefile("rb") as lines:
+                for line in lines:
+                    try:
+                        req = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        reply({"id": None, "ok": False, "error": f"not JSON: {e}"})
+                        continue
+                    try:
+                        if req.get("op") == "close":
+                            reply({"id": req.get("id"), "ok": True})
+                            if own is None:
+                                self.stop()
+                            break
+                        if req.get("op") == "open":
+                            if own is not None:
+                                raise ValueError("this connection already has an engine (one per connection)")
+                            own = engine = Engine(EndpointPlan.from_json(json.dumps(req["plan"])), self.config).start()
+                            host, port = engine.address
+                            reply({"id": req.get("id"), "ok": True, "udp": f"{host}:{port}"})
+                            continue
+                        if engine is None:
+                            raise ValueError("no engine on this connection: send {'op': 'open', 'plan': ...} first")
+                        self._request(engine, req, shm, reply)
+                    except Exception as e:  # a bad request fails alone
+                        reply({"id": req.get("id"), "ok": False, "error": f"{type(e).__name__}: {e}"})
+        finally:
+            if own is not None:
+                own.close()
+            shm.close()
 
-    def _request(self, req: dict, shm: ShmCache, reply) -> None:
+    def _request(self, engine: Engine, req: dict, shm: ShmCache, reply) -> None:
         rid, op = req.get("id"), req.get("op")
         if op == "stats":
-            reply({"id": rid, "ok": True, "stats": self.engine.session_stats()})
+            reply({"id": rid, "ok": True, "stats": engine.session_stats()})
             return
         if op == "forget":
             shm.forget(req["buf"])
@@ -111,35 +138,42 @@ class EngineServer:
             reply({"id": rid, "ok": True, "saturated": h.saturated})
 
         if op == "allreduce":
-            h = self.engine.allreduce(view, req.get("reduce", "sum"), req.get("session"))
+            h = engine.allreduce(view, req.get("reduce", "sum"), req.get("session"))
         elif op == "push":
-            h = self.engine.push(int(req["session"]), int(req["tensor"]), view)
+            h = engine.push(int(req["session"]), int(req["tensor"]), view)
         elif op == "pull":
-            h = self.engine.pull(int(req["session"]), int(req["tensor"]), int(req["version"]), out=view)
+            h = engine.pull(int(req["session"]), int(req["tensor"]), int(req["version"]), out=view)
         else:
-            raise ValueError(f"unknown request {op!r}: allreduce, push, pull, stats, forget or close")
+            raise ValueError(f"unknown request {op!r}: open, allreduce, push, pull, stats, forget or close")
         h.add_done_callback(done)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--plan", required=True, help="endpoint plan JSON file (luwu.dataplane.session.EndpointPlan)")
+    p.add_argument("--plan", help="endpoint plan JSON file (luwu.dataplane.session.EndpointPlan); without it the "
+                                  "daemon hosts the engines its connections open")
     p.add_argument("--control", required=True, help="Unix socket path the worker connects to")
     p.add_argument("--batch", type=positive_int, default=EngineConfig.batch, help="datagrams per system call")
 
 
 def run(args) -> int:
-    plan = EndpointPlan.from_file(args.plan)
-    engine = Engine(plan, EngineConfig(batch=args.batch)).start()
-    server = EngineServer(engine, args.control)
+    config = EngineConfig(batch=args.batch)
+    engine = None
+    if args.plan:
+        plan = EndpointPlan.from_file(args.plan)
+        engine = Engine(plan, config).start()
+    server = EngineServer(engine, args.control, config)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: server.stop())
-    host, port = engine.address
-    print(json.dumps({"ready": True, "rank": plan.wiring.rank, "udp": f"{host}:{port}", "control": args.control}),
-          flush=True)
+    ready = {"ready": True, "control": args.control}
+    if engine is not None:
+        host, port = engine.address
+        ready.update(rank=plan.wiring.rank, udp=f"{host}:{port}")
+    print(json.dumps(ready), flush=True)
     try:
         server.serve_forever()
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
     return 0
 
 

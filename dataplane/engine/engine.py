@@ -19,17 +19,18 @@ from typing import Callable
 
 import numpy as np
 
-from ..net.mmsg import BatchSocket, udp_socket
+from ..kernels import mode as kernel_mode
 from ..protocol import HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Flag, MsgType, header_view
 from ..session import EndpointPlan, SessionSpec
 from .collective import CollectiveSession
 from .handles import EngineError, Handle
 from .heartbeats import HeartbeatPolicy
-from .liveness import DEFAULT_PEER_TIMEOUT, PeerWatch, drain_error_reports, enable_error_reports
+from .liveness import DEFAULT_PEER_TIMEOUT, PeerWatch, drain_error_reports
 from .node_server import GradientSink, NodeServerSession, ParamProvider
 from .node_worker import WorkerNodeSession
 from .reductions import AllreduceOp, check_reduction
 from .send_stream import RtoEstimator, RtoPolicy
+from .transport import open_transport, switch_name
 
 
 @dataclass
@@ -49,18 +50,17 @@ class Engine:
     def __init__(self, plan: EndpointPlan, config: EngineConfig | None = None,
                  provider: ParamProvider | None = None, on_gradient: GradientSink | None = None):
         self.config = cfg = config or EngineConfig()
+        kernel_mode()  # a bad LUWU_KERNELS fails here, as one line, not later in the engine's loop
         self.plan = plan
         w = plan.wiring
         self.rank = w.rank
         self.is_node = w.rank == NODE
         lanes = max([s.lanes for s in plan.sessions] or [64])
-        sock = udp_socket(w.local[0], w.local[1], cfg.socket_buffer, cfg.socket_buffer)
-        enable_error_reports(sock)
-        self.sock = BatchSocket(sock, batch=cfg.batch, max_len=HEADER_LEN + 4 * lanes + 64, peers=1)
-        self.sock.set_peer(0, w.switch[0], w.switch[1])
-        self.sock.default_peer = 0
+        # the transport seam (transport.py): a UDP BatchSocket or shared-memory rings, same interface
+        self.sock = open_transport(w, cfg.batch, HEADER_LEN + 4 * lanes + 64, cfg.socket_buffer)
+        self._shm = w.transport == "shm"
         now = time.monotonic()
-        self.watch = PeerWatch(tuple(w.switch), cfg.peer_timeout, now)
+        self.watch = PeerWatch(switch_name(w), cfg.peer_timeout, now)
         self.sessions: dict[int, object] = {}
         self.meta: CollectiveSession | None = None
         self.data: CollectiveSession | None = None
@@ -95,9 +95,13 @@ class Engine:
     # -- lifecycle ------------------------------------------------------------------------------
     @property
     def address(self) -> tuple[str, int]:
-        return self.sock.sock.getsockname()
+        """The local UDP address, or (ring prefix, 0) on a shared-memory port."""
+        return (self.sock.address, 0) if self._shm else self.sock.sock.getsockname()
 
     def start(self) -> "Engine":
+        from ..quantize import warm_up  # compiled kernels load beside startup, not on the first sum
+
+        threading.Thread(target=warm_up, name="luwu-kernels-warm-up", daemon=True).start()
         self._thread = threading.Thread(target=self._run, name=f"luwu-engine-{self.rank}", daemon=True)
         self._thread.start()
         return self
@@ -260,10 +264,14 @@ class Engine:
                     for s in sessions:
                         s.on_timer(now)
                     self._check_peers(now, node_sessions)
-                    next_timer = now + (cfg.timer_tick if busy else cfg.idle_tick)
+                    next_timer = now + cfg.idle_tick  # liveness checks; the sessions' own deadlines below
+                # sleep until the earliest deadline (retransmission, heartbeat, pull retry), not a fixed tick
+                next_timer = max(min([next_timer] + [self._wake_at(s, now, busy) for s in sessions]),
+                                 now + cfg.timer_tick)
                 self.stats["loop_turns"] += 1
-                if got == 0 and sent == 0 and not self._cmds:
-                    wait = max(0.0, min(next_timer, now + cfg.heartbeat.interval) - time.monotonic())
+                # a shm port rings its doorbell only once armed; arming may find packets: then do not sleep
+                if got == 0 and sent == 0 and not self._cmds and (not self._shm or self.sock.arm()):
+                    wait = max(0.0, next_timer - time.monotonic())
                     for _fd, ev in poller.poll(max(1, int(wait * 1000 + 0.5)) if wait > 0 else 0):
                         if ev & select.POLLERR:
                             self._refused(now, certain=False)
@@ -277,15 +285,28 @@ class Engine:
                 h.set_error(EngineError(f"the engine loop failed: {e!r}"))
             raise
 
+    def _wake_at(self, s, now: float, busy: bool) -> float:
+        """When session `s` next needs the loop without a packet or a command arriving."""
+        wake_at = getattr(s, "wake_at", None)
+        if wake_at is not None:
+            return wake_at()
+        return now + (self.config.timer_tick if busy else self.config.heartbeat.interval)
+
     def _refused(self, now: float, certain: bool = True) -> None:
         """The kernel reported an error on the socket: drain its queue (else poll spins on POLLERR)
         and note the switch's port as unreachable when it says so (a refused recv says so itself)."""
+        if self._shm:
+            return
         if drain_error_reports(self.sock.sock) or certain:
             self.watch.refused(now)
 
     def _check_peers(self, now: float, node_sessions) -> None:
         """Fail every pending operation with LuwuPeerDead once the switch or a node it waits on is dead."""
         self.watch.pending(bool(self._handles), now)
+        if self._shm:
+            gone = self.sock.switch_gone(now)
+            if gone:
+                self.watch.refused(now, gone)
         dead = self.watch.verdict(now, [(sid, s.node_heard, s.busy()) for sid, s in node_sessions])
         if dead is None:
             return

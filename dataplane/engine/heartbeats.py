@@ -53,6 +53,16 @@ class HeartbeatSender:
         self.send(now)
         return True
 
+    def due_at(self) -> float:
+        """When `maybe_send` would next send with nothing new arriving (the engine sleeps until then)."""
+        if self.last_ack is None:
+            return -1.0
+        if self.urgent or (self.window.has_gap() and self.last_ack == self.window.ack and not self._gap_told):
+            return self.last_time + self.policy.min_gap
+        if self.window.ack != self.last_ack:
+            return self.last_time + self.policy.interval
+        return self.last_time + self.policy.keepalive
+
     def send(self, now: float) -> None:
         row = heartbeat(self.session, self.worker, self.seq, self.window.ack, self.window.credit(self.capacity),
                         gap=self.window.has_gap())

@@ -6,8 +6,9 @@ timeout, on either sign of death lasting `peer_timeout` seconds (EngineConfig, d
 docs/protocol.md 7.5):
 
 * the switch: no packet at all from it, and the kernel reports its port unreachable (ICMP port
-  unreachable, reported through IP_RECVERR: nothing listens there any more). Silence alone is
-  not enough in a collective, where a slow peer also means silence;
+  unreachable, reported through IP_RECVERR: nothing listens there any more) or, on a
+  shared-memory port, the switch's process (its pid in the ring header) has exited. Silence alone
+  is not enough in a collective, where a slow peer also means silence;
 * an optimizer node: no HEARTBEAT from it on a node session with pending pushes or pulls. A node
   sends one at least every keepalive (0.1 s) whatever its load, so silence is unambiguous. The
   switch carries those heartbeats: when its port is unreachable the switch is named instead (a
@@ -80,20 +81,23 @@ def drain_error_reports(sock: socket.socket) -> int:
 class PeerWatch:
     """The engine's clock of what it last heard, and the verdict when pending work starves."""
 
-    def __init__(self, switch: tuple[str, int], timeout: float, now: float):
-        self.switch = f"{switch[0]}:{switch[1]}"
+    def __init__(self, switch: tuple[str, int] | str, timeout: float, now: float):
+        self.switch = switch if isinstance(switch, str) else f"{switch[0]}:{switch[1]}"
         self.timeout = timeout
         self.last_rx = now
         self.refused_at: float | None = None  # first "port unreachable" since the last packet
+        self.refused_detail: str | None = None  # what said so, when not the kernel's ICMP report
         self.busy_since: float | None = None  # when pending work began (silence before it is not starvation)
 
     def heard(self, now: float) -> None:
         self.last_rx = now
         self.refused_at = None
 
-    def refused(self, now: float) -> None:
+    def refused(self, now: float, detail: str | None = None) -> None:
+        """The switch's port is known gone (ICMP port unreachable, or `detail`: e.g. its process exited)."""
         if self.refused_at is None:
             self.refused_at = now
+            self.refused_detail = detail
 
     def pending(self, busy: bool, now: float) -> None:
         if not busy:
@@ -110,8 +114,9 @@ class PeerWatch:
             return None
         silent = now - self.last_rx
         if self.refused_at is not None and now - max(self.last_rx, self.busy_since) >= self.timeout:
-            return LuwuPeerDead("switch", self.switch, silent, "nothing listens on its port any more: the kernel "
-                                "answered port unreachable; see the switch's log, restart it and the job")
+            why = self.refused_detail or ("nothing listens on its port any more: the kernel answered port "
+                                          "unreachable")
+            return LuwuPeerDead("switch", self.switch, silent, f"{why}; see the switch's log, restart it and the job")
         for sid, last_heard, waiting in node_sessions:
             if not waiting:
                 continue

@@ -13,7 +13,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..protocol import HEADER_LEN, NODE, Dtype, Flag, MsgType, PULL_REQUEST, header_view, ver_type
-from ..quantize import contributor_bits, num_chunks
+from ..quantize import contributor_bits, dequantize_rows_into, num_chunks
 from ..session import SessionSpec
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
 from .node_worker import WIRE_DTYPES, elems_per_param_packet
@@ -41,10 +41,10 @@ class GradAssembly:
         self.shift = contributor_bits(n) - 31
         self.saturated = False
 
-    def absorb(self, chunk: np.ndarray, lanes_view: np.ndarray, exps: np.ndarray, flags: np.ndarray) -> bool:
+    def absorb(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, exps: np.ndarray, flags: np.ndarray) -> bool:
         e = exps.astype(np.int32)
-        with np.errstate(over="ignore"):  # past 2^128 the sum is inf, as IEEE rounds it
-            self.buf[chunk] = np.ldexp(lanes_view.astype(np.float32), (e + self.shift)[:, None])
+        # past 2^128 the sum is inf, as IEEE rounds it
+        dequantize_rows_into(rows, sel, HEADER_LEN, self.buf.shape[1], e.astype(np.int64) + self.shift, chunk, self.buf)
         self.got += len(chunk)
         sat = (flags & int(Flag.SATURATED)) != 0
         if sat.any():
@@ -82,11 +82,15 @@ class FallbackAggregator:
         self.n = n
         self.lanes = lanes
         self.pending: dict[int, list] = {}  # seq -> [bitmap, int32 sum, exponent, flags, header row]
+        self.rejected = 0  # packets claiming a rank outside 0..n-1
 
     def absorb(self, rows: np.ndarray, h: np.ndarray, idx: np.ndarray) -> list[np.ndarray]:
         done = []
         for i in idx:
             seq, worker = int(h["seq"][i]), int(h["worker"][i])
+            if worker >= self.n:  # no rank of this job: a switch passes FALLBACK GRADs of ranks it does not
+                self.rejected += 1  # know (protocol.md 6.8), so only this check keeps forged ones out of the sum
+                continue
             lanes = payload_int32(rows[i:i + 1], self.lanes)[0].astype(np.int32)
             entry = self.pending.get(seq)
             if entry is None:
@@ -168,7 +172,7 @@ class NodeServerSession:
             if asm is None or asm.numel != numel:
                 asm = self.assemblies[t] = GradAssembly(numel, self.lanes, self.spec.num_workers)
             chunk = (h["offset"][sel] // self.lanes).astype(np.int64)
-            if asm.absorb(chunk, payload_int32(rows[sel], self.lanes), h["exponent"][sel], h["flags"][sel]):
+            if asm.absorb(chunk, rows, sel, h["exponent"][sel], h["flags"][sel]):
                 del self.assemblies[t]
                 self.stats["gradients"] += 1
                 self.on_gradient(t, asm.buf.reshape(-1)[:numel], asm.saturated)
@@ -244,6 +248,10 @@ class NodeServerSession:
 
     def on_timer(self, now: float) -> None:
         self.params.check_timeout(now)
+
+    def wake_at(self) -> float:
+        """The next retransmission or heartbeat: the engine sleeps until then."""
+        return min(self.params.deadline(), self.hb.due_at())
 
     def busy(self) -> bool:
         return bool(self.waiting) or not self.params.idle() or bool(self.assemblies)

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..protocol import DTYPE_ITEMSIZE, HEADER_LEN, Dtype, MsgType
-from ..quantize import chunk_exponents, num_chunks, quantize
+from ..quantize import chunk_exponents, num_chunks
 from ..session import SessionSpec
 from .collective import CollectiveSession
 from .handles import EngineError, Handle
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
-from .packets import aggregation_fill, pull_request
+from .packets import QuantizedLanes, aggregation_fill, pull_request
 from .send_stream import RtoEstimator, SendStream
 from .window import RecvWindow
 
@@ -92,12 +92,10 @@ class WorkerNodeSession:
             exps = meta_op.result.reshape(-1)[:chunks].copy()
             handle.saturated |= meta_op.saturated
 
-            def lanes_of(i0: int, i1: int):
-                q, sat = quantize(x[i0 * lanes: i1 * lanes], exps[i0:i1], lanes, n)
-                if sat.any():
-                    handle.saturated = True
-                return q, sat
+            def saturated() -> None:
+                handle.saturated = True
 
+            lanes_of = QuantizedLanes(x, exps, lanes, n, saturated)
             seg.ready(aggregation_fill(
                 seg_start=seg.start, msg_type=MsgType.GRAD, session=s.session, worker=self.rank,
                 pool_base=s.pool_base, pool_size=s.pool_size, lanes=lanes, tensor=tensor, numel=numel,
@@ -221,6 +219,11 @@ class WorkerNodeSession:
 
     def on_timer(self, now: float) -> None:
         self.grad.check_timeout(now)
+
+    def wake_at(self) -> float:
+        """The next retransmission, heartbeat or pull retry: the engine sleeps until then."""
+        due = [op.requested_at + self._retry(op) for op in self._to_request if not op.answered]
+        return min([self.grad.deadline(), self.hb.due_at()] + due)
 
     def busy(self) -> bool:
         return bool(self.pulls) or not self.grad.idle()

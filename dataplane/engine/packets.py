@@ -15,6 +15,7 @@ from ..protocol import (
     DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER, NODE, PULL_REQUEST, Dtype, Flag, MsgType, header_view, slot_for,
     ver_type,
 )
+from ..quantize import quantize, quantize_into_rows
 
 MASK32 = 0xFFFFFFFF
 LanesOf = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # chunks [i0, i1) -> (int32 lanes, saturated)
@@ -44,13 +45,45 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
         h["dtype"] = int(dtype)
         h["reserved"] = 0
         h["numel"] = numel
-        values, saturated = lanes_of(i0, i1)
-        rows[:, HEADER_LEN:row_len].view(">i4")[...] = values.reshape(i1 - i0, lanes)
+        if isinstance(lanes_of, QuantizedLanes):  # quantise straight into the rows, one pass
+            saturated = lanes_of.write(i0, i1, rows, HEADER_LEN)
+        else:
+            values, saturated = lanes_of(i0, i1)
+            rows[:, HEADER_LEN:row_len].view(">i4")[...] = values.reshape(i1 - i0, lanes)
         if saturated is not None and saturated.any():
             h["flags"] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))
         lens[:] = row_len
 
     return fill
+
+
+class QuantizedLanes:
+    """lanes_of for a float32 buffer in fixed point with agreed per-chunk exponents, for a sum
+    over `n` contributors. `aggregation_fill` calls `write`, which quantises chunks [i0, i1)
+    straight into the packet rows (dataplane/quantize.py `quantize_into_rows`: compiled or numpy);
+    calling it returns (int32 lanes, saturated) like any lanes_of. `on_saturated` runs when a
+    block had to clip (the caller's handle learns the result is not exact there)."""
+
+    __slots__ = ("exps", "lanes", "n", "on_saturated", "x")
+
+    def __init__(self, x: np.ndarray, exps: np.ndarray, lanes: int, n: int,
+                 on_saturated: Callable[[], None] | None = None):
+        self.x, self.exps, self.lanes, self.n, self.on_saturated = x, exps, lanes, n, on_saturated
+
+    def __call__(self, i0: int, i1: int) -> tuple[np.ndarray, np.ndarray]:
+        q, sat = quantize(self.x[i0 * self.lanes: i1 * self.lanes], self.exps[i0:i1], self.lanes, self.n)
+        self._told(sat)
+        return q, sat
+
+    def write(self, i0: int, i1: int, rows: np.ndarray, col: int) -> np.ndarray:
+        sat = quantize_into_rows(self.x[i0 * self.lanes: i1 * self.lanes], self.exps[i0:i1], self.lanes, self.n,
+                                 rows, col)
+        self._told(sat)
+        return sat
+
+    def _told(self, sat: np.ndarray) -> None:
+        if self.on_saturated is not None and sat.any():
+            self.on_saturated()
 
 
 def slice_lanes(values: np.ndarray, lanes: int) -> LanesOf:

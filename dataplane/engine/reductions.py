@@ -17,10 +17,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..protocol import Dtype
-from ..quantize import chunk_exponents, contributor_bits, from_ordered, negate_order, num_chunks, quantize, to_ordered
+from ..protocol import HEADER_LEN, Dtype
+from ..quantize import (
+    chunk_exponents,
+    contributor_bits,
+    dequantize_rows_into,
+    from_ordered,
+    negate_order,
+    num_chunks,
+    to_ordered,
+)
 from .collective import CollectiveSession, ReduceOp
 from .handles import Handle
+from .packets import QuantizedLanes, payload_int32
 
 OPS = ("sum", "avg", "max", "min")
 
@@ -92,21 +101,16 @@ class AllreduceOp:
         chunks = data_op.chunks
         self.exps = meta_op.result.reshape(-1)[:chunks].copy()
         self.saturated |= meta_op.saturated
-        lanes, n, x, exps = data.lanes, self.n, self.x, self.exps
+        data.ready(data_op, QuantizedLanes(self.x, self.exps, data.lanes, self.n), exponents=self.exps)
 
-        def lanes_of(i0: int, i1: int):
-            return quantize(x[i0 * lanes: i1 * lanes], exps[i0:i1], lanes, n)
-
-        data.ready(data_op, lanes_of, exponents=self.exps)
-
-    def _decode_fixed(self, chunk: np.ndarray, lanes_view: np.ndarray, _hdr_exps: np.ndarray) -> None:
-        shift = (self.exps[chunk].astype(np.int32) + contributor_bits(self.n) - 31)[:, None]
-        with np.errstate(over="ignore"):  # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it
-            self.out[chunk] = np.ldexp(lanes_view.astype(np.float32), shift)
+    def _decode_fixed(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
+        shift = self.exps[chunk].astype(np.int64) + contributor_bits(self.n) - 31
+        # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it
+        dequantize_rows_into(rows, sel, HEADER_LEN, self.out.shape[1], shift, chunk, self.out)
 
     # -- max/min and integers -----------------------------------------------------------------
-    def _decode_keys(self, chunk: np.ndarray, lanes_view: np.ndarray, _hdr_exps: np.ndarray) -> None:
-        keys = lanes_view.astype(np.int32)
+    def _decode_keys(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
+        keys = payload_int32(rows[sel], self.out.shape[1]).astype(np.int32)
         if self.op == "min":
             keys = negate_order(keys)
         self.out[chunk] = from_ordered(keys) if self.x.dtype == np.float32 else keys

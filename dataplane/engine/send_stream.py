@@ -6,6 +6,15 @@ acknowledged (the window guarantees `seq - ring` was acknowledged before `seq` i
 Each operation owns a `Segment`: a contiguous range of sequence numbers reserved when it is
 submitted, so every worker numbers the same chunk the same way (docs/protocol.md 1).
 
+The retransmission timeout adapts like TCP's (RFC 6298): every acknowledgement that moves
+samples the round trip of the newest packet it covers, from that row's send time, unless the
+row was ever retransmitted (Karn's rule; the RETX flag in the row says so); SRTT/RTTVAR give
+RTO = SRTT + max(G, 4 RTTVAR) within [minimum, maximum], doubled per timeout (backoff) until an
+acknowledgement moves again. The timer runs from the last progress, or from the first send
+after the stream was idle (RFC 6298 5.1), so a new operation on an idle stream does not inherit
+an old clock. The minimum is above this host's scheduling gaps: on a loaded machine a peer that
+is merely descheduled must not look like a loss (docs/protocol.md 7.1; docs/architecture.md "Engine timing").
+
 Loss recovery goes back to the acknowledgement when it has stalled for a retransmission
 timeout (go-back-N), but paced: it resends a burst from `ack`, then one more burst each time a
 partial acknowledgement arrives, until it has covered what was outstanding (NewReno-style).
@@ -37,14 +46,21 @@ def sdiff(a: int, b: int) -> int:
 
 @dataclass
 class RtoPolicy:
+    """Retransmission timeout bounds (s). `minimum` sits above the scheduling gaps of a loaded
+    2-core host (tens of ms with a dozen runnable processes), `granularity` is RFC 6298's G (the
+    engine's timer tick), `max_backoff` caps the doubling per consecutive timeout."""
+
     initial: float = 0.1
-    minimum: float = 0.005
+    minimum: float = 0.04
     maximum: float = 1.0
+    granularity: float = 0.001
+    max_backoff: float = 64.0
     burst_fraction: float = 1 / 16  # of the window, resent per recovery step
 
 
 class RtoEstimator:
-    """Jacobson/Karels RTT smoothing; Karn's rule (no samples from retransmitted packets)."""
+    """RFC 6298 RTT smoothing (SRTT, RTTVAR; alpha 1/8, beta 1/4) and exponential backoff. Callers
+    apply Karn's rule: no samples from retransmitted packets."""
 
     def __init__(self, policy: RtoPolicy):
         self.policy = policy
@@ -52,14 +68,23 @@ class RtoEstimator:
         self.rttvar = 0.0
         self.base = policy.initial
         self.backoff = 1.0
+        self.samples = 0
 
     def sample(self, rtt: float) -> None:
+        if rtt < 0:
+            return
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
-        self.base = min(max(self.srtt + 4 * self.rttvar, self.policy.minimum), self.policy.maximum)
+        self.samples += 1
+        p = self.policy
+        self.base = min(max(self.srtt + max(p.granularity, 4 * self.rttvar), p.minimum), p.maximum)
+
+    def back_off(self) -> None:
+        """A timeout: double the RTO (RFC 6298 5.5) until an acknowledgement moves again."""
+        self.backoff = min(self.backoff * 2, self.policy.max_backoff)
 
     @property
     def rto(self) -> float:
@@ -94,6 +119,7 @@ class SendStream:
         self.rto = rto
         self.ring = np.zeros((_pow2_at_least(window), row_bytes), dtype=np.uint8)
         self.ring_len = np.zeros(len(self.ring), dtype=np.int64)
+        self.sent_at = np.zeros(len(self.ring), dtype=np.float64)  # first transmission of each row (RTT samples)
         self._mask = len(self.ring) - 1
         self.received = received
         self.burst = max(1, int(window * rto.policy.burst_fraction))
@@ -106,10 +132,9 @@ class SendStream:
         self.burst_end = 0
         self._segs: list[Segment] = []
         self._head = 0  # index of the oldest unacknowledged segment
-        self.last_progress = now
-        self._probe: tuple[int, float] | None = None
+        self.last_progress = now  # the retransmission timer runs from here
         self._last_fast = -1e9
-        self.stats = {"packets": 0, "retransmitted": 0, "timeouts": 0, "fast_retransmits": 0}
+        self.stats = {"packets": 0, "retransmitted": 0, "timeouts": 0, "fast_retransmits": 0, "rtt_samples": 0}
 
     # -- reservation ---------------------------------------------------------------------------
     def reserve(self, count: int, on_acked: Callable[[], None] | None = None) -> Segment:
@@ -123,6 +148,10 @@ class SendStream:
 
     def idle(self) -> bool:
         return self.ack == self.next_seq
+
+    def deadline(self) -> float:
+        """When `check_timeout` would fire (inf with nothing in flight): the engine sleeps until then."""
+        return self.last_progress + self.rto.rto if self.outstanding() > 0 else float("inf")
 
     # -- transmission --------------------------------------------------------------------------
     def _limit(self) -> int:
@@ -138,6 +167,8 @@ class SendStream:
 
     def pump(self, now: float) -> int:
         limit = self._limit()
+        if sdiff(limit, self.send_next) > 0 and self.outstanding() <= 0:
+            self.last_progress = now  # nothing was in flight: the timer starts with this send (RFC 6298 5.1)
         sent = 0
         i = self._head
         while sdiff(limit, self.send_next) > 0 and i < len(self._segs):
@@ -154,6 +185,8 @@ class SendStream:
                 self._fill(seg, fresh_from, stop)
             idx = (seg.start + np.arange(rel, stop, dtype=np.int64)) & self._mask
             resend = min(fresh_from, stop) - rel
+            if resend < len(idx):
+                self.sent_at[idx[max(resend, 0):]] = now
             if resend > 0:
                 self.ring[idx[:resend], 1] |= np.uint8(Flag.RETX)
                 if self.received is not None:
@@ -168,8 +201,6 @@ class SendStream:
             sent += len(idx)
             if sdiff(self.send_next, self.high) > 0:
                 self.high = self.send_next
-                if self._probe is None and self.recover_to is None:
-                    self._probe = ((self.send_next - 1) & MASK32, now)
             if rel + n >= seg.count:
                 i += 1
         self.stats["packets"] += sent
@@ -195,9 +226,10 @@ class SendStream:
         self.ack = ack & MASK32
         self.last_progress = now
         self.rto.backoff = 1.0
-        if self._probe is not None and sdiff(ack, self._probe[0]) > 0:
-            self.rto.sample(now - self._probe[1])
-            self._probe = None
+        newest = (ack - 1) & self._mask  # its row is intact: nothing is refilled before pump runs again
+        if not self.ring[newest, 1] & int(Flag.RETX):  # Karn: a retransmitted row's ack is ambiguous
+            self.rto.sample(now - self.sent_at[newest])
+            self.stats["rtt_samples"] += 1
         if self.recover_to is not None:
             if sdiff(ack, self.recover_to) >= 0:
                 self.recover_to = None  # everything outstanding at the timeout got through
@@ -228,7 +260,6 @@ class SendStream:
         self.send_next = self.ack
         self.burst_end = (self.ack + self.burst) & MASK32
         self.last_progress = now
-        self._probe = None
         self.stats["fast_retransmits"] += 1
         return True
 
@@ -240,7 +271,6 @@ class SendStream:
         self.send_next = self.ack
         self.burst_end = (self.ack + self.burst) & MASK32
         self.last_progress = now
-        self.rto.backoff = min(self.rto.backoff * 2, 64.0)
-        self._probe = None
+        self.rto.back_off()
         self.stats["timeouts"] += 1
         return True

@@ -1,5 +1,6 @@
 """The optimizer node's control channel: how a job is handed to a node (its spec and initial
-parameters), and how operators ask for stats or a checkpoint.
+parameters), and how operators ask for stats, a checkpoint, or the steps a job skipped for a
+non-finite gradient (`skipped`, for that job's token too).
 
 Framing: a 4-byte big-endian length, a JSON header, then the binary blobs the header lists in
 `blobs` (sizes in bytes). Addresses are `unix:/path` or `host:port`. One request, one reply.
@@ -119,7 +120,8 @@ class ControlAuth:
     Args:
         token: the node's own control token; whoever presents it may do everything.
         verify: `verify(job_id, token) -> bool`: is `token` the token of job `job_id` (the node
-            daemon asks the controller); a successful answer is remembered.
+            daemon asks the controller); a successful answer is remembered. It raises
+            ConnectionError (naming what it asked) when it cannot tell: the client is told why.
 
     Example:
         >>> auth = ControlAuth(token=secrets.token_urlsafe(32))
@@ -254,7 +256,12 @@ class ControlServer:
                 return None
             grant = None
             if header.get("op") == "hello" and not header.get("blobs"):
-                grant = self.auth.grant(header.get("job_id", ""), header.get("token", ""))
+                try:
+                    grant = self.auth.grant(header.get("job_id", ""), header.get("token", ""))
+                except ConnectionError as e:  # who checks job tokens (the controller) does not answer: say so
+                    self.refused["handshake"] += 1
+                    _refuse(conn, f"cannot check the job's token: {e}")
+                    return None
             if grant is None:
                 self.refused["handshake"] += 1
                 _refuse(conn, "the first control message must be {\"op\": \"hello\", \"job_id\": ..., \"token\": ...} "
@@ -379,6 +386,11 @@ class ControlClient:
 
     def checkpoint(self) -> str:
         return self.call({"op": "checkpoint"})["path"]
+
+    def skipped_steps(self, job_id: str) -> dict[int, list[int]]:
+        """The job's steps this node skipped for a non-finite gradient: {step: layer ids}."""
+        got = self.call({"op": "skipped", "job_id": job_id})["skipped"]
+        return {int(s): [int(x) for x in ids] for s, ids in got.items()}
 
     def close(self) -> None:
         self.sock.close()

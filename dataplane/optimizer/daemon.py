@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -31,6 +32,9 @@ def add_arguments(p) -> None:
     p.add_argument("--state-dir", required=True, type=Path, help="directory for the optimizer state files")
     p.add_argument("--ram-budget", default="1GiB", type=size, help="RAM for state and served copies (e.g. 512MiB)")
     p.add_argument("--checkpoint-dir", type=Path, help="where checkpoints go (none: checkpoints refused)")
+    p.add_argument("--checkpoint-every", type=positive_int, default=None, metavar="N",
+                   help="take a lazy checkpoint of every job each N optimizer steps (versions N, 2N, ...; needs "
+                        "--checkpoint-dir); a node restarted with --restore latest resumes from the newest")
     p.add_argument("--restore", help="checkpoint to resume from: a path, or 'latest' in --checkpoint-dir")
     p.add_argument("--control", default=None, help="control channel address: unix:/path or host:port; clients "
                                                    "authenticate with a job's token (checked with --controller) or "
@@ -54,6 +58,8 @@ def run(args) -> int:
     plan = EndpointPlan.from_file(args.plan)
     config = NodeConfig(state_dir=args.state_dir, ram_budget=args.ram_budget, checkpoint_dir=args.checkpoint_dir,
                         pipeline=args.pipeline, threads_per_step=args.threads_per_step)
+    if args.checkpoint_every and args.checkpoint_dir is None:
+        raise UserError("--checkpoint-every needs --checkpoint-dir (where the checkpoints go)")
     restore = args.restore
     if restore == "latest":
         if args.checkpoint_dir is None:
@@ -68,6 +74,13 @@ def run(args) -> int:
         service = OptimizerService(plan, config, restore)
     except CheckpointError as exc:  # a corrupt or foreign checkpoint is the user's to replace, not a crash
         raise UserError(f"--restore {restore}: {exc}") from None
+    except ValueError as exc:  # a plan this host cannot honour (e.g. shared-memory ports of another host)
+        raise UserError(f"--plan {args.plan}: {exc}") from None
+    if args.checkpoint_every:
+        from .periodic import PeriodicCheckpoints
+
+        PeriodicCheckpoints(service.node, args.checkpoint_every)
+        service.node.add_checkpoint_listener(_log_checkpoint)
     service.start(args.control, auth, args.control_max_message or config.ram_budget)
     try:
         beat = _join_controller(args, service, config)
@@ -92,6 +105,15 @@ def run(args) -> int:
     return 0
 
 
+def _log_checkpoint(event: str, info: dict) -> None:
+    """One stderr line per committed or failed checkpoint (what `--restore latest` will find)."""
+    if event == "commit":
+        print(f"luwu node: checkpoint {info['checkpoint']} committed in {info['seconds']:.1f} s", file=sys.stderr,
+              flush=True)
+    elif event == "error":
+        print(f"luwu node: checkpoint {info['checkpoint']} failed: {info['error']}", file=sys.stderr, flush=True)
+
+
 def _control_auth(args):
     """Who may use the control channel: --control-token-file, the admin token, and job tokens the
     controller confirms (its job-scoped GetJob answers only the job's own token)."""
@@ -110,8 +132,12 @@ def _control_auth(args):
             with ControllerClient(args.controller, token, timeout=10) as client:
                 try:
                     return client.job(job_id).job_id == job_id
-                except (ControllerRefused, ConnectionError):  # refused, or the controller is unreachable
+                except ControllerRefused:  # not this job's token
                     return False
+                except ConnectionError:  # nobody to ask: the client hears that, not "bad token"
+                    raise ConnectionError(f"the luwu controller {args.controller} that checks job tokens for this "
+                                          "node does not answer (use the node's control token, or restart the "
+                                          "controller)") from None
     if not static and verify is None:
         raise UserError("--control needs --control-token-file FILE or --controller: the control channel takes "
                         "only authenticated clients")

@@ -19,6 +19,7 @@ import functools
 import numpy as np
 import torch
 
+from . import fused
 from .layout import LayerPlan, ShardPlan
 from .spec import OptimizerSpec
 
@@ -68,7 +69,14 @@ def step_shard(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tensor], 
     gradient inside the kernel (a sum over N workers -> their mean), and the kernel leaves the
     divided gradient in `grad`. `served`: the shard's slice of the new served copy, rounded from
     each group of new master weights right after its step, while they are still in cache (a
-    separate pass would read the master back from memory)."""
+    separate pass would read the master back from memory).
+
+    This is the readable reference. AdamW serving bf16 runs `fused.step_shard` instead when
+    compiled kernels are on (`LUWU_KERNELS`, luwu.dataplane.kernels): the same results bit for
+    bit, in one pass."""
+    if fused.usable(opt, served):
+        fused.step_shard(opt, plan, states, grad, step, grad_scale, served)
+        return
     lr = opt.lr_at(step)
     step_t = torch.tensor(float(step + 1), dtype=torch.float32)
     for group in chunk_groups(plan):

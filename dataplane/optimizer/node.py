@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from luwu.dataplane import kernels as kernel_mode
 
-from . import kernels
+from . import fused, kernels
 from .checkpoint import CheckpointManager
 from .errors import (BadGradient, NodeFailed, NonFiniteGradient, OptimizerInputError, StepOutOfOrder, UnknownJob,
                      UnknownLayer)
@@ -42,6 +43,7 @@ from .store import StateStore
 log = logging.getLogger("luwu.optimizer")
 WIRE_DTYPE_NAMES = {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32"}  # luwu.dataplane.protocol.Dtype member names
 _QUIESCE = object()  # in_flight marker while a caller reads a layer's state
+SKIP_HISTORY = 1024  # steps with a skipped layer remembered per job (skipped_steps())
 
 
 @dataclass(eq=False)
@@ -61,10 +63,13 @@ class JobRuntime:
     rank: dict[int, int]  # layer id -> position in the spec (forward order; the global norm's order)
     order: list[int] = field(default_factory=list)  # layer ids in forward order
     arrivals: dict[int, list[int]] = field(default_factory=dict)  # step -> layer ids in arrival order
+    skipped: dict[int, list[int]] = field(default_factory=dict)  # step -> layer ids whose step was skipped
 
 
 class OptimizerNode(CheckpointMixin):
     def __init__(self, config: NodeConfig):
+        if kernel_mode.mode() == "numba":  # a bad LUWU_KERNELS is a UserError here, not in a pipeline thread
+            kernel_mode.use_numba()
         self.config = config
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(config.state_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -84,7 +89,7 @@ class OptimizerNode(CheckpointMixin):
         self._listeners: list[Callable[[str, int, int], None]] = []
         self._ckpt_listeners: list[Callable[[str, dict], None]] = []
         self.counts = {"submitted": 0, "published": 0, "saturated_gradients": 0, "listener_errors": 0,
-                       "rejected": collections.Counter()}
+                       "skipped_steps": 0, "rejected": collections.Counter()}
         self.error: BaseException | None = None
         self.closed = False
         self.started = time.monotonic()
@@ -147,6 +152,8 @@ class OptimizerNode(CheckpointMixin):
             self.store.end_registration()
         with self._cv:
             self.jobs[spec.job_id] = job
+        if spec.optimizer.name == "adamw" and spec.served_dtype == "bf16":
+            fused.warm_async()  # the compiled kernel loads while the workers start, not in the first step
 
     def _with_served(self, plan: LayerPlan, shard, fill: Filler, served_buf: np.ndarray) -> Filler:
         def go(buf: np.ndarray) -> int:
@@ -204,15 +211,27 @@ class OptimizerNode(CheckpointMixin):
         node applies their mean (1 = use as is). The node owns `grad` until that version is
         published and may scale it in place. Returns at once; `params` / listeners tell when done.
         `finite`: the caller guarantees no NaN/Inf (a fixed-point sum from the network that no
-        contributor saturated is finite by construction), which saves the check's read pass."""
+        contributor saturated is finite by construction), which saves the check's read pass.
+
+        A gradient with NaN or Inf raises NonFiniteGradient here (nothing changes; the caller may
+        submit the step again). The network path (`gradient_sink`) skips such a step instead."""
         try:
             self._submit(job_id, layer_id, step, grad, contributors, saturated, finite)
         except OptimizerInputError as e:
             self._reject(e)
 
-    def _submit(self, job_id, layer_id, step, grad, contributors, saturated, finite=False) -> None:
+    def _submit(self, job_id, layer_id, step, grad, contributors, saturated, finite=False,
+                skip_non_finite: bool = False) -> None:
         job, lr = self._layer(job_id, layer_id)
-        g = self._check_gradient(job_id, lr.plan, grad, finite)
+        skip = False
+        try:
+            g = self._check_gradient(job_id, lr.plan, grad, finite)
+        except NonFiniteGradient as e:
+            if not skip_non_finite:
+                raise
+            skip, g = True, None
+            log.warning("skipping step %s of job %r layer %s: %s (the version advances with the parameters and "
+                        "optimizer state unchanged, as torch's GradScaler skips a step)", step, job_id, layer_id, e)
         if not isinstance(contributors, (int, np.integer)) or contributors < 1:
             raise BadGradient(f"contributors must be an integer >= 1, got {contributors!r}")
         if not isinstance(step, (int, np.integer)):
@@ -223,7 +242,13 @@ class OptimizerNode(CheckpointMixin):
                 raise StepOutOfOrder(f"job {job_id!r} layer {layer_id}: got step {step}, expected step {lr.next_step} "
                                      f"(steps are 0-based and each is submitted once, in order)")
             lr.next_step += 1
-            item = LayerStep(job_id, job.spec.optimizer, lr.plan, int(step), g, int(contributors), len(job.layers))
+            item = LayerStep(job_id, job.spec.optimizer, lr.plan, int(step), g, int(contributors), len(job.layers),
+                             skip=skip)
+            if skip:
+                self.counts["skipped_steps"] += 1
+                job.skipped.setdefault(int(step), []).append(lr.plan.layer_id)
+                while len(job.skipped) > SKIP_HISTORY:
+                    del job.skipped[min(job.skipped)]
             self.counts["submitted"] += 1
             self.counts["saturated_gradients"] += bool(saturated)
             self._note_arrival(job, int(step), lr.plan.layer_id)
@@ -266,13 +291,20 @@ class OptimizerNode(CheckpointMixin):
         """The engine's GradientSink shape: (tensor, summed gradient, saturated), each tensor's
         gradients in step order. Runs on the engine's loop, so a bad gradient is counted (in
         stats()["node"]["rejected"]), logged and dropped rather than raised into the loop; a
-        failed node still raises NodeFailed."""
+        failed node still raises NodeFailed. A non-finite sum (a contributor's inf/NaN or
+        overflow: the engine delivers those chunks as NaN) skips the layer's step like torch's
+        GradScaler: the version advances with the parameters and optimizer state unchanged, so
+        the workers' pulls complete; `skipped_steps()` and stats()["node"]["skipped_steps"] say so."""
         def sink(tensor: int, grad: np.ndarray, saturated: bool) -> None:
             try:
                 with self._cv:
                     step = self._layer(job_id, tensor)[1].next_step
                 # the engine flags a sum that may hold non-finite values as saturated (node_server.py)
-                self.submit_gradient(job_id, tensor, step, grad, contributors, saturated, finite=not saturated)
+                try:
+                    self._submit(job_id, tensor, step, grad, contributors, saturated, not saturated,
+                                 skip_non_finite=True)
+                except OptimizerInputError as e:
+                    self._reject(e)
             except OptimizerInputError as e:
                 if isinstance(e, (UnknownJob, UnknownLayer)):  # _layer raised before submit could count it
                     self.counts["rejected"][e.reason] += 1
@@ -334,6 +366,20 @@ class OptimizerNode(CheckpointMixin):
 
     def version(self, job_id: str, layer_id: int) -> int:
         return self._layer(job_id, layer_id)[1].version
+
+    def skipped_steps(self, job_id: str) -> dict[int, list[int]]:
+        """The job's skipped steps: {step (0-based; version step + 1 repeats version step's
+        parameters): layer ids}, the latest SKIP_HISTORY steps that had any.
+
+        Example::
+
+            node.skipped_steps("job")    # {3: [0, 2]}: step 3 of layers 0 and 2 met inf/NaN
+        """
+        job = self.jobs.get(job_id)
+        if job is None:
+            self._reject(UnknownJob(f"no job {job_id!r} on this node"))
+        with self._cv:
+            return {s: list(ids) for s, ids in sorted(job.skipped.items())}
 
     def add_listener(self, callback: Callable[[str, int, int], None]) -> None:
         """callback(job_id, layer_id, version) after each new version is published (from a

@@ -53,6 +53,9 @@ class LayerStep:
     remaining: int = 0
     published: bool = False
     t_submit: float = field(default_factory=time.perf_counter)
+    # a skipped step (a non-finite gradient, as torch's GradScaler skips): the version advances with the
+    # parameters and optimizer state unchanged; `grad` is None
+    skip: bool = False
 
 
 @dataclass(eq=False)
@@ -115,18 +118,23 @@ class Pipeline:
     def _receive(self, item: LayerStep) -> list[LayerStep]:
         """Gradient in: mean over contributors and clipping; returns the items ready to step."""
         opt = item.opt
-        item.grad_t = torch.from_numpy(item.grad)
-        if item.contributors > 1:
+        if item.skip:  # not stepped; in a global-norm gate it adds no norm, so the step's other layers go on
+            item.norms = []
+            if opt.clip_grad_norm is None or opt.clip_scope == "layer":
+                return [item]
+        else:
+            item.grad_t = torch.from_numpy(item.grad)
+            if item.contributors > 1:
+                if opt.clip_grad_norm is None:
+                    item.grad_scale = torch.tensor(float(item.contributors))  # divided inside the kernel
+                else:
+                    item.grad_t.div_(item.contributors)  # the norm is the mean's norm
             if opt.clip_grad_norm is None:
-                item.grad_scale = torch.tensor(float(item.contributors))  # divided inside the kernel
-            else:
-                item.grad_t.div_(item.contributors)  # the norm is the mean's norm
-        if opt.clip_grad_norm is None:
-            return [item]
-        item.norms = kernels.tensor_norms(item.plan, item.grad_t)
-        if opt.clip_scope == "layer":
-            item.coef = kernels.clip_coefficient(item.norms, opt.clip_grad_norm)
-            return [item]
+                return [item]
+            item.norms = kernels.tensor_norms(item.plan, item.grad_t)
+            if opt.clip_scope == "layer":
+                item.coef = kernels.clip_coefficient(item.norms, opt.clip_grad_norm)
+                return [item]
         gate_key = (item.job_id, item.step)
         with self.lock:
             gate = self.gates.setdefault(gate_key, [])
@@ -136,13 +144,17 @@ class Pipeline:
             del self.gates[gate_key]
         # every layer of the step is here: the norm over all of them, in the job's layer order
         ordered = sorted(gate, key=lambda it: self.node.layer_rank(it.job_id, it.plan.layer_id))
-        coef = kernels.clip_coefficient([n for it in ordered for n in it.norms], opt.clip_grad_norm)
+        norms = [n for it in ordered for n in it.norms]  # none when every layer of the step was skipped
+        coef = kernels.clip_coefficient(norms, opt.clip_grad_norm) if norms else None
         for it in gate:
             it.coef = coef
         return gate  # arrival order
 
     def _prepare(self, item: LayerStep) -> list[ShardTask]:
         item.served_buf = self.node.new_served_buffer(item.plan)
+        if item.skip:  # the new version serves the same parameters (the buffer is raw bytes)
+            cur = np.ascontiguousarray(self.node.served.get((item.job_id, item.plan.layer_id))[0]).reshape(-1)
+            item.served_buf.reshape(-1).view(np.uint8)[:cur.nbytes] = cur.view(np.uint8)
         item.remaining = len(item.plan.shards)
         return [ShardTask(item, s) for s in item.plan.shards]
 
@@ -156,11 +168,12 @@ class Pipeline:
 
     def _optimize(self, task: ShardTask) -> None:
         item, shard, e = task.item, task.shard, task.entry
-        g = item.grad_t[shard.elem_lo: shard.elem_lo + shard.numel]
-        kernels.apply_clip(g, item.coef)
-        kernels.step_shard(item.opt, shard, e.views, g, item.step, item.grad_scale,
-                           kernels.served_view(item.plan, item.served_buf, shard))
-        e.step = item.step + 1
+        if not item.skip:
+            g = item.grad_t[shard.elem_lo: shard.elem_lo + shard.numel]
+            kernels.apply_clip(g, item.coef)
+            kernels.step_shard(item.opt, shard, e.views, g, item.step, item.grad_scale,
+                               kernels.served_view(item.plan, item.served_buf, shard))
+        e.step = item.step + 1  # a skipped step too: a shard's header counts versions (checkpoints check it)
         shard.write_header(e.buf, e.step)
 
     def _write(self, task: ShardTask) -> LayerStep | None:

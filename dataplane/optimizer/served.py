@@ -61,9 +61,13 @@ class ServedCache:
         """A buffer for the next version of a layer (called by the pipeline before its step)."""
         n = plan.served_buffer_bytes
         with self.cv:
+            # a pooled buffer is taken before the trim, which would otherwise count it as free
+            # memory over budget, drop it, and leave this call to fault in a fresh one (at full
+            # budget, i.e. every step of a model that fits: the previous version's buffer)
+            buf = self.pool.take(n) if self.pool.has(n) else None
             self.used += n
             self._trim(keep=None)
-        return self.pool.take(n)
+        return buf if buf is not None else self.pool.take(n)
 
     def discard(self, plan: LayerPlan, buf: np.ndarray) -> None:
         with self.cv:

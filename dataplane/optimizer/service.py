@@ -63,7 +63,13 @@ class OptimizerService:
             return {"stats": {"node": self.node.stats(), "engine": self.engine.session_stats()}}
         if op == "checkpoint":
             return {"path": str(self.node.checkpoint_now(timeout=300))}
-        raise ValueError(f"unknown control request {op!r}: add_job, stats or checkpoint")
+        if op == "skipped":  # steps skipped for a non-finite gradient (GradScaler-like), per layer
+            job_id = str(header.get("job_id", ""))
+            if grant is not None and grant.job_id is not None and job_id != grant.job_id:
+                raise PermissionError(f"this connection holds the token of job {grant.job_id!r}, not of "
+                                      f"{job_id[:80]!r}")
+            return {"skipped": {str(s): ids for s, ids in self.node.skipped_steps(job_id).items()}}
+        raise ValueError(f"unknown control request {op!r}: add_job, stats, checkpoint or skipped")
 
     @property
     def address(self) -> tuple[str, int]:

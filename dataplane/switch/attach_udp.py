@@ -1,9 +1,19 @@
 """UDP attachment: one switch port = one UDP socket (the embedded loopback deployment).
 
 The kernel's Ethernet/IPv4/UDP headers stand in for the switch's: an endpoint is wired to the
-port by sending from its socket to this socket. The port's peer is configured, or learned from
-the first packet that passes the classifier; afterwards a datagram from any other address is
-dropped UNKNOWN_PORT. Sends go to the peer straight from the rows that hold the packets.
+port by sending from its socket to this socket. A port accepts datagrams only from its peer;
+everything else is dropped UNKNOWN_PORT (counted). The peer is, in order:
+
+* configured (`peer=(host, port)`, `--port N=HOST:PORT,peer=HOST:PORT`);
+* otherwise the address the tables give whoever is bound to the port (`peers.py`: the controller's
+  or the loopback plan's `endpoints` entries) -- until they name one the port is unbound and
+  refuses everything, so nobody can claim it by sending first;
+* or, only when asked for (`peer="learn"`, `peer=learn`), learned from the first packet that
+  passes the classifier (whose source guard requires the id bound to the port): for setups that
+  cannot know the peer's address in advance, at the cost that whoever sends that first packet
+  owns the port.
+
+Sends go to the peer straight from the rows that hold the packets.
 """
 
 from __future__ import annotations
@@ -15,20 +25,25 @@ from ..protocol import DropReason
 from .config import SwitchConfig
 
 SOCKADDR_KEY = 8  # family, port and IPv4 address of a sockaddr_in (the rest is padding)
+LEARN = "learn"  # the opt-in peer value: the first valid sender becomes the peer
 
 
 class UdpAttachment:
     kind = "udp"
     framed = False
 
-    def __init__(self, port: int, listen: tuple[str, int], peer: tuple[str, int] | None, config: SwitchConfig):
+    def __init__(self, port: int, listen: tuple[str, int], peer: tuple[str, int] | str | None, config: SwitchConfig):
+        if isinstance(peer, str) and peer != LEARN:
+            raise ValueError(f"switch port {port}: peer {peer!r} must be (host, port), {LEARN!r} or None")
         self.port = port
         sock = udp_socket(listen[0], listen[1], config.socket_buffer, config.socket_buffer)
         self.sock = BatchSocket(sock, batch=config.batch, max_len=config.max_datagram, peers=1)
         self.address: tuple[str, int] = sock.getsockname()[:2]
+        self.learning = peer == LEARN
+        self.configured = peer is not None and not self.learning  # the tables never override a configured peer
         self.peer: tuple[str, int] | None = None
         self._peer_key: np.ndarray | None = None
-        if peer is not None:
+        if self.configured:
             self.set_peer(peer)
 
     @property
@@ -36,15 +51,27 @@ class UdpAttachment:
         return self.sock.fd
 
     def set_peer(self, peer: tuple[str, int]) -> None:
+        """Configure the peer: from now on only `peer`, whatever the tables say."""
+        self.configured, self.learning = True, False
+        self.bind(peer)
+
+    def bind(self, peer: tuple[str, int]) -> None:
+        """Accept `peer` (and send to it) until told otherwise (configured, derived or learned)."""
         self.sock.set_peer(0, peer[0], int(peer[1]))
         self.sock.default_peer = 0
         self.peer = (peer[0], int(peer[1]))
         self._peer_key = self.sock.peers[0, :SOCKADDR_KEY].copy()
 
+    def clear_peer(self) -> None:
+        """Unbind the port: it refuses every datagram and sends nothing until a peer is set."""
+        self.peer = None
+        self._peer_key = None
+
     def foreign(self, addr: np.ndarray) -> np.ndarray:
-        """Which received datagrams (their sockaddr rows) come from someone else than the peer."""
+        """Which received datagrams (their sockaddr rows) come from someone else than the peer
+        (all of them while the port has no peer)."""
         if self._peer_key is None:
-            return np.zeros(len(addr), dtype=bool)
+            return np.ones(len(addr), dtype=bool)
         return (addr[:, :SOCKADDR_KEY] != self._peer_key).any(axis=1)
 
     def learn(self, addr: np.ndarray, valid: np.ndarray, drop: np.ndarray) -> None:
@@ -55,7 +82,7 @@ class UdpAttachment:
         if len(first) == 0:
             return
         j = int(first[0])
-        self.set_peer(parse_sockaddr_in(addr[j]))
+        self.bind(parse_sockaddr_in(addr[j]))
         other = self.foreign(addr)
         other[:j + 1] = False
         drop[other & (drop == 0)] = DropReason.UNKNOWN_PORT

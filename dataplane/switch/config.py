@@ -80,7 +80,9 @@ DROP_KEYS = ("ingress", "egress", "duplicate", "reorder")
 @dataclass
 class UdpPortSpec:
     listen: tuple[str, int]
-    peer: tuple[str, int] | None = None
+    # (host, port); None: the address the tables (controller) give the port, refused until then;
+    # "learn": the first valid sender's (opt-in, attach_udp.py)
+    peer: tuple[str, int] | str | None = None
 
 
 @dataclass
@@ -112,6 +114,15 @@ def parse_hostport(text: str, what: str) -> tuple[str, int]:
     if not 0 <= p <= 65535:
         raise ConfigError(f"{what}: port {p} in {text!r} out of range 0..65535")
     return host, p
+
+
+def parse_peer(text: str, what: str) -> tuple[str, int] | str:
+    """A UDP port's peer: HOST:PORT, or `learn` (the first valid sender becomes the peer)."""
+    if str(text).strip() == "learn":
+        return "learn"
+    if ":" not in str(text):
+        raise ConfigError(f"{what}: {text!r} must be HOST:PORT or learn")
+    return parse_hostport(text, what)
 
 
 def switch_port_number(text, what: str) -> int:
@@ -173,7 +184,7 @@ def daemon_config_from_dict(raw: dict, where: str = "config") -> DaemonConfig:
         extra = set(val) - {"listen", "peer"}
         if extra:
             raise ConfigError(f"{where}: ports.{key}: unknown keys {', '.join(sorted(extra))} (listen, peer)")
-        peer = parse_hostport(val["peer"], f"{where}: ports.{key}.peer") if val.get("peer") else None
+        peer = parse_peer(val["peer"], f"{where}: ports.{key}.peer") if val.get("peer") else None
         cfg.ports[n] = UdpPortSpec(parse_hostport(val["listen"], f"{where}: ports.{key}.listen"), peer)
     for key, val in (raw.get("ifaces") or {}).items():
         n = switch_port_number(key, f"{where}: ifaces")

@@ -24,7 +24,7 @@ from pathlib import Path
 from ..usage import UserError
 from .config import (
     DROP_KEYS, ConfigError, DaemonConfig, SwitchConfig, UdpPortSpec, load_daemon_config, parse_drop, parse_hostport,
-    switch_port_number,
+    parse_peer, switch_port_number,
 )
 from .counters import named
 from .table_schema import TableError
@@ -40,8 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", type=int, help="slots per set (default 4096)")
     p.add_argument("--udp-port", type=int, help="UDP port that marks luwu in Ethernet frames (default 19541)")
     p.add_argument("--seed", type=int, help="drop simulator seed (default 0)")
-    p.add_argument("--port", action="append", default=[], metavar="N=HOST:PORT[,peer=HOST:PORT]",
-                   help="UDP attachment of switch port N (repeatable); the peer is learned if not given")
+    p.add_argument("--port", action="append", default=[], metavar="N=HOST:PORT[,peer=HOST:PORT|learn]",
+                   help="UDP attachment of switch port N (repeatable). The port accepts datagrams only from its "
+                        "peer: peer=HOST:PORT; without peer=, the endpoint address the controller (or --runtime) "
+                        "writes for it, refusing everything until then; peer=learn: the first valid sender "
+                        "(opt-in for setups that cannot know the address: whoever sends first owns the port)")
     p.add_argument("--iface", action="append", default=[], metavar="N=IFNAME",
                    help="raw Ethernet attachment of switch port N to an interface (repeatable, root)")
     p.add_argument("--drop", action="append", default=[], metavar="PORT|all:KEY=P[,KEY=P]",
@@ -90,14 +93,14 @@ def config_from_args(args) -> DaemonConfig:
     for spec in args.port:
         num, sep, rest = spec.partition("=")
         if not sep:
-            raise ConfigError(f"--port {spec!r}: expected N=HOST:PORT[,peer=HOST:PORT]")
+            raise ConfigError(f"--port {spec!r}: expected N=HOST:PORT[,peer=HOST:PORT|learn]")
         n = switch_port_number(num, f"--port {spec!r}")
         listen, _, peer = rest.partition(",")
         peer_addr = None
         if peer:
             if not peer.startswith("peer="):
-                raise ConfigError(f"--port {spec!r}: after the address only peer=HOST:PORT is allowed")
-            peer_addr = parse_hostport(peer[len("peer="):], f"--port {spec!r} peer")
+                raise ConfigError(f"--port {spec!r}: after the address only peer=HOST:PORT or peer=learn is allowed")
+            peer_addr = parse_peer(peer[len("peer="):], f"--port {spec!r} peer")
         cfg.ifaces.pop(n, None)
         cfg.ports[n] = UdpPortSpec(parse_hostport(listen, f"--port {spec!r}"), peer_addr)
     for spec in args.iface:
@@ -142,6 +145,8 @@ def _show(addr) -> str | None:
 
 
 def write_stats(sw, path: str, started: float) -> None:
+    with sw.lock:
+        sw.sync_peers()  # the peers the tables name now, even before a packet came
     snap = sw.counters()
     doc = {"time": time.time(), "uptime_s": round(time.monotonic() - started, 3), "lanes": sw.lanes,
            "slots": sw.config.slots, "errors": sw.errors,

@@ -1,7 +1,9 @@
 """The switch's event loop: a background thread that, every turn, drains the ports with
-recvmmsg into one shared buffer (UDP ports and raw ports each have one), runs the turn's
-packets through the pipeline as one batch under the switch lock, and sends the results with
-sendmmsg. After an idle turn it sleeps in poll() and then reads only the ports poll reported."""
+recvmmsg into one shared buffer (UDP ports and raw ports each have one; shared-memory ports copy
+their rings' rows into a third), runs the turn's packets through the pipeline as one batch under
+the switch lock, and sends the results with sendmmsg (or onto the rings). After an idle turn it
+sleeps in poll() -- on sockets, and on the rings' doorbells -- and then reads only the ports poll
+reported."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ import sys
 import threading
 
 from ..protocol import aggregation_packet_len
+from .attach_shm import shm_row_bytes
 from .receiver import GroupReceiver
 
 MAX_TURN_ROWS = 2048  # rows of a shared receive buffer: ports beyond it wait for the next turn
-KINDS = ("udp", "raw")
+KINDS = ("udp", "raw", "shm")
 
 
 class EventLoop:
@@ -36,7 +39,7 @@ class EventLoop:
         rows = min(MAX_TURN_ROWS, max(cfg.batch, cfg.batch * nports))
         rx = self._receivers.get(kind)
         if rx is None or rx.capacity < rows:
-            max_len = cfg.max_datagram if kind == "udp" else cfg.max_frame
+            max_len = {"udp": cfg.max_datagram, "raw": cfg.max_frame}.get(kind) or shm_row_bytes(cfg.lanes)
             rx = self._receivers[kind] = GroupReceiver(rows, max(max_len, aggregation_packet_len(cfg.lanes)),
                                                        want_addr=kind == "udp")
         return rx
@@ -49,6 +52,7 @@ class EventLoop:
         registered: set[int] = set()
         seen_ports = None
         groups: list = []
+        rings: list = []  # shared-memory ports: armed before every sleep (their doorbells ring only then)
         turn = 0
         ready: set[int] | None = None  # None: try every port (the last turn was busy)
         while not self._stop.is_set():
@@ -63,6 +67,7 @@ class EventLoop:
                 registered = fds
                 groups = [(kind, [a for a in atts if a.kind == kind]) for kind in KINDS]
                 groups = [(kind, g, self._receiver(kind, len(g))) for kind, g in groups if g]
+                rings = [a for a in atts if a.kind == "shm"]
                 ready = None
             busy = False
             for kind, group, rx in groups:
@@ -75,7 +80,7 @@ class EventLoop:
                         continue
                     start = rx.filled
                     try:
-                        k = rx.recv(att.fd, att.port, batch)
+                        k = att.recv_into(rx, batch) if kind == "shm" else rx.recv(att.fd, att.port, batch)
                     except OSError as e:  # a closed or broken socket: note it, keep serving the others
                         print(f"luwu switch: port {att.port}: receive failed: {e}", file=sys.stderr)
                         continue
@@ -89,7 +94,7 @@ class EventLoop:
             if sw.links_in or sw.links_out:
                 with sw.lock:
                     sw.release_stale()
-            if busy:
+            if busy or not all([a.arm() for a in rings]):  # noqa: C419 - arm every ring, no short cut
                 ready = None
             else:
                 try:

@@ -17,6 +17,8 @@ import numpy as np
 
 from ..net.mmsg import MMSGHDR, MSG_DONTWAIT, SOCKADDR_LEN, _libc, addr_of, recv_vectors
 
+MSG_TRUNC = 0x20  # msg_flags: the datagram was longer than the buffer
+
 
 class GroupReceiver:
     def __init__(self, capacity: int, max_len: int, want_addr: bool):
@@ -25,6 +27,9 @@ class GroupReceiver:
         self.length = np.zeros(capacity, dtype=np.int64)
         self.port = np.zeros(capacity, dtype=np.int64)
         self.addr = np.zeros((capacity, SOCKADDR_LEN), dtype=np.uint8)
+        # datagrams longer than a row: the kernel hands over only their prefix, which must never
+        # pass for a packet (the switch drops them MALFORMED)
+        self.truncated = np.zeros(capacity, dtype=bool)
         self._want_addr = want_addr
         self._iov, self._hdr = recv_vectors(self.rows, self.addr if want_addr else None)
         self._hdr_base = addr_of(self._hdr)
@@ -49,6 +54,7 @@ class GroupReceiver:
             raise OSError(err, os.strerror(err))
         end = start + k
         self.length[start:end] = self._hdr["len"][start:end]
+        self.truncated[start:end] = (self._hdr["flags"][start:end] & MSG_TRUNC) != 0
         self.port[start:end] = port
         self.filled = end
         return k

@@ -4,8 +4,9 @@ socket attachments and an event loop.
 `process_frames` / `process_datagrams` run packets through the pipeline without sockets (the
 conformance suite's entry point). `attach_udp` / `attach_raw` wire switch ports to sockets and
 `start()` runs the event loop in a background thread: poll, recvmmsg batches, pipeline,
-sendmmsg. Output order: the emitted copies of a call or batch come in the order of the packets
-that triggered them, replicas in multicast group order -- exactly what processing the packets
+sendmmsg; `attach_shm` wires a port to shared-memory rings instead (endpoints on this host).
+Output order: the emitted copies of a call or batch come in the order of the packets that
+triggered them, replicas in multicast group order -- exactly what processing the packets
 one at a time produces (docs in pipeline.py); link impairments, when configured, then duplicate
 or swap neighbouring packets of a port.
 """
@@ -22,6 +23,7 @@ from ..net.mmsg import addr_of
 from ..protocol import ETH_IP_UDP_LEN, DropReason, aggregation_packet_len
 from . import runtime_json
 from .attach_raw import RawAttachment
+from .attach_shm import ShmAttachment
 from .attach_udp import UdpAttachment
 from .batch import Batch, Emission
 from .config import ConfigError, SwitchConfig
@@ -29,6 +31,7 @@ from .controls.drop_simulator import threshold_for
 from .counters import Counters
 from .impairments import Link
 from .loop import EventLoop
+from .peers import peers_from_tables
 from .pipeline import LINK_IN, LINK_OUT, Pipeline
 from .registers import Registers
 from .table_schema import PORT_BITS, TableError
@@ -43,11 +46,12 @@ class SoftwareSwitch:
         self._counters = Counters()
         self.tables = Tables(cfg.slots, on_clear=self._on_pipeline_reset)
         self.pipeline = Pipeline(cfg, self.tables, self.registers, self._counters)
-        self.ports: dict[int, UdpAttachment | RawAttachment] = {}
+        self.ports: dict[int, UdpAttachment | RawAttachment | ShmAttachment] = {}
         self.ports_version = 0  # bumped when ports are attached or closed (the event loop replans)
         self.links_in: dict[int, Link] = {}
         self.links_out: dict[int, Link] = {}
         self._loop: EventLoop | None = None
+        self._peers_version = -1  # the tables version the UDP ports' peers were derived from (peers.py)
         self.errors = 0  # batches whose processing raised (logged, never fatal)
 
     @property
@@ -143,10 +147,88 @@ class SoftwareSwitch:
         return out
 
     # -- sockets ---------------------------------------------------------------------------------
-    def attach_udp(self, port: int, listen: tuple[str, int], peer: tuple[str, int] | None = None) -> tuple[str, int]:
-        """Wire switch port `port` to a UDP socket bound to `listen`; returns the bound address."""
+    def attach_udp(self, port: int, listen: tuple[str, int], peer: tuple[str, int] | str | None = None
+                   ) -> tuple[str, int]:
+        """Wire switch port `port` to a UDP socket bound to `listen`; returns the bound address.
+
+        Args:
+            port: the switch port number.
+            listen: (host, port) to bind; port 0 picks a free one.
+            peer: the one address the port accepts datagrams from and sends to. None: the
+                address the tables' `endpoints` entries give the port's endpoint (peers.py);
+                until they name one the port refuses everything (UNKNOWN_PORT). "learn": the
+                source of the first valid packet (opt-in: whoever sends first owns the port).
+
+        Returns:
+            The bound (host, port).
+
+        Example::
+
+            addr = sw.attach_udp(1, ("127.0.0.1", 0), peer=engine.address)
+        """
         self._check_free(port)
         att = UdpAttachment(port, listen, peer, self.config)
+        with self.lock:
+            self.ports[port] = att
+            self.ports_version += 1
+            self._peers_version = -1
+        return att.address
+
+    def set_peer(self, port: int, peer: tuple[str, int] | None) -> None:
+        """Bind UDP port `port` to `peer` (None: back to the tables' address, unbound until they name one)."""
+        att = self.ports.get(port)
+        if att is None or att.kind != "udp":
+            raise ConfigError(f"switch port {port} is not a UDP port")
+        with self.lock:
+            if peer is None:
+                att.configured = att.learning = False
+                att.clear_peer()
+                self._peers_version = -1
+            else:
+                att.set_peer(peer)
+
+    def sync_peers(self) -> None:
+        """Give every UDP port without a configured peer the address the tables name for it (peers.py).
+        Called by the event loop whenever the tables changed; call it with the lock held."""
+        version = self.tables.version
+        if version == self._peers_version:
+            return
+        self._peers_version = version
+        udp = [a for a in self.ports.values() if a.kind == "udp" and not a.configured and not a.learning]
+        if not udp:
+            return
+        one, clash = peers_from_tables(self.tables)
+        for att in udp:
+            addr = one.get(att.port)
+            if addr is None:
+                if att.peer is not None or att.port in clash:
+                    why = (f"its endpoints name {sorted(clash[att.port])}" if att.port in clash
+                           else "no endpoints entry names its peer any more")
+                    print(f"luwu switch: UDP port {att.port} is unbound ({why}): it refuses every datagram",
+                          file=sys.stderr)
+                att.clear_peer()
+            elif att.peer != addr:
+                att.bind(addr)
+
+    def attach_shm(self, port: int, prefix: str | None = None, slots: int | None = None) -> str:
+        """Wire switch port `port` to a pair of shared-memory packet rings (endpoints on this host).
+
+        Args:
+            port: the switch port number.
+            prefix: path of the ring pair (`<prefix>.up`, `<prefix>.down` in /dev/shm); default:
+                a fresh name. The switch creates the files and removes them when it stops.
+            slots: packets each ring holds (a power of two; default: about 16 MiB of rows, 256..1024).
+
+        Returns:
+            The prefix, which the endpoint passes to `ShmEndpoint` (`Wiring(transport="shm")`).
+
+        Example::
+
+            prefix = sw.attach_shm(1)
+            ep = ShmEndpoint(prefix)          # in the endpoint's process
+        """
+        self._check_free(port)
+        att = ShmAttachment(port, self.config, prefix, slots)
         with self.lock:
             self.ports[port] = att
             self.ports_version += 1
@@ -201,13 +283,16 @@ class SoftwareSwitch:
             framed = segments[0][0].framed
             drop = np.zeros(n, dtype=np.int64)
             learning = []
+            self.sync_peers()
             for att, a, z in segments:
                 self._count_port(att.port, "rx_packets", z - a)
                 if att.kind == "udp":
-                    if att.peer is None:
+                    if att.peer is None and att.learning:
                         learning.append((att, a, z))
                     else:
                         drop[a:z][att.foreign(rx.addr[a:z])] = DropReason.UNKNOWN_PORT
+            if hasattr(rx, "truncated"):  # longer than the receive buffer: the kernel kept only a prefix
+                drop[(drop == 0) & rx.truncated[:n]] = DropReason.MALFORMED
             b = Batch(rx.rows[:n], rx.length[:n], rx.port[:n], framed, drop)
             if learning:
                 valid = self.pipeline.valid(b)
@@ -221,6 +306,9 @@ class SoftwareSwitch:
             self.emit(b, self.pipeline.run(b))
         except Exception:  # a bug must not take the switch down: log it, count it, keep forwarding
             self.errors += 1
+            for att in self.ports.values():  # rows an aborted emit published without ringing
+                if att.kind == "shm":
+                    att.notify()
             if self.errors <= 10:
                 traceback.print_exc(file=sys.stderr)
 
@@ -259,6 +347,7 @@ class SoftwareSwitch:
         uniq = np.unique(ports)
         stride = np.uint64(b.rows.strides[0])
         base = np.uint64(addr_of(b.rows) + b.off)
+        woken = []  # shm ports: publish to all of them first, then ring (a woken endpoint may preempt us)
         for p in uniq.tolist():
             sub = em if len(uniq) == 1 else em.select(ports == p)
             att = self.ports.get(p)
@@ -279,6 +368,20 @@ class SoftwareSwitch:
                     self._send_bytes(p, [d for _, d in link.pass_through([(p, d) for d in datas])])
                     continue
                 sent = att.send(base + sub.pkt.astype(np.uint64) * stride, lengths)
+            elif att.kind == "shm":
+                if sub.l3.any():
+                    self.pipeline.count_copy_drops(b, DropReason.NO_ROUTE, sub.pkt[sub.l3])
+                    sub = sub.select(~sub.l3)
+                    if not len(sub):
+                        continue
+                lengths = b.luwu_len[sub.pkt]
+                if impaired:
+                    datas = [b.rows[pk, b.off:b.off + n].tobytes() for pk, n in zip(sub.pkt.tolist(), lengths.tolist())]
+                    self._send_bytes(p, [d for _, d in link.pass_through([(p, d) for d in datas])])
+                    continue
+                sent = att.send_rows(b.rows, sub.pkt, lengths, b.off, notify=False)
+                woken.append(att)
+                self._count_port(p, "tx_ring_full", len(sub) - sent)
             else:
                 frames, lengths, _ = self.pipeline.frames(b, sub)
                 if impaired:
@@ -287,6 +390,8 @@ class SoftwareSwitch:
                     continue
                 sent = att.send_frames(frames, lengths)
             self._count_port(p, "tx_packets", sent)
+        for att in woken:
+            att.notify()
 
     def _send_bytes(self, port: int, datas: list[bytes]) -> None:
         att = self.ports.get(port)
@@ -300,6 +405,9 @@ class SoftwareSwitch:
         if att.kind == "udp":
             sent = att.send(np.uint64(addr_of(rows)) + np.arange(len(rows), dtype=np.uint64) * np.uint64(width),
                             lengths)
+        elif att.kind == "shm":
+            sent = att.send_rows(rows, np.arange(len(rows)), lengths)
+            self._count_port(port, "tx_ring_full", len(rows) - sent)
         else:
             sent = att.send_frames(rows, lengths)
         self._count_port(port, "tx_packets", sent)

@@ -3,10 +3,21 @@ baselines a user would compare with, all measured in the same run:
 
 * Gloo allreduce (torch.distributed) on the same sizes and worker counts;
 * the raw UDP ceiling of a Python datapath here (`udp_ceiling.py`): a do-nothing relay with the
-  same packet size, batching and window.
+  same packet size, batching and window;
+* how long the ranks wait for `init_process_group` and a `new_group` (`init_s`, `new_group_s`,
+  the slowest rank's; `setup_times.py`), with the luwu backend and with Gloo (`gloo_init_s`,
+  `gloo_new_group_s`); `--no-setup` skips it.
+
+luwu runs twice: over the loopback default transport (shared-memory rings between the workers'
+engines and the switch, `luwu` / `ratio_to_gloo`) and over UDP sockets (`luwu_udp` /
+`ratio_to_gloo_udp`, `fraction_of_udp_ceiling`). CPU cost is `*cpu_s_per_gb`: CPU seconds of
+every process involved (workers with their engines, and the switch) during the timed
+iterations, per GB of one worker's buffer reduced -- robust on a shared machine, where wall
+time is not. `retransmit_fraction` is the share of the workers' packets sent more than once:
+with no simulated loss, every resend is a timeout that fired early.
 
 Prints grep-able `key: value` lines (goodput in GB/s of the reduced buffer, ratio to Gloo,
-fraction of the UDP ceiling), `--json` prints one JSON object, `--verify` checks every element
+fraction of the UDP ceiling, CPU per GB), `--json` prints one JSON object, `--verify` checks every element
 (int32: bit-exact; float32: within the documented fixed-point bound), `--out DIR` writes JSON and
 a PNG.
 """
@@ -30,13 +41,18 @@ from luwu.dataplane.protocol import aggregation_packet_len, lanes_for_mode
 def add_arguments(p) -> None:
     p.add_argument("--workers", type=positive_int, default=4, help="number of workers (1..32)")
     p.add_argument("--size", type=size, default="16MiB", help="bytes per worker buffer (float32), e.g. 4MiB, 64MiB")
-    p.add_argument("--mode", default="jumbo", help="packet mode: tofino (64 lanes), jumbo (2048), loopback (16000)")
+    p.add_argument("--mode", default="loopback",
+                   help="packet mode: tofino (64 lanes), jumbo (2048), loopback (16000, 64 KiB datagrams; the default)")
     p.add_argument("--iters", type=positive_int, default=5, help="timed allreduces (after one warm-up)")
     p.add_argument("--dtype", choices=["float32", "int32"], default="float32")
     p.add_argument("--drop", type=probability, default=0.0, help="simulated loss probability on every switch port")
     p.add_argument("--verify", action="store_true", help="check every element of every result")
     p.add_argument("--no-gloo", action="store_true", help="skip the Gloo baseline")
     p.add_argument("--no-ceiling", action="store_true", help="skip the raw UDP ceiling")
+    p.add_argument("--no-setup", action="store_true",
+                   help="skip timing init_process_group and new_group (luwu and Gloo, setup_times.py)")
+    p.add_argument("--transport", choices=["both", "shm", "udp"], default="both",
+                   help="luwu transports to measure: shared memory (the loopback default), UDP, or both")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of key: value lines")
     p.add_argument("--out", type=Path, help="directory for allreduce.json and allreduce.png")
 
@@ -67,7 +83,17 @@ def _verify(result: np.ndarray, n: int, numel: int, dtype: str, lanes: int) -> d
     return {"checked": numel, "mismatches": int((err > bound).sum()), "max_error_over_bound": ratio}
 
 
-def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q) -> None:
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far (0.0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q, switch_pid=0) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from luwu.dataplane.engine import Engine
 
@@ -76,26 +102,41 @@ def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q) -> Non
     with Engine(plan.worker_plan(rank)) as eng:
         for i in range(iters + 1):
             barrier.wait()
+            if i == 1:  # CPU of the timed iterations only (the warm-up maps pages, fills caches)
+                cpu0, sw0 = time.process_time(), proc_cpu(switch_pid) if rank == 0 and switch_pid else 0.0
             t0 = time.perf_counter()
             result = eng.allreduce(x, "sum").wait(300)
             if i:
                 times.append(time.perf_counter() - t0)
-        report = {"rank": rank, "times": times, "stats": eng.session_stats()}
         barrier.wait()
+        report = {"rank": rank, "times": times, "stats": eng.session_stats(), "cpu_s": time.process_time() - cpu0}
+        if rank == 0 and switch_pid:
+            report["switch_cpu_s"] = proc_cpu(switch_pid) - sw0
     if verify and rank == 0:
         report["verify"] = _verify(result, plan.workers, numel, dtype, plan.lanes)
     out_q.put(report)
 
 
-def run_luwu(workers: int, numel: int, dtype: str, mode: str, iters: int, verify: bool, drop: float) -> dict:
+def retransmits(engine_stats: dict) -> dict:
+    """Packets the workers' engines sent and resent (every session's send stream), and the
+    fraction resent: on a loss-free loopback, every resend is a spurious timeout."""
+    streams = [v["send_stream"] for st in engine_stats.values() for k, v in st.items()
+               if k.startswith("session") and "send_stream" in v]
+    tot = {k: sum(s.get(k, 0) for s in streams) for k in ("packets", "retransmitted", "timeouts", "fast_retransmits")}
+    tot["fraction"] = tot["retransmitted"] / tot["packets"] if tot["packets"] else 0.0
+    return tot
+
+
+def run_luwu(workers: int, numel: int, dtype: str, mode: str, iters: int, verify: bool, drop: float,
+             transport: str | None = None) -> dict:
     from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
 
-    plan = StarPlan(workers=workers, mode=mode)
+    plan = StarPlan(workers=workers, mode=mode, **({"transport": transport} if transport else {}))
     ctx = mp.get_context("spawn")
     drops = {"ingress": drop, "egress": drop} if drop else None
     with LoopbackSwitch(plan, process=True, drop=drops, seed=7) as sw:
         barrier, out_q = ctx.Barrier(workers), ctx.Queue()
-        procs = [ctx.Process(target=_luwu_worker, args=(plan, r, numel, dtype, iters, verify, barrier, out_q))
+        procs = [ctx.Process(target=_luwu_worker, args=(plan, r, numel, dtype, iters, verify, barrier, out_q, sw.pid))
                  for r in range(workers)]
         for p in procs:
             p.start()
@@ -104,8 +145,12 @@ def run_luwu(workers: int, numel: int, dtype: str, mode: str, iters: int, verify
             p.join(30)
         counters = sw.counters()
     per_iter = np.max([r["times"] for r in reports], axis=0)
-    out = {"seconds": per_iter.tolist(), "best_s": float(per_iter.min()), "median_s": float(np.median(per_iter)),
+    cpu = {"workers": sum(r["cpu_s"] for r in reports), "switch": sum(r.get("switch_cpu_s", 0.0) for r in reports)}
+    gb = iters * numel * 4 / 1e9
+    out = {"transport": plan.transport, "seconds": per_iter.tolist(), "best_s": float(per_iter.min()),
+           "median_s": float(np.median(per_iter)), "cpu_s": cpu, "cpu_s_per_gb": (cpu["workers"] + cpu["switch"]) / gb,
            "counters": counters, "engine_stats": {r["rank"]: r["stats"] for r in reports}}
+    out["retransmits"] = retransmits(out["engine_stats"])
     for r in reports:
         if "verify" in r:
             out["verify"] = r["verify"]
@@ -123,12 +168,16 @@ def _gloo_worker(rank, workers, port, numel, iters, barrier, out_q) -> None:
     times = []
     for i in range(iters + 1):
         dist.barrier()
+        if i == 1:
+            cpu0 = time.process_time()
         t0 = time.perf_counter()
         dist.all_reduce(t)
         if i:
             times.append(time.perf_counter() - t0)
+    dist.barrier()
+    cpu = time.process_time() - cpu0
     dist.destroy_process_group()
-    out_q.put(times)
+    out_q.put((times, cpu))
 
 
 def run_gloo(workers: int, numel: int, iters: int) -> dict:
@@ -141,10 +190,13 @@ def run_gloo(workers: int, numel: int, iters: int) -> dict:
              for r in range(workers)]
     for p in procs:
         p.start()
-    times = np.max([out_q.get(timeout=900) for _ in procs], axis=0)
+    got = [out_q.get(timeout=900) for _ in procs]
+    times = np.max([t for t, _ in got], axis=0)
     for p in procs:
         p.join(30)
-    return {"seconds": times.tolist(), "best_s": float(times.min()), "median_s": float(np.median(times))}
+    cpu = sum(c for _, c in got)
+    return {"seconds": times.tolist(), "best_s": float(times.min()), "median_s": float(np.median(times)),
+            "cpu_s": cpu, "cpu_s_per_gb": cpu / (iters * numel * 4 / 1e9)}
 
 
 def run(args) -> int:
@@ -156,8 +208,17 @@ def run(args) -> int:
         raise UserError(f"--mode: {exc}") from None
     if not 1 <= args.workers <= 32:
         raise UserError("--workers must be 1..32 (one switch bitmap)")
+    from luwu.dataplane.kernels import mode as kernel_mode
+
+    kernel_mode()  # a bad LUWU_KERNELS: one line here, not a traceback from every worker process
     if numel < 1:
         raise UserError(f"--size {args.size}: at least 4 bytes (one float32)")
+    from luwu.dataplane.loopback import default_transport
+
+    try:
+        default_transport()  # LUWU_TRANSPORT picks the default run's ports
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -169,21 +230,46 @@ def run(args) -> int:
 
             window = StarPlan(workers=args.workers, mode=args.mode).data_pool  # the same window as the switch's
             res["udp_ceiling"] = measure_ceiling(args.workers, numel * 4, aggregation_packet_len(lanes), window=window)
-        status.update(f"luwu allreduce through the software switch ({args.workers} workers, {format_size(numel * 4)})")
-        res["luwu"] = run_luwu(args.workers, numel, args.dtype, args.mode, args.iters, args.verify, args.drop)
+        what = f"({args.workers} workers, {format_size(numel * 4)})"
+        if args.transport in ("both", "shm"):
+            status.update(f"luwu allreduce through the software switch over shared memory {what}")
+            res["luwu"] = run_luwu(args.workers, numel, args.dtype, args.mode, args.iters, args.verify, args.drop,
+                                   None if args.transport == "both" else "shm")
+        if args.transport in ("both", "udp"):
+            status.update(f"luwu allreduce through the software switch over UDP {what}")
+            res["luwu_udp" if "luwu" in res else "luwu"] = run_luwu(args.workers, numel, args.dtype, args.mode,
+                                                                    args.iters, args.verify, args.drop, "udp")
         if not args.no_gloo and args.dtype == "float32":
             status.update("Gloo allreduce")
             res["gloo"] = run_gloo(args.workers, numel, args.iters)
-    g = numel * 4 / res["luwu"]["median_s"] / 1e9
-    res["goodput_gbps"] = g
+        if not args.no_setup:
+            from luwu.bench.setup_times import measure as measure_setup
+
+            for backend, prefix in (("luwu", ""), ("gloo", "gloo_")):
+                status.update(f"{backend}: init_process_group and new_group ({args.workers} ranks)")
+                res[prefix + "setup"] = setup = measure_setup(args.workers, backend)
+                res[prefix + "init_s"], res[prefix + "new_group_s"] = setup["init_s"], setup["new_group_s"]
+    runs = [(k, res[k]) for k in ("luwu", "luwu_udp") if k in res]
     if "gloo" in res:
         res["gloo_goodput_gbps"] = numel * 4 / res["gloo"]["median_s"] / 1e9
-        res["ratio_to_gloo"] = g / res["gloo_goodput_gbps"]
+        res["gloo_cpu_s_per_gb"] = res["gloo"]["cpu_s_per_gb"]
     if "udp_ceiling" in res:
         res["udp_ceiling_gbps"] = res["udp_ceiling"]["goodput_gbps"]
-        res["fraction_of_udp_ceiling"] = g / res["udp_ceiling_gbps"]
-    ok = "verify" not in res["luwu"] or res["luwu"]["verify"]["mismatches"] == 0
-    res["verified"] = None if "verify" not in res["luwu"] else ok
+    for key, run_ in runs:
+        sfx = "" if key == "luwu" else "_udp"
+        g = numel * 4 / run_["median_s"] / 1e9
+        res["transport" + sfx] = run_["transport"]
+        res["goodput_gbps" + sfx] = g
+        res["cpu_s_per_gb" + sfx] = run_["cpu_s_per_gb"]
+        res["retransmit_fraction" + sfx] = run_["retransmits"]["fraction"]
+        if "gloo" in res:
+            res["ratio_to_gloo" + sfx] = g / res["gloo_goodput_gbps"]
+            res["cpu_ratio_to_gloo" + sfx] = run_["cpu_s_per_gb"] / res["gloo_cpu_s_per_gb"]
+        if "udp_ceiling" in res and run_["transport"] == "udp":
+            res["fraction_of_udp_ceiling"] = g / res["udp_ceiling_gbps"]
+    checked = [r["verify"] for _, r in runs if "verify" in r]
+    ok = all(v["mismatches"] == 0 for v in checked)
+    res["verified"] = ok if checked else None
     if args.out:
         _write(args.out, res)
     if args.json:
@@ -194,16 +280,20 @@ def run(args) -> int:
 
 
 def _print(res: dict) -> None:
-    keys = ["workers", "bytes", "dtype", "mode", "packet_bytes", "goodput_gbps", "gloo_goodput_gbps", "ratio_to_gloo",
-            "udp_ceiling_gbps", "fraction_of_udp_ceiling", "verified"]
+    keys = ["workers", "bytes", "dtype", "mode", "packet_bytes", "transport", "goodput_gbps", "cpu_s_per_gb",
+            "ratio_to_gloo", "cpu_ratio_to_gloo", "retransmit_fraction", "transport_udp", "goodput_gbps_udp",
+            "cpu_s_per_gb_udp", "ratio_to_gloo_udp", "cpu_ratio_to_gloo_udp", "retransmit_fraction_udp", "gloo_goodput_gbps", "gloo_cpu_s_per_gb",
+            "udp_ceiling_gbps", "fraction_of_udp_ceiling", "init_s", "gloo_init_s", "new_group_s",
+            "gloo_new_group_s", "verified"]
     for k in keys:
         if k in res:
             v = res[k]
             print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
-    if "verify" in res["luwu"]:
-        v = res["luwu"]["verify"]
-        print(f"verify_checked: {v['checked']}\nverify_mismatches: {v['mismatches']}\n"
-              f"verify_max_error_over_bound: {v['max_error_over_bound']:.3f}")
+    for key, sfx in (("luwu", ""), ("luwu_udp", "_udp")):
+        v = res.get(key, {}).get("verify")
+        if v:
+            print(f"verify_checked{sfx}: {v['checked']}\nverify_mismatches{sfx}: {v['mismatches']}\n"
+                  f"verify_max_error_over_bound{sfx}: {v['max_error_over_bound']:.3f}")
 
 
 def _write(out: Path, res: dict) -> None:
@@ -214,7 +304,10 @@ def _write(out: Path, res: dict) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "allreduce.json").write_text(json.dumps(res, indent=2, default=float))
-    names, vals = ["luwu"], [res["goodput_gbps"]]
+    names, vals = [f"luwu ({res['transport']})"], [res["goodput_gbps"]]
+    if "goodput_gbps_udp" in res:
+        names.append("luwu (udp)")
+        vals.append(res["goodput_gbps_udp"])
     if "gloo_goodput_gbps" in res:
         names.append("gloo")
         vals.append(res["gloo_goodput_gbps"])
@@ -222,7 +315,7 @@ def _write(out: Path, res: dict) -> None:
         names.append("UDP ceiling")
         vals.append(res["udp_ceiling_gbps"])
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.bar(names, vals, color=["tab:blue", "tab:gray", "tab:green"][: len(vals)])
+    ax.bar(names, vals, color=["tab:blue", "tab:cyan", "tab:gray", "tab:green"][: len(vals)])
     ax.set_ylabel("goodput (GB/s)")
     ax.set_title(f"allreduce, {res['workers']} workers, {format_size(res['bytes'])}, {res['mode']} packets")
     fig.tight_layout()

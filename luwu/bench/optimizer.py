@@ -3,7 +3,9 @@ all in the same run, on the same parameters and gradients:
 
 * in RAM: the node's step throughput (params/s, summed gradient in, bf16 copy out) against
   `torch.optim.AdamW(fused=True)` (`ratio_to_fused_adamw`), and against fused AdamW plus the
-  bf16 cast a worker would need anyway;
+  bf16 cast a worker would need anyway; and the same node with `LUWU_KERNELS=reference` (torch's
+  fused AdamW, then the cast) against its default, the compiled one-pass AdamW + cast
+  (`kernels`, `compiled_kernels_speedup`);
 * out of core (RAM budget well below the state): the node's file bandwidth against the disk's
   read+write bandwidth on the same files and access pattern (`fraction_of_disk_bandwidth`);
   O_DIRECT on both sides where the file system has it (else buffered I/O with
@@ -75,15 +77,31 @@ class NodeRun:
     saturated, so finite by construction: no NaN/Inf pass), then wait until every layer's new
     version is published."""
 
-    def __init__(self, root: Path, name: str, layers, grads, served: str, **cfg):
+    def __init__(self, root: Path, name: str, layers, grads, served: str, kernels: str | None = None, **cfg):
         from luwu.dataplane.optimizer import JobSpec, NodeConfig, OptimizerNode
 
+        self.kernels = kernels  # LUWU_KERNELS while this node steps (None: as the environment says)
         self.node = OptimizerNode(NodeConfig(root / name, **cfg))
         self.node.add_job(JobSpec("bench", _opt(), layers, served, initial=1))
         self.layers, self.grads, self.step = layers, grads, 0
         self.sink = self.node.gradient_sink("bench", 1)
 
     def run(self, steps: int) -> list[float]:
+        from luwu.dataplane import kernels
+
+        saved = os.environ.get(kernels.ENV)
+        if self.kernels is not None:  # read on every step; only this node steps until run returns
+            os.environ[kernels.ENV] = self.kernels
+        try:
+            return self._run(steps)
+        finally:
+            if self.kernels is not None:
+                if saved is None:
+                    os.environ.pop(kernels.ENV, None)
+                else:
+                    os.environ[kernels.ENV] = saved
+
+    def _run(self, steps: int) -> list[float]:
         times = []
         for _ in range(steps):
             t0 = time.perf_counter()
@@ -168,10 +186,13 @@ def bench_ram(root: Path, args, status) -> dict:
     grads = _grads(layers)
     n = sum(ly.numel for ly in layers)
     budget = 3 * 16 * n  # everything fits
-    status.update(f"in RAM: node (step- and layer-centric) vs torch fused AdamW, {n / 1e6:.1f}M params")
+    status.update(f"in RAM: node (step- and layer-centric, compiled and reference kernels) vs torch fused AdamW, "
+                  f"{n / 1e6:.1f}M params")
     runners = {"node": NodeRun(root, "ram-step", layers, grads, args.served, ram_budget=budget),
                "node_layer": NodeRun(root, "ram-layer", layers, grads, args.served, ram_budget=budget,
                                      pipeline="layer"),
+               "node_ref": NodeRun(root, "ram-ref", layers, grads, args.served, kernels="reference",
+                                   ram_budget=budget),
                "node_2": NodeRun(root, "ram-step2", layers, grads, args.served, ram_budget=budget,
                                  threads_per_step=2),
                "fused": FusedAdamW(layers, grads, cast=False),
@@ -180,7 +201,7 @@ def bench_ram(root: Path, args, status) -> dict:
         med, cpu = _blocks(runners, max(1, args.steps // 2), rounds=4)
         io = runners["node"].node.stats()["io"]
     finally:
-        for k in ("node", "node_layer", "node_2"):
+        for k in ("node", "node_layer", "node_ref", "node_2"):
             runners[k].close()
     rate = {k: n / v for k, v in med.items()}
     return {"params": n, "layers": len(layers), "node_params_per_s": rate["node"],
@@ -191,10 +212,25 @@ def bench_ram(root: Path, args, status) -> dict:
             "step_centric_speedup_ram": rate["node"] / rate["node_layer"],
             "node_2threads_params_per_s": rate["node_2"],
             "ratio_2threads_to_fused_adamw": rate["node_2"] / rate["fused"],
+            "kernels": _kernels(args.served), "node_reference_kernels_params_per_s": rate["node_ref"],
+            "compiled_kernels_speedup": rate["node"] / rate["node_ref"],
+            "ratio_reference_kernels_to_fused_adamw": rate["node_ref"] / rate["fused"],
             "node_cpu_s_per_step": cpu["node"], "fused_adamw_cpu_s_per_step": cpu["fused"],
+            "node_reference_kernels_cpu_s_per_step": cpu["node_ref"],
             "cpu_ratio_to_fused_adamw": cpu["fused"] / cpu["node"],
             "ram_file_reads": io["reads"], "ram_file_writes": io["writes"],
             "step_seconds": dict(med)}
+
+
+def _kernels(served: str) -> str:
+    """Which optimizer kernel the node's AdamW step ran: the compiled one-pass AdamW + cast, or
+    torch's fused AdamW then the cast (the reference path)."""
+    import torch
+
+    from luwu.dataplane.optimizer import OptimizerSpec, fused
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[served]
+    return "numba" if fused.usable(OptimizerSpec("adamw"), torch.empty(1, dtype=dtype)) else "reference"
 
 
 def bench_checkpoint(root: Path, args, status) -> dict:
@@ -319,7 +355,9 @@ def run(args) -> int:
     return 0
 
 
-KEYS = ["params", "layers", "served_dtype", "node_params_per_s", "fused_adamw_params_per_s", "ratio_to_fused_adamw",
+KEYS = ["params", "layers", "served_dtype", "kernels", "node_params_per_s", "fused_adamw_params_per_s",
+        "ratio_to_fused_adamw", "node_reference_kernels_params_per_s", "ratio_reference_kernels_to_fused_adamw",
+        "compiled_kernels_speedup", "node_reference_kernels_cpu_s_per_step",
         "fused_adamw_cast_params_per_s", "ratio_to_fused_adamw_plus_cast", "layer_centric_params_per_s",
         "step_centric_speedup_ram", "node_2threads_params_per_s", "ratio_2threads_to_fused_adamw",
         "node_cpu_s_per_step", "fused_adamw_cpu_s_per_step", "cpu_ratio_to_fused_adamw",

@@ -27,6 +27,7 @@ from .progress import DemoProgress, human_bytes
 
 RUN_TIMEOUT = 3600.0  # s a training run may take before the demo gives up
 NODE_RAM = 256 << 20  # bytes of RAM the optimizer node may use for state and served copies
+CHECKPOINT_EVERY = 50  # steps between the optimizer node's lazy checkpoints
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,6 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how the optimizer node serves parameters (the workers compute in fp32)")
     p.add_argument("--packet-mode", default="jumbo", help="tofino (64 lanes), jumbo (2048) or loopback (16000)")
     p.add_argument("--corpus", type=existing_file, default=None, help="a UTF-8 text file instead of the packaged corpus")
+    p.add_argument("--checkpoint-every", type=positive_int, default=CHECKPOINT_EVERY, metavar="N",
+                   help="the optimizer node takes a lazy checkpoint every N steps into OUT/checkpoints/NODE "
+                        f"(default {CHECKPOINT_EVERY}; `luwu node --restore latest` resumes from the newest)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a run of the same settings from the optimizer nodes' newest common checkpoint in "
+                        "OUT/checkpoints: the nodes restart with `luwu node --restore`, the workers at that step")
     p.add_argument("--quiet", action="store_true", help="no live progress (the summary is still printed)")
 
 
@@ -68,6 +75,39 @@ def _check(args) -> None:
         lanes_for_mode(args.packet_mode)
     except ValueError as exc:
         raise UserError(f"--packet-mode: {exc}") from None
+
+
+def _resume_point(args) -> dict | None:
+    """With --resume: {"job_id", "version", "paths": {node: checkpoint dir}} of the newest version every
+    node has a committed checkpoint of (UserError saying what is missing otherwise)."""
+    import json
+
+    from luwu.dataplane.optimizer.checkpoint_files import checkpoint_dirs
+
+    if not args.resume:
+        return None
+    if args.no_controller:
+        raise UserError("--resume needs the controller path (drop --no-controller)")
+    found: dict[str, dict[int, tuple[str, Path]]] = {}
+    for i in range(args.nodes):
+        name, root = f"node{i}", args.out.resolve() / "checkpoints" / f"node{i}"
+        for _, path in checkpoint_dirs(root) if root.is_dir() else []:
+            try:
+                job = json.loads((path / "manifest.json").read_text())["jobs"][0]
+                versions = {int(layer["version"]) for layer in job["state"]}
+            except (OSError, ValueError, KeyError, IndexError):
+                continue  # interrupted or unreadable: not a resume point
+            if len(versions) == 1:
+                found.setdefault(name, {})[versions.pop()] = (job["spec"]["job_id"], path)
+    common = set.intersection(*(set(found.get(f"node{i}", {})) for i in range(args.nodes)))
+    if not common:
+        raise UserError(f"--resume: no checkpoint version that every node has in {args.out / 'checkpoints'} "
+                        "(run the demo with the same --out and --nodes first)")
+    version = max(common)
+    if version >= args.steps:
+        raise UserError(f"--resume: the checkpoints are at step {version}; ask for more --steps than that")
+    jobs = {found[name][version][0] for name in found if version in found[name]}
+    return {"job_id": jobs.pop(), "version": version, "paths": {n: found[n][version][1] for n in found}}
 
 
 def _spec(args, mode: str) -> dict:
@@ -101,8 +141,17 @@ def _model_info(args) -> dict:
             "corpus_characters": int(len(corpus.tokens))}
 
 
-def _train(name: str, spec: dict, workdir: Path, progress: DemoProgress, in_network: bool) -> dict[int, dict]:
-    on_message, _ = progress.run(name, spec["steps"], spec["workers"], in_network)
+def _train(name: str, spec: dict, workdir: Path, progress: DemoProgress, in_network: bool,
+           console: Console | None = None) -> dict[int, dict]:
+    on_step, _ = progress.run(name, spec["steps"] - spec.get("start_step", 0), spec["workers"], in_network)
+    said: set[str] = set()
+
+    def on_message(msg: dict) -> None:
+        if msg.get("event") == "warning" and console is not None and msg.get("state") not in said:
+            said.add(msg.get("state"))  # one line per change, not one per worker
+            console.print(f"[yellow]{msg.get('message')}[/]")
+        on_step(msg)
+
     group = WorkerGroup(spec, workdir, name.split()[0].lower(), on_message).start()
     try:
         return group.wait(RUN_TIMEOUT)
@@ -119,6 +168,7 @@ def run(args) -> int:
     except OSError as exc:
         raise UserError(f"--out {out}: cannot create it ({exc.strerror})") from None
     info = _model_info(args)
+    resume = _resume_point(args)  # before the run: a missing checkpoint is the user's mistake (exit 2)
     tokens_per_step = args.batch * args.context
     console.print(f"[bold]luwu demo[/]: a {info['parameters']:,}-parameter GPT ({args.layers} blocks, d_model "
                   f"{args.d_model}, context {args.context}) on {info['corpus_characters']:,} characters, "
@@ -127,7 +177,10 @@ def run(args) -> int:
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a terminated demo still stops what it started
     try:
         with tempfile.TemporaryDirectory(prefix="luwu-demo-") as tmp:
-            report = _run(args, console, Path(tmp), info, tokens_per_step)
+            try:
+                report = _run(args, console, Path(tmp), info, tokens_per_step, resume)
+            except Exception as e:  # noqa: BLE001 - the logs outlive the run; the message points at the copies
+                raise type(e)(_keep_logs(str(e), Path(tmp), out)) if type(e) in (RuntimeError, TimeoutError) else e
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every process the demo started has been stopped[/]")
         return 130
@@ -141,11 +194,26 @@ def run(args) -> int:
     return 0
 
 
+def _keep_logs(message: str, workdir: Path, out: Path) -> str:
+    """Copy the run's logs from the temporary workdir to OUT/logs; the message, pointing at them."""
+    import re
+    import shutil
+
+    for log in workdir.rglob("*.log"):
+        dest = out / "logs" / log.relative_to(workdir)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log, dest)
+        except OSError:
+            continue
+    return re.sub(re.escape(str(workdir)) + r"(/\S+?\.log)", lambda m: str(out / "logs") + m.group(1), message)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _start_fabric(args, console: Console, workdir: Path, info: dict):
+def _start_fabric(args, console: Console, workdir: Path, info: dict, resume: dict | None = None):
     from .fabric import ControllerFabric, LocalFabric
 
     layers = [(u["layer_id"], u["numel"]) for u in info["units"]]
@@ -153,7 +221,8 @@ def _start_fabric(args, console: Console, workdir: Path, info: dict):
     kw = dict(workers=args.workers, nodes=args.nodes, lanes=args.packet_mode, drop=args.drop, seed=args.seed,
               node_ram=NODE_RAM)
     if not args.no_controller:
-        fabric = ControllerFabric(workdir / "fabric", **kw)
+        fabric = ControllerFabric(workdir / "fabric", checkpoints=args.out.resolve() / "checkpoints",
+                                  checkpoint_every=args.checkpoint_every, restore=resume, **kw)
         (workdir / "fabric").mkdir()
         try:
             return fabric.start(layers, optimizer, args.served_dtype), {"kind": "controller"}
@@ -174,20 +243,41 @@ def _start_fabric(args, console: Console, workdir: Path, info: dict):
         raise
 
 
-def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int) -> dict:
+def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int, resume: dict | None) -> dict:
     from . import report as rep
 
     t0 = time.perf_counter()
-    fabric, control = _start_fabric(args, console, workdir, info)
+    if resume is not None:
+        console.print(f"resuming job {resume['job_id']} at step {resume['version']} from "
+                      + ", ".join(str(p) for p in resume["paths"].values()))
+    fabric, control = _start_fabric(args, console, workdir, info, resume)
+    if resume is not None and control["kind"] != "controller":
+        fabric.stop()
+        raise RuntimeError(f"--resume needs the controller path, which failed: {control.get('reason')}")
     try:
         console.print(f"network up in {time.perf_counter() - t0:.1f} s ({control['kind']} control plane); inspect "
                       f"it while it runs with:\n  {fabric.inspect_hint()}")
         with DemoProgress(console, enabled=not args.quiet) as progress:
-            mnn = _train("luwu (in-network)", dict(_spec(args, "mnn"), **fabric.worker_spec()), workdir, progress, True)
-            counters = fabric.counters()
+            start = resume["version"] if resume else 0
+            mnn = _train("luwu (in-network)", dict(_spec(args, "mnn"), start_step=start, **fabric.worker_spec()),
+                         workdir, progress, True, console)
+        # nothing below may lose the training run: a part that cannot be read is named in the report
+        counters = fabric.counters()
+        try:
             nodes = fabric.node_stats()
+        except (OSError, RuntimeError, ValueError) as exc:
+            nodes = []
+            fabric.notes.append(f"optimizer_nodes missing: their control channels did not answer ({exc})")
     finally:
         fabric.stop()
+    if hasattr(fabric, "checkpoint_summary"):
+        control["checkpoints"] = fabric.checkpoint_summary()
+    if resume is not None:
+        control["resumed_from"] = {"step": resume["version"], "checkpoints": {n: str(p) for n, p in
+                                                                           resume["paths"].items()}}
+    control = dict(control, notes=list(getattr(fabric, "notes", [])), restart=list(getattr(fabric, "restart", [])),
+                   controller_events={r: rep_.get("controller_events", []) for r, rep_ in sorted(mnn.items())
+                                      if rep_.get("controller_events")})
     ddp = None
     if not args.no_baseline:
         from .fabric import free_tcp_port
@@ -226,6 +316,14 @@ def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> No
                                         "state)." if ddp else "."))
     if report["control_plane"]["kind"] != "controller":
         console.print(f"[yellow]control plane: embedded StarPlan ({report['control_plane'].get('reason')})[/]")
+    for note in report["control_plane"].get("notes", []):
+        console.print(f"[yellow]report: {note}[/]")
+    for name, ck in report["control_plane"].get("checkpoints", {}).items():
+        console.print(f"optimizer node {name}: lazy checkpoints every {report['settings']['checkpoint_every']} steps "
+                      f"in {ck['dir']} (newest: version {ck['version']}); a node restarted from it serves the job "
+                      "from that version on (docs/optimizer.md):")
+    for command in report["control_plane"].get("restart", []):
+        console.print(f"  {command}", soft_wrap=True)
     console.print(f"wrote {out / 'report.json'} and " + ", ".join(p.name for p in paths))
 
 

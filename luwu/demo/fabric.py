@@ -9,6 +9,7 @@ without a controller (a StarPlan's switch and in-process optimizer nodes).
 
 from __future__ import annotations
 
+import json
 import secrets
 import socket
 import sys
@@ -34,9 +35,13 @@ def free_tcp_port() -> int:
 class ControllerFabric:
     kind = "controller"
 
-    def __init__(self, workdir: Path, workers: int, nodes: int, lanes: str, drop: float, seed: int, node_ram: int):
+    def __init__(self, workdir: Path, workers: int, nodes: int, lanes: str, drop: float, seed: int, node_ram: int,
+                 checkpoints: Path | None = None, checkpoint_every: int = 0, restore: dict | None = None):
         self.dir = Path(workdir)
         self.workers, self.nodes, self.lanes = workers, nodes, lanes
+        self.checkpoints, self.checkpoint_every = checkpoints, checkpoint_every
+        self.restore = restore  # {"job_id": ..., "paths": {node name: checkpoint dir}} to resume from
+        self.notes: list[str] = []  # what the report lacks or took from elsewhere, and why
         self.drop, self.seed, self.node_ram = drop, seed, node_ram
         self.children: list[Child] = []
         self.admin = None
@@ -45,6 +50,8 @@ class ControllerFabric:
         self.job_id = ""
         self.job_token = ""
         self.node_names = [f"node{i}" for i in range(nodes)]
+        self.stats_file = self.dir / "switch-stats.json"  # the switch's own counters: the report needs no controller
+        self.restart: list[str] = []  # per node: the command that restarts it from its newest checkpoint
         self.node_controls: list[str] = []
 
     def start(self, layers: list[tuple[int, int]], optimizer: dict, served_dtype: str) -> "ControllerFabric":
@@ -73,7 +80,8 @@ class ControllerFabric:
         switch = Child("the software switch", luwu_command() + [
             "switch", "--lanes", str(self.lanes), "--slots", str(SWITCH_SLOTS), "--seed", str(self.seed), *ports,
             "--p4runtime", "127.0.0.1:0", "--controller", self.address, "--token-file", str(token_file),
-            "--name", "demo-switch", *node_ports, *drop], log=self.dir / "switch.log")
+            "--name", "demo-switch", *node_ports, *drop, "--stats-file", str(self.stats_file)],
+            log=self.dir / "switch.log")
         self.children.append(switch)
         self.switch_info = switch.read_json_line(READY_TIMEOUT)
         job = pb.Job(name="demo", num_workers=self.workers, packet_mode=str(self.lanes), num_nodes=self.nodes,
@@ -82,19 +90,52 @@ class ControllerFabric:
                                                 param_dtype=served_dtype))
         created, self.job_token = self.admin.create_job(job)
         self.job_id = created.job_id
+        if self.restore and self.job_id != self.restore["job_id"]:  # the nodes bind restored jobs by id
+            raise RuntimeError(f"--resume: the checkpoints hold job {self.restore['job_id']!r}, but the controller "
+                               f"planned {self.job_id!r}")
         for name in self.node_names:
             (plan,) = self.admin.node_plans(self.job_id, name, token=self.job_token)
             plan_path = self.dir / f"{name}-plan.json"
             plan_path.write_text(plan.to_json())
             control = f"unix:{self.dir / (name + '.sock')}"
-            node = Child(f"optimizer node {name}", luwu_command() + [
-                "node", "--plan", str(plan_path), "--state-dir", str(self.dir / f"{name}-state"), "--control", control,
-                "--ram-budget", str(self.node_ram), "--controller", self.address, "--token-file", str(token_file),
-                "--name", name, "--params-per-second", str(NODE_PARAMS_PER_SECOND)], log=self.dir / f"{name}.log")
+            argv = ["node", "--plan", str(plan_path), "--state-dir", str(self.dir / f"{name}-state"), "--control",
+                    control, "--ram-budget", str(self.node_ram), "--controller", self.address, "--token-file",
+                    str(token_file), "--name", name, "--params-per-second", str(NODE_PARAMS_PER_SECOND)]
+            if self.checkpoints is not None:
+                ckpt = self.checkpoints / name
+                ckpt.mkdir(parents=True, exist_ok=True)
+                (ckpt / "plan.json").write_text(plan.to_json())  # a restart needs the node's plan: keep it beside
+                argv += ["--checkpoint-dir", str(ckpt), "--checkpoint-every", str(self.checkpoint_every)]
+                # the run's own paths (state, socket, token) go with it: the restart names what the user picks
+                self.restart.append(" ".join(luwu_command() + [
+                    "node", "--plan", str(ckpt / "plan.json"), "--checkpoint-dir", str(ckpt), "--restore", "latest",
+                    "--checkpoint-every", str(self.checkpoint_every), "--state-dir", "STATE_DIR", "--control",
+                    "unix:SOCKET", "--control-token-file", "TOKEN_FILE"]))
+            if self.restore:
+                argv += ["--restore", str(self.restore["paths"][name])]
+            node = Child(f"optimizer node {name}", luwu_command() + argv, log=self.dir / f"{name}.log")
             self.children.append(node)
             ready = node.read_json_line(READY_TIMEOUT)
             self.node_controls.append(ready.get("control") or control)
         return self
+
+    def checkpoint_summary(self) -> dict:
+        """{node: {"dir": ..., "newest": path or None, "version": the job's version in it}}."""
+        from luwu.dataplane.optimizer.checkpoint_files import latest_checkpoint
+
+        out = {}
+        for name in self.node_names if self.checkpoints is not None else []:
+            newest = latest_checkpoint(self.checkpoints / name)
+            version = None
+            if newest is not None:
+                try:
+                    state = json.loads((newest / "manifest.json").read_text())["jobs"][0]["state"]
+                    version = max(int(layer["version"]) for layer in state)
+                except (OSError, ValueError, KeyError, IndexError):
+                    pass
+            out[name] = {"dir": str(self.checkpoints / name), "newest": str(newest) if newest else None,
+                         "version": version}
+        return out
 
     def _wait_controller(self, ctl: Child) -> None:
         from luwu.controller.client import ControllerUnreachable
@@ -118,19 +159,40 @@ class ControllerFabric:
                 f"(also: jobs, plan {self.job_id} --explain, counters)")
 
     def counters(self) -> dict:
-        """Switch counters over P4Runtime, through the controller: {counter: {label: [packets, bytes]}}."""
+        """Switch counters over P4Runtime, through the controller: {counter: {label: [packets, bytes]}}.
+        Without a controller that answers, the switch's own stats file (rewritten every second), and
+        a note in `notes` naming the controller."""
+        from luwu.controller.client import ControllerRefused, ControllerUnreachable
+
         out: dict = {}
-        for sw in self.admin.counters():
-            for v in sw.values:
-                out.setdefault(v.counter, {})[v.label] = [int(v.packets), int(v.bytes)]
+        try:
+            for sw in self.admin.counters():
+                for v in sw.values:
+                    out.setdefault(v.counter, {})[v.label] = [int(v.packets), int(v.bytes)]
+            return out
+        except (ControllerUnreachable, ControllerRefused) as exc:
+            why = f"the controller {self.address} did not answer GetCounters ({str(exc)[:200]})"
+        try:
+            stats = json.loads(self.stats_file.read_text())["counters"]
+        except (OSError, ValueError, KeyError) as exc:
+            self.notes.append(f"switch_counters missing: {why}, and the switch's stats file {self.stats_file} is "
+                              f"unreadable ({exc})")
+            return {}
+        self.notes.append(f"switch_counters from the switch's stats file (up to 1 s old), not P4Runtime: {why}")
+        out = {}
+        for counter, values in stats.items():  # the controller's shape: non-zero entries, sessions as "session N"
+            label = (lambda k: f"session {k}") if counter == "session_packets" else (lambda k: k)
+            kept = {label(k): v for k, v in values.items() if counter != "ports" and (v[0] or v[1])}
+            if kept:
+                out[counter] = kept
         return out
 
     def node_stats(self) -> list[dict]:
         from luwu.dataplane.optimizer.control import ControlClient
 
         out = []
-        for addr in self.node_controls:
-            c = ControlClient(addr, token=self.job_token, job_id=self.job_id)
+        for addr in self.node_controls:  # the admin token: a job token would be checked with the controller
+            c = ControlClient(addr, token=self.token)
             try:
                 out.append(c.stats())
             finally:

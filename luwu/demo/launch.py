@@ -105,6 +105,7 @@ class WorkerGroup:
         self.on_message = on_message or (lambda msg: None)
         self.reports: dict[int, dict] = {}
         self.errors: dict[int, str] = {}
+        self.warnings: list[dict] = []
         self.children: list[Child] = []
         self._threads: list[threading.Thread] = []
         self.workers = int(spec["workers"])
@@ -131,8 +132,14 @@ class WorkerGroup:
                 continue
             if msg.get("event") == "done":
                 self.reports[rank] = msg["report"]
-            elif msg.get("event") == "error":
-                self.errors[rank] = msg.get("traceback") or msg.get("error", "failed")
+            elif msg.get("event") == "error":  # one line for the user (it names what died); the traceback to the log
+                self.errors[rank] = msg.get("error", "failed")
+                if msg.get("traceback") and child.log_path is not None:
+                    with open(child.log_path, "a") as log:
+                        log.write(msg["traceback"])
+                    self.errors[rank] += f" (traceback in {child.log_path})"
+            elif msg.get("event") == "warning":  # e.g. the controller died: training goes on, the user is told
+                self.warnings.append(msg)
             self.on_message(msg)
 
     def wait(self, timeout: float) -> dict[int, dict]:
@@ -141,7 +148,7 @@ class WorkerGroup:
         while True:
             if self.errors:
                 rank, err = sorted(self.errors.items())[0]
-                raise RuntimeError(f"{self.name} worker {rank} failed:\n{err}")
+                raise RuntimeError(f"{self.name} worker {rank} failed: {err}")
             exited = [c for c in self.children if not c.alive()]
             if len(exited) == len(self.children):
                 for t in self._threads:

@@ -55,15 +55,18 @@ def train(spec: dict, rank: int) -> dict:
     cfg = GPTConfig(vocab=corpus.vocab, **spec["model"])
     model = build(cfg, int(spec["seed"]))
     steps, batch, seed = int(spec["steps"]), int(spec["batch"]), int(spec["seed"])
+    start = int(spec.get("start_step", 0))  # > 0: resuming from optimizer nodes restored at that version
     if spec["mode"] == "mnn":
         from luwu.worker.model_in_network import AdamW, ModelInNetwork
 
-        network = _network(spec, rank)
+        network, watch = _network(spec, rank)
         runner = ModelInNetwork(model, AdamW(lr=spec["lr"], weight_decay=spec["weight_decay"]), network,
                                 served_dtype=spec.get("served_dtype", "bf16"), engine=spec.get("engine", "process"),
-                                keep_last=int(spec.get("keep_last", 1)), prefetch=int(spec.get("prefetch", 1)))
+                                keep_last=int(spec.get("keep_last", 1)), prefetch=int(spec.get("prefetch", 1)),
+                                start_version=start)
         opt = None
     elif spec["mode"] == "ddp":
+        watch = None
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
@@ -72,10 +75,10 @@ def train(spec: dict, rank: int) -> dict:
         opt = torch.optim.AdamW(_optimizer_groups(model, spec["weight_decay"]), lr=spec["lr"])
     else:
         raise ValueError(f"mode {spec['mode']!r}: 'mnn' or 'ddp'")
-    report: dict = {"rank": rank, "mode": spec["mode"], "losses": [], "step_seconds": []}
+    report: dict = {"rank": rank, "mode": spec["mode"], "losses": [], "step_seconds": [], "start_step": start}
     ddp_state = None
     try:
-        for step in range(steps):
+        for step in range(start, steps):  # the batches are a function of the step: a resumed run sees the same
             x, y = shard(*corpus.batch(step, batch, cfg.context, seed), rank, world)
             t0 = time.perf_counter()
             loss = loss_fn(runner(x), y)
@@ -104,6 +107,9 @@ def train(spec: dict, rank: int) -> dict:
             if spec.get("gather"):
                 report["params"] = {k: v.detach().reshape(-1).tolist() for k, v in model.named_parameters()}
     finally:
+        if watch is not None:
+            watch.stop()
+            report["controller_events"] = [{"time": t, "state": st, "message": m} for t, st, m in watch.events]
         if spec["mode"] == "mnn":
             runner.close()
         else:
@@ -114,11 +120,12 @@ def train(spec: dict, rank: int) -> dict:
 
 
 def _network(spec: dict, rank: int):
-    """This rank's JobNetwork: given in the spec (no controller), or from the controller by JoinJob."""
+    """This rank's JobNetwork (given in the spec, or from the controller by JoinJob) and, with a
+    controller, the watch that reports its death as a warning event (training goes on without it)."""
     from luwu.worker.model_in_network import JobNetwork
 
     if "networks" in spec:
-        return JobNetwork.from_json(spec["networks"][rank])
+        return JobNetwork.from_json(spec["networks"][rank]), None
     from luwu.controller.client import ControllerClient
     from luwu.dataplane.loopback import free_udp_port
 
@@ -128,7 +135,14 @@ def _network(spec: dict, rank: int):
         endpoint, info = client.join_job(ctl["job_id"], rank, f"127.0.0.1:{free_udp_port()}")
     finally:
         client.close()
-    return JobNetwork.from_controller(endpoint, info, ctl["node_controls"], job_id=ctl["job_id"], job_token=ctl["token"])
+    from luwu.controller.watch import ControllerWatch
+
+    watch = ControllerWatch(ctl["address"], ctl["job_id"], ctl["token"],
+                            on_change=lambda state, msg: _emit({"event": "warning", "rank": rank, "state": state,
+                                                                "message": msg}))
+    network = JobNetwork.from_controller(endpoint, info, ctl["node_controls"], job_id=ctl["job_id"],
+                                         job_token=ctl["token"])
+    return network, watch
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,8 +30,9 @@ def _group(tmp_path, **cfg) -> LuwuProcessGroup:
 
 @pytest.mark.parametrize("engine", ["embedded", "process"])
 def test_unreachable_switch_is_reported_by_group_creation(tmp_path, engine):
-    plan = StarPlan(workers=1)
+    plan = StarPlan(workers=1, transport="udp")
     plan.switch_ports = {p: ("127.0.0.1", free_udp_port()) for p in plan.ports}  # nobody listens there
+    plan.assign_endpoints()
     path = tmp_path / "plan.json"
     path.write_text(star_plan_to_json(plan))
     with pytest.raises(LuwuError) as err:
@@ -59,14 +60,18 @@ def switch_dies_on_rank(rank: int, world: int) -> dict:
     return {"first_sum": float(t[0]), "errors": errors}
 
 
-def test_switch_dying_mid_training_names_the_switch(tmp_path):
-    results = run_ranks(switch_dies_on_rank, 2, tmp_path, env={"LUWU_ENGINE": "embedded"}, pg_timeout=20.0)
+@pytest.mark.parametrize("transport", ["shm", "udp"])
+def test_switch_dying_mid_training_names_the_switch(tmp_path, transport):
+    results = run_ranks(switch_dies_on_rank, 2, tmp_path, env={"LUWU_ENGINE": "embedded", "LUWU_TRANSPORT": transport},
+                        pg_timeout=20.0)
     for rank, res in enumerate(results):
         assert res["first_sum"] == 2.0
         first, second = res["errors"]
         assert first is not None and "LuwuError" in first, first
-        # named by the engine's peer watch (IP_RECVERR: port unreachable), not the 20 s process-group timeout
-        assert "stopped answering" in first and "switch 127.0.0.1:" in first, first
+        # named by the engine's peer watch (UDP: IP_RECVERR, port unreachable; shm: the switch's pid has exited),
+        # not the 20 s process-group timeout
+        where = "switch 127.0.0.1:" if transport == "udp" else f"switch port {rank + 1} over shared memory (/dev/shm/"
+        assert "stopped answering" in first and where in first, first
         assert "did not complete within 20 s" not in first, first
         assert "embedded software switch" in first and "switch.log" in first, first
         assert second is not None and "broken by an earlier failure" in second, second
@@ -164,3 +169,19 @@ def test_import_luwu_registers_the_backend(first):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert "'luwu'" in out.stdout and "['cpu']" in out.stdout, out.stdout
+
+
+def test_a_udp_plan_file_without_endpoint_addresses_is_refused(tmp_path):
+    """The switch accepts a UDP port only from the address the plan gave its endpoint: a plan file
+    without them could only make every packet UNKNOWN_PORT, so it is refused up front."""
+    from luwu.worker.backend.plan_source import plan_from_file
+
+    plan = StarPlan(workers=1, transport="udp")
+    plan.switch_ports = {p: ("127.0.0.1", 9) for p in plan.ports}
+    path = tmp_path / "plan.json"
+    path.write_text(star_plan_to_json(plan))
+    with pytest.raises(ValueError, match=r"endpoints has no address for switch port\(s\) \[1\]"):
+        plan_from_file(0, 1, str(path))
+    plan.assign_endpoints()
+    path.write_text(star_plan_to_json(plan))
+    assert plan_from_file(0, 1, str(path)).plan.wiring.local == plan.endpoints[1]

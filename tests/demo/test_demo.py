@@ -132,3 +132,160 @@ def test_an_interrupted_demo_stops_every_process_it_started(tmp_path):
     assert _processes_mentioning(workdir) == []
     assert [_group(w) for w in workers] == [[], []]  # each worker's engine daemon went with it
     assert _processes_mentioning(f"--listen 127.0.0.1:{port}") == []
+
+
+@pytest.mark.slow  # about 35 s on two cores
+def test_the_report_survives_a_controller_killed_during_training(tmp_path):
+    """SIGKILL the demo's controller once every rank has joined: training goes on (the workers warn,
+    naming it), and report.json is still written, its switch counters from the switch's stats file
+    with a note naming the dead controller; the optimizer node's lazy checkpoints are in OUT."""
+    from luwu.controller.client import ControllerClient
+    from luwu.proto import controller_pb2 as pb
+
+    out = tmp_path / "out"
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
+    proc = subprocess.Popen([str(LUWU), "demo", "--out", str(out), *TINY, "--steps", "80", "--no-baseline",
+                             "--checkpoint-every", "20"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    try:
+        hint = None
+        deadline = time.monotonic() + RUN_TIMEOUT
+        for line in proc.stdout:  # bounded: the demo prints a handful of lines, then trains quietly
+            hint = re.search(r"LUWU_CONTROLLER=(127\.0\.0\.1:\d+) LUWU_TOKEN=(\w+)", line)
+            if hint or time.monotonic() > deadline:
+                break
+        assert hint, "the demo never printed its controller address"
+        address, admin_token = hint.groups()
+        with ControllerClient(address, admin_token, timeout=5) as admin:
+            for _ in range(1200):  # until every rank has joined (bounded: 120 s)
+                if [j for j in admin.jobs() if j.state == pb.RUNNING]:
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError("the demo's job never ran")
+        (controller,) = _processes_mentioning(f"--listen {address}")
+        stats = Path(re.search(r"--db (\S+)/controller\.sqlite", controller).group(1)) / "switch-stats.json"
+        for _ in range(1200):  # until sums complete: the workers have handed the job to the node (bounded: 120 s)
+            try:
+                if json.loads(stats.read_text())["counters"]["events"].get("COMPLETED", [0])[0] > 0:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.1)
+        os.kill(int(controller.split(":")[0]), signal.SIGKILL)
+        rest, _ = proc.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, rest
+    assert f"the controller {address} that planned job" in rest and "stopped answering" in rest, rest
+    report = json.loads((out / "report.json").read_text())
+    assert len(report["luwu"]["losses"]) == 80
+    notes = report["control_plane"]["notes"]
+    assert any(n.startswith("switch_counters from the switch's stats file") and address in n for n in notes), notes
+    assert report["switch_counters"]["events"]["COMPLETED"][0] > 0
+    assert report["optimizer_nodes"][0]["node"]["node"]["published"] == 80 * len(report["model"]["units"])
+    lost = {r: [e for e in ev if e["state"] == "lost"] for r, ev in report["control_plane"]["controller_events"].items()}
+    assert sorted(lost) == ["0", "1"] and all(len(v) == 1 and address in v[0]["message"] for v in lost.values()), lost
+    manifests = sorted((out / "checkpoints" / "node0").glob("ckpt-*/manifest.json"))
+    assert manifests, list((out / "checkpoints").rglob("*"))
+    versions = {layer["version"] for layer in json.loads(manifests[-1].read_text())["jobs"][0]["state"]}
+    assert len(versions) == 1 and versions.pop() % 20 == 0  # one consistent version, a multiple of the interval
+    print(f"report written after the controller {address} was killed; notes: {notes}")
+    _restart_node_from(out / "checkpoints" / "node0", tmp_path / "restarted")
+
+
+def _shards(manifest: Path) -> dict:
+    state = json.loads(manifest.read_text())["jobs"][0]["state"]
+    return {(s["layer_id"], i): (s["version"], sh["bytes"], sh["crc32"]) for s in state for i, sh in enumerate(s["shards"])}
+
+
+def _restart_node_from(ckpt: Path, work: Path) -> None:
+    """The demo's settings restore: `luwu node --restore latest` from the demo's checkpoint dir and
+    plan comes up, and a checkpoint of the restarted node holds exactly the same state (every shard's
+    version, size and CRC-32), i.e. it would serve the job on bit-identically."""
+    from luwu.dataplane.optimizer.control import ControlClient
+
+    work.mkdir()
+    (work / "token").write_text("restart-token")
+    newest = _shards(sorted(ckpt.glob("ckpt-*/manifest.json"))[-1])
+    proc = subprocess.Popen([str(LUWU), "node", "--plan", str(ckpt / "plan.json"), "--checkpoint-dir", str(ckpt),
+                             "--restore", "latest", "--state-dir", str(work / "state"), "--control",
+                             f"unix:{work}/node.sock", "--control-token-file", str(work / "token")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        ready = json.loads(proc.stdout.readline() or "{}")  # bounded: the node prints its ready line or exits
+        assert ready.get("ready"), proc.stderr.read() if proc.poll() is not None else ready
+        client = ControlClient(ready["control"], token="restart-token")
+        again = Path(client.checkpoint())
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert _shards(again / "manifest.json") == newest
+    print(f"restarted node: {len(newest)} shards at version {next(iter(newest.values()))[0]}, bit-identical")
+
+
+@pytest.mark.slow  # about 30 s on two cores
+def test_a_node_killed_during_training_is_named_by_the_workers(tmp_path):
+    """SIGKILL the demo's optimizer node mid-training: the demo fails within seconds with the
+    workers' error naming the node (index, control channel, job, session) and its switch, and the
+    node's lazy checkpoints stay in OUT for `luwu node --restore latest`."""
+    out = tmp_path / "out"
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="400")
+    proc = subprocess.Popen([str(LUWU), "demo", "--out", str(out), *TINY, "--steps", "100000", "--no-baseline",
+                             "--checkpoint-every", "5"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    try:
+        address = None
+        deadline = time.monotonic() + RUN_TIMEOUT
+        for line in proc.stdout:  # bounded: the demo prints a handful of lines, then trains quietly
+            found = re.search(r"LUWU_CONTROLLER=(127\.0\.0\.1:\d+)", line)
+            if found or time.monotonic() > deadline:
+                break
+        assert found, "the demo never printed its controller address"
+        address = found.group(1)
+        (controller,) = _processes_mentioning(f"--listen {address}")
+        workdir = re.search(r"--db (\S+)/controller\.sqlite", controller).group(1)
+        for _ in range(1200):  # until the node has committed a checkpoint (bounded: 120 s)
+            if list((out / "checkpoints" / "node0").glob("ckpt-*/manifest.json")):
+                break
+            time.sleep(0.1)
+        (node,) = _processes_mentioning(f"{workdir}/node0.sock")
+        os.kill(int(node.split(":")[0]), signal.SIGKILL)
+        killed = time.monotonic()
+        rest, _ = proc.communicate(timeout=RUN_TIMEOUT)
+        seconds = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, rest
+    flat = " ".join(rest.split())
+    assert re.search(rf"optimizer node #0 \(control channel unix:{re.escape(workdir)}/node0\.sock, job demo-\d+, "
+                     r"session \d+\) \(behind switch 127\.0\.0\.1:\d+\) stopped answering", flat), flat
+    assert list((out / "checkpoints" / "node0").glob("ckpt-*/manifest.json"))
+    log = re.search(r"traceback in (\S+\.log)", flat).group(1)  # one line on the console, the traceback kept
+    assert log.startswith(str(out / "logs")) and "Traceback" in Path(log).read_text(), log
+    print(f"demo ended {seconds:.1f} s after the node's SIGKILL: {flat[flat.find('luwu demo failed'):][:400]}")
+
+
+@pytest.mark.slow  # three tiny demos, about 60 s on two cores
+def test_demo_resumes_from_the_nodes_checkpoint_bit_identically(tmp_path):
+    """A run stopped after step 4 (checkpoint every 3 steps: version 3 on disk) and continued with
+    `--resume --steps 6` (the node restarts with `luwu node --restore`, the workers at step 3) gives
+    the same losses for steps 3..5, bit for bit, as a run of 6 steps never stopped."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "part").mkdir()
+    common = ("--no-baseline", "--checkpoint-every", "3")
+    _demo(tmp_path / "full" / "out", "--steps", "6", *common)
+    _demo(tmp_path / "part" / "out", "--steps", "4", *common)
+    proc = _demo(tmp_path / "part" / "out", "--steps", "6", "--resume", *common)
+    assert "resuming job demo-1 at step 3" in " ".join(proc.stdout.split()), proc.stdout
+    full = json.loads((tmp_path / "full" / "out" / "report.json").read_text())
+    resumed = json.loads((tmp_path / "part" / "out" / "report.json").read_text())
+    assert resumed["control_plane"]["resumed_from"]["step"] == 3
+    assert resumed["luwu"]["losses"] == full["luwu"]["losses"][3:]
+    print(f"resumed at step 3: losses {resumed['luwu']['losses']} == {full['luwu']['losses'][3:]}")

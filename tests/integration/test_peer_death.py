@@ -16,6 +16,7 @@ import pytest
 
 from luwu.dataplane.engine import Engine
 from luwu.dataplane.engine.liveness import DEFAULT_PEER_TIMEOUT, LuwuPeerDead
+from luwu.dataplane.engine.transport import switch_name
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
 from luwu.dataplane.optimizer.control import ControlClient
 
@@ -34,8 +35,9 @@ def _wait_error(handles) -> list[tuple[BaseException, float]]:
     return out
 
 
-def test_switch_killed_mid_allreduce_is_named_by_every_worker(tmp_path):
-    plan = StarPlan(workers=2, mode="tofino")
+@pytest.mark.parametrize("transport", ["shm", "udp"])
+def test_switch_killed_mid_allreduce_is_named_by_every_worker(tmp_path, transport):
+    plan = StarPlan(workers=2, mode="tofino", transport=transport)
     with LoopbackSwitch(plan, process=True, log_path=str(tmp_path / "switch.log")) as sw:
         engines = [Engine(plan.worker_plan(r)).start() for r in range(2)]
         try:
@@ -45,9 +47,11 @@ def test_switch_killed_mid_allreduce_is_named_by_every_worker(tmp_path):
             sw.kill()
             pending.append(engines[1].allreduce(np.ones(50, np.float32)))
             for rank, (err, seconds) in enumerate(_wait_error(pending)):
-                host, port = plan.switch_ports[plan.worker_port(rank)]  # each worker's own switch port
+                name = switch_name(plan.worker_plan(rank).wiring)  # each worker's own switch port
                 assert err.component == "switch", err
-                assert f"switch {host}:{port} stopped answering" in str(err), err
+                assert f"switch {name} stopped answering" in str(err), err
+                if transport == "shm":  # no ICMP on a ring: the switch's exited pid says it
+                    assert f"switch process (pid {sw.pid})" in str(err), err
                 print(f"named after {seconds:.1f} s: {err}")
         finally:
             for e in engines:
@@ -91,10 +95,10 @@ def test_node_or_switch_killed_mid_training_is_named(tmp_path, victim):
                 e.close()
             node.stop()
     for i, (err, seconds) in enumerate(errors):
-        host, port = plan.switch_ports[plan.worker_port(i // 2)]  # two pulls per worker
+        name = switch_name(plan.worker_plan(i // 2).wiring)  # two pulls per worker
         if victim == "node":
             assert err.component == "optimizer node", err
-            assert f"optimizer node of session {sid} (behind switch {host}:{port}) stopped answering" in str(err), err
+            assert f"optimizer node of session {sid} (behind switch {name}) stopped answering" in str(err), err
         else:
-            assert err.component == "switch" and f"switch {host}:{port} stopped answering" in str(err), err
+            assert err.component == "switch" and f"switch {name} stopped answering" in str(err), err
         print(f"{victim} named after {seconds:.1f} s: {err}")

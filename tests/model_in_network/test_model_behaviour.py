@@ -134,3 +134,37 @@ def test_units_spread_over_two_optimizer_nodes_train_like_one_process(tmp_path):
     np.testing.assert_allclose(np.mean([results[r][0] for r in range(workers)], axis=0), ref["losses"], atol=1e-5)
     for name, want in ref["params"].items():
         np.testing.assert_allclose(results[0][1][name].numpy(), want.numpy(), rtol=0, atol=1e-4, err_msg=name)
+
+
+def test_a_non_finite_gradient_skips_that_units_step_and_training_goes_on(tmp_path):
+    """As torch's GradScaler: a unit whose summed gradient holds NaN/inf keeps its parameters for
+    that step (its version still advances, so no worker waits), the node counts it, the worker sees
+    it, and the next steps train normally."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    poison = {"step": None}
+    model[1].weight.register_hook(lambda g: g * float("nan") if poison["step"] is not None else g)
+    with LocalNetwork(1, 1, mode="tofino", state_dir=tmp_path, switch_process=False) as net:
+        mnn = ModelInNetwork(model, AdamW(lr=1e-2), net.network(0), served_dtype="fp32", engine="embedded",
+                             timeout=60.0)
+        try:
+            seen = []
+            for step in range(4):
+                poison["step"] = step if step == 1 else None
+                x = torch.randn(5, 4)
+                mnn(x).pow(2).sum().backward()
+                mnn.step()
+                seen.append(mnn.gather())
+            skipped, report = mnn.skipped_steps(), mnn.report()
+            node_stats = net.services[0].node.stats()["node"]
+        finally:
+            mnn.close()
+    labels = [u.label() for u in mnn.units]
+    assert skipped == {1: [labels[1]]} and report["skipped_steps"] == skipped
+    assert node_stats["skipped_steps"] == 1
+    for name in ("1.weight", "1.bias"):  # the skipped step left unit 1 exactly as it was
+        torch.testing.assert_close(seen[1][name], seen[0][name], rtol=0, atol=0)
+        assert not torch.equal(seen[2][name], seen[1][name])  # and it trains again afterwards
+    for name in ("0.weight", "0.bias"):  # the other unit stepped as usual
+        assert not torch.equal(seen[1][name], seen[0][name])
+    assert all(torch.isfinite(t).all() for s in seen for t in s.values())

@@ -164,11 +164,32 @@ def test_the_engine_sink_counts_and_drops_bad_gradients(node):
     sink = node.gradient_sink("job", contributors=2)
     numel = node.jobs["job"].layers[1].plan.numel
     # a sum that may be non-finite comes flagged saturated by the engine (an unflagged one is finite
-    # by construction and skips the check): checked, and dropped
+    # by construction and skips the check): checked, and its step skipped as GradScaler would
+    before = node.params("job", 1, 0, timeout=30).copy()
     sink(1, np.full(numel, np.nan, np.float32), True)
     sink(77, np.zeros(numel, np.float32), False)  # unknown tensor: dropped
-    assert node.stats()["node"]["rejected"] == {"non_finite": 1, "unknown_layer": 1}
-    assert node.version("job", 1) == 0
-    sink(1, _good(node, 1), True)  # the good one is step 0
-    assert node.params("job", 1, 1, timeout=30) is not None
-    assert node.stats()["node"]["saturated_gradients"] == 1
+    np.testing.assert_array_equal(node.params("job", 1, 1, timeout=30), before)  # version 1 = version 0
+    assert node.stats()["node"]["rejected"] == {"unknown_layer": 1}
+    assert node.stats()["node"]["skipped_steps"] == 1 and node.skipped_steps("job") == {0: [1]}
+    sink(1, _good(node, 1), True)  # the good one is step 1
+    after = node.params("job", 1, 2, timeout=30)
+    assert np.isfinite(after).all() and not np.array_equal(after, before)
+    assert node.stats()["node"]["saturated_gradients"] == 2
+
+
+def test_a_skipped_layer_does_not_hold_up_a_globally_clipped_step(tmp_path):
+    """With clipping by the global norm the node waits for every layer of a step; a layer whose sum is
+    non-finite is skipped (unchanged, its version advanced) and the others step, clipped by their norm."""
+    layers = model_layers(3)
+    with OptimizerNode(NodeConfig(tmp_path / "state", ram_budget=16 << 20)) as n:
+        n.add_job(JobSpec("job", OptimizerSpec("adamw", lr=1e-2, clip_grad_norm=0.5), layers, "fp32",
+                          initial_values(layers)))
+        sink = n.gradient_sink("job", contributors=1)
+        before = {lid: n.params("job", lid, 0, timeout=30).copy() for lid in range(3)}
+        for lid in range(3):
+            g = _good(n, lid)
+            sink(lid, np.full_like(g, np.inf) if lid == 1 else g, lid == 1)
+        after = {lid: n.params("job", lid, 1, timeout=30) for lid in range(3)}
+        np.testing.assert_array_equal(after[1], before[1])
+        assert all(not np.array_equal(after[lid], before[lid]) for lid in (0, 2))
+        assert n.skipped_steps("job") == {0: [1]}

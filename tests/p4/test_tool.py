@@ -71,3 +71,32 @@ def test_load_programs_a_p4runtime_switch(capsys, tmp_path):
     assert [port for port, _ in out] == [5]
     got = Ether(out[0][1])
     assert (got[Ether].dst, got[IP].dst, got[UDP].chksum) == ("08:00:00:00:00:05", "10.0.0.5", 0)
+
+
+def test_load_presents_the_switch_token(capsys, tmp_path):
+    """An authenticated software switch (`luwu switch --p4runtime-token-file`): `luwu p4 load`
+    without its token is refused in one line naming the switch; with `--token-file` it programs it."""
+    sw_mod = pytest.importorskip("luwu.dataplane.switch")
+    p4rt = pytest.importorskip("luwu.dataplane.switch.p4runtime_server")
+    from luwu.dataplane.switch.p4runtime_auth import P4RuntimeAuth
+
+    blob = tmp_path / "device.bin"
+    blob.write_bytes(p4rt.device_config_marker(64, 1024))
+    runtime = tmp_path / "star.json"
+    raw = json.loads((P4_DIR / "runtime" / "star4.json").read_text())
+    raw["p4info"], raw["bmv2_json"] = str(P4INFO_TXTPB), str(blob)
+    runtime.write_text(json.dumps(raw))
+    token = tmp_path / "switch.token"
+    token.write_text("the-switch-token\n")
+    sw = sw_mod.SoftwareSwitch(sw_mod.SwitchConfig(lanes=64, slots=1024))
+    server = p4rt.serve(sw, "127.0.0.1:0", P4INFO_TXTPB, auth=P4RuntimeAuth("the-switch-token"))
+    try:
+        assert main(["p4", "load", "--addr", server.address, "--runtime", str(runtime)]) == 1
+        refused = capsys.readouterr().err.strip().splitlines()
+        assert not sw.tables.entries("sessions")
+        assert main(["p4", "load", "--addr", server.address, "--runtime", str(runtime), "--token-file", str(token)]) == 0
+        assert "entities written" in capsys.readouterr().out
+        assert sw.tables.entries("sessions")
+    finally:
+        server.stop(None)
+    assert len(refused) == 1 and f"switch at {server.address}" in refused[0] and "UNAUTHENTICATED" in refused[0], refused

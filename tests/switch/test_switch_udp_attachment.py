@@ -1,6 +1,7 @@
 """UDP attachment end to end: real sockets on loopback, the switch's event loop in a thread (and
-the `luwu switch` daemon in a process): allreduce, GRAD to a node, PARAM back, peer learning,
-UNKNOWN_PORT, recovery from simulated loss by retransmission."""
+the `luwu switch` daemon in a process): allreduce, GRAD to a node, PARAM back, bound ports,
+unbound ports that refuse everything, opt-in peer learning, UNKNOWN_PORT, recovery from simulated
+loss by retransmission."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ DEADLINE = 20.0  # s, an upper bound for any exchange (never an assertion on spe
 
 
 class Endpoint:
-    def __init__(self, switch_addr):
+    def __init__(self, switch_addr, local=("127.0.0.1", 0)):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind(tuple(local))
         self.sock.setblocking(False)
         self.switch = switch_addr
 
@@ -63,10 +64,11 @@ def wait_for(pred, what: str):
 @pytest.fixture
 def star():
     sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS))
-    addrs = {p: sw.attach_udp(p, ("127.0.0.1", 0)) for p in (1, 2, 3, NODE_PORT)}
+    eps = {p: Endpoint(None) for p in (1, 2, 3, NODE_PORT)}
+    for p, ep in eps.items():  # every port bound to its endpoint's address
+        ep.switch = sw.attach_udp(p, ("127.0.0.1", 0), peer=ep.addr)
     sw.load_runtime(runtime())
     sw.start()
-    eps = {p: Endpoint(a) for p, a in addrs.items()}
     yield sw, eps
     sw.stop()
     for e in eps.values():
@@ -95,8 +97,7 @@ def test_allreduce_grad_param_and_heartbeats_over_udp(star):
     for r in range(3):
         for seq, p in got[r].items():
             assert p.type == MsgType.RESULT and p.lanes().tolist() == x[seq].sum(axis=0, dtype=np.int32).tolist()
-    node.send(heartbeat(2, NODE, 0, 64))  # the node port learns its peer from the node's first packet
-    wait_for(lambda: sw.ports[NODE_PORT].peer == node.addr, "the node port to learn its peer")
+    node.send(heartbeat(2, NODE, 0, 64))
     for r, w in enumerate(workers):
         w.send(agg_packet(2, r, 0, x[0, r], mtype=MsgType.GRAD))
         w.send(heartbeat(2, r, 5 + r, 50 + r))
@@ -123,10 +124,73 @@ def test_allreduce_grad_param_and_heartbeats_over_udp(star):
     assert all(c["ports"][p]["rx_packets"] >= 1 for p in (1, 2, 3, NODE_PORT))
 
 
-def test_peer_learning_and_unknown_port():
+def test_unbound_and_misaddressed_packets_are_refused_counted_and_change_no_result():
+    """A second socket sends valid packets to a port with no peer and, from the wrong address, to a
+    bound port: neither claims a port or touches a slot, both are counted UNKNOWN_PORT, and the real
+    contributions complete the exact sum."""
     sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS))
-    addr = sw.attach_udp(1, ("127.0.0.1", 0))
-    node_addr = sw.attach_udp(NODE_PORT, ("127.0.0.1", 0))
+    w0, w1, w2 = Endpoint(None), Endpoint(None), Endpoint(None)
+    w0.switch = sw.attach_udp(1, ("127.0.0.1", 0), peer=w0.addr)
+    w1.switch = sw.attach_udp(2, ("127.0.0.1", 0))  # no peer: the tables name none it could take (fake addresses)
+    w2.switch = sw.attach_udp(3, ("127.0.0.1", 0), peer=w2.addr)
+    sw.load_runtime(runtime())
+    sw.start()
+    rogue = Endpoint(w0.switch)
+    try:
+        evil = np.full(LANES, 1000, dtype=np.int32)
+        rogue.send(agg_packet(1, 0, 0, evil))  # rank 0's valid packet, from the wrong address
+        rogue.switch = w1.switch
+        rogue.send(agg_packet(1, 1, 0, evil))  # rank 1's valid packet, on the unbound port
+        rogue.send(heartbeat(2, 1, 1, 2))
+        wait_for(lambda: sw.counters()["drops"][int(DropReason.UNKNOWN_PORT)][0] == 3, "three UNKNOWN_PORT drops")
+        assert sw.ports[2].peer is None  # nobody claimed it
+        w1.send(agg_packet(1, 1, 0, np.ones(LANES, np.int32)))  # the rightful rank 1, also refused
+        wait_for(lambda: sw.counters()["drops"][int(DropReason.UNKNOWN_PORT)][0] == 4, "the fourth drop")
+        sw.set_peer(2, w1.addr)  # the plan binds the port
+        a, b = np.arange(LANES, dtype=np.int32), np.full(LANES, 7, dtype=np.int32)
+        for r, (w, v) in enumerate(((w0, a), (w1, b), (w2, a))):
+            w.send(agg_packet(1, r, 0, v))
+        got = []
+        wait_for(lambda: got.extend(w0.recv_all()) or got, "rank 0's RESULT")
+        assert got[0].type == MsgType.RESULT and got[0].lanes().tolist() == (a + b + a).tolist()
+        assert rogue.recv_all() == []
+        c = sw.counters()
+        assert c["events"][int(Event.COMPLETED)][0] == 1 and c["drops"][int(DropReason.UNKNOWN_PORT)][0] == 4
+    finally:
+        sw.stop()
+        for e in (w0, w1, w2, rogue):
+            e.close()
+
+
+def test_a_port_takes_its_peer_from_the_endpoints_table():
+    """Without peer=, a port accepts the address the tables give its endpoint (the controller's JoinJob
+    writes it), and refuses everyone while they name none."""
+    from switch_setup import endpoint
+
+    sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS))
+    ep = Endpoint(None)
+    ep.switch = sw.attach_udp(1, ("127.0.0.1", 0))
+    sw.load_runtime({"table_entries": [e for e in runtime()["table_entries"] if e["table"] != "endpoints"]})
+    sw.start()
+    try:
+        ep.send(heartbeat(2, 0, 1, 2))
+        wait_for(lambda: sw.counters()["drops"][int(DropReason.UNKNOWN_PORT)][0] == 1, "refused while unnamed")
+        for session in (1, 2):
+            e = endpoint(session, 0)
+            sw.tables.insert("endpoints", e["match"], "set_endpoint",
+                             dict(e["action_params"], dst_ip="127.0.0.1", dst_udp=ep.addr[1]))
+        ep.send(heartbeat(2, 0, 1, 2))
+        wait_for(lambda: sw.ports[1].peer == ep.addr, "the port bound to the table's address")
+        wait_for(lambda: sw.counters()["events"][int(Event.HB_ABSORBED)][0] == 1, "the heartbeat absorbed")
+    finally:
+        sw.stop()
+        ep.close()
+
+
+def test_opt_in_peer_learning_and_unknown_port():
+    sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS))
+    addr = sw.attach_udp(1, ("127.0.0.1", 0), peer="learn")
+    node_addr = sw.attach_udp(NODE_PORT, ("127.0.0.1", 0), peer="learn")
     sw.load_runtime(runtime())
     sw.start()
     a, b, node = Endpoint(addr), Endpoint(addr), Endpoint(node_addr)
@@ -180,17 +244,25 @@ def test_loopback_star_plan_drives_the_switch():
     """The embedded launcher (dataplane/loopback.py) builds this switch in a child process."""
     from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
 
-    plan = StarPlan(workers=2, nodes=1, mode="tofino", slots=1024)
+    plan = StarPlan(workers=2, nodes=1, mode="tofino", slots=1024, transport="udp")
     with LoopbackSwitch(plan, process=True, drop={"ingress": 0.0}) as ls:
-        w = Endpoint(plan.switch_ports[plan.worker_port(0)])
+        w = Endpoint(plan.switch_ports[plan.worker_port(0)], plan.endpoints[plan.worker_port(0)])
+        rogue = Endpoint(plan.switch_ports[plan.worker_port(0)])  # not the address the plan gave rank 0
         try:
+            rogue.send(heartbeat(plan.node_session(0), 0, 1, 2))
+
+            def refused():
+                drops = ls.counters()["drops"]
+                return (drops.get(int(DropReason.UNKNOWN_PORT)) or drops.get(str(int(DropReason.UNKNOWN_PORT))))[0] == 1
+            wait_for(refused, "the rogue's packet refused")
             w.send(heartbeat(plan.node_session(0), 0, 1, 2))
             def absorbed():  # the child process reports counters as JSON (string keys)
                 events = ls.counters()["events"]
                 return (events.get(int(Event.HB_ABSORBED)) or events.get(str(int(Event.HB_ABSORBED))))[0] == 1
-            wait_for(absorbed, "the heartbeat")
+            wait_for(absorbed, "the heartbeat")  # exactly one: the rogue's was not absorbed
         finally:
             w.close()
+            rogue.close()
 
 
 def test_daemon_serves_writes_stats_and_stops_on_sigterm(tmp_path):
@@ -200,7 +272,7 @@ def test_daemon_serves_writes_stats_and_stops_on_sigterm(tmp_path):
     cmd = [sys.executable, "-m", "luwu.cli", "switch", "--lanes", str(LANES), "--slots", str(SLOTS),
            "--runtime", str(rt), "--stats-file", str(stats), "--stats-interval", "0.1",
            "--drop", "all:ingress=0.0", "--drop", "4:egress=0.5"]
-    cmd += [a for p in (1, 2, 3, NODE_PORT) for a in ("--port", f"{p}=127.0.0.1:0")]
+    cmd += [a for p in (1, 2, 3, NODE_PORT) for a in ("--port", f"{p}=127.0.0.1:0,peer=learn")]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     try:
@@ -237,6 +309,7 @@ def test_daemon_serves_writes_stats_and_stops_on_sigterm(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     ([], "no switch ports"),
     (["--port", "1=localhost"], "HOST:PORT"),
+    (["--port", "1=127.0.0.1:0,peer=anyone"], "HOST:PORT or learn"),
     (["--port", "600=127.0.0.1:0"], "out of range 0..511"),
     (["--port", "1=127.0.0.1:0", "--drop", "all:loss=0.1"], "unknown key 'loss'"),
     (["--port", "1=127.0.0.1:0", "--lanes", "huge"], "unknown packet mode"),

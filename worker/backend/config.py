@@ -7,7 +7,8 @@
 | `LUWU_JOB` | unset | the controller's job id (controller mode) |
 | `LUWU_ENDPOINT_HOST` | `127.0.0.1` | address this rank's engine binds (controller mode; the controller programs the switch with it) |
 | `LUWU_PLAN` | unset | a StarPlan JSON file of a switch started separately (its `switch_ports` filled) |
-| `LUWU_MODE` | `jumbo` | packet mode of the embedded switch (`tofino`, `jumbo`, `loopback` or a lane count) |
+| `LUWU_MODE` | `loopback` | packet mode of the embedded switch (`tofino`, `jumbo`, `loopback` or a lane count; `loopback`: 64 KiB datagrams) |
+| `LUWU_TRANSPORT` | `shm` (Linux x86-64), else `udp` | ports of the embedded switch: shared-memory rings in /dev/shm, or UDP sockets on loopback (read by `StarPlan`, dataplane/loopback.py) |
 | `LUWU_CONNECT_TIMEOUT` | `30` | seconds the first collective (a probe at group creation) may take before the switch is declared unreachable |
 | `LUWU_P2P_HOST` | `127.0.0.1` | address the point-to-point (send/recv) listener binds and advertises |
 | `LUWU_WORKDIR` | a new temp dir | where engine and switch logs go |
@@ -31,7 +32,7 @@ class BackendConfig:
     job: str = ""
     endpoint_host: str = "127.0.0.1"
     plan_file: str = ""
-    mode: str = "jumbo"
+    mode: str = "loopback"
     connect_timeout: float = 30.0
     p2p_host: str = "127.0.0.1"
     workdir: str = ""

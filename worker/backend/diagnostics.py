@@ -22,8 +22,14 @@ def engine_failure(name: str, error: BaseException, link, lease) -> LuwuError:
     parts = [f"luwu {name} failed: {error}."]
     if dead:
         parts.append(f"The engine is gone: {dead}.")
-    parts.append(f"Check {link.describe()}; the switch: {lease.hint}")
+    parts.append(f"Check {link.describe()}; the switch: {lease.hint}{_controller(lease)}")
     return LuwuError(" ".join(parts))
+
+
+def _controller(lease) -> str:
+    """What the lease knows of a lost controller (a sentence with a leading space, or '')."""
+    note = getattr(lease, "controller_note", None)
+    return note() if note is not None else ""
 
 
 def timeout_failure(name: str, seconds: float, link, lease, probe: bool = False) -> LuwuError:
@@ -39,4 +45,4 @@ def timeout_failure(name: str, seconds: float, link, lease, probe: bool = False)
         what = (f"did not complete within {seconds:g} s: the switch at {lease.switch_address} has stopped "
                 "answering, or another rank is not issuing the same collectives in the same order")
     return LuwuError(f"luwu {name}: {what}. Check {lease.hint} Plan source: {lease.source}; this rank's engine: "
-                     f"{link.describe()}." + ("" if probe else " The process group is unusable now."))
+                     f"{link.describe()}." + ("" if probe else " The process group is unusable now.") + _controller(lease))

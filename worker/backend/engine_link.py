@@ -1,9 +1,14 @@
 """A rank's SmartNIC engine as the backend sees it: allreduce of a flat float32/int32 array.
 
 `EmbeddedLink` runs `luwu.dataplane.engine.Engine` in a thread of this process; `DaemonLink`
-runs it as its own process (`luwu engine`) and moves data through /dev/shm buffers kept in a
+runs it in an engine process (`luwu engine`) and moves data through /dev/shm buffers kept in a
 pool (DDP reuses the same bucket sizes every step). Both return engine `Handle`s whose result
 is an array the caller owns, completed from another thread.
+
+A process has one engine process (`EngineHost`), whatever its number of process groups: it is
+started before the first group's plan is known (`prestart`, so its start-up overlaps the
+switch's and the plan's exchange), each group opens its own engine in it over its own
+connection (new_group starts no process), and the last group to close stops it.
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ class EmbeddedLink(EngineLink):
 
     def describe(self) -> str:
         host, port = self.engine.address
-        return f"the embedded engine (a thread of pid {os.getpid()}, UDP {host}:{port})"
+        where = f"shared-memory port {host}" if self.engine.plan.wiring.transport == "shm" else f"UDP {host}:{port}"
+        return f"the embedded engine (a thread of pid {os.getpid()}, {where})"
 
     def failure(self) -> str | None:
         if self.engine.error is not None:
@@ -97,9 +103,14 @@ class DaemonLink(EngineLink):
     kind = "process"
 
     def __init__(self, plan: EndpointPlan, workdir: str, connect_timeout: float):
-        self.client = EngineClient.spawn(plan, workdir, connect_timeout=connect_timeout)
-        self.proc = self.client.process
-        self.log_path = self.client.log_path
+        self.host = EngineHost.acquire(workdir)
+        try:
+            self.client = self.host.open(plan, connect_timeout)
+        except BaseException:
+            self.host.release()
+            raise
+        self.proc = self.host.proc
+        self.log_path = self.host.log_path
         self.pool = _ShmPool(self.client)
 
     def allreduce(self, x: np.ndarray, op: str) -> Handle:
@@ -144,10 +155,70 @@ class DaemonLink(EngineLink):
             return None
 
     def close(self) -> None:
-        self.client.close()
-        self._kill()
+        self.client.close()  # this group's engine; the process stays for the other groups
+        self.host.release()
 
-    def _kill(self) -> None:
+
+class EngineHost:
+    """This process's engine process, shared by its process groups (reference-counted)."""
+
+    _lock = threading.Lock()
+    _current: "EngineHost | None" = None
+
+    def __init__(self, workdir: str):
+        self.proc, self.control, self.log_path = EngineClient.launch(None, workdir)
+        self.users = 0
+
+    @classmethod
+    def prestart(cls, workdir: str) -> None:
+        """Start the engine process now, without waiting for it (idempotent while it runs)."""
+        with cls._lock:
+            cur = cls._current
+            if cur is None or cur.proc.poll() is not None:
+                cls._current = cls(workdir)
+
+    @classmethod
+    def acquire(cls, workdir: str) -> "EngineHost":
+        with cls._lock:
+            cur = cls._current
+            if cur is None or cur.proc.poll() is not None:
+                cur = cls._current = cls(workdir)
+            cur.users += 1
+            return cur
+
+    @classmethod
+    def stop_if_unused(cls) -> None:
+        """Stop a prestarted process no group took (the group's set-up failed first)."""
+        with cls._lock:
+            cur = cls._current
+            if cur is None or cur.users > 0:
+                return
+            cur.users = 1
+        cur.release()
+
+    def open(self, plan: EndpointPlan, connect_timeout: float) -> EngineClient:
+        """A connection with its own engine for `plan`."""
+        try:  # waits for the process to listen (it may still be starting), or names its exit
+            client = EngineClient(self.control, self.proc, connect_timeout)
+        except EngineError as e:
+            raise EngineError(f"{e}; the engine log {self.log_path} says:\n{tail(self.log_path)}") from e
+        client.process = None  # shared: the client's close must not wait for it to exit (release stops it)
+        client.log_path = self.log_path
+        try:
+            client.open(plan, connect_timeout)
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def release(self) -> None:
+        """One group is done with the process; the last one stops it."""
+        with EngineHost._lock:
+            self.users -= 1
+            if self.users > 0:
+                return
+            if EngineHost._current is self:
+                EngineHost._current = None
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -8,7 +8,8 @@
   joins the job with JoinJob and gets this rank's plan.
 
 Every source returns a `PlanLease`: the plan, and what to tell the user to check when the
-switch does not answer.
+switch does not answer; a controller's lease also holds the `ControllerWatch` that warns, naming
+the controller, when it dies (the job goes on without it: docs/protocol.md 7.5).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import json
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+
+from luwu.dataplane.engine.transport import switch_name
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan, free_udp_port, plan_from_json, plan_to_json
 from luwu.dataplane.session import EndpointPlan
 
@@ -24,6 +27,8 @@ from .config import BackendConfig
 
 PLAN_KEY = "luwu/plan"
 CLOSED_KEY = "luwu/closed/{rank}"
+_switch_process: LoopbackSwitch | None = None  # the first embedded switch this process started: later groups'
+# switches run in its process (no new process per new_group)
 
 
 @dataclass
@@ -32,11 +37,16 @@ class PlanLease:
     source: str  # one line: where the plan came from
     hint: str  # what to check when the switch does not answer (a sentence, ending in . or ?)
     switch: LoopbackSwitch | None = None  # the switch this rank started (embedded rank 0)
+    watch: object | None = None  # controller mode: the ControllerWatch on the job's controller (controller/watch.py)
+
+    def controller_note(self) -> str:
+        """' ' + a sentence on a lost controller, for error messages ('' when none is lost)."""
+        note = self.watch.describe() if self.watch is not None else ""
+        return f" {note}" if note else ""
 
     @property
     def switch_address(self) -> str:
-        host, port = self.plan.wiring.switch
-        return f"{host}:{port}"
+        return switch_name(self.plan.wiring)
 
 
 def obtain_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: BackendConfig, workdir: str) -> PlanLease:
@@ -51,9 +61,13 @@ def obtain_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: Back
 def embedded_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: BackendConfig,
                   workdir: str) -> PlanLease:
     if rank == 0:
+        global _switch_process
         try:
             star = StarPlan(workers=world_size, mode=cfg.packet_mode)
-            host = LoopbackSwitch(star, process=True, log_path=os.path.join(workdir, "switch.log")).start()
+            owner = _switch_process if _switch_process is not None and _switch_process.alive() else None
+            host = LoopbackSwitch(star, process=True, log_path=os.path.join(workdir, "switch.log"), host=owner).start()
+            if owner is None:
+                _switch_process = host
         except Exception as e:
             store.set(PLAN_KEY, json.dumps({"error": f"rank 0 could not start the luwu switch: {e}"}))
             raise
@@ -74,7 +88,7 @@ def embedded_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: Ba
         if star.workers != world_size:
             raise RuntimeError(f"the luwu plan in the store is for {star.workers} workers but this group has "
                                f"{world_size}: a stale key from an earlier run in the same store?")
-    addr = "{}:{}".format(*star.switch_ports[star.worker_port(rank)])
+    addr = switch_name(star.worker_plan(rank).wiring)
     who = f"pid {host.pid}, " if host is not None else ""
     hint = (f"the embedded software switch at {addr} ({who}a child process of rank 0; its log: {log}): is it, "
             "and rank 0, still running?")
@@ -84,6 +98,8 @@ def embedded_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: Ba
 def release_plan(store, lease: PlanLease, rank: int, world_size: int, wait: float) -> None:
     """Every rank says it has closed; the rank that started the embedded switch keeps it up until all
     have (or `wait` s passed: a rank that died never says so), then stops it."""
+    if lease.watch is not None:
+        lease.watch.stop()
     try:
         store.set(CLOSED_KEY.format(rank=rank), "1")
     except Exception:  # noqa: BLE001 - the store may already be gone at interpreter exit
@@ -112,6 +128,10 @@ def plan_from_file(rank: int, world_size: int, path: str) -> PlanLease:
     missing = [p for p in star.ports if p not in star.switch_ports]
     if missing:
         raise ValueError(f"LUWU_PLAN={path}: switch_ports has no address for switch port(s) {missing}")
+    unbound = [p for p in star.ports if p not in star.endpoints] if star.transport == "udp" else []
+    if unbound:  # the switch accepts a UDP port's traffic only from the address its plan gave the endpoint
+        raise ValueError(f"LUWU_PLAN={path}: endpoints has no address for switch port(s) {unbound}; write the plan "
+                         "after its switch started (plan_to_json of the StarPlan its LoopbackSwitch ran)")
     return PlanLease(star.worker_plan(rank), f"plan file {path}",
                      f"the software switch named in LUWU_PLAN={path}: is it running, at those ports?")
 
@@ -130,6 +150,11 @@ def plan_from_controller(rank: int, world_size: int, cfg: BackendConfig) -> Plan
     if not cfg.job:
         raise ValueError(f"LUWU_CONTROLLER={cfg.controller} is set but LUWU_JOB is not: set it to the job id "
                          "the controller gave at CreateJob (and LUWU_TOKEN to the job token)")
+    from luwu.controller.watch import ControllerWatch, lost_controller
+
+    lost = lost_controller(cfg.controller)
+    if lost is not None:  # a group of this process already found it dead: say so now, not after an RPC timeout
+        raise lost.error(f"joining job {cfg.job} (a new luwu process group)")
     port = free_udp_port(cfg.endpoint_host)
     endpoint = f"{cfg.endpoint_host}:{port}"
     with ControllerClient(cfg.controller) as client:
@@ -139,9 +164,11 @@ def plan_from_controller(rank: int, world_size: int, cfg: BackendConfig) -> Plan
         raise RuntimeError(f"controller job {cfg.job} has {workers} workers but the process group has {world_size}")
     if tuple(plan.wiring.local) != (cfg.endpoint_host, port):
         plan.wiring.local = (cfg.endpoint_host, port)
+    # the job runs without its controller; the watch names a dead one (a warning) within seconds
+    watch = ControllerWatch(cfg.controller, cfg.job, client.token)
     return PlanLease(plan, f"controller {cfg.controller}, job {cfg.job}",
                      f"LUWU_CONTROLLER={cfg.controller} and job {cfg.job}: `luwu-ctl jobs`, and the health and "
-                     "counters of the job's switches there.")
+                     "counters of the job's switches there.", watch=watch)
 
 
 def default_workdir(cfg: BackendConfig, rank: int) -> str:

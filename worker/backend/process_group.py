@@ -26,7 +26,7 @@ from . import collectives as C
 from .codec import UnsupportedCollective, nbytes, reduction_encoding, tensor_bytes, write_bytes
 from .config import BackendConfig
 from .diagnostics import LuwuError
-from .engine_link import open_engine
+from .engine_link import EngineHost, open_engine
 from .fallback import ExactFallback
 from .plan_source import default_workdir, obtain_plan, release_plan
 from .scheduler import Scheduler
@@ -79,7 +79,13 @@ class LuwuProcessGroup(dist.ProcessGroup):
         self._closed = False
         self._link = self._sched = self._p2p = None
         self._workdir = default_workdir(cfg, rank)
-        self._lease = obtain_plan(store, rank, world_size, self._timeout, cfg, self._workdir)
+        if cfg.engine == "process":  # its start-up overlaps the switch's and the plan's exchange
+            EngineHost.prestart(self._workdir)
+        try:
+            self._lease = obtain_plan(store, rank, world_size, self._timeout, cfg, self._workdir)
+        except BaseException:
+            EngineHost.stop_if_unused()
+            raise
         try:
             self._link = open_engine(cfg.engine, self._lease.plan, self._workdir, cfg.connect_timeout)
             from luwu.worker.p2p import P2PChannel
@@ -88,6 +94,10 @@ class LuwuProcessGroup(dist.ProcessGroup):
             self._sched = Scheduler(self._link, self._lease, f"r{rank}", cfg.watchdog_tick,
                                     ExactFallback(self._p2p, rank, world_size))
             self._probe()
+        except ConnectionRefusedError as e:  # a shared-memory switch port whose rings are gone (UDP: the probe)
+            self.shutdown()
+            raise LuwuError(f"the switch at {self._lease.switch_address} is unreachable: {e.strerror}. "
+                            f"Check {self._lease.hint}") from None
         except BaseException:
             self.shutdown()
             raise
@@ -97,6 +107,18 @@ class LuwuProcessGroup(dist.ProcessGroup):
     # -- identity ----------------------------------------------------------------------------------------
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    # torch names a group through its C++ backends, which a Python group has none of: keep the name
+    # here, or `destroy_process_group(subgroup)` fails ("ProcessGroup name not set")
+    def _set_group_name(self, name: str) -> None:
+        self._luwu_group_name = name
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_luwu_group_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
 
     @property
     def plan_source(self) -> str:

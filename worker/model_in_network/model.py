@@ -15,10 +15,14 @@ no optimizer state and only the units in flight.
 from __future__ import annotations
 
 import collections
+import re
 import time
 
 import torch
 from torch import nn
+
+from luwu.dataplane.engine.handles import EngineError
+from luwu.dataplane.engine.liveness import LuwuPeerDead
 
 from .flat import FlatParams
 from .job import barrier, hand_over, node_jobs
@@ -43,11 +47,14 @@ class ModelInNetwork(nn.Module):
     served_dtype: how the node serves parameters ("bf16", "fp16" or "fp32"; the worker computes
     in fp32 either way). engine: "process", "embedded", or a running Engine / EngineClient.
     store: a c10d Store for the start barrier (else an allreduce through the engine).
+    start_version: the version training starts at (0; k to resume from optimizer nodes restored
+    from a checkpoint of version k, `luwu node --restore`): the first pull is of version k and the
+    first push is the gradient of step k. Every worker passes the same value.
     """
 
     def __init__(self, model: nn.Module, optimizer, network: JobNetwork | str, *, units=None, keep_last: int = 1,
                  keep_budget: int | None = None, prefetch: int = 1, served_dtype: str = "bf16", engine="process",
-                 store=None, max_inflight_pushes: int = 2, timeout: float = DEFAULT_TIMEOUT):
+                 store=None, max_inflight_pushes: int = 2, timeout: float = DEFAULT_TIMEOUT, start_version: int = 0):
         super().__init__()
         self.module = model
         self.optimizer = as_optimizer_spec(optimizer)
@@ -56,7 +63,9 @@ class ModelInNetwork(nn.Module):
         self.world_size = self.network.world_size
         self.timeout = timeout
         self.served_dtype = served_dtype
-        self.version = 0
+        if int(start_version) < 0:
+            raise ValueError(f"start_version must be >= 0, got {start_version}")
+        self.version = int(start_version)
         self.memory = MemoryTracker()
         self.units = split_units(model, units)
         self.flats = [FlatParams(u, self.memory) for u in self.units]
@@ -135,6 +144,14 @@ class ModelInNetwork(nn.Module):
         except TimeoutError:
             raise TimeoutError(f"rank {self.rank}: {what} did not complete within {self.timeout} s; check that the "
                                "switch and optimizer node(s) run and that every worker runs the same steps") from None
+        except EngineError as e:  # LuwuPeerDead in process, its message from an engine daemon
+            found = re.search(r"optimizer node of session (\d+)", str(e))
+            if found is not None:  # the engine knows the node by its session only: add index, control channel, job
+                named = f"optimizer node {self.network.describe_node(int(found.group(1)))}"
+                e.args = (f"rank {self.rank}: {what}: {str(e).replace(found.group(0), named)}",)
+                if isinstance(e, LuwuPeerDead):
+                    e.address = e.address.replace(found.group(0)[len("optimizer node "):], named[len("optimizer node "):])
+            raise
         finally:
             self.wait_seconds[kind] += time.perf_counter() - t0
 
@@ -313,13 +330,56 @@ class ModelInNetwork(nn.Module):
                 out[f"{u.name}.{name}" if u.name else name] = flat[lo:hi].view(p.shape).clone()
         return out
 
+    def skipped_steps(self) -> dict[int, list[str]]:
+        """The steps the optimizer nodes skipped for some unit because its summed gradient held
+        inf or NaN (a rank's overflow or NaN), as torch's GradScaler skips a step: that unit's
+        parameters and optimizer state stayed as they were, its version advanced, training went on.
+
+        Returns:
+            {step (0-based: version step + 1 repeats version step's parameters): unit labels},
+            the latest 1024 steps that had one; {} when nothing was skipped.
+
+        Raises:
+            ControlError: a node's control channel cannot be reached (its address is in the network
+            description only where this rank was given it).
+
+        Example::
+
+            loss.backward(); mnn.step()
+            if mnn.skipped_steps():      # e.g. {41: ["blocks.3"]}
+                scaler_like_backoff()
+        """
+        from luwu.dataplane.optimizer.control import ControlClient
+
+        out: dict[int, list[str]] = {}
+        for node in sorted(set(self.placement.values())):
+            client = ControlClient(self.network.node_controls[node], timeout=self.timeout,
+                                   token=self.network.control_token, job_id=self.network.job_id)
+            try:
+                for step, ids in client.skipped_steps(self.network.job_id).items():
+                    out.setdefault(step, []).extend(self.units[i].label() for i in ids)
+            finally:
+                client.close()
+        return dict(sorted(out.items()))
+
     def report(self) -> dict:
-        """Counters, time spent waiting on the network, memory, and the engine's traffic."""
+        """Counters, time spent waiting on the network, memory, the engine's traffic, and the
+        steps the nodes skipped for non-finite gradients (`skipped_steps()`, when the nodes'
+        control channels are known)."""
+        from luwu.dataplane.optimizer.control import ControlError
+
+        controls = self.network.node_controls
+        skipped = None  # unknown: this rank cannot ask the nodes
+        if all(n < len(controls) and controls[n] for n in set(self.placement.values())):
+            try:
+                skipped = self.skipped_steps()
+            except (ControlError, OSError):
+                pass
         return {"version": self.version, "units": len(self.units), "keep": sorted(self.keep),
                 "model_bytes": sum(u.nbytes for u in self.units),
                 "largest_unit_bytes": max(u.nbytes for u in self.units),
                 "counters": dict(self.stats), "wait_seconds": dict(self.wait_seconds),
-                "memory": self.memory.snapshot(), "engine": self.transport.stats()}
+                "memory": self.memory.snapshot(), "engine": self.transport.stats(), "skipped_steps": skipped}
 
     def close(self) -> None:
         if self.closed:

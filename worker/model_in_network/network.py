@@ -39,6 +39,15 @@ class JobNetwork:
             raise ValueError("a node session of the plan has no node_rank; cannot tell which node serves it")
         return out
 
+    def describe_node(self, session: int) -> str:
+        """The optimizer node serving node session `session`, for error messages: its index, its
+        control channel's address and the job (the engine alone knows only the session)."""
+        index = next((s.node_rank for s in self.endpoint.sessions if s.session == session), None)
+        if index is None:
+            return f"of session {session}"
+        control = self.node_controls[index] if 0 <= index < len(self.node_controls) else "unknown"
+        return f"#{index} (control channel {control}, job {self.job_id}, session {session})"
+
     @property
     def world_size(self) -> int:
         sizes = {s.num_workers for s in self.endpoint.sessions if s.kind == "node"}

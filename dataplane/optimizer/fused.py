@@ -1,0 +1,148 @@
+"""AdamW and the bf16 cast in one compiled pass (numba): the fast twin of `kernels.step_shard`.
+
+The reference path (`kernels.step_shard`) runs `torch._fused_adamw_` on a cache-sized group and
+then rounds that group's master weights to bf16 with `Tensor.copy_`: two passes over the master.
+Here one loop reads master, exp_avg, exp_avg_sq and the gradient once and writes them and the
+served bf16 copy, element by element, with exactly the arithmetic of torch's vectorized CPU
+kernel (aten/src/ATen/native/cpu/FusedAdamKernel.cpp as built in the torch wheel):
+
+    g  = g / scale                                 (when the sum is over several workers; stored)
+    p  = p * f32(1 - lr * wd)                      (when wd != 0)
+    m  = fma(w, g - m, m)        if |w| < 0.5      (exp_avg.lerp_(g, w), w = f32(1 - beta1))
+       = fma(w - 1, g - m, g)    otherwise
+    v  = fma(f32(1 - beta2) * g, g, v * f32(beta2))   (the compiler contracts torch's a*b + c*g*g)
+    p  = p + (f32(-lr / bc1) * m) / (sqrt(v) / f32(sqrt(bc2)) + f32(eps))
+    bf16 = (bits(p) + 0x7FFF + (bits(p) >> 16 & 1)) >> 16            (round to nearest even)
+
+Bias corrections are computed in double as torch does. torch's scalar remainder loop (the last
+`len % VECTOR` elements of each tensor) rounds differently, so those few elements are stepped by
+torch itself, on the remainder slice alone (which takes the same scalar path), and cast by torch.
+torch's vectorized float->bf16 cast turns every NaN into 0xFFFF (c10's scalar one would give
+0x7FC0); the kernel does the same, and `usable` checks once that this torch build still does.
+tests/optimizer/test_optimizer_fused.py checks all of it bit for bit against torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+
+import numpy as np
+import torch
+from luwu.dataplane import kernels as kernel_mode
+from luwu.dataplane.usage import UserError
+
+from .layout import ShardPlan, plan_layer
+from .spec import SHARD_ALIGN_ELEMS, JobSpec, LayerSpec, OptimizerSpec
+
+# float32 lanes of torch's Vectorized<float> per CPU capability: the scalar remainder of a tensor
+# is its last `numel % lanes` elements. Capabilities not listed keep the reference path.
+VECTOR_LANES = {"AVX512": 16, "AVX2": 8}
+BF16_NAN = np.uint16(0xFFFF)  # what torch's vectorized cast makes of any NaN (checked: _torch_casts_nan_as; = fused_numba.BF16_NAN)
+
+
+@functools.lru_cache(maxsize=1)
+def vector_lanes() -> int | None:
+    return VECTOR_LANES.get(torch.backends.cpu.get_cpu_capability())
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_casts_nan_as() -> set[int]:
+    """The bf16 bit patterns torch's cast gives NaNs (quiet, signalling, negative, payloads),
+    at vector and remainder positions of a tensor."""
+    nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF812345, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FA00000],
+                    dtype=np.uint32)
+    x = torch.from_numpy(np.resize(nans, 37).view(np.float32))
+    return set(x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16).tolist())
+
+
+def usable(opt: OptimizerSpec, served: torch.Tensor | None) -> bool:
+    """Whether the fused pass runs this step: AdamW with a bf16 served copy, compiled kernels on
+    (`luwu.dataplane.kernels`), and a CPU and torch build whose kernels it is known to match."""
+    return (opt.name == "adamw" and served is not None and served.dtype == torch.bfloat16 and kernel_mode.use_numba()
+            and vector_lanes() is not None and _torch_casts_nan_as() == {int(BF16_NAN)})
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled():
+    """The compiled kernel: numba is imported, and the kernel compiled or loaded from numba's
+    on-disk cache, on first use, never at import."""
+    from . import fused_numba
+
+    return fused_numba.shard
+
+
+STEP, CAST = 0, 1  # row kinds of the compiled call (fused_numba.shard): step and cast; cast only (torch stepped it)
+
+
+@functools.lru_cache(maxsize=4096)
+def _split(plan: ShardPlan, lanes: int) -> tuple[np.ndarray, tuple[tuple[tuple[int, int], ...], ...]]:
+    """The compiled call's rows (lo, hi, decay, kind) and the scalar remainders torch steps
+    (ranges with weight decay, ranges without)."""
+    rows, tails = [], ([], [])
+    for lo, hi, decay in plan.runs:
+        cut = hi - (hi - lo) % lanes
+        if cut > lo:
+            rows.append((lo, cut, int(decay), STEP))
+        if hi > cut:
+            rows.append((cut, hi, int(decay), CAST))
+            tails[0 if decay else 1].append((cut, hi))
+    arr = np.array(rows, dtype=np.int64).reshape(-1, 4)
+    arr.flags.writeable = False
+    return arr, (tuple(tails[0]), tuple(tails[1]))
+
+
+@functools.lru_cache(maxsize=256)
+def hyper(opt: OptimizerSpec, step: int, grad_scale: float | None) -> tuple[np.ndarray, bool, torch.Tensor]:
+    """The kernel's float32 constants for 0-based step `step`, rounded as torch rounds them; and
+    torch's step counter for the remainders (cached: a step's shards share them, read-only)."""
+    lr, (b1, b2), n = opt.lr_at(step), opt.betas, float(step + 1)
+    bc1, bc2 = 1.0 - b1 ** n, 1.0 - b2 ** n  # double, as torch (step read back from a float32 tensor)
+    w = np.float32(1.0 - b1)
+    hp = np.array([grad_scale if grad_scale is not None else 1.0, 1.0 - lr * opt.weight_decay, w, b2, 1.0 - b2,
+                   math.sqrt(bc2), opt.eps, -(lr / bc1)], dtype=np.float32)
+    hp.flags.writeable = False
+    return hp, bool(abs(w) < 0.5), torch.tensor(n)
+
+
+def step_shard(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tensor], grad: torch.Tensor, step: int,
+               grad_scale: torch.Tensor | None, served: torch.Tensor) -> None:
+    """`kernels.step_shard` for AdamW with a bf16 served copy, in one pass (same arguments)."""
+    rows, tails = _split(plan, vector_lanes())
+    scale = None if grad_scale is None else float(grad_scale)
+    hp, small, step_t = hyper(opt, step, scale)
+    if tails[0] or tails[1]:  # torch's scalar remainder loop, run by torch (a few elements per tensor)
+        for sel, wd in zip(tails, (opt.weight_decay, 0.0)):
+            if sel:
+                torch._fused_adamw_([states[0][a:b] for a, b in sel], [grad[a:b] for a, b in sel],
+                                    [states[1][a:b] for a, b in sel], [states[2][a:b] for a, b in sel], [],
+                                    [step_t] * len(sel), lr=opt.lr_at(step), beta1=opt.betas[0],
+                                    beta2=opt.betas[1], weight_decay=wd, eps=opt.eps, amsgrad=False,
+                                    maximize=False, grad_scale=grad_scale, found_inf=None)
+    _compiled()(states[0].numpy(), states[1].numpy(), states[2].numpy(), grad.numpy(),
+                served.view(torch.int16).numpy().view(np.uint16), rows, hp, scale is not None, small)
+
+
+_warming = threading.Lock()
+
+
+def warm_async() -> None:
+    """Import numba and compile (or load from the cache) the kernel on a background thread, once
+    per process, so that a node's first AdamW step does not wait for it (0.5-2 s). The node calls
+    this when a job that will use the kernel is added."""
+    if _warming.acquire(blocking=False):  # never released: once per process
+        threading.Thread(target=_warm, name="luwu-opt-kernel-warmup", daemon=True).start()
+
+
+def _warm() -> None:
+    opt = OptimizerSpec("adamw")
+    served = torch.empty(40, dtype=torch.bfloat16)
+    try:
+        if not usable(opt, served):
+            return
+    except UserError:  # a bad LUWU_KERNELS: the node's constructor or first step says so
+        return
+    layer = LayerSpec(0, {"w": (40,)})
+    (shard,) = plan_layer(JobSpec("warmup", opt, [layer], "bf16"), layer, SHARD_ALIGN_ELEMS).shards
+    step_shard(opt, shard, [torch.zeros(40) for _ in range(3)], torch.zeros(40), 0, None, served)

@@ -1,0 +1,93 @@
+"""The numba code of `fused` (imported only when compiled kernels run: importing numba and
+loading the kernel from numba's cache takes a moment, so `fused` does it on first use).
+
+`shard` steps a shard's runs with AdamW and writes the bf16 copy in the same loop; `fused`'s
+docstring gives the arithmetic and why it equals torch's bit for bit. `cache=True`: compiled
+once per machine into `__pycache__`, loaded from there afterwards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+BF16_NAN = np.uint16(0xFFFF)  # = fused.BF16_NAN (what torch's vectorized cast makes of any NaN)
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a * b + c with one rounding: LLVM's fma, one vfmadd with FMA (as torch's vec::fmadd and its
+    compiler's contraction of a*b + c)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f], ir.FunctionType(f, [f, f, f]))
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+@intrinsic
+def bits32(typingctx, a):
+    """The IEEE bits of a float32, as a uint32 (a register bitcast)."""
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+def run(p, m, v, g, out, lo, hi, scale, use_scale, wdmul, use_wd, w, small, b2, c2, bc2s, eps, nstep):
+    # sliced so that the loop index starts at 0: numba then drops negative-index wraparound,
+    # which otherwise keeps LLVM from vectorizing the loop
+    p, m, v, g, out = p[lo:hi], m[lo:hi], v[lo:hi], g[lo:hi], out[lo:hi]
+    one = np.float32(1.0)
+    for i in range(p.size):
+        gi = g[i]
+        if use_scale:
+            gi = gi / scale
+            g[i] = gi
+        pi = p[i]
+        if use_wd:
+            pi = pi * wdmul
+        mi = m[i]
+        if small:
+            mi = fma32(w, gi - mi, mi)
+        else:
+            mi = fma32(w - one, gi - mi, gi)
+        vi = fma32(c2 * gi, gi, v[i] * b2)
+        m[i] = mi
+        v[i] = vi
+        pi = pi + nstep * mi / (np.sqrt(vi) / bc2s + eps)
+        p[i] = pi
+        u = bits32(pi)
+        r = np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+        out[i] = BF16_NAN if np.isnan(pi) else r  # a select, not a branch: the loop stays vectorized
+
+
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+def cast(p, out, lo, hi):
+    p, out = p[lo:hi], out[lo:hi]
+    for i in range(p.size):
+        pi = p[i]
+        u = bits32(pi)
+        r = np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+        out[i] = BF16_NAN if np.isnan(pi) else r
+
+
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+def shard(p, m, v, g, out, rows, hp, use_scale, small):
+    """`rows`: (lo, hi, decay, kind) element ranges, kind 0 to step and cast, 1 to cast only;
+    `hp`: float32 (grad scale, weight decay multiplier, w = 1 - beta1, beta2, 1 - beta2,
+    sqrt(bc2), eps, -step size); `small`: |w| < 0.5 (which form of torch's lerp)."""
+    for r in range(rows.shape[0]):
+        if rows[r, 3] == 0:
+            run(p, m, v, g, out, rows[r, 0], rows[r, 1], hp[0], use_scale, hp[1], rows[r, 2] != 0,
+                hp[2], small, hp[3], hp[4], hp[5], hp[6], hp[7])
+        else:
+            cast(p, out, rows[r, 0], rows[r, 1])

@@ -1,0 +1,144 @@
+"""Shared-memory attachment: one switch port = a pair of packet rings in /dev/shm (endpoints on
+the same host; the loopback default). `luwu.dataplane.net.shm_ring` has the ring layout, its
+memory ordering and the doorbells.
+
+The port's identity is the ring: only the process holding the endpoint side can put packets on
+it, so there is no source address to check or learn (the classifier's source guard still checks
+the worker id against the port). Packets keep UDP-attachment semantics: bare luwu datagrams,
+`endpoints` not consulted, a full ring loses packets the way a full socket buffer does (the
+protocol recovers). The event loop copies each turn's packets of all shm ports into one shared
+buffer and runs them through the pipeline as one batch, like recvmmsg on UDP ports.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import sys
+
+import numpy as np
+
+from ..net.shm_ring import ShmRing, process_start, row_bytes_for
+from ..protocol import aggregation_packet_len
+from .config import ConfigError, SwitchConfig
+
+SHM_DIR = "/dev/shm"
+RING_BYTES = 16 << 20  # per direction: room for every window a port's endpoint may have in flight
+
+
+def default_slots(row_bytes: int) -> int:
+    """Rows per direction: about RING_BYTES, 256..1024 (a stream's window is at most 256 packets of
+    4 MiB in all, so a ring holds the windows of the data, meta and node sessions together)."""
+    fit = 1 << max(0, (RING_BYTES // row_bytes).bit_length() - 1)
+    return min(1024, max(256, fit))
+_names = itertools.count()
+_RING_NAME = re.compile(r"luwu-sw-(\d+)-\d+-p\d+\.(up|down)(\.bell)?")
+_swept = False
+
+
+def shm_row_bytes(lanes: int) -> int:
+    """Ring row size for a switch of `lanes` lanes: the largest luwu packet, 64-byte aligned."""
+    return row_bytes_for(aggregation_packet_len(lanes) + 64)  # + slack, as the engine's receive rows have
+
+
+def sweep_stale() -> int:
+    """Remove the ring files of switch processes that died without removing them (SIGKILL, a
+    crash): only files named after a pid that no longer runs. Returns how many were removed."""
+    removed = 0
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return 0
+    for name in names:
+        m = _RING_NAME.fullmatch(name)
+        if m and int(m.group(1)) != os.getpid() and process_start(int(m.group(1))) is None:
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed += 1
+            except OSError:
+                pass  # another switch swept it first, or it is not ours to remove
+    return removed
+
+
+def ring_prefix(port: int) -> str:
+    return os.path.join(SHM_DIR, f"luwu-sw-{os.getpid()}-{next(_names)}-p{port}")
+
+
+class ShmAttachment:
+    kind = "shm"
+    framed = False
+
+    def __init__(self, port: int, config: SwitchConfig, prefix: str | None = None, slots: int | None = None):
+        if not os.path.isdir(SHM_DIR):
+            raise ConfigError(f"shm port {port}: {SHM_DIR} does not exist; attach the port over UDP instead")
+        global _swept
+        if not _swept:  # once per process: the leftovers of killed switches do not pile up in RAM
+            _swept = True
+            sweep_stale()
+        self.port = port
+        self.prefix = prefix or ring_prefix(port)
+        row = shm_row_bytes(config.lanes)
+        slots = slots or default_slots(row)
+        try:
+            self.rx = ShmRing(self.prefix + ".up", "consumer", slots, row, create=True)
+        except (FileExistsError, ValueError) as e:
+            raise ConfigError(f"shm port {port}: cannot create {self.prefix}.up: {e}") from None
+        try:
+            self.tx = ShmRing(self.prefix + ".down", "producer", slots, row, create=True)
+        except (FileExistsError, ValueError) as e:
+            self.rx.close()
+            raise ConfigError(f"shm port {port}: cannot create {self.prefix}.down: {e}") from None
+        self.row_bytes = row
+        self.address = self.prefix
+        self.peer = self.prefix  # always "connected": the ring is the endpoint
+        self.stats = {"tx_ring_full": 0, "tx_too_long": 0}
+        self._named_gone = False
+
+    @property
+    def fd(self) -> int:
+        return self.rx.fd
+
+    def arm(self) -> bool:
+        """Before the event loop sleeps in poll(): False when packets arrived meanwhile (ShmRing.arm)."""
+        return self.rx.arm()
+
+    def recv_into(self, rx, batch: int) -> int:
+        """Move up to `batch` packets into the next free rows of the event loop's shared buffer."""
+        start = rx.filled
+        k = self.rx.pop_into(rx.rows, rx.length, start, min(batch, rx.capacity - start))
+        if k:
+            rx.port[start:start + k] = self.port
+            rx.filled = start + k
+        return k
+
+    def send_rows(self, rows: np.ndarray, idx: np.ndarray, lengths: np.ndarray, off: int = 0,
+                  notify: bool = True) -> int:
+        """Publish rows `idx` of `rows` (the luwu datagram at `off`); returns how many went on the
+        ring. `notify=False`: the caller wakes the endpoint later with `notify()`."""
+        n, too_long, _ = self.tx.push_rows(rows, idx, lengths, off, notify)
+        full = len(idx) - too_long - n
+        if too_long:
+            self.stats["tx_too_long"] += too_long
+        if full:
+            self.stats["tx_ring_full"] += full
+            self._name_if_gone()
+        return n
+
+    def notify(self) -> None:
+        self.tx.notify()
+
+    def _name_if_gone(self) -> None:
+        """A full ring whose reader has exited: say so once (its packets are lost until it comes back)."""
+        if not self._named_gone and self.tx.peer_alive() is False:
+            self._named_gone = True
+            print(f"luwu switch: port {self.port}: its endpoint (pid {self.tx.peer_pid()}) has exited; "
+                  f"packets to it are dropped", file=sys.stderr)
+
+    def endpoint_alive(self) -> bool | None:
+        """Whether the endpoint process on this port lives (None: none attached yet)."""
+        return self.tx.peer_alive()
+
+    def close(self) -> None:
+        self.rx.close()
+        self.tx.close()

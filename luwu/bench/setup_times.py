@@ -1,0 +1,58 @@
+"""How long a job waits for its process groups: `init_process_group` and one `new_group` of every
+rank, for the luwu backend and for Gloo in the same run (`luwu bench allreduce` prints them).
+
+Each rank is a spawned process; the clock starts after its imports (torch, luwu), so the figures
+are what a training script waits for. A rank's time is its wall time; the job's is the slowest
+rank's (every rank waits for it). A one-element allreduce in the new group checks that it works.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+
+SETUP_TIMEOUT = 300.0  # s for a whole measurement (bounded; the machine is shared)
+
+
+def _rank(rank: int, workers: int, port: int, backend: str, out_q) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    import luwu  # noqa: F401 - registers the luwu backend
+
+    t0 = time.perf_counter()
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=workers)
+    t1 = time.perf_counter()
+    group = dist.new_group(list(range(workers)))
+    t2 = time.perf_counter()
+    x = torch.ones(1)
+    dist.all_reduce(x, group=group)
+    dist.destroy_process_group()
+    out_q.put((rank, t1 - t0, t2 - t1, float(x[0])))
+
+
+def measure(workers: int, backend: str) -> dict:
+    """{"init_s", "new_group_s"} (the slowest rank's) for `workers` ranks of `backend` on loopback."""
+    from luwu.dataplane.loopback import free_udp_port
+
+    ctx = mp.get_context("spawn")
+    out_q = ctx.Queue()
+    port = free_udp_port()  # the TCP store's port: free for UDP is a good enough guess on loopback
+    procs = [ctx.Process(target=_rank, args=(r, workers, port, backend, out_q), daemon=True) for r in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        got = [out_q.get(timeout=SETUP_TIMEOUT) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+    bad = [r for r, _, _, total in got if total != workers]
+    if bad:
+        raise RuntimeError(f"{backend}: the new group's allreduce gave a wrong sum on ranks {bad}")
+    return {"init_s": max(g[1] for g in got), "new_group_s": max(g[2] for g in got),
+            "init_s_per_rank": [g[1] for g in sorted(got)], "new_group_s_per_rank": [g[2] for g in sorted(got)]}

@@ -1,0 +1,179 @@
+"""`luwu simulate`: the command line of the simulator and capacity planner (docs/simulator.md).
+
+Builds a Config from a preset and the flags, runs every system (or `--plan`, or `--paper`), prints
+grep-able `key: value` lines (or one JSON object with `--json`) and writes simulate.json and the
+timeline PNG of one iteration to `--out`. Progress goes to stderr once a run passes 2 seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from luwu.dataplane.usage import UserError, positive_float, positive_int, size
+from luwu.simulate import systems
+from luwu.simulate.hardware import MODELS, PRESETS, Config, model_named
+
+PROGRESS_AFTER = 2.0  # seconds of silence before progress lines start
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--preset", choices=sorted(PRESETS), default="paper-testbed", help="hardware preset")
+    p.add_argument("--model", default=None, help=f"model shape: {', '.join(MODELS)} (default: the preset's)")
+    p.add_argument("--layers", type=positive_int, help="override the model's number of blocks")
+    p.add_argument("--hidden", type=positive_int, help="override the model's hidden size")
+    p.add_argument("--heads", type=positive_int, help="override the model's attention heads")
+    p.add_argument("--seq", type=positive_int, help="sequence length (default 1024)")
+    p.add_argument("--workers", type=positive_int, help="data-parallel workers (one GPU each)")
+    p.add_argument("--micro-batch", type=positive_int, help="sequences per worker per iteration "
+                                                             "(the largest that fits, up to this)")
+    p.add_argument("--no-checkpointing", action="store_true", help="keep all activations (no recompute)")
+    p.add_argument("--gpu-tflops", type=positive_float, help="GPU peak dense bf16 TFLOP/s")
+    p.add_argument("--gpu-memory", type=size, help="GPU memory (e.g. 80GiB)")
+    p.add_argument("--gemm-efficiency", type=positive_float, help="fraction of peak a large GEMM reaches")
+    p.add_argument("--link-gbps", type=positive_float, help="NIC bandwidth per worker, each direction (Gbit/s)")
+    p.add_argument("--payload", type=positive_int, help="luwu payload bytes per packet")
+    p.add_argument("--grad-bytes", type=int, choices=[2, 4], help="bytes per gradient element on luwu's wire "
+                   "(4: luwu's 32-bit fixed point; 2: the paper's 16-bit; default: the preset's)")
+    p.add_argument("--topology", choices=["star", "multi-rack", "rail-only"], help="network topology")
+    p.add_argument("--rack-size", type=positive_int, help="workers per ToR (multi-rack) or GPUs per NVLink "
+                                                           "domain (rail-only)")
+    p.add_argument("--optimizer-nodes", type=positive_int, help="optimizer nodes (layers are sharded over them)")
+    p.add_argument("--node-ram", type=size, help="RAM per optimizer node (e.g. 512GB)")
+    p.add_argument("--ssds", type=positive_int, help="SSDs per optimizer node")
+    p.add_argument("--systems", default=",".join(systems.SYSTEMS),
+                   help=f"comma-separated systems to compare with luwu ({', '.join(systems.SYSTEMS)})")
+    p.add_argument("--plan", action="store_true", help="size the optimizer nodes, RAM, SSDs and network")
+    p.add_argument("--paper", action="store_true", help="compare with the paper's published figures (testbed)")
+    p.add_argument("--calibrate", action="store_true", help="measure the node's software speeds here first "
+                                                            "(runs `luwu bench optimizer` briefly)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of key: value lines")
+    p.add_argument("--out", type=Path, default=Path("luwu-simulate"),
+                   help="directory for simulate.json and simulate.png (default: ./luwu-simulate)")
+    p.add_argument("--no-files", action="store_true", help="write no files")
+
+
+def build_config(args) -> Config:
+    """The preset with the flags applied; UserError for a combination that cannot be simulated."""
+    cfg = PRESETS[args.preset]
+    model = cfg.model
+    if args.model:
+        try:
+            model = model_named(args.model)
+        except KeyError:
+            raise UserError(f"unknown model {args.model!r}: choose one of {', '.join(MODELS)} "
+                            "(or start from one and override --layers/--hidden/--heads)") from None
+    over = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq") if getattr(args, k)}
+    if over:
+        model = replace(model, name=model.name + "-custom", **over)
+    if model.hidden % model.heads:
+        raise UserError(f"--hidden {model.hidden} is not a multiple of --heads {model.heads}")
+    gpu, net, node = cfg.gpu, cfg.net, cfg.node
+    if args.gpu_tflops:
+        gpu = replace(gpu, peak_flops=args.gpu_tflops * 1e12)
+    if args.gpu_memory:
+        gpu = replace(gpu, memory=float(args.gpu_memory))
+    if args.gemm_efficiency:
+        if args.gemm_efficiency > 1:
+            raise UserError(f"--gemm-efficiency {args.gemm_efficiency} must be at most 1")
+        gpu = replace(gpu, gemm_efficiency=args.gemm_efficiency)
+    if args.link_gbps:
+        net = replace(net, link=args.link_gbps * 1e9 / 8)
+    if args.payload:
+        from luwu.dataplane import protocol
+
+        if args.payload > protocol.MAX_UDP_PAYLOAD - protocol.HEADER_LEN:
+            raise UserError(f"--payload {args.payload} exceeds a UDP datagram "
+                            f"({protocol.MAX_UDP_PAYLOAD - protocol.HEADER_LEN} bytes of payload at most)")
+        net = replace(net, payload=args.payload)
+    if args.topology:
+        net = replace(net, topology=args.topology)
+    if args.rack_size:
+        net = replace(net, rack_size=args.rack_size)
+    if args.optimizer_nodes:
+        node = replace(node, nodes=args.optimizer_nodes)
+    if args.node_ram:
+        node = replace(node, ram=float(args.node_ram))
+    if args.ssds:
+        node = replace(node, ssds=args.ssds)
+    kw = {"model": model, "gpu": gpu, "net": net, "node": node}
+    if args.workers:
+        kw["workers"] = args.workers
+    if args.micro_batch:
+        kw["micro_batch"] = args.micro_batch
+    if args.no_checkpointing:
+        kw["checkpointing"] = False
+    if args.grad_bytes:
+        kw["grad_wire_bytes"] = args.grad_bytes
+    return cfg.with_(**kw)
+
+
+def _systems(text: str) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    bad = [s for s in names if s not in systems.SYSTEMS]
+    if bad or not names:
+        raise UserError(f"--systems: unknown {', '.join(bad) or '(empty)'}: choose from {', '.join(systems.SYSTEMS)}")
+    return names
+
+
+class Progress:
+    """Progress lines on stderr, once the run has taken PROGRESS_AFTER seconds."""
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        elapsed = time.monotonic() - self.t0
+        if elapsed >= PROGRESS_AFTER:
+            print(f"luwu simulate: [{elapsed:5.1f} s] {text}", file=sys.stderr, flush=True)
+
+
+def run(args) -> int:
+    from luwu.simulate import report
+    from luwu.simulate.core import simulate
+
+    cfg = build_config(args)
+    which = _systems(args.systems)
+    progress = Progress()
+    doc: dict = {}
+    if args.calibrate:
+        from luwu.simulate import calibrate
+
+        progress.t0 -= PROGRESS_AFTER  # calibration always takes a while: say so from the start
+        measured = calibrate.measure(progress)
+        cfg = calibrate.apply(cfg, measured)
+        doc["calibration"] = {"node_params_per_s_one_core": measured["node_params_per_s"],
+                              "fraction_of_disk_bandwidth": measured["fraction_of_disk_bandwidth"]}
+    out = simulate(cfg, which, progress=progress)
+    doc.update(report.to_json(cfg, out, args.preset))
+    if args.plan:
+        from luwu.simulate.plan import plan
+
+        progress("planning optimizer nodes")
+        doc["plan"] = plan(cfg)
+    if args.paper:
+        progress("simulating the paper's figures")
+        doc["paper_comparison"] = report.paper_comparison(cfg)
+    if not args.no_files:
+        args.out.mkdir(parents=True, exist_ok=True)
+        png = args.out / "simulate.png"
+        progress("plotting the timeline")
+        report.plot(out, png, f"{cfg.model.name}, {cfg.workers} workers, {args.preset}")
+        doc["timeline_png"] = str(png)
+        (args.out / "simulate.json").write_text(json.dumps(doc, indent=1, default=float))
+    if args.json:
+        print(json.dumps(doc, default=float))
+        return 0
+    for line in report.lines(doc):
+        print(line)
+    if "plan" in doc:
+        for k, v in doc["plan"].items():
+            print(f"plan_{k}: {v:.4g}" if isinstance(v, float) else f"plan_{k}: {v}")
+    for r in doc.get("paper_comparison", []):
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else ("match" if r["paper"] == r["simulated"] else "differs")
+        sim = f"{r['simulated']:.4g}" if isinstance(r["simulated"], float) else r["simulated"]
+        print(f"paper: {r['figure']}: paper {r['paper']}, simulated {sim}, ratio {ratio}")
+    return 0

@@ -1,0 +1,157 @@
+"""The simulator's inputs as plain dataclasses, and the presets: the LuWu/DisDP paper's testbed and
+the OPT-family model shapes up to 1T parameters.
+
+Every number here is a hardware figure with its source in docs/simulator.md ("Inputs"), or a
+software speed that `luwu simulate --calibrate` replaces with a measurement on this machine.
+Nothing here was adjusted to make a simulated result match a published one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer (OPT architecture): `layers` blocks of width `hidden`."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int = 50272
+    seq: int = 1024
+
+    @property
+    def block_params(self) -> int:
+        """Parameters of one block: QKV + output projection (4h^2 + 4h), MLP (8h^2 + 5h), two norms (4h)."""
+        h = self.hidden
+        return 12 * h * h + 13 * h
+
+    @property
+    def embed_params(self) -> int:
+        """Token and learned position embeddings; the output head is tied to the token embedding."""
+        return self.vocab * self.hidden + (self.seq + 2) * self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.block_params + self.embed_params
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    peak_flops: float  # dense bf16 tensor-core FLOP/s
+    memory: float  # bytes
+    hbm: float  # bytes/s
+    gemm_efficiency: float  # fraction of peak a large bf16 GEMM reaches
+    hbm_efficiency: float  # fraction of HBM bandwidth an element-wise kernel reaches
+    reserved: float  # bytes the CUDA context, allocator and workspaces keep
+
+
+@dataclass(frozen=True)
+class Network:
+    link: float  # bytes/s per worker NIC, each direction
+    latency: float  # seconds, one way through one switch
+    payload: int  # bytes of luwu payload per packet (the packet size a deployment uses)
+    frame_overhead: int = 14 + 20 + 8 + 24  # Ethernet/IPv4/UDP headers + preamble, FCS, inter-frame gap
+    ack_frame: int = 84  # a minimum Ethernet frame on the wire (64 B + 20 B preamble and gap)
+    switch_slots: int = 16384  # aggregation slots (SwitchML's register size)
+    nccl_contention: tuple = ((2, 1.02), (4, 1.35), (8, 1.44))  # luwu/NCCL collective bandwidth next to a GEMM
+    nccl_alpha: float = 20e-6  # seconds per ring step (RoCE)
+    topology: str = "star"  # star | multi-rack | rail-only
+    rack_size: int = 32  # workers per ToR (multi-rack) or GPUs per NVLink domain (rail-only)
+    nvlink: float = 300 * GB  # bytes/s inside an NVLink domain, each direction (rail-only)
+
+
+@dataclass(frozen=True)
+class OptimizerNode:
+    cores: int
+    memory_bw: float  # bytes/s, both sockets (STREAM-achievable)
+    ram: float  # bytes
+    ssds: int
+    ssd_read: float  # bytes/s per SSD
+    ssd_write: float  # bytes/s per SSD
+    ssd_capacity: float  # bytes per SSD
+    disk_efficiency: float  # fraction of the SSDs' bandwidth the node's state store reaches (calibrated)
+    adam_params_per_core: float  # AdamW params/s of one core (calibrated)
+    adam_bytes_per_param: float = 60.0  # memory traffic of one AdamW step per parameter (paper: 349 GB/s / 5.8 G/s)
+    adam_flops_per_param: float = 17.0  # paper
+    nodes: int = 1
+
+
+@dataclass(frozen=True)
+class Host:
+    """A worker's host CPU, RAM and NVMe (what ZeRO-Offload/Infinity offload to)."""
+
+    cores: int
+    memory_bw: float
+    ram: float
+    nvme: float  # bytes/s, read and write together (one drive)
+    nvme_capacity: float
+    pcie: float  # bytes/s host <-> GPU, each direction
+    cpu_adam_params_per_core: float  # DeepSpeed CPU-Adam, params/s per core
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelShape
+    gpu: Gpu
+    net: Network
+    node: OptimizerNode
+    host: Host
+    workers: int = 8
+    micro_batch: int | None = None  # sequences per worker per iteration; None = the preset's
+    checkpointing: bool = True
+    dtype_bytes: int = 2  # bf16 training
+    grad_wire_bytes: int | None = None  # bytes per gradient element a worker pushes; None = luwu's wire format
+    iterations: int = 3  # simulated back to back; the last is reported (steady state)
+    extras: dict = field(default_factory=dict)
+
+    def with_(self, **kw) -> Config:
+        return replace(self, **kw)
+
+
+def _opt(name: str, layers: int, hidden: int, heads: int) -> ModelShape:
+    return ModelShape(name, layers, hidden, heads)
+
+
+# OPT family (Zhang et al. 2022, table 1), the paper's custom 175B, and 530B/1T shapes
+# (Megatron-Turing NLG 530B: 105 x 20480; 1T: Narayanan et al. 2021, 128 x 25600).
+MODELS: dict[str, ModelShape] = {m.name: m for m in [
+    _opt("opt-1.3b", 24, 2048, 32), _opt("opt-2.7b", 32, 2560, 32), _opt("opt-6.7b", 32, 4096, 32),
+    _opt("opt-13b", 40, 5120, 40), _opt("opt-30b", 48, 7168, 56), _opt("opt-66b", 64, 9216, 72),
+    _opt("175b", 96, 12288, 96), _opt("530b", 105, 20480, 128), _opt("1t", 128, 25600, 160),
+]}
+ALIASES = {"opt-175b": "175b", "custom-175b": "175b", "1.3b": "opt-1.3b", "13b": "opt-13b", "66b": "opt-66b"}
+
+A100_40GB = Gpu("A100-40GB", peak_flops=312e12, memory=40 * 2**30, hbm=1.555e12, gemm_efficiency=0.75,
+                hbm_efficiency=0.8, reserved=2 * 2**30)
+
+# The paper's testbed: 8 workers (A100-40GB, 100 Gbps), one Tofino, one node with 2x Xeon Gold 5320
+# (2 x 26 cores, 2 x 8 channels DDR4-2933) and 12 SSDs.
+PAPER_TESTBED = Config(
+    model=MODELS["175b"],
+    gpu=A100_40GB,
+    net=Network(link=100e9 / 8, latency=2e-6, payload=1024),
+    node=OptimizerNode(cores=52, memory_bw=0.8 * 2 * 8 * 23.47 * GB, ram=512 * GB, ssds=12, ssd_read=6.8 * GB,
+                       ssd_write=6.8 * GB, ssd_capacity=7.68e12, disk_efficiency=0.8, adam_params_per_core=0.25e9),
+    host=Host(cores=52, memory_bw=0.8 * 2 * 8 * 23.47 * GB, ram=256 * GB, nvme=6.8 * GB, nvme_capacity=7.68e12,
+              pcie=25 * GB, cpu_adam_params_per_core=0.1e9),
+    workers=8,
+    micro_batch=8,
+    grad_wire_bytes=2,  # the paper's LuWu pushes S bytes per layer of S bf16 bytes (docs/simulator.md)
+)
+
+PRESETS: dict[str, Config] = {"paper-testbed": PAPER_TESTBED}
+
+
+def model_named(name: str) -> ModelShape:
+    """A preset model shape by name (case-insensitive; `opt-175b` and `custom-175b` are `175b`)."""
+    key = name.lower()
+    key = ALIASES.get(key, key)
+    if key not in MODELS:
+        raise KeyError(name)
+    return MODELS[key]

@@ -1,0 +1,360 @@
+"""One training iteration of each system, layer by layer, on the event timeline (events.py).
+
+Each `schedule_*` issues work in the order the system's runtime does: luwu (model in network:
+pull, forward, pull again, recompute + backward, push; the optimizer node's step-centric
+pipeline per shard), ZeRO-3/FSDP, ZeRO-Offload, ZeRO-Infinity (CPU and NVMe), DDP with NCCL
+ring allreduce and DDP with ATP/SwitchML-style in-network allreduce. `memory_*` gives each
+system's bytes per worker GPU (and per host where it offloads). docs/simulator.md derives
+every duration.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from luwu.dataplane import protocol
+from luwu.simulate.events import Timeline
+from luwu.simulate.hardware import Config
+from luwu.simulate.workload import LayerCost, activation_bytes
+
+SYSTEMS = ("luwu", "zero_3", "zero_offload", "zero_infinity_cpu", "zero_infinity", "ddp_ring", "ddp_atp")
+LABELS = {"luwu": "luwu", "zero_3": "ZeRO-3/FSDP", "zero_offload": "ZeRO-Offload",
+          "zero_infinity_cpu": "ZeRO-Infinity (CPU)", "zero_infinity": "ZeRO-Infinity (NVMe)",
+          "ddp_ring": "DDP + ring allreduce (NCCL)", "ddp_atp": "DDP + ATP in-network allreduce"}
+
+PARAM_BYTES = protocol.DTYPE_ITEMSIZE[protocol.Dtype.BF16]  # PARAM packets: the served bf16 copy
+GRAD_BYTES = protocol.DTYPE_ITEMSIZE[protocol.Dtype.FIXED32]  # luwu's GRAD/AGG lanes: 32-bit fixed point
+NODE_STATE_BYTES = 12 + PARAM_BYTES  # fp32 master, m, v + the served copy (docs/optimizer.md)
+ATP_PAYLOAD, ATP_PACKET = 62 * 4, 306  # ATP: 62 int32 per packet, 306 B on the wire before the frame gap
+NODE_CHUNKS = 8  # shards per layer in the node's pipeline (enough to show the pipelining)
+
+
+# ----------------------------------------------------------------------------- rates
+
+def luwu_wire_efficiency(cfg: Config) -> float:
+    """Payload bytes per byte on the wire for luwu packets of `cfg.net.payload` bytes."""
+    p = cfg.net.payload
+    return p / (p + protocol.HEADER_LEN + cfg.net.frame_overhead)
+
+
+def nccl_bandwidth(cfg: Config) -> float:
+    """Bytes/s a NCCL ring moves per worker and direction while GEMMs run beside it: the wire rate
+    over RoCE (4 KiB MTU) divided by the paper's measured luwu/NCCL ratio next to a GEMM."""
+    pts = cfg.net.nccl_contention
+    n = cfg.workers
+    if n <= pts[0][0]:
+        ratio = pts[0][1]
+    elif n >= pts[-1][0]:
+        ratio = pts[-1][1]
+    else:  # linear in log2(N) between the measured points
+        for (n0, r0), (n1, r1) in itertools.pairwise(pts):
+            if n0 <= n <= n1:
+                ratio = r0 + (r1 - r0) * (math.log2(n) - math.log2(n0)) / (math.log2(n1) - math.log2(n0))
+                break
+    return cfg.net.link * 4096 / (4096 + 58 + 24) / ratio
+
+
+def grad_bytes(cfg: Config) -> int:
+    """Bytes per gradient element on luwu's wire: the configured figure, else luwu's lanes."""
+    return cfg.grad_wire_bytes or GRAD_BYTES
+
+
+def node_adam_rate(cfg: Config) -> float:
+    """Parameters/s of AdamW on the optimizer node: cores x per-core speed, capped by memory bandwidth."""
+    nd = cfg.node
+    return min(nd.cores * nd.adam_params_per_core, nd.memory_bw / nd.adam_bytes_per_param)
+
+
+def host_adam_rate(cfg: Config) -> float:
+    h = cfg.host
+    return min(h.cores * h.cpu_adam_params_per_core, h.memory_bw / cfg.node.adam_bytes_per_param)
+
+
+def rail_width(cfg: Config) -> int:
+    """GPUs that share the network through NVLink (rail-only), else 1."""
+    return max(1, min(cfg.net.rack_size, cfg.workers)) if cfg.net.topology == "rail-only" else 1
+
+
+def hops(cfg: Config) -> int:
+    return 2 if cfg.net.topology == "multi-rack" and cfg.workers > cfg.net.rack_size else 1
+
+
+# ----------------------------------------------------------------------------- memory
+
+@dataclass
+class Memory:
+    gpu: float  # bytes per worker GPU
+    host: float = 0.0  # bytes of the worker's host RAM the system needs
+    nvme: float = 0.0  # bytes of the worker's NVMe
+    node_ram: float = 0.0
+    node_disk: float = 0.0
+    prefetch: bool = True
+
+    def fits(self, cfg: Config) -> tuple[bool, str]:
+        if self.gpu > cfg.gpu.memory:
+            return False, f"GPU memory {self.gpu / 2**30:.1f} GiB > {cfg.gpu.memory / 2**30:.0f} GiB"
+        if self.host > cfg.host.ram:
+            return False, f"host RAM {self.host / 1e9:.0f} GB > {cfg.host.ram / 1e9:.0f} GB"
+        if self.nvme > cfg.host.nvme_capacity:
+            return False, f"host NVMe {self.nvme / 1e12:.1f} TB > {cfg.host.nvme_capacity / 1e12:.1f} TB"
+        if self.node_disk > cfg.node.ssds * cfg.node.ssd_capacity * cfg.node.nodes:
+            return False, "optimizer node SSDs too small"
+        return True, ""
+
+
+def memory(system: str, cfg: Config, b: int, prefetch: bool = True) -> Memory:
+    m, B = cfg.model, cfg.dtype_bytes
+    P, layer, n = m.params, m.block_params, cfg.workers
+    kept, working = activation_bytes(cfg, b)
+    act = kept + working + cfg.gpu.reserved
+    if system == "luwu":
+        unit = max(layer, m.embed_params)  # the tied embedding is pulled like a block, not kept
+        bufs = (2 if prefetch else 1) * unit * PARAM_BYTES + unit * B  # params (+ the prefetched next), grads
+        state = NODE_STATE_BYTES * P
+        return Memory(gpu=bufs + act, node_ram=min(state, cfg.node.ram),
+                      node_disk=max(0.0, state - cfg.node.ram * cfg.node.nodes), prefetch=prefetch)
+    gathered = 2 * layer * B + layer * B  # a gathered layer, the prefetched next, its gradient
+    if system == "zero_3":
+        return Memory(gpu=16 * P / n + gathered + act)
+    if system == "zero_offload":
+        return Memory(gpu=B * P + 2 * layer * B + act, host=16 * P / n)
+    if system == "zero_infinity_cpu":
+        return Memory(gpu=gathered + act, host=(B + 12 + 4) * P / n)
+    if system == "zero_infinity":
+        return Memory(gpu=gathered + act, host=4 * P / n + 8 * layer * 4, nvme=(B + 12 + B) * P / n)
+    if system in ("ddp_ring", "ddp_atp"):
+        return Memory(gpu=16 * P + 2 * 25e6 + act)
+    raise ValueError(system)
+
+
+# ----------------------------------------------------------------------------- luwu
+
+def schedule_luwu(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations: int, mem: Memory) -> list[float]:
+    """Model in network. Returns the GPU start time of every iteration."""
+    nd, K = cfg.node, rail_width(cfg)
+    net = cfg.net.link * luwu_wire_efficiency(cfg)
+    lat = 2 * hops(cfg) * cfg.net.latency  # a pull's request and first packet
+    state = NODE_STATE_BYTES * cfg.model.params
+    on_disk = state > nd.ram * nd.nodes
+    served_in_ram = PARAM_BYTES * cfg.model.params <= 0.5 * nd.ram * nd.nodes
+    disk_r = nd.ssds * nd.ssd_read * nd.disk_efficiency * nd.nodes
+    disk_w = nd.ssds * nd.ssd_write * nd.disk_efficiency * nd.nodes
+    adam = node_adam_rate(cfg) * nd.nodes
+    node_link = cfg.net.link * luwu_wire_efficiency(cfg) * nd.nodes
+    depth = 2 if mem.prefetch else 1
+    ready = [0.0] * len(costs)  # when each unit's new version can be served
+    starts = []
+    gpu_free = 0.0
+
+    last_start = {"pull": 0.0, "push": 0.0}  # when the latest transfer of each kind began
+
+    def transfer(kind: str, u: int, nbytes: float, after: float) -> float:
+        # a worker NIC carries 1/K of the layer when K GPUs share it over NVLink (rail-only)
+        res = {"nic_rx" if kind == "pull" else "nic_tx": nbytes / K / net,
+               "node_tx" if kind == "pull" else "node_rx": nbytes / node_link}
+        read_end = 0.0
+        nvlink = {"nvlink": nbytes * (K - 1) / K / cfg.net.nvlink}
+        if kind == "push" and K > 1:  # reduce-scatter inside the server first, then 1/K per rail
+            after = tl.run(nvlink, after, f"nvlink {u}")
+        if kind == "pull" and on_disk and not served_in_ram:  # read the served copy, stream it out
+            read_end = tl.run({"node_disk_r": nbytes / disk_r}, after, f"read served {u}")
+            after = tl.tasks[-1].start
+        end = max(tl.run(res, after, f"{kind} {u}"), read_end) + lat
+        last_start[kind] = tl.tasks[-1].start
+        if kind == "pull" and K > 1:  # each GPU pulled 1/K on its rail: allgather inside the server
+            end = tl.run(nvlink, end, f"nvlink {u}")
+        return end
+
+    for it in range(iterations):
+        tl.iteration = it
+        L = len(costs) - 1
+        # (unit, GPU seconds, push its gradient after): the embedding lookup, the blocks, the tied
+        # head (forward and backward at once), then the blocks in reverse
+        steps = ([(0, 0.0, False)] + [(u, costs[u].fwd, False) for u in range(1, L + 1)]
+                 + [(0, costs[0].fwd + costs[0].bwd, True)] + [(u, costs[u].bwd, True) for u in range(L, 0, -1)])
+        buffers: list[tuple[int, float]] = []  # (unit held, when its last use ends), oldest first
+        reads: dict[int, list[float]] = {}  # step -> when each shard of its state is in the node's RAM
+        for n_step, (u, secs, push) in enumerate(steps):
+            held = [k for k, (v, _) in enumerate(buffers) if v == u]
+            if held:  # still in a buffer (the last block between forward and backward)
+                got = buffers.pop(held[0])[1]
+                last_start["pull"] = got
+            else:
+                free_at = buffers.pop(0)[1] if len(buffers) >= depth else 0.0
+                got = transfer("pull", u, PARAM_BYTES * costs[u].params, max(ready[u], free_at))
+            if n_step == 0:
+                starts.append(max(gpu_free, got))
+            if push and n_step not in reads:
+                reads[n_step] = _read_state(tl, u, costs[u].params, got, on_disk, disk_r)
+            if n_step + 1 < len(steps) and steps[n_step + 1][2]:
+                # the node reads the next gradient's layer state while this step computes: after
+                # this pull in the disk's queue, so the served copies go first
+                nu = steps[n_step + 1][0]
+                reads[n_step + 1] = _read_state(tl, nu, costs[nu].params, last_start["pull"], on_disk, disk_r)
+            state_in = reads.pop(n_step, None)
+            gpu_free = tl.run({"gpu": secs}, got, ("bwd " if push else "fwd ") + str(u))
+            buffers.append((u, gpu_free))
+            if push:  # the embedding's own lookup gradient (b*s rows) is left out: see docs
+                ready[u] = _node_step(tl, cfg, u, costs[u].params,
+                                      transfer("push", u, grad_bytes(cfg) * costs[u].params, gpu_free),
+                                      on_disk, served_in_ram, disk_w, adam, state_in)
+    return starts
+
+
+def _read_state(tl, u, params, after, on_disk, disk_r) -> list[float]:
+    """Read a layer's optimizer state (12 B per parameter) shard by shard; when each shard is in RAM."""
+    share = params / NODE_CHUNKS
+    if not on_disk:
+        return [after] * NODE_CHUNKS
+    return [tl.run({"node_disk_r": share * 12 / disk_r}, after, f"read {u}") for _ in range(NODE_CHUNKS)]
+
+
+def _node_step(tl, cfg, u, params, grad_at, on_disk, served_in_ram, disk_w, adam, state_in) -> float:
+    """The node's step-centric pipeline for one layer, shard by shard: AdamW once the shard's state
+    is in RAM and the summed gradient has arrived, then write the state back. Returns when the new
+    version can be served (after the AdamW when the served copy lives in RAM, else once written)."""
+    share = params / NODE_CHUNKS
+    served = 0.0
+    for r in state_in:
+        a = tl.run({"node_cpu": share / adam}, max(r, grad_at), f"adam {u}")
+        w = tl.run({"node_disk_w": share * (12 + (0 if served_in_ram else PARAM_BYTES)) / disk_w}, a,
+                   f"write {u}") if on_disk else a
+        served = max(served, a if served_in_ram or not on_disk else w)
+    return served
+
+
+# ----------------------------------------------------------------------------- the alternatives
+
+def schedule_sharded(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations: int, system: str) -> list[float]:
+    """ZeRO-3/FSDP and ZeRO-Infinity (CPU or NVMe): per layer, fetch the worker's partition (from
+    GPU, host RAM or NVMe), allgather it, compute; in backward also reduce-scatter the gradient
+    (and copy its partition to the host when offloading); the optimizer step runs after the
+    backward pass (DeepSpeed's order)."""
+    n, B = cfg.workers, cfg.dtype_bytes
+    bw = nccl_bandwidth(cfg)
+    alpha = 2 * (n - 1) * cfg.net.nccl_alpha * hops(cfg)
+    h = cfg.host
+    offload = system != "zero_3"
+    nvme = system == "zero_infinity"
+    starts, gpu_free = [], 0.0
+
+    def fetch(u: int, after: float) -> float:
+        part = B * costs[u].params / n
+        t = after
+        if nvme:
+            t = tl.run({"host_nvme": part / h.nvme}, t, f"nvme read {u}")
+        if offload:
+            t = tl.run({"pcie_h2d": part / h.pcie}, t, f"h2d {u}")
+        gathered = B * costs[u].params * (n - 1) / n
+        return tl.run({"nic_rx": gathered / bw, "nic_tx": gathered / bw}, t, f"allgather {u}") + alpha
+
+    for it in range(iterations):
+        tl.iteration = it
+        order = list(range(len(costs)))
+        done: dict[int, float] = {}
+        starts.append(gpu_free)
+        for j, u in enumerate(order):
+            got = fetch(u, done[order[j - 2]] if j >= 2 else gpu_free)
+            gpu_free = tl.run({"gpu": costs[u].fwd}, got, f"fwd {u}")
+            done[u] = gpu_free
+        back = order[::-1]
+        bdone: dict[int, float] = {}
+        last_grad = gpu_free
+        for j, u in enumerate(back):
+            got = done[u] if j == 0 else fetch(u, bdone[back[j - 2]] if j >= 2 else gpu_free)
+            gpu_free = tl.run({"gpu": costs[u].bwd}, got, f"bwd {u}")
+            bdone[u] = gpu_free
+            rs = B * costs[u].params * (n - 1) / n
+            t = tl.run({"nic_rx": rs / bw, "nic_tx": rs / bw}, gpu_free, f"reduce-scatter {u}") + alpha
+            if offload:
+                t = tl.run({"pcie_d2h": B * costs[u].params / n / h.pcie}, t, f"d2h {u}")
+            last_grad = max(last_grad, t)
+        part = cfg.model.params / n
+        if not offload:  # AdamW on the GPU shard: memory bound, 36 B per parameter through HBM
+            gpu_free = tl.run({"gpu": part * 36 / (cfg.gpu.hbm * cfg.gpu.hbm_efficiency)}, last_grad, "adam (GPU)")
+        else:
+            gpu_free = _host_step(tl, cfg, part, last_grad, nvme)
+    return starts
+
+
+def _host_step(tl, cfg, part, after, nvme) -> float:
+    """CPU-Adam on the worker's partition, in sub-groups; from NVMe it reads 12 B and writes
+    12 B + the 2 B parameter per element through the one drive (reads and writes share it)."""
+    h, k = cfg.host, NODE_CHUNKS
+    rate = host_adam_rate(cfg)
+    end = after
+    for c in range(k):
+        share = part / k
+        r = tl.run({"host_nvme": share * 12 / h.nvme}, after, "nvme read state") if nvme else after
+        a = tl.run({"host_cpu": share / rate}, r, "cpu adam")
+        end = tl.run({"host_nvme": share * (12 + cfg.dtype_bytes) / h.nvme}, a, "nvme write state") if nvme else a
+    return end
+
+
+def schedule_offload(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations: int) -> list[float]:
+    """ZeRO-Offload (ZeRO-2 + CPU optimizer): parameters stay on every GPU; gradients are
+    reduce-scattered during backward and their partition copied to the host; CPU-Adam; the new
+    partition goes back over PCIe and is allgathered."""
+    n, B, h = cfg.workers, cfg.dtype_bytes, cfg.host
+    bw = nccl_bandwidth(cfg)
+    alpha = 2 * (n - 1) * cfg.net.nccl_alpha * hops(cfg)
+    starts, gpu_free = [], 0.0
+    for it in range(iterations):
+        tl.iteration = it
+        starts.append(gpu_free)
+        for u in range(len(costs)):
+            gpu_free = tl.run({"gpu": costs[u].fwd}, gpu_free, f"fwd {u}")
+        last = gpu_free
+        for u in reversed(range(len(costs))):
+            gpu_free = tl.run({"gpu": costs[u].bwd}, gpu_free, f"bwd {u}")
+            rs = B * costs[u].params * (n - 1) / n
+            t = tl.run({"nic_rx": rs / bw, "nic_tx": rs / bw}, gpu_free, f"reduce-scatter {u}") + alpha
+            last = max(last, tl.run({"pcie_d2h": B * costs[u].params / n / h.pcie}, t, f"d2h {u}"))
+        part = cfg.model.params / n
+        t = _host_step(tl, cfg, part, last, nvme=False)
+        t = tl.run({"pcie_h2d": B * part / h.pcie}, t, "h2d params")
+        ag = B * cfg.model.params * (n - 1) / n
+        gpu_free = tl.run({"nic_rx": ag / bw, "nic_tx": ag / bw}, t, "allgather params") + alpha
+    return starts
+
+
+def schedule_ddp(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations: int, atp: bool) -> list[float]:
+    """DDP: every GPU holds the model and the optimizer; gradients are allreduced layer by layer
+    during backward, by a NCCL ring (2(N-1)/N of the bf16 gradient each way, slowed next to the
+    GEMMs) or by an ATP/SwitchML-style switch (the int32 gradient up and the sum down, at ATP's
+    packet efficiency); AdamW runs on the GPU after the backward pass."""
+    n, B = cfg.workers, cfg.dtype_bytes
+    starts, gpu_free = [], 0.0
+    for it in range(iterations):
+        tl.iteration = it
+        starts.append(gpu_free)
+        for u in range(len(costs)):
+            gpu_free = tl.run({"gpu": costs[u].fwd}, gpu_free, f"fwd {u}")
+        last = gpu_free
+        for u in reversed(range(len(costs))):
+            gpu_free = tl.run({"gpu": costs[u].bwd}, gpu_free, f"bwd {u}")
+            if atp:
+                eff = ATP_PAYLOAD / (ATP_PACKET + 24)
+                nbytes, rate, lat = 4 * costs[u].params, cfg.net.link * eff, 2 * hops(cfg) * cfg.net.latency
+            else:
+                nbytes, rate = 2 * B * costs[u].params * (n - 1) / n, nccl_bandwidth(cfg)
+                lat = 2 * (n - 1) * cfg.net.nccl_alpha * hops(cfg)
+            last = tl.run({"nic_rx": nbytes / rate, "nic_tx": nbytes / rate}, gpu_free, f"allreduce {u}") + lat
+        gpu_free = tl.run({"gpu": cfg.model.params * 36 / (cfg.gpu.hbm * cfg.gpu.hbm_efficiency)}, last,
+                          "adam (GPU)")
+    return starts
+
+
+def schedule(system: str, tl: Timeline, cfg: Config, costs: list[LayerCost], mem: Memory) -> list[float]:
+    it = cfg.iterations
+    if system == "luwu":
+        return schedule_luwu(tl, cfg, costs, it, mem)
+    if system in ("zero_3", "zero_infinity_cpu", "zero_infinity"):
+        return schedule_sharded(tl, cfg, costs, it, system)
+    if system == "zero_offload":
+        return schedule_offload(tl, cfg, costs, it)
+    if system in ("ddp_ring", "ddp_atp"):
+        return schedule_ddp(tl, cfg, costs, it, atp=system == "ddp_atp")
+    raise ValueError(system)

@@ -1,0 +1,175 @@
+"""The fixed-point fast paths, bit for bit against their references (dataplane/quantize.py).
+
+* Scaling by a power of two with float32 multiplies (`scale_pow2`) is exactly `np.ldexp`, for
+  every shift the protocol can produce, on any float32 (subnormals, inf, NaN included).
+* The numpy `quantize` is exactly the ldexp formulation it replaced (kept here as the oracle).
+* The numba kernels (dataplane/kernels/fixed_point.py) write the same packet bytes and saturated
+  flags as the numpy path (`LUWU_KERNELS=reference`), and decode the same float32 bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from luwu.dataplane import quantize as Q
+from luwu.dataplane.kernels import use_numba
+
+HEADER = 32  # a packet row: some header bytes, then the lanes (word-aligned, as in the engine)
+SPECIAL_BITS = [0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x00000001, 0x80000001, 0x007FFFFF,
+                0x7F7FFFFF, 0xFF7FFFFF, 0x00000000, 0x80000000, 0x3F000000, 0x3FC00000, 0xBFC00000]
+
+
+def _float32s(min_size: int = 0, max_size: int = 200):
+    """float32 arrays drawn as raw bits (every class of value), mixed with ties and specials."""
+    word = st.one_of(st.integers(0, 0xFFFFFFFF), st.sampled_from(SPECIAL_BITS))
+    return st.lists(word, min_size=min_size, max_size=max_size).map(
+        lambda ws: np.array(ws, dtype=np.uint32).view(np.float32))
+
+
+def _ldexp_quantize(x, exps, lanes, n):
+    """The formulation before the fast path: np.ldexp per element (the oracle)."""
+    c = Q.contributor_bits(n)
+    lim = float(2 ** (31 - c) - 1)
+    chunks = Q.num_chunks(x.size, lanes)
+    padded = np.zeros(chunks * lanes, dtype=np.float32)
+    padded[: x.size] = x
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = np.ldexp(padded.reshape(chunks, lanes), (31 - c - exps.astype(np.int32))[:, None])
+        np.rint(scaled, out=scaled)
+        bad = ~(np.abs(scaled) <= lim)
+    saturated = bad.any(axis=1)
+    if saturated.any():
+        scaled[np.isnan(scaled)] = 0
+        np.clip(scaled, -lim, lim, out=scaled)
+    with np.errstate(invalid="ignore"):  # n = 1 clips to 2^31 (lim rounds up in float32): wraps, as before
+        return scaled.astype(np.int32).reshape(-1), saturated
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_float32s(1, 64), st.integers(-159, 159))
+def test_scale_pow2_is_ldexp(x, k):
+    got = x.copy().reshape(1, -1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        Q.scale_pow2(got, np.array([k]))
+        want = np.ldexp(x, np.int32(k)).reshape(1, -1)
+    assert _same_bits(got, want), (k, x[~(got.view(np.uint32) == want.view(np.uint32))[0]])
+
+
+def _case():
+    """(x, agreed exponents, lanes, n): exponents are either the buffer's own (the normal case),
+    raised (another worker had larger values) or lowered (forces saturation)."""
+    return st.tuples(_float32s(1, 120), st.integers(1, 24), st.integers(1, 32), st.integers(-3, 3), st.data())
+
+
+def _exps(x, lanes, bump, data):
+    own = Q.chunk_exponents(x, lanes).astype(np.int64)
+    extra = data.draw(st.lists(st.integers(0, abs(bump)), min_size=own.size, max_size=own.size))
+    e = own + np.sign(bump) * np.array(extra, dtype=np.int64)
+    return np.clip(e, Q.EXP_MIN, Q.EXP_MAX).astype(np.int32)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_case())
+def test_quantize_is_the_ldexp_formulation(case):
+    x, lanes, n, bump, data = case
+    exps = _exps(x, lanes, bump, data)
+    with np.errstate(over="ignore", invalid="ignore"):
+        q, sat = Q.quantize(x, exps, lanes, n)
+    q0, sat0 = _ldexp_quantize(x, exps, lanes, n)
+    assert np.array_equal(q, q0) and np.array_equal(sat, sat0)
+
+
+def _rows_for(chunks: int, lanes: int) -> np.ndarray:
+    return np.full((chunks, HEADER + 4 * lanes + 8), 0xA5, dtype=np.uint8)  # garbage the fill must overwrite
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=_case())
+def test_quantize_into_rows_kernel_matches_reference(case, monkeypatch_module):
+    x, lanes, n, bump, data = case
+    exps = _exps(x, lanes, bump, data)
+    chunks = exps.size
+    out = {}
+    for mode in ("reference", "numba"):
+        monkeypatch_module.setenv("LUWU_KERNELS", mode)
+        rows = _rows_for(chunks, lanes)
+        with np.errstate(over="ignore", invalid="ignore"):
+            sat = Q.quantize_into_rows(x, exps, lanes, n, rows, HEADER)
+        out[mode] = (rows, sat)
+    (r0, s0), (r1, s1) = out["reference"], out["numba"]
+    assert np.array_equal(r0, r1) and np.array_equal(s0, s1)
+    q, sat = _ldexp_quantize(x, exps, lanes, n)  # and both are the packets of the oracle's values
+    assert np.array_equal(r1[:, HEADER:HEADER + 4 * lanes].view(">i4").reshape(-1), q)
+    assert np.array_equal(s1, sat)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lanes=st.integers(1, 24), k=st.integers(1, 12), data=st.data())
+def test_dequantize_rows_kernel_matches_reference(lanes, k, data, monkeypatch_module):
+    words = data.draw(st.lists(st.one_of(st.integers(0, 0xFFFFFFFF), st.sampled_from([0, 1, 0x7FFFFFFF, 0x80000000])),
+                               min_size=k * lanes, max_size=k * lanes))
+    rows = _rows_for(k, lanes)
+    rows[:, HEADER:HEADER + 4 * lanes].view(">u4")[...] = np.array(words, dtype=np.uint32).reshape(k, lanes)
+    sel = np.array(data.draw(st.permutations(range(k))), dtype=np.int64)
+    chunk = np.arange(k, dtype=np.int64)
+    shift = np.array(data.draw(st.lists(st.integers(-160, 101), min_size=k, max_size=k)), dtype=np.int64)
+    outs = {}
+    for mode in ("reference", "numba"):
+        monkeypatch_module.setenv("LUWU_KERNELS", mode)
+        out = np.full((k, lanes), np.float32(7), dtype=np.float32)
+        Q.dequantize_rows_into(rows, sel, HEADER, lanes, shift, chunk, out)
+        outs[mode] = out
+    assert _same_bits(outs["reference"], outs["numba"])
+    lanes_of = rows[sel, HEADER:HEADER + 4 * lanes].view(">i4").astype(np.float32)
+    with np.errstate(over="ignore"):
+        want = np.ldexp(lanes_of, shift[:, None].astype(np.int32))
+    assert _same_bits(outs["numba"], want)
+
+
+def test_kernel_mode_switch(monkeypatch):
+    """LUWU_KERNELS picks the path; a typo is a clear error, not a silent fallback."""
+    monkeypatch.setenv("LUWU_KERNELS", "reference")
+    assert not use_numba()
+    monkeypatch.setenv("LUWU_KERNELS", "numba")
+    assert use_numba()
+    monkeypatch.setenv("LUWU_KERNELS", "fast")
+    with pytest.raises(Exception, match="LUWU_KERNELS"):
+        use_numba()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    """hypothesis runs many examples per test function: one monkeypatch for them all."""
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.mark.parametrize("mode", ["tofino", "loopback"])
+def test_allreduce_through_the_switch_is_the_same_with_either_path(monkeypatch, mode):
+    """End to end, real engines and switch: the compiled and the reference datapath give the
+    same bits, including a chunk with inf (saturated: NaN, never a clipped number) and a ragged
+    last chunk."""
+    from luwu.dataplane.loopback import local_star
+
+    rng = np.random.default_rng(5)
+    with local_star(3, mode=mode) as (plan, _, engines):
+        numel = 3 * plan.lanes + 17
+        xs = [(rng.standard_normal(numel) * 10.0 ** rng.uniform(-30, 30)).astype(np.float32) for _ in engines]
+        xs[1][plan.lanes + 2] = np.inf
+        got = {}
+        for kernels in ("reference", "numba"):
+            monkeypatch.setenv("LUWU_KERNELS", kernels)
+            handles = [e.allreduce(x) for e, x in zip(engines, xs)]
+            got[kernels] = [h.wait(60) for h in handles]
+            assert all(h.saturated for h in handles)
+        for a, b in zip(got["reference"], got["numba"]):
+            assert _same_bits(a, b)
+        assert np.isnan(got["numba"][0][plan.lanes:2 * plan.lanes]).all()
+        assert np.isfinite(got["numba"][0][:plan.lanes]).all() and np.isfinite(got["numba"][0][2 * plan.lanes:]).all()

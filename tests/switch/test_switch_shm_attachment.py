@@ -1,0 +1,404 @@
+"""Shared-memory attachment end to end: the switch's event loop in a thread (or a child process)
+with ring pairs in /dev/shm, endpoints on `ShmEndpoint` (the engine's side of the rings):
+the ring itself (wrap-around, full ring, doorbell, oversize), exact sums, counters equal to the
+UDP attachment's for the same traffic, simulated loss, a dead switch or endpoint named, and no
+files left behind."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from luwu.dataplane.net.shm_ring import RingBusy, ShmEndpoint, ShmRing, supported
+from luwu.dataplane.protocol import NODE, DropReason, Event, Flag, MsgType, Packet
+from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
+from switch_setup import LANES, NODE_PORT, SLOTS, agg_packet, heartbeat, param, runtime
+
+pytestmark = pytest.mark.skipif(not supported(), reason="shared-memory rings need Linux on x86-64 with /dev/shm")
+
+DEADLINE = 20.0  # s, an upper bound for any exchange (never an assertion on speed)
+PORTS = (1, 2, 3, NODE_PORT)
+
+
+def wait_for(pred, what: str):
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def rows_of(datas: list[bytes], width: int) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.zeros((len(datas), width), dtype=np.uint8)
+    for i, d in enumerate(datas):
+        rows[i, :len(d)] = np.frombuffer(d, dtype=np.uint8)
+    return rows, np.array([len(d) for d in datas], dtype=np.int64)
+
+
+class ShmPeer:
+    """A test endpoint on a shared-memory port (the product's endpoint side, driven by hand)."""
+
+    def __init__(self, prefix: str):
+        self.ep = ShmEndpoint(prefix)
+
+    def send(self, *datas: bytes) -> None:
+        rows, lengths = rows_of(list(datas), self.ep.up.row_bytes)
+        assert self.ep.send_rows(rows, np.arange(len(datas)), lengths) == len(datas)
+
+    def recv_all(self) -> list[Packet]:
+        out = []
+        while k := self.ep.recv():
+            out += [Packet.unpack(self.ep.rx[i, :self.ep.rx_len[i]].tobytes()) for i in range(k)]
+        return out
+
+    def close(self):
+        self.ep.close()
+
+
+class UdpPeer:
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+        self.addr = self.sock.getsockname()
+        self.switch = None
+
+    def send(self, *datas: bytes) -> None:
+        for d in datas:
+            self.sock.sendto(d, self.switch)
+
+    def recv_all(self) -> list[Packet]:
+        out = []
+        while True:
+            try:
+                out.append(Packet.unpack(self.sock.recv(65536)))
+            except BlockingIOError:
+                return out
+
+    def close(self):
+        self.sock.close()
+
+
+def make_star(kind: str):
+    sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS, seed=3))
+    if kind == "shm":
+        peers = {p: ShmPeer(sw.attach_shm(p)) for p in PORTS}
+    else:
+        peers = {p: UdpPeer() for p in PORTS}
+        for p, peer in peers.items():  # each UDP port knows its peer, as each shm port knows its ring
+            peer.switch = sw.attach_udp(p, ("127.0.0.1", 0), peer=peer.addr)
+    sw.load_runtime(runtime())
+    sw.start()
+    return sw, peers
+
+
+@pytest.fixture
+def star():
+    sw, peers = make_star("shm")
+    yield sw, peers
+    sw.stop()
+    for p in peers.values():
+        p.close()
+
+
+# -- the ring ------------------------------------------------------------------------------------
+def test_ring_wraps_fills_and_rings_its_doorbell(tmp_path):
+    path = f"/dev/shm/luwu-test-{os.getpid()}-{time.monotonic_ns()}"
+    prod = ShmRing(path, "producer", slots=8, row_bytes=64, create=True)
+    cons = ShmRing(path, "consumer")
+    try:
+        rows = np.arange(20 * 64, dtype=np.uint32).astype(np.uint8).reshape(20, 64)
+        out = np.zeros((20, 64), dtype=np.uint8)
+        lens = np.zeros(20, dtype=np.int64)
+        poller = select.poll()
+        poller.register(cons.fd, select.POLLIN)
+        assert cons.pop_into(out, lens, 0, 8) == 0 and cons.arm() and poller.poll(0) == []  # empty: may sleep
+        got = 0
+        for first in range(0, 20, 5):  # batches of 5 through 8 slots: every batch after the first wraps
+            n, too_long, nbytes = prod.push_rows(rows, np.arange(first, first + 5), np.full(5, 60))
+            assert (n, too_long, nbytes) == (5, 0, 300)
+            assert poller.poll(0), "a batch published to an armed (sleeping) consumer must ring"
+            assert not cons.arm(), "arming a ring that holds packets says: do not sleep"
+            got += cons.pop_into(out, lens, got, 20)
+            assert cons.arm() and poller.poll(0) == [], "armed again on an empty ring: doorbell drained"
+        assert got == 20 and np.array_equal(out, rows) and (lens == 60).all()
+        prod.push_rows(rows, np.arange(3), np.full(3, 60))
+        assert cons.pop_into(out, lens, 0, 1) == 1  # a busy consumer (it found packets) ...
+        cons.drain()
+        prod.push_rows(rows, np.arange(3), np.full(3, 60))
+        assert poller.poll(0) == [], "... is not rung: no system call per batch while it keeps up"
+        assert cons.pop_into(out, lens, 0, 20) == 5 and cons.pop_into(out, lens, 0, 20) == 0
+        n, _, _ = prod.push_rows(rows, np.arange(20), np.full(20, 64))
+        assert n == 8, "a full ring takes no more than its slots"
+        n, too_long, _ = prod.push_rows(rows, np.arange(2), np.array([65, 10]))
+        assert (n, too_long) == (0, 1), "an oversize packet is refused; the other does not fit a full ring"
+        assert cons.pop_into(out, lens, 0, 20) == 8 and cons.pop_into(out, lens, 0, 20) == 0
+        assert cons.peer_alive() is True and prod.peer_alive() is True  # both sides are this process
+    finally:
+        cons.close()
+        prod.close()
+    assert not os.path.exists(path) and not os.path.exists(path + ".bell")
+
+
+PRODUCER = """
+import sys, time, numpy as np
+from luwu.dataplane.net.shm_ring import ShmRing
+ring = ShmRing(sys.argv[1], "producer")
+rows = np.zeros((1, 64), dtype=np.uint8)
+rng = np.random.default_rng(0)
+for i in range(int(sys.argv[2])):
+    rows[0, :8] = np.frombuffer(np.int64(i).tobytes(), np.uint8)
+    while ring.push_rows(rows, [0], [8])[0] == 0:  # full: wait for the consumer
+        time.sleep(0.0005)
+    if rng.random() < 0.3:
+        time.sleep(rng.random() * 0.001)  # sometimes the consumer catches up and goes to sleep
+"""
+
+
+def test_no_wake_up_is_lost_between_processes():
+    """A producer process publishes one packet at a time at irregular intervals; the consumer
+    sleeps in poll() whenever it finds the ring empty. A lost wake-up would leave packets on the
+    ring while poll() sleeps out its (generous) timeout: the test fails on that, not on speed."""
+    count = 3000
+    path = f"/dev/shm/luwu-test-{os.getpid()}-{time.monotonic_ns()}"
+    cons = ShmRing(path, "consumer", slots=16, row_bytes=64, create=True)
+    child = subprocess.Popen([sys.executable, "-c", PRODUCER, path, str(count)])
+    try:
+        out = np.zeros((16, 64), dtype=np.uint8)
+        lens = np.zeros(16, dtype=np.int64)
+        poller = select.poll()
+        poller.register(cons.fd, select.POLLIN)
+        seen, sleeps = [], 0
+        while len(seen) < count:
+            k = cons.pop_into(out, lens, 0, 16)
+            if k:
+                seen += out[:k, :8].copy().view(np.int64).ravel().tolist()
+                continue
+            if not cons.arm():
+                continue  # packets came while arming: do not sleep
+            sleeps += 1
+            woke = poller.poll(10_000)
+            assert woke or cons.pending() == 0, f"lost wake-up after {len(seen)} packets: poll slept on a queue"
+            assert woke or child.poll() is None, f"the producer exited ({child.returncode}) after {len(seen)} packets"
+        assert seen == list(range(count)) and sleeps > 0
+        assert child.wait(30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        cons.close()
+
+
+def test_a_port_takes_one_endpoint_process():
+    sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS))
+    prefix = sw.attach_shm(1)
+    code = ("import sys\nfrom luwu.dataplane.net.shm_ring import ShmEndpoint\n"
+            f"e = ShmEndpoint({prefix!r}); print('attached', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "attached"
+        with pytest.raises(RingBusy, match=f"process {holder.pid}, which is alive"):
+            ShmEndpoint(prefix)  # a second consumer would corrupt a single-consumer ring
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+    ShmEndpoint(prefix).close()  # the holder exited: the port takes a new endpoint (a restarted engine)
+    sw.stop()
+
+
+def test_endpoint_refuses_paths_outside_dev_shm_and_missing_ports(tmp_path):
+    with pytest.raises(ValueError, match="/dev/shm"):
+        ShmEndpoint(str(tmp_path / "ring"))
+    with pytest.raises(ConnectionRefusedError, match="no switch port"):
+        ShmEndpoint(f"/dev/shm/luwu-test-missing-{os.getpid()}")
+
+
+# -- the switch over rings ---------------------------------------------------------------------------
+def test_allreduce_grad_param_and_heartbeats_over_shm(star):
+    sw, peers = star
+    workers = [peers[1], peers[2], peers[3]]
+    node = peers[NODE_PORT]
+    rng = np.random.default_rng(0)
+    x = rng.integers(-2**31, 2**31, (10, 3, LANES)).astype(np.int32)
+    got = {r: {} for r in range(3)}
+
+    def results(upto):
+        for r, w in enumerate(workers):
+            for p in w.recv_all():
+                got[r][p.seq] = p
+        return all(len(v) >= upto for v in got.values())
+    for first in range(0, 10, 4):  # the protocol's window: at most pool_size phases in flight
+        for r, w in enumerate(workers):  # a batch of packets per endpoint: one ring push
+            w.send(*[agg_packet(1, r, seq, x[seq, r]) for seq in range(first, min(first + 4, 10))])
+        upto = min(first + 4, 10)
+        wait_for(lambda upto=upto: results(upto), f"RESULTs up to seq {upto}")
+    for r in range(3):
+        for seq, p in got[r].items():  # exact int32 sums, wrapping like the switch's registers
+            assert p.type == MsgType.RESULT and p.lanes().tolist() == x[seq].sum(axis=0, dtype=np.int32).tolist()
+    for r, w in enumerate(workers):
+        w.send(agg_packet(2, r, 0, x[0, r], mtype=MsgType.GRAD), heartbeat(2, r, 5 + r, 50 + r))
+    agg, hbs = [], []
+
+    def at_node():
+        for p in node.recv_all():
+            (agg if p.type == MsgType.AGG else hbs).append(p)
+        return agg and hbs
+    wait_for(at_node, "AGG and the heartbeat round at the node")
+    assert agg[0].lanes().tolist() == x[0].sum(axis=0, dtype=np.int32).tolist()
+    assert (hbs[0].ack, hbs[0].credit) == (5, 50)
+    node.send(param(2, count=4, dtype=1, pull_id=3))
+    seen = {r: [] for r in range(3)}
+
+    def params():
+        for r, w in enumerate(workers):
+            seen[r] += [p for p in w.recv_all() if p.type == MsgType.PARAM]
+        return all(seen.values())
+    wait_for(params, "PARAM at every worker")
+    assert all(v[0].slot == 3 and v[0].count == 4 for v in seen.values())
+    c = sw.counters()
+    assert c["events"][int(Event.COMPLETED)][0] == 11 and sw.errors == 0
+    assert all(c["ports"][p]["rx_packets"] >= 1 for p in PORTS)
+
+
+def _scripted_traffic(sw, peers) -> dict:
+    """The same packets, phase by phase, on either attachment; returns the switch's counters."""
+    w = [peers[1], peers[2], peers[3]]
+    node = peers[NODE_PORT]
+    x = np.arange(4 * 3 * LANES, dtype=np.int64).reshape(4, 3, LANES) * 1_000_003
+
+    def settle(pred, what):
+        wait_for(pred, what)
+
+    # valid packets first, so UDP ports learn their peers the way shm ports know theirs
+    node.send(heartbeat(2, NODE, 0, 64))
+    settle(lambda: sw.counters()["ports"].get(NODE_PORT, {}).get("rx_packets", 0) == 1, "the node's heartbeat")
+    for seq in range(4):
+        for r in range(3):
+            w[r].send(agg_packet(1, r, seq, x[seq, r]))
+    settle(lambda: sw.counters()["events"][int(Event.COMPLETED)][0] == 4, "four completed phases")
+    w[0].send(agg_packet(1, 0, 2, x[2, 0], flags=Flag.RETX))  # a retransmission of a completed slot
+    w[1].send(b"\x13" * 20)  # malformed
+    w[2].send(heartbeat(2, NODE, 1, 2))  # the node's id on a worker's port: the source guard
+    w[2].send(agg_packet(1, 1, 5, x[0, 1]))  # rank 1's id on rank 2's port
+    w[0].send(agg_packet(9, 0, 0, x[0, 0]))  # unknown session
+    settle(lambda: sum(v[0] for v in sw.counters()["drops"].values()) >= 4, "the bad packets")
+    for r in range(3):
+        w[r].send(agg_packet(2, r, 0, x[0, r], mtype=MsgType.GRAD), heartbeat(2, r, 5 + r, 50 + r))
+    settle(lambda: sw.counters()["events"][int(Event.COMPLETED)][0] == 5, "the GRAD phase")
+    node.send(param(2, count=4, dtype=1, pull_id=3))
+    # out to each worker: 4 RESULTs, the node's heartbeat, the PARAM (and to rank 0 the resent RESULT)
+    want = {1: 7, 2: 6, 3: 6}
+    settle(lambda: all(sw.counters()["ports"].get(p, {}).get("tx_packets", 0) >= n for p, n in want.items()),
+           "PARAM out")
+    time.sleep(0.1)  # let any straggling emission be counted (the comparison below is exact)
+    c = sw.counters()
+    ports = {p: {k: v for k, v in s.items() if k in ("rx_packets", "tx_packets")} for p, s in c["ports"].items()}
+    return {"drops": c["drops"], "events": c["events"], "rx_types": c["rx_types"],
+            "session_packets": c["session_packets"], "ports": ports}
+
+
+def test_counters_equal_the_udp_attachments_for_the_same_traffic():
+    seen = {}
+    for kind in ("udp", "shm"):
+        sw, peers = make_star(kind)
+        try:
+            seen[kind] = _scripted_traffic(sw, peers)
+        finally:
+            sw.stop()
+            for p in peers.values():
+                p.close()
+    assert seen["shm"] == seen["udp"]
+    drops = seen["shm"]["drops"]
+    assert drops[int(DropReason.MALFORMED)][0] == 1 and drops[int(DropReason.SPOOFED)][0] >= 1
+    assert seen["shm"]["events"][int(Event.RESENT)][0] == 1
+
+
+def test_simulated_loss_on_a_shm_port_is_recovered_by_retransmission(star):
+    sw, peers = star
+    for p in (1, 2, 3):
+        sw.set_drop_sim(p, ingress=0.2, egress=0.2)
+    workers = [peers[1], peers[2], peers[3]]
+    x = np.arange(3 * LANES, dtype=np.int32).reshape(3, LANES)
+    got = {r: {} for r in range(3)}
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline and not all(len(g) == 4 for g in got.values()):
+        for r, w in enumerate(workers):  # go back: resend whatever has no result yet
+            missing = [agg_packet(1, r, seq, x[r], flags=Flag.RETX) for seq in range(4) if seq not in got[r]]
+            if missing:
+                w.send(*missing)
+        time.sleep(0.02)
+        for r, w in enumerate(workers):
+            for p in w.recv_all():
+                got[r][p.seq] = p.lanes().tolist()
+    assert all(len(g) == 4 for g in got.values()), "loss was not recovered"
+    assert all(v == x.sum(axis=0).tolist() for g in got.values() for v in g.values())
+    assert sw.counters()["drops"][int(DropReason.SIMULATED_LOSS)][0] > 0
+
+
+def test_a_full_ring_loses_packets_like_a_full_socket_buffer(star):
+    sw, peers = star
+    att = sw.ports[1]
+    slots = att.tx.slots
+    rows, lengths = rows_of([heartbeat(2, NODE, i, i) for i in range(slots + 5)], att.tx.row_bytes)
+    with sw.lock:  # straight onto port 1's ring, as the event loop's emit would
+        sent = att.send_rows(rows, np.arange(len(rows)), lengths)
+    assert sent == slots and att.stats["tx_ring_full"] == 5
+    assert len(peers[1].recv_all()) == slots
+
+
+def test_endpoint_and_switch_processes_are_watched(tmp_path):
+    sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS))
+    prefix = sw.attach_shm(1)
+    try:
+        assert sw.ports[1].endpoint_alive() is None  # nobody attached yet
+        code = ("from luwu.dataplane.net.shm_ring import ShmEndpoint\n"
+                f"print(ShmEndpoint({prefix!r}).switch_gone(0.0))")
+        out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == "None", out.stderr  # it saw this (live) switch
+        assert sw.ports[1].endpoint_alive() is False, "the endpoint process exited: the switch must see it"
+    finally:
+        sw.stop()
+    assert not any(os.path.exists(prefix + s) for s in (".up", ".down", ".up.bell", ".down.bell"))
+
+
+def test_rings_of_dead_switch_processes_are_swept():
+    from luwu.dataplane.switch.attach_shm import sweep_stale
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    stale = [f"/dev/shm/luwu-sw-{dead}-0-p1.up", f"/dev/shm/luwu-sw-{dead}-0-p1.up.bell"]
+    live = f"/dev/shm/luwu-sw-{os.getpid()}-999-p1.down"  # this process lives: never swept
+    for path in stale + [live]:
+        open(path, "w").close()
+    try:
+        sweep_stale()
+        assert not any(os.path.exists(p) for p in stale) and os.path.exists(live)
+    finally:
+        for path in stale + [live]:
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def test_a_killed_switch_process_is_named_and_its_rings_removed():
+    from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+
+    plan = StarPlan(workers=1, mode="tofino", transport="shm")
+    with LoopbackSwitch(plan, process=True) as ls:
+        prefix = plan.switch_ports[1][0]
+        ep = ShmEndpoint(prefix)
+        try:
+            assert ep.switch_gone(0.0) is None
+            pid = ls.pid
+            ls.kill()
+            msg = ep.switch_gone(1.0)
+            assert msg is not None and f"pid {pid}" in msg and prefix in msg
+        finally:
+            ep.close()
+        assert not os.path.exists(prefix + ".up"), "the parent removes the rings a killed switch left"
