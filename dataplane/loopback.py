@@ -18,6 +18,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
+from . import children
 from .protocol import NODE, NextStep, aggregation_packet_len, lanes_for_mode
 from .session import EndpointPlan, SessionSpec, Wiring
 
@@ -206,7 +207,7 @@ class LoopbackSwitch:
         if not reply or "switch_ports" not in reply:
             self.stop()
             raise RuntimeError(f"the luwu software switch did not start (exit code {self._exit_code()}); "
-                               f"its log {self.log_path} says:\n{tail(self.log_path)}")
+                               f"its log {self.log_path} says:\n{children.tail(self.log_path)}")
         self.plan.switch_ports.update({int(k): (v[0], int(v[1])) for k, v in reply["switch_ports"].items()})
         return self
 
@@ -235,8 +236,7 @@ class LoopbackSwitch:
     def kill(self) -> None:
         """Kill the switch process abruptly (tests of failure handling)."""
         if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait(10)
+            children.stop(self._proc, grace=0)
 
     @property
     def pid(self) -> int:
@@ -264,11 +264,7 @@ class LoopbackSwitch:
                     f.close()
                 except OSError:
                     pass
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(10)
+            children.stop(self._proc, grace=10.0)
             self._proc = None
 
     def __enter__(self) -> "LoopbackSwitch":
@@ -276,17 +272,6 @@ class LoopbackSwitch:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def tail(path: str, chars: int = 2000) -> str:
-    """The end of a log file, for error messages."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - chars))
-            return f.read().decode(errors="replace").strip() or "(empty)"
-    except OSError as e:
-        return f"(cannot read it: {e})"
 
 
 def _serve_stdin() -> int:

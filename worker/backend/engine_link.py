@@ -9,17 +9,15 @@ is an array the caller owns, completed from another thread.
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 
 import numpy as np
 
+from luwu.dataplane import children
 from luwu.dataplane.engine import Engine, EngineError, Handle
 from luwu.dataplane.engine.client import EngineClient
 from luwu.dataplane.engine.shm import ShmBuffer
 from luwu.dataplane.session import EndpointPlan
-
-from luwu.dataplane.loopback import tail
 
 MIN_SHM_BUFFER = 1 << 16  # bytes; smaller requests share this size class
 
@@ -133,7 +131,7 @@ class DaemonLink(EngineLink):
         if code is None:
             return None
         return (f"the engine daemon (pid {self.proc.pid}) exited with code {code}; its log {self.log_path} ends "
-                f"with:\n{tail(self.log_path)}")
+                f"with:\n{children.tail(self.log_path)}")
 
     def stats(self) -> dict | None:
         if self.proc.poll() is not None:
@@ -148,13 +146,7 @@ class DaemonLink(EngineLink):
         self._kill()
 
     def _kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        children.stop(self.proc, grace=10.0)
 
 
 def open_engine(kind: str, plan: EndpointPlan, workdir: str, connect_timeout: float) -> EngineLink:

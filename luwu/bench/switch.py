@@ -8,7 +8,7 @@ its sender: N packets in and N out per chunk, like the switch, with the same bat
 grep-able `key: value` lines (or `--json`); `--out DIR` writes switch_bench.json and a PNG;
 `--profile FILE` writes the switch process's cProfile stats.
 
-    python -m luwu.dataplane.switch.bench --workers 4 --size 32MiB --mode jumbo
+    luwu bench switch --workers 4 --size 32MiB --mode jumbo
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..net.mmsg import BatchSocket, udp_socket
-from ..usage import UserError, positive_int, size
-from ..protocol import (
+from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
+from luwu.dataplane.usage import UserError, positive_int, size
+from luwu.dataplane.protocol import (
     HEADER_LEN, Dtype, MsgType, NextStep, aggregation_packet_len, header_view, lanes_for_mode, ver_type,
 )
 
@@ -56,8 +56,8 @@ def _switch_server(lanes: int, peers: list, pool: int, batch: int, conn, profile
     """The switch with one port per worker, wired to the worker's fixed address. Between runs
     the parent sends ("epoch", n): a new session instance, as a new job would get."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from .config import SwitchConfig
-    from .switch import SoftwareSwitch
+    from luwu.dataplane.switch.config import SwitchConfig
+    from luwu.dataplane.switch.switch import SoftwareSwitch
 
     workers = len(peers)
     sw = SoftwareSwitch(SwitchConfig(lanes=lanes, slots=max(pool, 64), batch=batch))
@@ -81,7 +81,7 @@ def _switch_server(lanes: int, peers: list, pool: int, batch: int, conn, profile
         import cProfile
         import threading
 
-        from .loop import EventLoop
+        from luwu.dataplane.switch.loop import EventLoop
 
         loop = EventLoop(sw)
         conn.send(ports)
@@ -190,7 +190,7 @@ class _Server:
     """A switch or relay process kept up across the interleaved runs."""
 
     def __init__(self, ctx, kind: str, args, lanes: int, profile: str | None):
-        from ..loopback import free_udp_port
+        from luwu.dataplane.loopback import free_udp_port
 
         self.kind = kind
         self.conn, child = ctx.Pipe()
@@ -332,7 +332,7 @@ def _write(out: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m luwu.dataplane.switch.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="luwu bench switch", description=__doc__.split("\n")[0])
     add_arguments(p)
     return run(p.parse_args(argv))
 
