@@ -25,7 +25,9 @@ from .config import ControllerConfig
 from .events import JobEvents
 from .health import HealthMonitor
 from .job_spec import JobSpec
-from .plan import JobPlan, SwitchProgram, TableEntry
+from luwu.p4.runtime_config import drop_rate_entry
+
+from .plan import JobPlan, SwitchProgram
 from .planner import PlanError, Planner, ip_to_int
 from .programmer import ProgramError, SwitchProgrammer, SwitchTarget
 from .registry import build_topology, check_address, validate_node, validate_switch
@@ -104,10 +106,10 @@ class ControllerCore:
         record = self.switches.get(switch)
         for port in record.ports if record is not None else ():
             # the loss the switch declared it simulates; any other drop_sim entry is drift
-            for table, action, threshold in (("ingress_drop_sim", "set_ingress_drop_rate", port.ingress_drop_threshold),
-                                             ("egress_drop_sim", "set_egress_drop_rate", port.egress_drop_threshold)):
+            for direction, threshold in (("ingress", port.ingress_drop_threshold),
+                                         ("egress", port.egress_drop_threshold)):
                 if threshold:
-                    merged.entries.append(TableEntry(table, {"port": port.number}, action, {"threshold": threshold}))
+                    merged.entries.append(drop_rate_entry(direction, port.number, threshold=threshold))
         for row in self.live_jobs():
             prog = JobPlan.from_json(row.plan).programs.get(switch)
             if prog:
@@ -301,8 +303,8 @@ class ControllerCore:
             sids = {s.spec.session for s in plan.sessions if s.group == placement.group}
             for e in plan.programs[placement.switch].entries:
                 if e.table == "endpoints" and e.match.get("dst") == rank and e.match.get("session") in sids:
-                    e.params["dst_ip"] = ip_to_int(host) or e.params["dst_ip"]
-                    e.params["dst_udp"] = port
+                    e.action_params["dst_ip"] = ip_to_int(host) or e.action_params["dst_ip"]
+                    e.action_params["dst_udp"] = port
             previous = (row.plan, dict(row.joined), row.state)
             row.plan, row.joined[rank] = plan.to_json(), endpoint
             if len(row.joined) == row.spec["num_workers"] and row.state == pb.PLANNED:

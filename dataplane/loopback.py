@@ -19,7 +19,9 @@ import threading
 from dataclasses import dataclass, field
 
 from . import children
-from .protocol import NODE, NextStep, aggregation_packet_len, lanes_for_mode
+from luwu.p4.runtime_config import StarSession, star_program
+
+from .protocol import NODE, aggregation_packet_len, lanes_for_mode
 from .session import EndpointPlan, SessionSpec, Wiring
 
 IN_FLIGHT_BYTES = 4 << 20  # per stream, default window sizing
@@ -99,35 +101,15 @@ class StarPlan:
 
     # -- the switch side ----------------------------------------------------------------------------
     def runtime(self) -> dict:
-        """p4lang/tutorials-style runtime JSON for the switch."""
-        entries = []
-        for s in self.sessions():
-            node = s.node_rank is not None
-            entries.append({
-                "table": "sessions", "match": {"session": s.session}, "action_name": "set_session",
-                "action_params": {
-                    "pool_base": s.pool_base, "pool_size": s.pool_size, "num_workers": self.workers,
-                    "worker_mask": (1 << self.workers) - 1, "epoch": s.epoch, "mcast_grp": s.session,
-                    "next_step": int(NextStep.ROOT), "up_port": self.node_port(s.node_rank) if node else 0,
-                    "up_worker": 0,
-                },
-            })
-            for rank in range(self.workers):
-                entries.append({"table": "workers", "match": {"session": s.session, "worker": rank},
-                                "action_name": "set_worker",
-                                "action_params": {"worker_bit": 1 << rank, "port": self.worker_port(rank)}})
-                entries.append(self._endpoint(s.session, rank, self.worker_port(rank)))
-            if node:
-                entries.append(self._endpoint(s.session, NODE, self.node_port(s.node_rank)))
-        groups = [{"multicast_group_id": s.session,
-                   "replicas": [{"egress_port": self.worker_port(r), "instance": r} for r in range(self.workers)]}
-                  for s in self.sessions()]
-        return {"target": "luwu-software-switch", "table_entries": entries, "multicast_group_entries": groups}
-
-    def _endpoint(self, session: int, dst: int, port: int) -> dict:
+        """p4lang/tutorials-style runtime JSON for the switch (built as every switch program is:
+        luwu.p4.runtime_config)."""
+        sessions = [StarSession(s.session, s.pool_base, s.pool_size, s.epoch,
+                                up_port=self.node_port(s.node_rank) if s.node_rank is not None else 0)
+                    for s in self.sessions()]
         # on loopback the switch port decides the destination; addresses matter on Ethernet only
-        return {"table": "endpoints", "match": {"session": session, "dst": dst}, "action_name": "set_endpoint",
-                "action_params": {"dst_mac": port, "dst_ip": 0x7F000001, "dst_udp": 0}}
+        cfg = star_program(self.workers, sessions, worker_port=self.worker_port,
+                           endpoint=lambda dst, port: (port, 0x7F000001, 0))
+        return {**cfg.to_dict(), "target": "luwu-software-switch"}
 
 
 def free_udp_port(host: str = "127.0.0.1") -> int:

@@ -25,8 +25,9 @@ import numpy as np
 
 from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
 from luwu.dataplane.usage import UserError, positive_int, size
+from luwu.p4.runtime_config import StarSession, star_program
 from luwu.dataplane.protocol import (
-    HEADER_LEN, Dtype, MsgType, NextStep, aggregation_packet_len, header_view, lanes_for_mode, ver_type,
+    HEADER_LEN, Dtype, MsgType, aggregation_packet_len, header_view, lanes_for_mode, ver_type,
 )
 
 HOST = "127.0.0.1"
@@ -99,16 +100,10 @@ def _switch_server(lanes: int, peers: list, pool: int, batch: int, conn, profile
 
 
 def runtime(workers: int, pool: int, epoch: int = EPOCH) -> dict:
-    entries = [{"table": "sessions", "match": {"session": SESSION}, "action_name": "set_session",
-                "action_params": {"pool_base": 0, "pool_size": pool, "num_workers": workers,
-                                  "worker_mask": (1 << workers) - 1, "epoch": epoch, "mcast_grp": SESSION,
-                                  "next_step": int(NextStep.ROOT), "up_port": 0, "up_worker": 0}}]
-    for r in range(workers):
-        entries.append({"table": "workers", "match": {"session": SESSION, "worker": r}, "action_name": "set_worker",
-                        "action_params": {"worker_bit": 1 << r, "port": r + 1}})
-    groups = [{"multicast_group_id": SESSION,
-               "replicas": [{"egress_port": r + 1, "instance": r} for r in range(workers)]}]
-    return {"table_entries": entries, "multicast_group_entries": groups}
+    """One collective session over `workers` ranks on ports 1..workers."""
+    cfg = star_program(workers, [StarSession(SESSION, 0, pool, epoch)], worker_port=lambda r: r + 1)
+    return {"table_entries": [e.to_dict() for e in cfg.table_entries],
+            "multicast_group_entries": [g.to_dict() for g in cfg.multicast_group_entries]}
 
 
 def _relay_server(max_len: int, batch: int, conn) -> None:

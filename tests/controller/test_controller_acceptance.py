@@ -37,7 +37,7 @@ def _read_back(p4info, name, address):
 
 
 def _key(e):
-    return (e.table, json.dumps(e.match, sort_keys=True), e.action, json.dumps(e.params, sort_keys=True))
+    return (e.table, json.dumps(e.match, sort_keys=True), e.action_name, json.dumps(e.action_params, sort_keys=True))
 
 
 def test_two_jobs_on_two_switches(controller, software_switch, p4info):
@@ -67,8 +67,8 @@ def test_two_jobs_on_two_switches(controller, software_switch, p4info):
         back = _read_back(p4info, name, address)
         want = [e for p in plans for e in p.programs[name].entries]
         assert sorted(map(_key, back.entries)) == sorted(map(_key, want))
-        groups = {g.group_id: g.replicas for p in plans for g in p.programs[name].groups}
-        assert {g.group_id: g.replicas for g in back.groups} == groups
+        groups = {g.multicast_group_id: g.pairs() for p in plans for g in p.programs[name].groups}
+        assert {g.multicast_group_id: g.pairs() for g in back.groups} == groups
         assert sw.tables.multicast_groups() == groups
 
     # the programmed tree works: ranks 0, 1 of job a allreduce through tor0 -> spine -> tor0
