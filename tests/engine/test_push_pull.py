@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from luwu.dataplane.engine import Engine
-from luwu.dataplane.engine.sgd_store import SgdParamStore
+from luwu.mininet.paramstore import SgdParamStore
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
 from luwu.dataplane.quantize import chunk_exponents, error_bound
 
