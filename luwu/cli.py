@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("luwu.controller.server", "run the gRPC controller"),
     "mininet": ("luwu.mininet.runner", "run a topology in Mininet emulation"),
     "p4": ("luwu.p4.tool", "generate, check and build the P4 programs"),
+    "wireshark": ("luwu.dataplane.wireshark", "write the Wireshark/tshark dissector for the luwu header"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "allreduce": ("luwu.bench.allreduce", "in-network allreduce vs Gloo and the raw UDP ceiling"),
