@@ -19,6 +19,20 @@ dist.init_process_group("luwu", rank=rank, world_size=2, init_method=f"tcp://127
 x = torch.tensor([rank + 1.0, 2.0, -3.5])
 dist.all_reduce(x)
 print("RESULT", x.tolist(), flush=True)
+y = torch.tensor([0.1 * (rank + 1), 1e300], dtype=torch.float64)  # float64: the exact host path
+dist.all_reduce(y)
+print("FLOAT64", y.tolist(), flush=True)
+z = torch.tensor([2.0 + rank, -1.5])
+dist.all_reduce(z, op=dist.ReduceOp.PRODUCT)
+print("PRODUCT", z.tolist(), flush=True)
+outs = [[torch.zeros(2), torch.zeros(1)] for _ in range(2)]
+dist.all_gather_coalesced(outs, [torch.full((2,), float(rank)), torch.full((1,), 10.0 + rank)])
+print("COALESCED", [[t.tolist() for t in o] for o in outs], flush=True)
+sub = dist.new_group([0, 1])
+w = torch.ones(2) * (rank + 1)
+dist.all_reduce(w, group=sub)
+dist.destroy_process_group(sub)
+print("SUBGROUP", w.tolist(), flush=True)
 dist.destroy_process_group()
 """
 
@@ -50,9 +64,14 @@ def _run(env_extra: dict) -> list[subprocess.CompletedProcess]:
 
 
 def test_string_swap_without_import_luwu():
+    # the issue's check: float64 and PRODUCT all_reduce, all_gather_coalesced, a subgroup made and destroyed
     for res in _run({}):
         assert res.returncode == 0, res.stderr[-3000:]
         assert "RESULT [3.0, 4.0, -7.0]" in res.stdout, res.stdout
+        assert f"FLOAT64 {[0.1 + 0.2, 2e300]}" in res.stdout, res.stdout
+        assert "PRODUCT [6.0, 2.25]" in res.stdout, res.stdout
+        assert "COALESCED [[[0.0, 0.0], [10.0]], [[1.0, 1.0], [11.0]]]" in res.stdout, res.stdout
+        assert "SUBGROUP [3.0, 3.0]" in res.stdout, res.stdout
 
 
 def test_torch_autoload_switch_turns_it_off():

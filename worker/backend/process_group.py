@@ -98,6 +98,21 @@ class LuwuProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
+    # c10d names groups through these (init_process_group / new_group set them, destroy_process_group
+    # reads the name back); the C++ defaults keep the name in registered backends, which a process
+    # group written in Python does not have ("ProcessGroup name not set")
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return getattr(self, "_group_desc", "")
+
     @property
     def plan_source(self) -> str:
         return self._lease.source
@@ -125,7 +140,8 @@ class LuwuProcessGroup(dist.ProcessGroup):
         op = op_name(opts.reduceOp) if opts is not None else "sum"
         encs = [reduction_encoding(t.dtype, op, "allreduce") for t in tensors]
         name = f"allreduce({', '.join(_describe(t) for t in tensors)}, {op.upper()})"
-        return self._work(name, tensors, lambda ctx: C.reduce_tensors(ctx, tensors, encs, op))
+        return self._work(name, tensors, lambda ctx: C.reduce_tensors(ctx, tensors, encs, op, True, self.size(),
+                                                                          self.rank()))
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -136,7 +152,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
         enc = reduction_encoding(t.dtype, op, "reduce")
         keep = self.rank() == opts.rootRank
         return self._work(f"reduce({_describe(t)}, {op.upper()}, root {opts.rootRank})", [t],
-                          lambda ctx: C.reduce_tensors(ctx, [t], [enc], op, write_back=keep))
+                          lambda ctx: C.reduce_tensors(ctx, [t], [enc], op, keep, self.size(), self.rank()))
 
     def reduce_scatter(self, outputs, inputs, opts):
         out = _one(outputs, "reduce_scatter")
@@ -150,7 +166,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
         enc = reduction_encoding(out.dtype, op, "reduce_scatter")
         return self._work(f"reduce_scatter({self.size()} x {_describe(out)}, {op.upper()})", [out],
                           lambda ctx: C.reduce_scatter(ctx, out, lambda: torch.cat([C.flat(t) for t in ins]), enc, op,
-                                                       self.rank()))
+                                                       self.rank(), self.size()))
 
     def reduce_scatter_single(self, output, input, opts):
         _check_tensors([output, input], "reduce_scatter_tensor")
@@ -160,7 +176,8 @@ class LuwuProcessGroup(dist.ProcessGroup):
         op = op_name(opts.reduceOp)
         enc = reduction_encoding(output.dtype, op, "reduce_scatter_tensor")
         return self._work(f"reduce_scatter_tensor({_describe(input)}, {op.upper()})", [output],
-                          lambda ctx: C.reduce_scatter(ctx, output, lambda: C.flat(input), enc, op, self.rank()))
+                          lambda ctx: C.reduce_scatter(ctx, output, lambda: C.flat(input), enc, op, self.rank(),
+                                                       self.size()))
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -202,7 +219,13 @@ class LuwuProcessGroup(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def allgather_coalesced(self, outputs, inputs, opts=None):
-        works = [self.allgather([o], [i], opts) for o, i in zip(outputs, _check_tensors(inputs, "allgather"))]
+        # c10d's layout (as Gloo's): outputs[r][j] receives rank r's input j
+        ins = _check_tensors(inputs, "allgather_coalesced")
+        outputs = [list(o) for o in outputs]
+        if len(outputs) != self.size() or any(len(o) != len(ins) for o in outputs):
+            raise ValueError(f"luwu allgather_coalesced: needs {self.size()} output lists (one per rank) of "
+                             f"{len(ins)} tensors (one per input)")
+        works = [self.allgather([[outputs[r][j] for r in range(self.size())]], [t], opts) for j, t in enumerate(ins)]
         return self._join(works, [t for o in outputs for t in o], "allgather_coalesced")
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
@@ -291,7 +314,19 @@ class LuwuProcessGroup(dist.ProcessGroup):
         return work
 
     def recv_anysource(self, tensors, tag: int = 0):
-        raise UnsupportedCollective("luwu recv: a source rank is required (recv from any source is not supported)")
+        t = _one(tensors, "recv")
+        name = f"recv({_describe(t)} from any rank, tag {tag})"
+        work = LuwuWork(name, [t])
+
+        def deliver(src: int, payload: bytes) -> None:
+            if len(payload) != nbytes(t):
+                raise ValueError(f"luwu {name}: rank {src}'s message has {len(payload)} bytes but the tensor holds "
+                                 f"{nbytes(t)} ({tuple(t.shape)} x {t.dtype})")
+            write_bytes(t, np.frombuffer(payload, dtype=np.uint8))
+            work.source = src  # before completion: dist.recv(src=None) reads it after wait()
+
+        self._p2p.recv_any(tag, deliver, lambda err: work._fail(err) if err else work._complete())
+        return work
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def shutdown(self, *args, **kwargs) -> None:
