@@ -161,4 +161,4 @@ def test_import_luwu_registers_the_backend(first):
     env.pop("LUWU_NO_BACKEND", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
-    assert "'luwu'" in out.stdout and "['cpu']" in out.stdout, out.stdout
+    assert "'luwu'" in out.stdout and "['cpu', 'cuda']" in out.stdout, out.stdout

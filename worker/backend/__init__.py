@@ -28,7 +28,7 @@ def register() -> None:
     import torch.distributed as dist
 
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["cpu", "cuda"])  # cuda: staged
     _registered = True
 
 
