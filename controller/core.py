@@ -59,6 +59,9 @@ class ControllerCore:
         self.lock = asyncio.Lock()
         self.programmed: dict[str, str] = {}
         self.drift: dict[str, str] = {}  # switch -> "none" or the last drift found and repaired
+        # switch -> its tables held what the controller last wrote when it last looked; a read-back
+        # round that fails (the switch busy, another client primary for a moment) leaves it as it was
+        self.in_sync: dict[str, bool] = {}
         self.started = time.time()
         self.switches = {n: pb.Switch.FromString(r) for n, r in store.switches().items()}
         self.nodes = {n: pb.Node.FromString(r) for n, (r, _) in store.nodes().items()}
@@ -130,8 +133,10 @@ class ControllerCore:
             if isinstance(res, BaseException):
                 errors[name] = str(res) if isinstance(res, ProgramError) else f"{type(res).__name__}: {res}"
                 self.programmed[name] = errors[name]
+                self.in_sync[name] = False
             else:
                 self.programmed[name] = "ok"
+                self.in_sync[name] = True
         return errors
 
     async def reconcile_all(self) -> dict[str, str]:
@@ -156,8 +161,9 @@ class ControllerCore:
                 if isinstance(res, BaseException):
                     self.programmed[name] = str(res) if isinstance(res, ProgramError) else f"{type(res).__name__}: {res}"
                     continue
-                was_ok = self.programmed.get(name) == "ok"
+                was_ok = self.in_sync.get(name, False)
                 self.programmed[name] = "ok"
+                self.in_sync[name] = True
                 self.drift.setdefault(name, "none")
                 if was_ok and any(res.values()):
                     found[name] = self.drift[name] = _drift_text(reports[name])

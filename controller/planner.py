@@ -141,7 +141,7 @@ class Planner:
             step, up_port, upw = NextStep.ROOT, node_port, 0
             up_addr = self._node_address(s.node, sw, node_port) if s.node else None
         else:
-            parent, child_port, parent_port = g.parent[sw]
+            parent, child_port, _parent_port = g.parent[sw]
             step, up_port, upw = NextStep.UPSTREAM, child_port, up_worker[sw]
             up_addr = self._switch_address(parent, child_port, sw)
         prog.entries.append(session_entry(

@@ -212,13 +212,13 @@ def _value(entity: P4TableEntry, schema) -> tuple:
 async def _read_state(sw: Switch) -> tuple[dict[tuple, P4TableEntry], dict[int, list[tuple[int, int]]]]:
     schema = sw.p4info
     current: dict[tuple, P4TableEntry] = {}
-    for table in MANAGED_TABLES:
-        async for entity in sw.read(P4TableEntry(table)):
-            current[_key(entity.encode_entry(schema))] = entity
     groups: dict[int, list[tuple[int, int]]] = {}
-    async for g in sw.read(P4MulticastGroupEntry()):
-        reps = []
-        for r in g.replicas:
-            reps.append((r.port, r.instance) if isinstance(r, P4Replica) else (int(r), 0))
-        groups[g.multicast_group_id] = sorted(reps)
+    # one Read of every managed table and the groups: a switch answers it from one state, so a
+    # batch another client writes meanwhile is seen whole or not at all (drift reports stay whole)
+    async for entity in sw.read([P4TableEntry(table) for table in MANAGED_TABLES] + [P4MulticastGroupEntry()]):
+        if isinstance(entity, P4TableEntry):
+            current[_key(entity.encode_entry(schema))] = entity
+        elif isinstance(entity, P4MulticastGroupEntry):
+            reps = [(r.port, r.instance) if isinstance(r, P4Replica) else (int(r), 0) for r in entity.replicas]
+            groups[entity.multicast_group_id] = sorted(reps)
     return current, groups

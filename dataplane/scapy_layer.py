@@ -29,7 +29,7 @@ def _is_hb(pkt) -> bool:
 
 class Luwu(Packet):
     name = "luwu"
-    fields_desc = [
+    fields_desc = [  # noqa: RUF012 - scapy's class-level field list
         BitField("version", VERSION, 4),
         BitEnumField("type", int(MsgType.GRAD), 4, _TYPES),
         FlagsField("flags", 0, 8, _FLAGS),

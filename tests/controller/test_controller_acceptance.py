@@ -41,7 +41,7 @@ def _key(e):
 
 
 def test_two_jobs_on_two_switches(controller, software_switch, p4info):
-    bc, client = controller
+    _bc, client = controller
     (tor_sw, tor_addr), (spine_sw, spine_addr) = software_switch(), software_switch()
     _register(client, tor_addr, spine_addr)
     job_a, token_a = client.create_job(job("a", 2, LAYERS_A, nodes=1))
@@ -111,7 +111,7 @@ def test_restart_between_create_and_join_keeps_the_plan(tmp_path, software_switc
         _register(client, tor_addr, spine_addr)
         created, token = client.create_job(job("a", 2, LAYERS_A, nodes=1))
         before = client.plan(created.job_id).plan_json
-        tables_before = {t: sw for t, sw in ((t, tor_sw.tables.entries(t)) for t in ("sessions", "workers"))}
+        tables_before = {t: tor_sw.tables.entries(t) for t in ("sessions", "workers")}
         client.close()
         proc.kill()  # no goodbye: SIGKILL
     with controller_process(db, token_file, p4info) as (proc, address):
@@ -139,7 +139,7 @@ def test_restart_between_create_and_join_keeps_the_plan(tmp_path, software_switc
 def test_restarted_controller_reprograms_a_wiped_switch(controller_config, software_switch):
     from luwu.controller.server import BackgroundController
 
-    (tor_sw, tor_addr), (spine_sw, spine_addr) = software_switch(), software_switch()
+    (tor_sw, tor_addr), (_spine_sw, spine_addr) = software_switch(), software_switch()
     bc = BackgroundController(controller_config)
     client = ControllerClient(bc.address, ADMIN)
     _register(client, tor_addr, spine_addr)

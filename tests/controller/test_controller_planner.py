@@ -55,7 +55,7 @@ def test_star_sessions_entries_and_groups():
     node_sessions = [s for s in plan.sessions if s.node]
     for s in node_sessions:  # node sessions go up to the node's port; the node's endpoint is programmed
         up = next(e for e in sessions if e.match["session"] == s.spec.session).action_params["up_port"]
-        assert up == dict((n, p) for p, n in topo.node_ports("s1"))[s.node]
+        assert up == {n: p for p, n in topo.node_ports("s1")}[s.node]
         assert any(e.match == {"session": s.spec.session, "dst": NODE} for e in entries(plan, "s1", "endpoints"))
     workers = entries(plan, "s1", "workers")
     assert sorted(e.action_params["worker_bit"] for e in workers if e.match["session"] == 1) == [1, 2, 4, 8]
@@ -196,7 +196,7 @@ def test_shards_cover_every_element_once_and_balance(layers, caps):
     for lid, numel in enumerate(layers):
         mine = sorted((p.offset, p.numel) for p in pieces if p.layer_id == lid)
         assert mine[0][0] == 0 and sum(n for _, n in mine) == numel
-        assert all(a + n == b for (a, n), (b, _) in zip(mine, mine[1:]))
+        assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(mine))
     assert pieces == ShardBalancer(min_slice=1).assign(list(enumerate(layers)), caps)
     # no node finishes later than the ideal finish time plus the largest piece it holds
     total, load = sum(layers), [0] * len(caps)
