@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAYERS = {  # longest prefix wins
     "luwu.dataplane.protocol": 0, "luwu.dataplane.quantize": 0, "luwu.dataplane.usage": 0,
     "luwu.dataplane.children": 0, "luwu.dataplane.scapy_layer": 0, "luwu.dataplane.kernels": 0,
+    "luwu.dataplane.trace": 0,
     "luwu.dataplane.net": 0, "luwu.proto": 0,
     "luwu.dataplane": 1, "luwu.p4": 1,
     "luwu.controller": 2,
