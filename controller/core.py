@@ -25,7 +25,9 @@ from .config import ControllerConfig
 from .events import JobEvents
 from .health import HealthMonitor
 from .job_spec import JobSpec
-from .plan import JobPlan, SwitchProgram, TableEntry
+from luwu.p4.runtime_config import drop_rate_entry
+
+from .plan import JobPlan, SwitchProgram
 from .planner import PlanError, Planner, ip_to_int
 from .programmer import ProgramError, SwitchProgrammer, SwitchTarget
 from .registry import build_topology, check_address, validate_node, validate_switch
@@ -57,6 +59,9 @@ class ControllerCore:
         self.lock = asyncio.Lock()
         self.programmed: dict[str, str] = {}
         self.drift: dict[str, str] = {}  # switch -> "none" or the last drift found and repaired
+        # switch -> its tables held what the controller last wrote when it last looked; a read-back
+        # round that fails (the switch busy, another client primary for a moment) leaves it as it was
+        self.in_sync: dict[str, bool] = {}
         self.started = time.time()
         self.switches = {n: pb.Switch.FromString(r) for n, r in store.switches().items()}
         self.nodes = {n: pb.Node.FromString(r) for n, (r, _) in store.nodes().items()}
@@ -104,10 +109,10 @@ class ControllerCore:
         record = self.switches.get(switch)
         for port in record.ports if record is not None else ():
             # the loss the switch declared it simulates; any other drop_sim entry is drift
-            for table, action, threshold in (("ingress_drop_sim", "set_ingress_drop_rate", port.ingress_drop_threshold),
-                                             ("egress_drop_sim", "set_egress_drop_rate", port.egress_drop_threshold)):
+            for direction, threshold in (("ingress", port.ingress_drop_threshold),
+                                         ("egress", port.egress_drop_threshold)):
                 if threshold:
-                    merged.entries.append(TableEntry(table, {"port": port.number}, action, {"threshold": threshold}))
+                    merged.entries.append(drop_rate_entry(direction, port.number, threshold=threshold))
         for row in self.live_jobs():
             prog = JobPlan.from_json(row.plan).programs.get(switch)
             if prog:
@@ -128,8 +133,10 @@ class ControllerCore:
             if isinstance(res, BaseException):
                 errors[name] = str(res) if isinstance(res, ProgramError) else f"{type(res).__name__}: {res}"
                 self.programmed[name] = errors[name]
+                self.in_sync[name] = False
             else:
                 self.programmed[name] = "ok"
+                self.in_sync[name] = True
         return errors
 
     async def reconcile_all(self) -> dict[str, str]:
@@ -154,8 +161,9 @@ class ControllerCore:
                 if isinstance(res, BaseException):
                     self.programmed[name] = str(res) if isinstance(res, ProgramError) else f"{type(res).__name__}: {res}"
                     continue
-                was_ok = self.programmed.get(name) == "ok"
+                was_ok = self.in_sync.get(name, False)
                 self.programmed[name] = "ok"
+                self.in_sync[name] = True
                 self.drift.setdefault(name, "none")
                 if was_ok and any(res.values()):
                     found[name] = self.drift[name] = _drift_text(reports[name])
@@ -301,8 +309,8 @@ class ControllerCore:
             sids = {s.spec.session for s in plan.sessions if s.group == placement.group}
             for e in plan.programs[placement.switch].entries:
                 if e.table == "endpoints" and e.match.get("dst") == rank and e.match.get("session") in sids:
-                    e.params["dst_ip"] = ip_to_int(host) or e.params["dst_ip"]
-                    e.params["dst_udp"] = port
+                    e.action_params["dst_ip"] = ip_to_int(host) or e.action_params["dst_ip"]
+                    e.action_params["dst_udp"] = port
             previous = (row.plan, dict(row.joined), row.state)
             row.plan, row.joined[rank] = plan.to_json(), endpoint
             if len(row.joined) == row.spec["num_workers"] and row.state == pb.PLANNED:

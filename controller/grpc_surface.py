@@ -22,7 +22,7 @@ from luwu.proto import controller_pb2 as pb
 SERVICE = "luwu.v1.Controller"
 MAX_ECHO = 80  # characters of one user-supplied word an error may repeat
 MAX_DETAIL = 600  # characters of a whole status detail
-_LONG_WORD = re.compile(r"\S{%d,}" % (MAX_ECHO + 1))
+_LONG_WORD = re.compile(rf"\S{{{MAX_ECHO + 1},}}")
 
 
 def clip(text: str) -> str:

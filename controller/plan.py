@@ -11,44 +11,21 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from luwu.dataplane.session import EndpointPlan, SessionSpec, Wiring
-
-
-@dataclass
-class TableEntry:
-    table: str  # P4Info alias (docs/protocol.md 6.1)
-    match: dict  # field name -> int (exact) or [value, prefix_len] (lpm)
-    action: str
-    params: dict
-
-    def key(self) -> tuple:
-        return (self.table, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in self.match.items())))
-
-
-@dataclass
-class MulticastGroup:
-    group_id: int
-    replicas: list[tuple[int, int]]  # (egress_port, instance)
+from luwu.p4.runtime_config import MulticastGroupEntry, Replica, RuntimeConfig, TableEntry
 
 
 @dataclass
 class SwitchProgram:
     switch: str
     entries: list[TableEntry] = field(default_factory=list)
-    groups: list[MulticastGroup] = field(default_factory=list)
+    groups: list[MulticastGroupEntry] = field(default_factory=list)
 
     def runtime_json(self, p4info: str = "", target: str = "bmv2", bmv2_json: str = "") -> dict:
         """p4lang/tutorials runtime JSON for this switch (matches by field name, aliases), checked
-        against the P4Info by `luwu.p4.runtime_config` (RuntimeConfigError says what does not fit)."""
-        out = {"target": target, "p4info": p4info, "bmv2_json": bmv2_json,
-               "table_entries": [{"table": e.table, "match": dict(e.match), "action_name": e.action,
-                                  "action_params": dict(e.params)} for e in self.entries],
-               "multicast_group_entries": [{"multicast_group_id": g.group_id,
-                                            "replicas": [{"egress_port": p, "instance": i} for p, i in g.replicas]}
-                                           for g in self.groups]}
-        from luwu.p4.runtime_config import RuntimeConfig
-
-        RuntimeConfig.from_dict(out).validate(p4info or None)
-        return out
+        against the P4Info (RuntimeConfigError says what does not fit)."""
+        cfg = RuntimeConfig(target, p4info, bmv2_json, list(self.entries), list(self.groups))
+        cfg.validate(p4info or None)
+        return cfg.to_dict()
 
 
 @dataclass
@@ -141,7 +118,7 @@ class JobPlan:
         sessions = [SessionPlan(SessionSpec(**s["spec"]), s["group"], s["switches"], s["root"], s["node"],
                                 s["fallback"]) for s in raw["sessions"]]
         programs = {name: SwitchProgram(p["switch"], [TableEntry(**e) for e in p["entries"]],
-                                        [MulticastGroup(g["group_id"], [tuple(r) for r in g["replicas"]])
+                                        [MulticastGroupEntry(g["multicast_group_id"], [Replica(**r) for r in g["replicas"]])
                                          for g in p["groups"]])
                     for name, p in raw["programs"].items()}
         return cls(raw["job_id"], raw["num_workers"], raw["lanes"], raw["groups"],

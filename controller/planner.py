@@ -23,7 +23,9 @@ from luwu.dataplane.session import SessionSpec, Wiring
 from .config import ControllerConfig
 from .job_spec import JobSpec
 from .placer import Group, PlacementError, Placer
-from .plan import JobPlan, MulticastGroup, NodeWiring, Placement, SessionPlan, Shard, SwitchProgram, TableEntry
+from luwu.p4.runtime_config import TableEntry, endpoint_entry, multicast_group, session_entry, worker_entry
+
+from .plan import JobPlan, NodeWiring, Placement, SessionPlan, Shard, SwitchProgram
 from .shards import ShardBalancer, split_even
 from .topology import Topology
 from .usage import SwitchUsage
@@ -139,20 +141,19 @@ class Planner:
             step, up_port, upw = NextStep.ROOT, node_port, 0
             up_addr = self._node_address(s.node, sw, node_port) if s.node else None
         else:
-            parent, child_port, parent_port = g.parent[sw]
+            parent, child_port, _parent_port = g.parent[sw]
             step, up_port, upw = NextStep.UPSTREAM, child_port, up_worker[sw]
             up_addr = self._switch_address(parent, child_port, sw)
-        prog.entries.append(TableEntry("sessions", {"session": sid}, "set_session", {
-            "pool_base": s.spec.pool_base, "pool_size": 0 if s.fallback else s.spec.pool_size,
-            "num_workers": len(contributors), "worker_mask": mask, "epoch": s.spec.epoch, "mcast_grp": sid,
-            "next_step": int(step), "up_port": up_port, "up_worker": upw}))
+        prog.entries.append(session_entry(
+            sid, pool_base=s.spec.pool_base, pool_size=0 if s.fallback else s.spec.pool_size,
+            num_workers=len(contributors), worker_mask=mask, epoch=s.spec.epoch, mcast_grp=sid,
+            next_step=int(step), up_port=up_port, up_worker=upw))
         for bit, (wid, port, addr) in enumerate(contributors):
-            prog.entries.append(TableEntry("workers", {"session": sid, "worker": wid}, "set_worker",
-                                           {"worker_bit": 1 << bit, "port": port}))
+            prog.entries.append(worker_entry(sid, wid, worker_bit=1 << bit, port=port))
             prog.entries.append(_endpoint(sid, wid, addr))
         if up_addr is not None:
             prog.entries.append(_endpoint(sid, NODE, up_addr))
-        prog.groups.append(MulticastGroup(sid, [(port, wid) for wid, port, _ in contributors]))
+        prog.groups.append(multicast_group(sid, [(port, wid) for wid, port, _ in contributors]))
 
     # -- addresses ------------------------------------------------------------------------------
     def _udp_port(self, sw: str) -> int:
@@ -214,8 +215,7 @@ class Planner:
 
 def _endpoint(sid: int, dst: int, addr: tuple[int, int, int]) -> TableEntry:
     mac, ip, udp = addr
-    return TableEntry("endpoints", {"session": sid, "dst": dst}, "set_endpoint",
-                      {"dst_mac": mac, "dst_ip": ip, "dst_udp": udp})
+    return endpoint_entry(sid, dst, dst_mac=mac, dst_ip=ip, dst_udp=udp)
 
 
 def _mac(text: str) -> int:

@@ -25,7 +25,9 @@ from finsy import P4CounterEntry, P4MulticastGroupEntry, P4TableAction, P4TableE
     SwitchOptions
 from finsy.p4entity import P4Replica
 
-from .plan import MulticastGroup, SwitchProgram, TableEntry
+from luwu.p4.runtime_config import TableEntry, multicast_group
+
+from .plan import SwitchProgram
 from .switch_credentials import SwitchTls, switch_credentials
 
 MANAGED_TABLES = ("sessions", "workers", "endpoints", "ingress_drop_sim", "egress_drop_sim")
@@ -123,7 +125,7 @@ class SwitchProgrammer:
                     desired[_key(entity.encode_entry(schema))] = entity
                 except (ValueError, KeyError) as exc:
                     raise ProgramError(f"switch {target.name}: entry {e} does not fit the P4Info: {exc}") from exc
-            want_groups = {g.group_id: sorted(tuple(r) for r in g.replicas) for g in program.groups}
+            want_groups = {g.multicast_group_id: sorted(g.pairs()) for g in program.groups}
             current, groups = await _read_state(sw)
             counts = {"deleted": 0, "modified": 0, "inserted": 0, "groups": 0}
             deletes = [-entity for k, entity in current.items() if k not in desired]
@@ -165,7 +167,7 @@ class SwitchProgrammer:
             for entity in current.values():
                 match = {k: (list(v) if isinstance(v, tuple) else v) for k, v in (entity.match or {}).items()}
                 entries.append(TableEntry(entity.table_id, match, entity.action.name, dict(entity.action.args)))
-            return SwitchProgram(target.name, entries, [MulticastGroup(g, r) for g, r in sorted(groups.items())])
+            return SwitchProgram(target.name, entries, [multicast_group(g, r) for g, r in sorted(groups.items())])
 
         return await self._run(target, "reading tables", body)
 
@@ -190,7 +192,7 @@ class SwitchProgrammer:
 
 def _entity(e: TableEntry) -> P4TableEntry:
     match = P4TableMatch({k: tuple(v) if isinstance(v, list) else v for k, v in e.match.items()})
-    return P4TableEntry(e.table, match=match, action=P4TableAction(e.action, **e.params))
+    return P4TableEntry(e.table, match=match, action=P4TableAction(e.action_name, **e.action_params))
 
 
 def _table_name(entity: P4TableEntry, schema) -> str:
@@ -210,13 +212,13 @@ def _value(entity: P4TableEntry, schema) -> tuple:
 async def _read_state(sw: Switch) -> tuple[dict[tuple, P4TableEntry], dict[int, list[tuple[int, int]]]]:
     schema = sw.p4info
     current: dict[tuple, P4TableEntry] = {}
-    for table in MANAGED_TABLES:
-        async for entity in sw.read(P4TableEntry(table)):
-            current[_key(entity.encode_entry(schema))] = entity
     groups: dict[int, list[tuple[int, int]]] = {}
-    async for g in sw.read(P4MulticastGroupEntry()):
-        reps = []
-        for r in g.replicas:
-            reps.append((r.port, r.instance) if isinstance(r, P4Replica) else (int(r), 0))
-        groups[g.multicast_group_id] = sorted(reps)
+    # one Read of every managed table and the groups: a switch answers it from one state, so a
+    # batch another client writes meanwhile is seen whole or not at all (drift reports stay whole)
+    async for entity in sw.read([P4TableEntry(table) for table in MANAGED_TABLES] + [P4MulticastGroupEntry()]):
+        if isinstance(entity, P4TableEntry):
+            current[_key(entity.encode_entry(schema))] = entity
+        elif isinstance(entity, P4MulticastGroupEntry):
+            reps = [(r.port, r.instance) if isinstance(r, P4Replica) else (int(r), 0) for r in entity.replicas]
+            groups[entity.multicast_group_id] = sorted(reps)
     return current, groups

@@ -99,9 +99,9 @@ def build_topology(switches: dict[str, pb.Switch], nodes: dict[str, pb.Node]) ->
         for p in sorted(switches[name].ports, key=lambda p: p.number):
             if p.peer_kind == pb.PEER_NODE and p.peer in nodes:
                 topo.link(name, p.number, p.peer, 0)
-            elif p.peer_kind == pb.PEER_SWITCH and p.peer in switches:
-                if topo.peer(name, p.number) is None and topo.peer(p.peer, p.peer_port) is None:
-                    topo.link(name, p.number, p.peer, p.peer_port)
+            elif (p.peer_kind == pb.PEER_SWITCH and p.peer in switches and topo.peer(name, p.number) is None
+                  and topo.peer(p.peer, p.peer_port) is None):
+                topo.link(name, p.number, p.peer, p.peer_port)
     return topo
 
 

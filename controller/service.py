@@ -9,10 +9,10 @@ registers it: undecodable requests answer INVALID_ARGUMENT and no detail echoes 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 
 import grpc
 
-from luwu import __version__
 from luwu.proto import controller_pb2 as pb
 from luwu.proto import controller_pb2_grpc as pb_grpc
 
@@ -21,6 +21,10 @@ from .core import ControllerCore, ControllerError
 from .job_spec import JobSpec
 from .plan import JobPlan
 from .store import JobRow, token_hash
+
+# the installed distribution's version (one source: pyproject.toml); `luwu.__version__` is the
+# application package's, and imports point down
+_VERSION = importlib.metadata.version("luwu")
 
 WATCH_POLL = 1.0  # seconds between liveness checks of an idle WatchJob stream
 
@@ -204,7 +208,7 @@ class ControllerService(pb_grpc.ControllerServicer):
         await self._caller(context, "Status")
         core = self.core
         return pb.StatusResponse(
-            version=__version__, switches=len(core.switches), nodes=len(core.nodes),
+            version=_VERSION, switches=len(core.switches), nodes=len(core.nodes),
             switches_up=sum(core.health.health("switch", n) == "up" for n in core.switches),
             nodes_up=sum(core.health.health("node", n) == "up" for n in core.nodes),
             jobs_active=len(core.live_jobs()), uptime=core.health.clock() - core.started, db_path=core.store.path,

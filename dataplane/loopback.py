@@ -20,7 +20,10 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
-from .protocol import NODE, NextStep, aggregation_packet_len, lanes_for_mode
+from . import children
+from luwu.p4.runtime_config import StarSession, star_program
+
+from .protocol import NODE, aggregation_packet_len, lanes_for_mode
 from .session import EndpointPlan, SessionSpec, Wiring
 
 IN_FLIGHT_BYTES = 4 << 20  # per stream, default window sizing
@@ -140,36 +143,16 @@ class StarPlan:
 
     # -- the switch side ----------------------------------------------------------------------------
     def runtime(self) -> dict:
-        """p4lang/tutorials-style runtime JSON for the switch."""
-        entries = []
-        for s in self.sessions():
-            node = s.node_rank is not None
-            entries.append({
-                "table": "sessions", "match": {"session": s.session}, "action_name": "set_session",
-                "action_params": {
-                    "pool_base": s.pool_base, "pool_size": s.pool_size, "num_workers": self.workers,
-                    "worker_mask": (1 << self.workers) - 1, "epoch": s.epoch, "mcast_grp": s.session,
-                    "next_step": int(NextStep.ROOT), "up_port": self.node_port(s.node_rank) if node else 0,
-                    "up_worker": 0,
-                },
-            })
-            for rank in range(self.workers):
-                entries.append({"table": "workers", "match": {"session": s.session, "worker": rank},
-                                "action_name": "set_worker",
-                                "action_params": {"worker_bit": 1 << rank, "port": self.worker_port(rank)}})
-                entries.append(self._endpoint(s.session, rank, self.worker_port(rank)))
-            if node:
-                entries.append(self._endpoint(s.session, NODE, self.node_port(s.node_rank)))
-        groups = [{"multicast_group_id": s.session,
-                   "replicas": [{"egress_port": self.worker_port(r), "instance": r} for r in range(self.workers)]}
-                  for s in self.sessions()]
-        return {"target": "luwu-software-switch", "table_entries": entries, "multicast_group_entries": groups}
-
-    def _endpoint(self, session: int, dst: int, port: int) -> dict:
+        """p4lang/tutorials-style runtime JSON for the switch (built as every switch program is:
+        luwu.p4.runtime_config)."""
+        sessions = [StarSession(s.session, s.pool_base, s.pool_size, s.epoch,
+                                up_port=self.node_port(s.node_rank) if s.node_rank is not None else 0)
+                    for s in self.sessions()]
         # on loopback the switch port decides where a packet goes; dst_udp names the address the port's
         # endpoint binds (0: none assigned), which a UDP port without a configured peer accepts (peers.py)
-        return {"table": "endpoints", "match": {"session": session, "dst": dst}, "action_name": "set_endpoint",
-                "action_params": {"dst_mac": port, "dst_ip": 0x7F000001, "dst_udp": self._local(port)[1]}}
+        cfg = star_program(self.workers, sessions, worker_port=self.worker_port,
+                           endpoint=lambda dst, port: (port, 0x7F000001, self._local(port)[1]))
+        return {**cfg.to_dict(), "target": "luwu-software-switch"}
 
 
 def _bound_udp(host: str):
@@ -269,7 +252,7 @@ class LoopbackSwitch:
         if not reply or "switch_ports" not in reply:
             self.stop()
             raise RuntimeError(f"the luwu software switch did not start (exit code {self._exit_code()}); "
-                               f"its log {self.log_path} says:\n{tail(self.log_path)}")
+                               f"its log {self.log_path} says:\n{children.tail(self.log_path)}")
         self.plan.switch_ports.update({int(k): (v[0], int(v[1])) for k, v in reply["switch_ports"].items()})
         return self
 
@@ -280,7 +263,7 @@ class LoopbackSwitch:
         if not reply or "switch_ports" not in reply:
             raise RuntimeError(f"the luwu switch process (pid {self._host.pid}) could not start another switch: "
                                f"{(reply or {}).get('error', 'no answer')}; its log {self.log_path} says:\n"
-                               f"{tail(self.log_path)}")
+                               f"{children.tail(self.log_path)}")
         self._id = int(reply["id"])
         self.plan.switch_ports.update({int(k): (v[0], int(v[1])) for k, v in reply["switch_ports"].items()})
         return self
@@ -316,8 +299,7 @@ class LoopbackSwitch:
         if self._host is not None:
             self._host.kill()
         if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait(10)
+            children.stop(self._proc, grace=0)
             self._remove_rings()
 
     @property
@@ -357,11 +339,7 @@ class LoopbackSwitch:
                     f.close()
                 except OSError:
                     pass
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(10)
+            children.stop(self._proc, grace=10.0)
             self._proc = None
             self._remove_rings()
 
@@ -383,17 +361,6 @@ class LoopbackSwitch:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def tail(path: str, chars: int = 2000) -> str:
-    """The end of a log file, for error messages."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - chars))
-            return f.read().decode(errors="replace").strip() or "(empty)"
-    except OSError as e:
-        return f"(cannot read it: {e})"
 
 
 def _serve_stdin() -> int:

@@ -162,6 +162,28 @@ def header_view(rows: np.ndarray, layout: np.dtype = DATA_HEADER) -> np.ndarray:
     return rows[:, :HEADER_LEN].view(layout)[:, 0]
 
 
+def looks_like_luwu(data: bytes | memoryview) -> bool:
+    """The header's own signature, for tools that meet luwu on any UDP port (loopback captures
+    use ephemeral ports): version 1, a known type, and a length the type implies (the switch's
+    own length rules, docs/protocol.md 3; aggregation packets carry 4-byte lanes, at least
+    `count` of them). A UDP payload that passes is almost surely luwu; one that fails is not a
+    packet any luwu component would accept."""
+    n = len(data)
+    if n < HEADER_LEN or data[0] >> 4 != VERSION:
+        return False
+    mtype, count = data[0] & 0xF, int.from_bytes(data[6:8], "big")
+    if mtype in AGGREGATION_TYPES:
+        return (n - HEADER_LEN) % 4 == 0 and count <= (n - HEADER_LEN) // 4
+    if mtype == MsgType.PARAM:
+        item = DTYPE_ITEMSIZE.get(data[25])  # the dtype byte of DATA_HEADER
+        return item is not None and n == HEADER_LEN + count * item
+    if mtype == MsgType.HEARTBEAT:
+        return n == HEADER_LEN
+    if mtype == MsgType.PULL:
+        return n == HEADER_LEN + PULL_REQUEST.itemsize * count
+    return False
+
+
 # --- single-packet encode/decode (tools, tests, slow paths) ----------------------------------
 
 _DATA = struct.Struct("!BBHHHIIIIbBHI")

@@ -1,8 +1,10 @@
 """A scapy layer for the luwu header, for crafting and dissecting packets in tests and tools.
 
-`Ether()/IP()/UDP(dport=DEFAULT_UDP_PORT)/Luwu(...)/Raw(payload)` builds a frame; scapy
-binds UDP port DEFAULT_UDP_PORT to this layer so captured frames dissect by themselves. The
-layout follows docs/protocol.md section 3 (the heartbeat fields overlay slot/tensor/offset).
+`Ether()/IP()/UDP(dport=DEFAULT_UDP_PORT)/Luwu(...)/Raw(payload)` builds a frame. Captured
+frames dissect by themselves: on UDP port DEFAULT_UDP_PORT, and on any other UDP port whose
+payload carries the header's signature (`protocol.looks_like_luwu`; loopback runs use
+ephemeral ports) unless scapy already knows that port for another protocol. The layout follows
+docs/protocol.md section 3 (the heartbeat fields overlay slot/tensor/offset).
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from scapy.fields import (
     ShortField, StrFixedLenField, XShortField,
 )
 from scapy.layers.inet import UDP
-from scapy.packet import Packet, bind_layers
+from scapy.packet import Packet, Raw, bind_layers
 
-from .protocol import DEFAULT_UDP_PORT, VERSION, Dtype, MsgType
+from .protocol import DEFAULT_UDP_PORT, VERSION, Dtype, MsgType, looks_like_luwu
 
 _TYPES = {int(t): t.name for t in MsgType}
 _DTYPES = {int(d): d.name for d in Dtype}
@@ -27,7 +29,7 @@ def _is_hb(pkt) -> bool:
 
 class Luwu(Packet):
     name = "luwu"
-    fields_desc = [
+    fields_desc = [  # noqa: RUF012 - scapy's class-level field list
         BitField("version", VERSION, 4),
         BitEnumField("type", int(MsgType.GRAD), 4, _TYPES),
         FlagsField("flags", 0, 8, _FLAGS),
@@ -49,3 +51,17 @@ class Luwu(Packet):
 
 
 bind_layers(UDP, Luwu, dport=DEFAULT_UDP_PORT)
+bind_layers(UDP, Luwu, sport=DEFAULT_UDP_PORT)
+
+_udp_guess = UDP.guess_payload_class
+
+
+def _guess_luwu(self, payload: bytes):
+    """UDP's payload class: a port binding first (scapy's), else luwu by its signature."""
+    cls = _udp_guess(self, payload)
+    if cls is Raw and looks_like_luwu(payload):
+        return Luwu
+    return cls
+
+
+UDP.guess_payload_class = _guess_luwu

@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node 2 examples/ddp_luwu.py                  # luwu (in-network allreduce)
     torchrun --standalone --nproc-per-node 2 examples/ddp_luwu.py --backend gloo   # the Gloo baseline
 
-With nothing configured, rank 0 starts a software switch on loopback and every rank an engine
+No `import luwu`: installing luwu registers the backend with torch. With nothing configured, rank 0 starts a software switch on loopback and every rank an engine
 daemon (LUWU_ENGINE=embedded keeps the engine in the rank; LUWU_CONTROLLER uses a controller's
 plan; see luwu/worker/backend/config.py). A small MLP learns a fixed random linear map from
 per-rank synthetic data; rank 0 prints the loss and can write the final parameters as JSON
@@ -20,8 +20,6 @@ import os
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-import luwu  # noqa: F401 - registers the "luwu" torch.distributed backend
 
 
 def parse_args(argv=None):

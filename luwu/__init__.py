@@ -6,7 +6,9 @@ The import package gathers the project's parts (each a top-level folder of the r
 `luwu.proto`, `luwu.mininet` and `luwu.p4`. See docs/architecture.md.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import version as _version
+
+__version__ = _version("luwu")  # one source: pyproject.toml
 
 _OPTIMIZER_SPECS = ("AdamW", "Adam", "SGD")
 

@@ -14,19 +14,20 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("luwu.demo", "train a small GPT through the switch and the optimizer node on loopback"),
-    "switch": ("luwu.dataplane.switch.daemon", "run the software switch (UDP on loopback, or raw interfaces)"),
+    "switch": ("luwu.daemons.switch", "run the software switch (UDP on loopback, or raw interfaces)"),
     "bmv2": ("luwu.p4.bmv2_switch", "run BMv2 (simple_switch_grpc) with the luwu pipeline on interfaces"),
-    "engine": ("luwu.dataplane.engine.daemon", "run a SmartNIC engine daemon beside a worker"),
-    "node": ("luwu.dataplane.optimizer.daemon", "run an in-network optimizer node"),
+    "engine": ("luwu.daemons.engine", "run a SmartNIC engine daemon beside a worker"),
+    "node": ("luwu.daemons.node", "run an in-network optimizer node"),
     "controller": ("luwu.controller.server", "run the gRPC controller"),
     "mininet": ("luwu.mininet.runner", "run a topology in Mininet emulation"),
     "p4": ("luwu.p4.tool", "generate, check and build the P4 programs"),
     "simulate": ("luwu.simulate.command", "simulate a training iteration at paper scale; plan optimizer nodes"),
+    "wireshark": ("luwu.dataplane.wireshark", "write the Wireshark/tshark dissector for the luwu header"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "allreduce": ("luwu.bench.allreduce", "in-network allreduce vs Gloo and the raw UDP ceiling"),
     "optimizer": ("luwu.bench.optimizer", "optimizer node vs torch fused AdamW and the disk"),
-    "switch": ("luwu.dataplane.switch.bench", "the software switch alone vs a do-nothing UDP relay"),
+    "switch": ("luwu.bench.switch", "the software switch alone vs a do-nothing UDP relay"),
     "fuzz": ("luwu.bench.fuzz", "hostile packets against a running switch with live jobs: exact sums, every drop accounted"),
 }
 

@@ -83,4 +83,4 @@ def _point_node_endpoints(plan: JobPlan, node: str, switch: str, ip: str) -> Non
     sessions = {s.spec.session for s in plan.sessions if s.node == node and s.root == switch}
     for e in plan.programs[switch].entries:
         if e.table == "endpoints" and e.match.get("dst") == NODE and e.match.get("session") in sessions:
-            e.params["dst_ip"] = ip_to_int(ip)
+            e.action_params["dst_ip"] = ip_to_int(ip)

@@ -18,6 +18,8 @@ import time
 
 import numpy as np
 
+from luwu.dataplane.net.framing import recv_exact
+
 FRAME = struct.Struct("!HHQ")  # sender index, tag, payload bytes
 HELLO = struct.Struct("!H")  # the connecting GPU's index
 WIRE_DTYPE = "<i4"  # int32, one byte order on every GPU
@@ -81,7 +83,7 @@ class NvlinkPeers:
             except socket.timeout:
                 raise NvlinkError(f"GPU {self.index}: not every peer connected within {self.timeout} s") from None
             conn.settimeout(self.timeout)
-            (peer,) = HELLO.unpack(_recv_exact(conn, HELLO.size))
+            (peer,) = HELLO.unpack(recv_exact(conn, HELLO.size))
             conn.settimeout(None)  # readers idle while the rail works; recv() bounds every wait instead
             t = threading.Thread(target=self._read, args=(peer, conn), daemon=True)
             t.start()
@@ -91,11 +93,11 @@ class NvlinkPeers:
         with conn:
             try:
                 while True:
-                    head = _recv_exact(conn, FRAME.size, eof_ok=True)
+                    head = recv_exact(conn, FRAME.size, eof_ok=True)
                     if not head:
                         return
                     sender, tag, n = FRAME.unpack(head)
-                    self._box(sender, tag).put(np.frombuffer(_recv_exact(conn, n), dtype=WIRE_DTYPE).astype(np.int32))
+                    self._box(sender, tag).put(np.frombuffer(recv_exact(conn, n), dtype=WIRE_DTYPE).astype(np.int32))
             except (OSError, ConnectionError) as e:
                 for tag in (TAG_REDUCE_SCATTER, TAG_ALL_GATHER):
                     self._box(peer, tag).put(NvlinkError(f"GPU {peer}: connection lost: {e}"))
@@ -117,20 +119,6 @@ class NvlinkPeers:
         for s in self.out.values():
             s.close()
         self.listener.close()
-
-
-def _recv_exact(conn: socket.socket, n: int, eof_ok: bool = False) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = conn.recv_into(view[got:])
-        if not k:
-            if got == 0 and eof_ok:
-                return b""  # the peer closed between frames: a clean end
-            raise ConnectionError(f"peer closed mid-frame ({got} of {n} bytes)")
-        got += k
-    return bytes(buf)
 
 
 def hierarchical_allreduce(peers: NvlinkPeers, x: np.ndarray, rail_allreduce) -> tuple[np.ndarray, dict]:

@@ -9,17 +9,17 @@ by process id (never by name). Every wait takes a deadline.
 from __future__ import annotations
 
 import json
-import os
 import queue
-import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
 
+from luwu.dataplane import children
+
 from .nsexec import popen_in
 
-STOP_GRACE = 5.0  # s a child gets between SIGTERM and SIGKILL
+STOP_GRACE = children.STOP_GRACE
 
 
 class ChildError(RuntimeError):
@@ -92,19 +92,7 @@ class Child:
         return self.proc.poll() is None
 
     def stop(self, grace: float = STOP_GRACE) -> int | None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: children of it go too
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait(timeout=grace)
+        children.stop(self.proc, grace, group=True)  # its own session: children of it go too
         for f in (self.proc.stdin, self.proc.stdout):
             try:
                 f.close()

@@ -5,7 +5,7 @@ allreduces an int32 tensor through the switches and checks the sum bit for bit; 
 the allreduce is hierarchical over the server's NVLink (nvlink.py). With push/pull it then pulls
 its group's layer slices from the optimizer nodes, pushes float32 gradients and pulls the
 updated slices, checked against the fixed-point error bound. An optimizer node runs one engine
-per attachment serving those slices (luwu.dataplane.engine.sgd_store).
+per attachment serving those slices (mininet/paramstore.py).
 
 Everyone's data is a function of (seed, rank), so each worker computes the exact expected sum
 itself. Protocol with the runner, one JSON object per stdout line: `{"event": "ready"}` once the
@@ -173,7 +173,7 @@ def run_node(cfg: dict) -> int:
     from luwu.dataplane.engine import Engine
     from luwu.dataplane.session import EndpointPlan
 
-    from luwu.dataplane.engine.sgd_store import SgdParamStore as SliceStore
+    from .paramstore import SgdParamStore as SliceStore
 
     n, seed, timeout = cfg["node"], cfg["seed"], cfg["timeout"]
     engines, stores = [], []

@@ -23,8 +23,9 @@ import ipaddress
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from luwu.dataplane.protocol import MAX_SESSIONS
+from luwu.dataplane.protocol import MAX_SESSIONS, NODE, NextStep
 
 from . import P4INFO_TXTPB
 
@@ -45,6 +46,10 @@ class TableEntry:
     action_params: dict = field(default_factory=dict)
     default_action: bool = False
     priority: int | None = None
+
+    def key(self) -> tuple:
+        """What identifies the entry in its table (the match), for diffs and lookups."""
+        return (self.table, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in self.match.items())))
 
     def to_dict(self) -> dict:
         out: dict = {"table": self.table}
@@ -69,6 +74,10 @@ class Replica:
 class MulticastGroupEntry:
     multicast_group_id: int
     replicas: list[Replica] = field(default_factory=list)
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """The replicas as (egress_port, instance) pairs."""
+        return [(r.egress_port, r.instance) for r in self.replicas]
 
     def to_dict(self) -> dict:
         return {"multicast_group_id": self.multicast_group_id,
@@ -297,45 +306,100 @@ def _check_params(action, params: dict, where: str) -> None:
 
 
 # -- builders for the tables of docs/protocol.md 6.1 ------------------------------------------
-
-INGRESS, EGRESS = "LuwuIngress", "LuwuEgress"
+# The one place that spells the tables: the controller's planner, the loopback plan, the
+# benchmarks, the example runtime and the conformance suite all build entries here. Names are
+# P4Info aliases (as in docs/protocol.md 6.1); values may be numbers or dotted/colon strings.
 
 
 def session_entry(session: int, *, pool_base: int, pool_size: int, num_workers: int, worker_mask: int, epoch: int,
                   mcast_grp: int, next_step: int, up_port: int, up_worker: int) -> TableEntry:
+    """A `sessions` entry. pool_size 0 sends every contribution up unaggregated (the fallback of a
+    session the switch has no slots for)."""
     if not 1 <= session < MAX_SESSIONS:
         raise RuntimeConfigError(f"session id {session} out of range 1..{MAX_SESSIONS - 1}")
-    if pool_size <= 0 or pool_size & (pool_size - 1):
-        raise RuntimeConfigError(f"session {session}: pool_size {pool_size} must be a power of two")
-    return TableEntry(f"{INGRESS}.classifier.sessions", {"session": session}, f"{INGRESS}.classifier.set_session",
+    if pool_size < 0 or pool_size & (pool_size - 1):
+        raise RuntimeConfigError(f"session {session}: pool_size {pool_size} must be a power of two (or 0)")
+    return TableEntry("sessions", {"session": session}, "set_session",
                       {"pool_base": pool_base, "pool_size": pool_size, "num_workers": num_workers,
                        "worker_mask": worker_mask, "epoch": epoch, "mcast_grp": mcast_grp, "next_step": next_step,
                        "up_port": up_port, "up_worker": up_worker})
 
 
 def worker_entry(session: int, worker: int, *, worker_bit: int, port: int) -> TableEntry:
-    return TableEntry(f"{INGRESS}.classifier.workers", {"session": session, "worker": worker},
-                      f"{INGRESS}.classifier.set_worker", {"worker_bit": worker_bit, "port": port})
+    return TableEntry("workers", {"session": session, "worker": worker}, "set_worker",
+                      {"worker_bit": worker_bit, "port": port})
 
 
-def endpoint_entry(session: int, dst: int, *, dst_mac: str, dst_ip: str, dst_udp: int) -> TableEntry:
-    return TableEntry(f"{EGRESS}.sender.endpoints", {"session": session, "dst": dst},
-                      f"{EGRESS}.sender.set_endpoint", {"dst_mac": dst_mac, "dst_ip": dst_ip, "dst_udp": dst_udp})
+def endpoint_entry(session: int, dst: int, *, dst_mac: int | str, dst_ip: int | str, dst_udp: int) -> TableEntry:
+    return TableEntry("endpoints", {"session": session, "dst": dst}, "set_endpoint",
+                      {"dst_mac": dst_mac, "dst_ip": dst_ip, "dst_udp": dst_udp})
 
 
-def route_entry(prefix: str, prefix_len: int, *, port: int, dst_mac: str) -> TableEntry:
-    return TableEntry(f"{INGRESS}.forwarder.ipv4_lpm", {"dst_addr": [prefix, prefix_len]},
-                      f"{INGRESS}.forwarder.ipv4_forward", {"port": port, "dst_mac": dst_mac})
+def route_entry(prefix: int | str, prefix_len: int, *, port: int, dst_mac: int | str) -> TableEntry:
+    return TableEntry("ipv4_lpm", {"dst_addr": [prefix, prefix_len]}, "ipv4_forward", {"port": port, "dst_mac": dst_mac})
 
 
 def drop_rate_entry(direction: str, port: int, *, threshold: int) -> TableEntry:
     if direction not in ("ingress", "egress"):
         raise RuntimeConfigError(f"drop simulator direction must be 'ingress' or 'egress', got {direction!r}")
-    control = INGRESS if direction == "ingress" else EGRESS
-    return TableEntry(f"{control}.drop_simulator.{direction}_drop_sim", {"port": port},
-                      f"{control}.drop_simulator.set_{direction}_drop_rate", {"threshold": threshold})
+    return TableEntry(f"{direction}_drop_sim", {"port": port}, f"set_{direction}_drop_rate", {"threshold": threshold})
 
 
 def multicast_group(group: int, replicas: list[tuple[int, int]]) -> MulticastGroupEntry:
     """A group from (egress_port, instance) pairs; instance = the worker's rank (or up_worker)."""
     return MulticastGroupEntry(group, [Replica(port, instance) for port, instance in replicas])
+
+
+# -- one-switch stars -------------------------------------------------------------------------
+
+
+@dataclass
+class StarSession:
+    """A session of a one-switch star: every worker contributes; `up_port` is the optimizer
+    node's port for a node session (0 for a collective, whose result the switch multicasts)."""
+
+    session: int
+    pool_base: int
+    pool_size: int
+    epoch: int
+    up_port: int = 0
+
+
+def star_program(workers: int, sessions: list[StarSession], *, worker_port: Callable[[int], int],
+                 endpoint: Callable[[int, int], tuple[int | str, int | str, int]] | None = None,
+                 group: int | None = None) -> RuntimeConfig:
+    """The table entries and multicast groups of a one-switch star, the switch as the root.
+
+    Used by the loopback plan (the embedded default), `luwu bench switch` and the example runtime;
+    the controller's planner builds trees with the same entry builders.
+
+    Args:
+        workers: ranks 0..workers-1, worker bit r for rank r.
+        sessions: the sessions to install.
+        worker_port: the switch port of rank r.
+        endpoint: (dst, port) -> (dst_mac, dst_ip, dst_udp) for the `endpoints` entries of every
+            rank (and NODE in node sessions); None installs no endpoints.
+        group: one multicast group id for every session; None gives each session its own group
+            numbered as the session.
+
+    Returns:
+        The RuntimeConfig (``to_dict()`` is the runtime JSON).
+    """
+    cfg = RuntimeConfig()
+    mask = (1 << workers) - 1
+    for s in sessions:
+        grp = s.session if group is None else group
+        cfg.table_entries.append(session_entry(
+            s.session, pool_base=s.pool_base, pool_size=s.pool_size, num_workers=workers, worker_mask=mask,
+            epoch=s.epoch, mcast_grp=grp, next_step=int(NextStep.ROOT), up_port=s.up_port, up_worker=0))
+        for rank in range(workers):
+            cfg.table_entries.append(worker_entry(s.session, rank, worker_bit=1 << rank, port=worker_port(rank)))
+            if endpoint is not None:
+                mac, ip, udp = endpoint(rank, worker_port(rank))
+                cfg.table_entries.append(endpoint_entry(s.session, rank, dst_mac=mac, dst_ip=ip, dst_udp=udp))
+        if endpoint is not None and s.up_port:
+            mac, ip, udp = endpoint(NODE, s.up_port)
+            cfg.table_entries.append(endpoint_entry(s.session, NODE, dst_mac=mac, dst_ip=ip, dst_udp=udp))
+        if group is None or not any(g.multicast_group_id == grp for g in cfg.multicast_group_entries):
+            cfg.multicast_group_entries.append(multicast_group(grp, [(worker_port(r), r) for r in range(workers)]))
+    return cfg

@@ -15,6 +15,7 @@ or keeps it until one is posted.
 from __future__ import annotations
 
 import collections
+import itertools
 import queue
 import selectors
 import socket
@@ -62,6 +63,8 @@ class P2PChannel:
         self._send_q: queue.SimpleQueue = queue.SimpleQueue()
         self._posted: dict[tuple[int, int], collections.deque] = collections.defaultdict(collections.deque)
         self._arrived: dict[tuple[int, int], collections.deque] = collections.defaultdict(collections.deque)
+        self._posted_any: dict[int, collections.deque] = collections.defaultdict(collections.deque)  # by tag
+        self._stamps = itertools.count()  # arrival order, for receives from any source
         self._match_lock = threading.Lock()
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.listener, selectors.EVENT_READ, None)
@@ -89,11 +92,26 @@ class P2PChannel:
         key = (src, int(tag))
         with self._match_lock:
             if self._arrived[key]:
-                payload = self._arrived[key].popleft()
+                payload = self._arrived[key].popleft()[1]
             else:
                 self._posted[key].append((deliver, done))
                 return
         self._deliver(payload, deliver, done)
+
+    def recv_any(self, tag: int, deliver: Callable[[int, bytes], None],
+                 done: Callable[[BaseException | None], None]) -> None:
+        """Like `recv` from whichever rank's message with `tag` arrived first: `deliver(src, payload)`.
+        A message that arrives later goes to a receive posted for its source before one posted for
+        any source."""
+        tag = int(tag)
+        with self._match_lock:
+            waiting = [(q[0][0], key) for key, q in self._arrived.items() if key[1] == tag and q]
+            if not waiting:
+                self._posted_any[tag].append((deliver, done))
+                return
+            _, key = min(waiting)
+            payload = self._arrived[key].popleft()[1]
+        self._deliver(payload, lambda data: deliver(key[0], data), done)
 
     def close(self) -> None:
         self._stop = True
@@ -103,8 +121,9 @@ class P2PChannel:
         self._receiver.join(5)
         error = P2PError("the luwu point-to-point channel was closed before this message completed")
         with self._match_lock:
-            posted = [d for q in self._posted.values() for d in q]
+            posted = [d for q in self._posted.values() for d in q] + [d for q in self._posted_any.values() for d in q]
             self._posted.clear()
+            self._posted_any.clear()
         for _, done in posted:
             done(error)
         for sock in set(self._out.values()) | {c.sock for c in self._conns.values()}:
@@ -241,8 +260,11 @@ class P2PChannel:
         with self._match_lock:
             if self._posted[key]:
                 deliver, done = self._posted[key].popleft()
+            elif self._posted_any[tag]:
+                deliver_any, done = self._posted_any[tag].popleft()
+                deliver = lambda data: deliver_any(src, data)  # noqa: E731
             else:
-                self._arrived[key].append(payload)
+                self._arrived[key].append((next(self._stamps), payload))
                 return
         self._deliver(payload, deliver, done)
 

@@ -19,23 +19,10 @@ import time
 
 import numpy as np
 
+from .. import children
 from ..session import EndpointPlan
 from .handles import EngineError, Handle
 from .shm import ShmBuffer
-
-# Runs before the engine daemon, then exec's it: Linux SIGTERMs the daemon when the process that
-# started it dies, even by SIGKILL, so no daemon outlives its worker.
-_DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
-                    "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG\n"
-                    "if os.getppid() != int(sys.argv[1]): sys.exit(1)  # the parent died before prctl\n"
-                    "os.execv(sys.executable, [sys.executable] + sys.argv[2:])\n")
-
-
-def _tail(path: str) -> str:
-    from ..loopback import tail
-
-    return tail(path)
-
 
 _NAMES = {np.dtype(np.float32): "float32", np.dtype(np.int32): "int32", np.dtype(np.float16): "float16",
           np.dtype(np.uint16): "bfloat16"}
@@ -91,8 +78,8 @@ class EngineClient:
         env = dict(os.environ, OMP_NUM_THREADS="1", LUWU_NO_BACKEND="1")
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), "-m", "luwu.dataplane.engine.daemon",
-                 *args, "--control", control, "--batch", str(batch)],
+                children.die_with_parent([sys.executable, "-m", "luwu.daemons.engine", *args, "--control", control,
+                                          "--batch", str(batch)]),
                 env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         return proc, control, log_path
 
@@ -104,9 +91,8 @@ class EngineClient:
             client = cls(control, proc, connect_timeout)
         except EngineError as e:
             if proc is not None:
-                proc.kill()
-                proc.wait(10)
-            raise EngineError(f"{e}; the engine log {log_path} says:\n{_tail(log_path)}") from e
+                children.stop(proc, grace=0)
+            raise EngineError(f"{e}; the engine log {log_path} says:\n{children.tail(log_path)}") from e
         client.log_path = log_path
         return client
 
@@ -187,7 +173,7 @@ class EngineClient:
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                children.stop(self.process, grace=0)
         for buf in self._buffers:
             buf.close()
         self._buffers.clear()

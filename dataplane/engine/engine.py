@@ -135,7 +135,25 @@ class Engine:
         return handle
 
     def push(self, session: int, tensor: int, x: np.ndarray) -> Handle:
-        """Sum a worker's float32 gradient for layer `tensor` into the node serving `session`."""
+        """Sum a worker's float32 gradient for layer `tensor` into the node serving `session`.
+
+        Every worker of the session pushes the same layer; the switch sums the contributions and
+        forwards one stream to the optimizer node, which steps the layer when it is complete.
+
+        Args:
+            session (int): the node session (EndpointPlan) of the node that serves the layer.
+            tensor (int): the layer id.
+            x (np.ndarray): the gradient, flattened to float32 (not modified; may be reused once
+                the handle is done).
+
+        Returns:
+            Handle: completes when the node has acknowledged the whole gradient; its error names
+            a dead switch or node (LuwuPeerDead) or a refused push.
+
+        Examples:
+            >>> h = engine.push(node_session, layer_id, grad.numpy())  # doctest: +SKIP
+            >>> h.wait(timeout=60)
+        """
         s = self._node_session(session)
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
         if self.meta is None:

@@ -2,8 +2,8 @@
 parameters), and how operators ask for stats, a checkpoint, or the steps a job skipped for a
 non-finite gradient (`skipped`, for that job's token too).
 
-Framing: a 4-byte big-endian length, a JSON header, then the binary blobs the header lists in
-`blobs` (sizes in bytes). Addresses are `unix:/path` or `host:port`. One request, one reply.
+Framing (luwu.dataplane.net.framing): a 4-byte big-endian length, a JSON header, then the
+binary blobs the header lists in `blobs` (sizes in bytes). Addresses are `unix:/path` or `host:port`. One request, one reply.
 
 Authentication and bounds (a server with a `ControlAuth`; `luwu node` always has one): a
 connection's first message must be `{"op": "hello", "job_id": J, "token": T}` within
@@ -18,10 +18,8 @@ together never exceed `max_message` bytes, so idle clients claiming large blobs 
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import struct
 import hashlib
 import hmac
 import threading
@@ -30,8 +28,9 @@ from typing import Callable
 
 import numpy as np
 
-_LEN = struct.Struct("!I")
-MAX_HEADER = 16 << 20  # bytes of one JSON header
+from ..net import framing
+from ..net.framing import FrameError, FrameTooLarge, send_msg
+
 HELLO_MAX = 64 << 10  # bytes of the whole first message of a connection (before it is authenticated)
 DEFAULT_MAX_MESSAGE = 1 << 30  # bytes one authenticated message may carry (`luwu node`: its --ram-budget)
 DEFAULT_MAX_UNAUTHENTICATED = 8  # connections at once between accept and a good hello
@@ -51,56 +50,20 @@ def parse_address(addr: str) -> tuple[int, object]:
     return socket.AF_INET, (host, int(port))
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if not k:
-            raise ConnectionError("peer closed the control connection")
-        got += k
-    return bytes(buf)
-
-
-def send_msg(sock: socket.socket, header: dict, blobs: list = ()) -> None:
-    header = dict(header, blobs=[memoryview(b).nbytes for b in blobs])
-    data = json.dumps(header).encode()
-    sock.sendall(_LEN.pack(len(data)) + data)
-    for b in blobs:
-        sock.sendall(memoryview(b).cast("B"))
-
-
 class MessageTooLarge(ControlError):
     """A message claims more bytes than the receiver accepts (nothing was allocated for it)."""
 
 
 def recv_msg(sock: socket.socket, max_message: int | None = None,
              reserve: Callable[[int], Callable[[], None]] | None = None) -> tuple[dict, list[bytes]]:
-    """One message. With `max_message`, header and blobs together may not claim more bytes (checked
-    before allocating); `reserve(total)` may refuse (raise) or return the release to call after."""
-    (n,) = _LEN.unpack(_recv_exact(sock, 4))
-    limit = MAX_HEADER if max_message is None else min(MAX_HEADER, max_message)
-    if n > limit:
-        raise MessageTooLarge(f"control header of {n} bytes is larger than {limit}")
-    header = json.loads(_recv_exact(sock, n))
-    if not isinstance(header, dict):
-        raise ControlError("a control header must be a JSON object")
-    sizes = header.get("blobs", [])
-    if not isinstance(sizes, list) or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0
-                                              for b in sizes):
-        raise ControlError("`blobs` must list non-negative byte counts")
-    total = sum(sizes)
-    if max_message is not None and n + total > max_message:
-        raise MessageTooLarge(f"a control message of {n + total} bytes is larger than this node accepts "
-                              f"({max_message}; `luwu node --control-max-message`)")
-    release = reserve(total) if reserve is not None and total else None
+    """One control message (luwu.dataplane.net.framing), its faults as ControlError."""
     try:
-        blobs = [_recv_exact(sock, size) for size in sizes]
-    finally:
-        if release is not None:
-            release()
-    return header, blobs
+        return framing.recv_msg(sock, max_message, reserve)
+    except FrameTooLarge as e:
+        raise MessageTooLarge(f"{e}; a control message larger than this node accepts is refused "
+                              f"(`luwu node --control-max-message`)") from None
+    except FrameError as e:
+        raise ControlError(f"control message: {e}") from None
 
 
 def _token_key(token: str) -> str:

@@ -206,15 +206,36 @@ class OptimizerNode(CheckpointMixin):
     # -- gradients in ----------------------------------------------------------------------------
     def submit_gradient(self, job_id: str, layer_id: int, step: int, grad, contributors: int = 1,
                         saturated: bool = False, finite: bool = False) -> None:
-        """Queue layer `layer_id`'s summed gradient for step `step` (0-based; must be the layer's
-        next). `grad`: flat float32 (numpy or CPU torch), the sum over `contributors` workers: the
-        node applies their mean (1 = use as is). The node owns `grad` until that version is
-        published and may scale it in place. Returns at once; `params` / listeners tell when done.
-        `finite`: the caller guarantees no NaN/Inf (a fixed-point sum from the network that no
-        contributor saturated is finite by construction), which saves the check's read pass.
+        """Queue layer `layer_id`'s summed gradient for step `step`; the optimizer steps the layer
+        in the background and publishes version `step + 1`.
 
-        A gradient with NaN or Inf raises NonFiniteGradient here (nothing changes; the caller may
-        submit the step again). The network path (`gradient_sink`) skips such a step instead."""
+        Args:
+            job_id (str): the job (added with `add_job`).
+            layer_id (int): the layer.
+            step (int): 0-based; must be the layer's next step.
+            grad: flat float32 (numpy or CPU torch), the sum over `contributors` workers. The node
+                owns it until that version is published and may scale it in place.
+            contributors (int): how many workers summed into `grad`; the node applies their mean
+                (1 = use as is).
+            saturated (bool): the network's fixed-point sum saturated (counted in
+                ``counts["saturated_gradients"]``); the values are checked like any others.
+            finite (bool): the caller guarantees no NaN/Inf (a fixed-point sum from the network
+                that no contributor saturated is finite by construction), which saves a read pass.
+
+        Returns:
+            None, at once; `params` (blocking) or a listener (`add_listener`) tells when the new
+            version is published.
+
+        Raises:
+            OptimizerInputError: (counted by reason) an unknown job or layer, a step out of order,
+                a gradient of the wrong shape or dtype, or NaN/Inf (NonFiniteGradient); nothing
+                is applied and the caller may submit the step again. (The network path,
+                `gradient_sink`, skips a non-finite step instead, as torch's GradScaler would.)
+
+        Examples:
+            >>> node.submit_gradient("job", 3, step, grad, contributors=4)  # doctest: +SKIP
+            >>> new_params = node.params("job", 3, step + 1, timeout=60)
+        """
         try:
             self._submit(job_id, layer_id, step, grad, contributors, saturated, finite)
         except OptimizerInputError as e:

@@ -14,6 +14,8 @@ from pathlib import Path
 from ..protocol import DEFAULT_UDP_PORT, MAX_UDP_PAYLOAD, aggregation_packet_len, lanes_for_mode
 from .table_schema import PORT_BITS
 
+EXAMPLE = Path(__file__).with_name("switch.example.yaml")  # every option, documented
+
 
 class ConfigError(ValueError):
     """A switch configuration value that cannot work, with the key and what to fix."""

@@ -114,7 +114,9 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
             old_primary = self.primary_election_id()
             stream.election_id = election
             primary = self.primary_election_id()
-            targets = self._streams if primary != old_primary else [stream]
+            # a change of primary goes to every stream that has arbitrated; one still connecting would
+            # take it for the answer to its own (finsy: backup invariant failed)
+            targets = [s for s in self._streams if s.election_id is not None] if primary != old_primary else [stream]
             for s in targets:
                 code = rpc_code.OK if s.election_id == primary else rpc_code.ALREADY_EXISTS
                 s.outbox.put(p4r.StreamMessageResponse(arbitration=p4r.MasterArbitrationUpdate(

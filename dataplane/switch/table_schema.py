@@ -1,5 +1,10 @@
 """The match-action tables of docs/protocol.md 6.1 as data: keys, actions, parameters and bit widths.
 
+Read from the P4Info that p4c wrote for the P4 program (p4/build/p4info.txtpb): the software
+switch has exactly the tables, keys, widths, actions, allowed default actions and sizes of the
+program it twins, and a change to the P4 reaches it with `luwu p4 generate`. Only presentation
+is kept here: how values are written (IPv4, MAC), older names of key fields, one line of doc.
+
 `tables.py` validates entries against this schema, the runtime JSON loader and the P4Runtime
 server map names through it, and error messages quote it. Names are the P4 aliases; fully
 qualified P4 names (`LuwuIngress.classifier.sessions`) resolve by their last dotted component.
@@ -48,31 +53,64 @@ def _p(name: str, bits: int, fmt: str = "int") -> Field:
     return Field(name, bits, "param", fmt)
 
 
-PORT_BITS = 9
-SCHEMA: dict[str, TableSpec] = {t.name: t for t in (
-    TableSpec("ingress_drop_sim", (Field("port", PORT_BITS, aliases=("ingress_port",)),),
-              {"set_ingress_drop_rate": (_p("threshold", 32),)}, size=512,
-              doc="drop packets arriving on a port when a 32-bit uniform random number < threshold"),
-    TableSpec("egress_drop_sim", (Field("port", PORT_BITS, aliases=("egress_port",)),),
-              {"set_egress_drop_rate": (_p("threshold", 32),)}, stage="egress", size=512,
-              doc="drop packets leaving on a port when a 32-bit uniform random number < threshold"),
-    TableSpec("sessions", (Field("session", 16),),
-              {"set_session": (_p("pool_base", 32), _p("pool_size", 32), _p("num_workers", 8),
-                               _p("worker_mask", 32), _p("epoch", 32), _p("mcast_grp", 16), _p("next_step", 8),
-                               _p("up_port", PORT_BITS), _p("up_worker", 16))},
-              doc="a session's slot pool, contributors, ownership epoch and where results go"),
-    TableSpec("workers", (Field("session", 16), Field("worker", 16)),
-              {"set_worker": (_p("worker_bit", 32), _p("port", PORT_BITS))}, size=32 * 1024,
-              doc="a contributor's bitmap bit and the port it is wired to"),
-    TableSpec("endpoints", (Field("session", 16), Field("dst", 16)),
-              {"set_endpoint": (_p("dst_mac", 48, "mac"), _p("dst_ip", 32, "ip"), _p("dst_udp", 16))},
-              stage="egress", size=32 * 1024,
-              doc="destination rewrite of emitted frames by (session, rank or 0xFFFF)"),
-    TableSpec("ipv4_lpm", (Field("dst_addr", 32, "lpm", "ip", aliases=("dstAddr",)),),
-              {"ipv4_forward": (_p("port", PORT_BITS), _p("dst_mac", 48, "mac")), "drop": ()},
-              default_actions=("NoAction", "drop", "ipv4_forward"), size=1024,
-              doc="plain L3 forwarding of non-luwu IPv4"),
-)}
+PORT_BITS = 9  # v1model's port width; the P4Info's port fields must agree (checked below)
+
+# presentation the P4Info does not carry
+_FORMATS = {"dst_mac": "mac", "dst_ip": "ip", "dst_addr": "ip"}
+_KEY_ALIASES = {("ingress_drop_sim", "port"): ("ingress_port",), ("egress_drop_sim", "port"): ("egress_port",),
+                ("ipv4_lpm", "dst_addr"): ("dstAddr",)}
+_DOCS = {
+    "ingress_drop_sim": "drop packets arriving on a port when a 32-bit uniform random number < threshold",
+    "egress_drop_sim": "drop packets leaving on a port when a 32-bit uniform random number < threshold",
+    "sessions": "a session's slot pool, contributors, ownership epoch and where results go",
+    "workers": "a contributor's bitmap bit and the port it is wired to",
+    "endpoints": "destination rewrite of emitted frames by (session, rank or 0xFFFF)",
+    "ipv4_lpm": "plain L3 forwarding of non-luwu IPv4",
+}
+
+
+def _load_schema() -> dict[str, TableSpec]:
+    from finsy.proto import p4i
+    from google.protobuf import text_format
+
+    from luwu.p4 import P4INFO_TXTPB
+
+    info = text_format.Parse(P4INFO_TXTPB.read_text(), p4i.P4Info())
+    actions = {a.preamble.id: a for a in info.actions}
+    kinds = {p4i.MatchField.EXACT: "exact", p4i.MatchField.LPM: "lpm"}
+    schema = {}
+    for t in info.tables:
+        name = t.preamble.alias
+        keys = []
+        for m in t.match_fields:
+            if m.match_type not in kinds:
+                raise TableError(f"table {name}: match kind {m.match_type} of {m.name} is not supported by the "
+                                 f"software switch")
+            keys.append(Field(m.name, m.bitwidth, kinds[m.match_type], _FORMATS.get(m.name, "int"),
+                              _KEY_ALIASES.get((name, m.name), ())))
+        entry_actions, default_actions = {}, []
+        for ref in t.action_refs:
+            a = actions[ref.id]
+            params = tuple(_p(p.name, p.bitwidth, _FORMATS.get(p.name, "int")) for p in a.params)
+            if ref.scope != p4i.ActionRef.DEFAULT_ONLY:
+                entry_actions[a.preamble.alias] = params
+            if ref.scope != p4i.ActionRef.TABLE_ONLY:
+                default_actions.append(a.preamble.alias)
+        if name != "ipv4_lpm":
+            # the twin implements a chosen miss action only for ipv4_lpm (a default route); on the
+            # other tables a miss is the drop docs/protocol.md names, whatever the default says
+            default_actions = [a for a in default_actions if a == "NoAction"]
+        stage = "egress" if t.preamble.name.startswith("LuwuEgress.") else "ingress"
+        schema[name] = TableSpec(name, tuple(keys), entry_actions, tuple(default_actions), stage, t.size,
+                                 _DOCS.get(name, ""))
+    for spec in schema.values():
+        for f in spec.keys + tuple(p for params in spec.actions.values() for p in params):
+            if f.name in ("port", "up_port") and f.bits != PORT_BITS:
+                raise TableError(f"the P4Info's {spec.name}.{f.name} is {f.bits} bits, the switch's ports {PORT_BITS}")
+    return schema
+
+
+SCHEMA: dict[str, TableSpec] = _load_schema()
 
 MULTICAST_GROUP_BITS = 16  # the sessions table's mcast_grp parameter
 INSTANCE_BITS = 16  # replicas are rewritten by endpoints[(session, instance)], a 16-bit key

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import secrets
 import socket
-import sys
 import time
 from pathlib import Path
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +19,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-STOP_GRACE = 5.0  # s a child gets between SIGTERM and SIGKILL
+from luwu.dataplane import children
+
+STOP_GRACE = children.STOP_GRACE
 POLL = 0.2  # s between checks while waiting for workers
 
 
@@ -77,20 +78,7 @@ class Child:
         return f"; its log {self.log_path} ends with:\n  " + "\n  ".join(tail) if tail else ""
 
     def stop(self, grace: float = STOP_GRACE) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        try:  # the group may outlive its leader (an engine daemon): kill what is left
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
+        children.stop(self.proc, grace, group=True)  # the group may outlive its leader (an engine daemon)
 
 
 class WorkerGroup:

@@ -55,7 +55,7 @@ def run_ranks(fn, world: int, tmp_path, backend: str = "luwu", env: dict | None 
                 rank, status, value = q.get(timeout=timeout)
             except queue.Empty:
                 missing = sorted(set(range(world)) - set(results) - set(errors))
-                raise AssertionError(f"ranks {missing} did not finish within {timeout} s; errors so far: {errors}")
+                raise AssertionError(f"ranks {missing} did not finish within {timeout} s; errors so far: {errors}") from None
             (results if status == "ok" else errors)[rank] = value
     finally:
         for p in procs:

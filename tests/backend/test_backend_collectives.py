@@ -114,6 +114,37 @@ def collectives_on_rank(rank: int, world: int) -> dict:
         return ts
     record("allreduce_list", ar_many)
 
+    # -- what the switch cannot compute exactly: the hosts reduce every rank's bytes in rank order -------------
+    # (values chosen so that any summation order is exact: Gloo's order may differ from rank order)
+    host_cases = [("float64", "SUM", lambda n: int_input("h-f64", rank, n, -(2**40), 2**40, np.int64) / 4.0),
+                  ("float64", "MAX", lambda n: int_input("h-f64m", rank, n, -999, 999, np.int64) * 0.5),
+                  ("float32", "PRODUCT", lambda n: int_input("h-prod", rank, n, -8, 8, np.int64)),
+                  ("int32", "PRODUCT", lambda n: int_input("h-iprod", rank, n, -1000, 1000, np.int64)),
+                  ("int64", "MAX", lambda n: int_input("h-i64", rank, n, -(2**62), 2**62, np.int64)),
+                  ("int32", "BXOR", lambda n: int_input("h-xor", rank, n, -(2**31), 2**31, np.int64)),
+                  ("int32", "BAND", lambda n: int_input("h-and", rank, n, -(2**31), 2**31, np.int64)),
+                  ("bool", "BOR", lambda n: int_input("h-or", rank, n, 0, 2, np.int64).astype(bool))]
+    for dtype, op, make in host_cases:
+        def ar_host(g, dtype=dtype, op=op, make=make):
+            t = _t(make(2 * LANES + 3), dtype)
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=g)
+            return t
+        record(f"host_allreduce_{op}_{dtype}", ar_host)
+
+    def rs_product(g):
+        i = _t(int_input("h-rsp", rank, 4 * world, -9, 9, np.int64), "int64")
+        o = torch.empty(4, dtype=torch.int64)
+        dist.reduce_scatter_tensor(o, i, op=dist.ReduceOp.PRODUCT, group=g)
+        return o
+    record("host_reduce_scatter_PRODUCT_int64", rs_product)
+
+    def ag_coalesced(g):
+        ins = [_t(float_input("agc-a", rank, 3), "float32"), _t(float_input("agc-b", rank, 5), "float32")]
+        outs = [[torch.empty_like(t) for t in ins] for _ in range(world)]
+        dist.all_gather_coalesced(outs, ins, group=g)
+        return [t for o in outs for t in o]
+    record("all_gather_coalesced", ag_coalesced)
+
     # -- reduce, reduce_scatter -----------------------------------------------------------------------------
     def red(g):
         t = _t(int_input("reduce", rank, 100, -1000, 1000, np.int32), "int32")
@@ -206,6 +237,18 @@ def collectives_on_rank(rank: int, world: int) -> dict:
             r.wait()
         return got
     record("send_recv_ring", ring)
+
+    def any_source(g):  # rank 0 receives from whichever rank sends (dist.recv without src)
+        if rank == 0:
+            got = []
+            for _ in range(world - 1):
+                t = torch.empty(3, dtype=torch.int64)
+                src = dist.recv(t, tag=7, group=g)
+                got.append([src, *t.tolist()])
+            return torch.tensor(sorted(got))
+        dist.send(torch.arange(3) + 100 * rank, dst=0, tag=7, group=g)
+        return torch.zeros(1, dtype=torch.int64)
+    record("recv_any_source", any_source)
 
     dist.barrier()
     dist.barrier(group=gloo)

@@ -103,11 +103,8 @@ def _opts(op):
 def test_unsupported_ops_and_dtypes_raise_at_the_call(tmp_path):
     pg = _group(tmp_path, engine="embedded")
     try:
-        cases = [
-            (torch.ones(3), dist.ReduceOp.PRODUCT, ["PRODUCT", "SUM, AVG, MAX and MIN"]),
-            (torch.ones(3, dtype=torch.int32), dist.ReduceOp.BAND, ["BAND", "SUM, AVG, MAX and MIN"]),
-            (torch.ones(3, dtype=torch.float64), dist.ReduceOp.SUM, ["torch.float64", "float32", "cast float64"]),
-            (torch.ones(3, dtype=torch.int64), dist.ReduceOp.MAX, ["MAX of torch.int64", "int32"]),
+        cases = [  # (PRODUCT, bitwise ops, float64 and int64 MAX/MIN take the exact host path: tested with Gloo)
+            (torch.ones(3), dist.ReduceOp.BAND, ["BAND of torch.float32", "integer or bool"]),
             (torch.ones(3, dtype=torch.int32), dist.ReduceOp.AVG, ["AVG of torch.int32"]),
             (torch.ones(3, dtype=torch.complex64), dist.ReduceOp.SUM, ["torch.complex64", "bfloat16"]),
         ]
@@ -160,15 +157,16 @@ def test_import_luwu_works_without_torch():
 
 @pytest.mark.parametrize("first", ["torch", "luwu"])
 def test_import_luwu_registers_the_backend(first):
-    """Whichever is imported first; `import luwu` alone does not import torch (daemons stay light)."""
+    """Whichever is imported first; `import luwu` alone does not import torch (daemons stay light).
+    (torch's entry-point autoload is off here: tests/backend/test_backend_entry_point.py covers it.)"""
     code = {"torch": "import torch.distributed as dist\nassert 'luwu' not in dist.Backend.backend_list\nimport luwu\n",
             "luwu": "import sys, luwu\nassert 'torch' not in sys.modules\nimport torch.distributed as dist\n"}[first]
     code += "print(dist.Backend.backend_list, dist.Backend.backend_capability['luwu'])"
-    env = dict(os.environ)
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     env.pop("LUWU_NO_BACKEND", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
-    assert "'luwu'" in out.stdout and "['cpu']" in out.stdout, out.stdout
+    assert "'luwu'" in out.stdout and "['cpu', 'cuda']" in out.stdout, out.stdout
 
 
 def test_a_udp_plan_file_without_endpoint_addresses_is_refused(tmp_path):

@@ -86,7 +86,7 @@ def semantics_on_rank(rank: int, world: int) -> dict:
 def test_work_and_future_semantics(tmp_path):
     world = 2
     results = run_ranks(semantics_on_rank, world, tmp_path)
-    for rank, out in enumerate(results):
+    for _rank, out in enumerate(results):
         assert out["work_type"] == "LuwuWork" and out["is_luwu_work"]
         assert out["wait"] is True and out["completed"]
         assert out["value_is_list_of_outputs"], "the future's value must be the list of output tensors"

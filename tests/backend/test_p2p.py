@@ -50,7 +50,7 @@ def test_messages_of_one_tag_arrive_in_order(pair):
     a, b = pair
     box = Box()
     box.expect = 200
-    for i in range(200):
+    for _ in range(200):
         b.recv(0, 7, box.deliver, box.done)
     sent = threading.Semaphore(0)
     for i in range(200):

@@ -37,11 +37,11 @@ def _read_back(p4info, name, address):
 
 
 def _key(e):
-    return (e.table, json.dumps(e.match, sort_keys=True), e.action, json.dumps(e.params, sort_keys=True))
+    return (e.table, json.dumps(e.match, sort_keys=True), e.action_name, json.dumps(e.action_params, sort_keys=True))
 
 
 def test_two_jobs_on_two_switches(controller, software_switch, p4info):
-    bc, client = controller
+    _bc, client = controller
     (tor_sw, tor_addr), (spine_sw, spine_addr) = software_switch(), software_switch()
     _register(client, tor_addr, spine_addr)
     job_a, token_a = client.create_job(job("a", 2, LAYERS_A, nodes=1))
@@ -67,8 +67,8 @@ def test_two_jobs_on_two_switches(controller, software_switch, p4info):
         back = _read_back(p4info, name, address)
         want = [e for p in plans for e in p.programs[name].entries]
         assert sorted(map(_key, back.entries)) == sorted(map(_key, want))
-        groups = {g.group_id: g.replicas for p in plans for g in p.programs[name].groups}
-        assert {g.group_id: g.replicas for g in back.groups} == groups
+        groups = {g.multicast_group_id: g.pairs() for p in plans for g in p.programs[name].groups}
+        assert {g.multicast_group_id: g.pairs() for g in back.groups} == groups
         assert sw.tables.multicast_groups() == groups
 
     # the programmed tree works: ranks 0, 1 of job a allreduce through tor0 -> spine -> tor0
@@ -111,7 +111,7 @@ def test_restart_between_create_and_join_keeps_the_plan(tmp_path, software_switc
         _register(client, tor_addr, spine_addr)
         created, token = client.create_job(job("a", 2, LAYERS_A, nodes=1))
         before = client.plan(created.job_id).plan_json
-        tables_before = {t: sw for t, sw in ((t, tor_sw.tables.entries(t)) for t in ("sessions", "workers"))}
+        tables_before = {t: tor_sw.tables.entries(t) for t in ("sessions", "workers")}
         client.close()
         proc.kill()  # no goodbye: SIGKILL
     with controller_process(db, token_file, p4info) as (proc, address):
@@ -139,7 +139,7 @@ def test_restart_between_create_and_join_keeps_the_plan(tmp_path, software_switc
 def test_restarted_controller_reprograms_a_wiped_switch(controller_config, software_switch):
     from luwu.controller.server import BackgroundController
 
-    (tor_sw, tor_addr), (spine_sw, spine_addr) = software_switch(), software_switch()
+    (tor_sw, tor_addr), (_spine_sw, spine_addr) = software_switch(), software_switch()
     bc = BackgroundController(controller_config)
     client = ControllerClient(bc.address, ADMIN)
     _register(client, tor_addr, spine_addr)

@@ -41,14 +41,14 @@ def refused(code: grpc.StatusCode, fn, *args, **kw) -> str:
 
 
 def test_refusals_change_nothing(deployment):
-    bc, admin, (a, token_a), (b, token_b) = deployment
+    bc, admin, (a, token_a), (b, _token_b) = deployment
     before = snapshot(bc, admin)
     anonymous = ControllerClient(bc.address, "")
     stranger = ControllerClient(bc.address, "not-a-token")
     malformed = ControllerClient(bc.address, "")
     malformed._metadata = lambda token: [("authorization", "Basic abc")]
     job_a_client = ControllerClient(bc.address, token_a)
-    U, P, N, I = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND,
+    U, P, N, INV = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND,
                   grpc.StatusCode.INVALID_ARGUMENT)
 
     assert "authorization" in refused(U, anonymous.create_job, job("c", 2, [1]))
@@ -69,19 +69,19 @@ def test_refusals_change_nothing(deployment):
     refused(N, admin.drain, "nobody")
     refused(N, admin.counters, "nowhere")
     refused(N, admin.report_health, "node", "ghost")
-    refused(I, admin.join_job, a.job_id, 7, "127.0.0.1:4000")
-    refused(I, admin.join_job, a.job_id, 0, "no-port")
-    refused(I, admin.create_job, job("bad name!", 2, [1]))
-    refused(I, admin.create_job, job("c", 0, [1]))
-    refused(I, admin.create_job, pb.Job(name="c", num_workers=2, packet_mode="huge", num_nodes=0))
-    refused(I, admin.create_job, pb.Job(name="c", num_workers=2, packet_mode="64", num_nodes=1,
+    refused(INV, admin.join_job, a.job_id, 7, "127.0.0.1:4000")
+    refused(INV, admin.join_job, a.job_id, 0, "no-port")
+    refused(INV, admin.create_job, job("bad name!", 2, [1]))
+    refused(INV, admin.create_job, job("c", 0, [1]))
+    refused(INV, admin.create_job, pb.Job(name="c", num_workers=2, packet_mode="huge", num_nodes=0))
+    refused(INV, admin.create_job, pb.Job(name="c", num_workers=2, packet_mode="64", num_nodes=1,
                                         layers=[pb.LayerSpec(layer_id=1, numel=5), pb.LayerSpec(layer_id=1, numel=5)]))
-    refused(I, admin.register_switch, pb.Switch(name="s2", p4runtime_address="nohost", target="software",
+    refused(INV, admin.register_switch, pb.Switch(name="s2", p4runtime_address="nohost", target="software",
                                                 lanes=64, slots=16))
-    refused(I, admin.register_switch, pb.Switch(name="s2", p4runtime_address="127.0.0.1:1", target="asic",
+    refused(INV, admin.register_switch, pb.Switch(name="s2", p4runtime_address="127.0.0.1:1", target="asic",
                                                 lanes=64, slots=16))
-    refused(I, admin.register_node, pb.Node(name="n2", data_address="127.0.0.1"))
-    refused(I, admin.report_health, "toaster", "n0")
+    refused(INV, admin.register_node, pb.Node(name="n2", data_address="127.0.0.1"))
+    refused(INV, admin.report_health, "toaster", "n0")
     refused(grpc.StatusCode.FAILED_PRECONDITION, admin.deregister_node, "n0")  # serves jobs
     refused(grpc.StatusCode.FAILED_PRECONDITION, admin.deregister_switch, "s1")
     assert snapshot(bc, admin) == before

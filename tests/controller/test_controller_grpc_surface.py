@@ -81,6 +81,6 @@ def test_job_token_cannot_repoint_a_joined_rank(controller, fake_switch):
     plan = bc.server.core.store.job(created.job_id)
     assert plan.joined == {0: "127.0.0.1:9100"}
     endpoints = [e for e in bc.server.core.desired("s1").entries if e.table == "endpoints" and e.match["dst"] == 0]
-    assert endpoints and all(e.params["dst_udp"] == 9100 and e.params["dst_ip"] == 0x7F000001 for e in endpoints)
+    assert endpoints and all(e.action_params["dst_udp"] == 9100 and e.action_params["dst_ip"] == 0x7F000001 for e in endpoints)
     admin.join_job(created.job_id, 0, "127.0.0.1:9200")  # the admin may move a rank (operator recovery)
     assert bc.server.core.store.job(created.job_id).joined == {0: "127.0.0.1:9200"}

@@ -62,12 +62,12 @@ def test_program_read_back_and_reprogram_idempotently(software_switch, p4info):
     counts = run(programmer(p4info).program(target, prog))
     assert counts["inserted"] == len(prog.entries) and counts["groups"] == len(prog.groups)
     assert sum(len(sw.tables.entries(t)) for t in ("sessions", "workers", "endpoints")) == len(prog.entries)
-    assert sw.tables.multicast_groups() == {g.group_id: list(g.replicas) for g in prog.groups}
+    assert sw.tables.multicast_groups() == {g.multicast_group_id: g.pairs() for g in prog.groups}
     back = run(programmer(p4info).read_program(target))
-    assert sorted((e.table, sorted(e.match.items()), e.action, sorted(e.params.items())) for e in back.entries) == \
-        sorted((e.table, sorted(e.match.items()), e.action, sorted(e.params.items())) for e in prog.entries)
+    assert sorted((e.table, sorted(e.match.items()), e.action_name, sorted(e.action_params.items())) for e in back.entries) == \
+        sorted((e.table, sorted(e.match.items()), e.action_name, sorted(e.action_params.items())) for e in prog.entries)
     assert run(programmer(p4info).program(target, prog)) == {"deleted": 0, "modified": 0, "inserted": 0, "groups": 0}
-    prog.entries[0].params["epoch"] += 1
+    prog.entries[0].action_params["epoch"] += 1
     removed = prog.entries.pop()
     counts = run(programmer(p4info).program(target, prog))
     assert counts["modified"] == 1 and counts["deleted"] == 1
@@ -102,7 +102,7 @@ def test_per_update_errors_and_bad_pipelines_are_reported(software_switch, p4inf
     _, address = software_switch()
     prog = star_plan().programs["s1"]
     bad = next(e for e in prog.entries if e.table == "sessions")
-    bad.params["pool_size"] = 3
+    bad.action_params["pool_size"] = 3
     with pytest.raises(ProgramError, match="power of two"):
         run(programmer(p4info).program(SwitchTarget("s1", address, 0), prog))
     with pytest.raises(ProgramError, match="device"):
@@ -137,7 +137,7 @@ def test_fake_records_writes_and_injected_failures_surface(fake_switch, p4info):
     run(programmer(p4info).program(target, prog))
     assert len(fake.writes) == writes and fake.pipeline_sets == 1  # nothing to do, pipeline kept (same cookie)
 
-    prog.entries[0].params["epoch"] += 1
+    prog.entries[0].action_params["epoch"] += 1
     fake.fail_next_writes(1, grpc.StatusCode.UNAVAILABLE)
     with pytest.raises(ProgramError, match="injected failure"):
         run(programmer(p4info).program(target, prog))
@@ -167,6 +167,6 @@ def test_runtime_json_validates_and_loads_like_p4runtime_programming(software_sw
     assert by_file.tables.multicast_groups() == by_p4rt.tables.multicast_groups()
     from luwu.p4.runtime_config import RuntimeConfigError
 
-    plan.programs["s1"].entries[0].params["bogus"] = 1
+    plan.programs["s1"].entries[0].action_params["bogus"] = 1
     with pytest.raises(RuntimeConfigError):
         plan.programs["s1"].runtime_json(p4info=str(p4info))

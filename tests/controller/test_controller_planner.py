@@ -49,17 +49,17 @@ def test_star_sessions_entries_and_groups():
     assert len({s.spec.session for s in plan.sessions}) == 4 and len({s.spec.epoch for s in plan.sessions}) == 4
     sessions = entries(plan, "s1", "sessions")
     for e in sessions:
-        p = e.params
+        p = e.action_params
         assert p["num_workers"] == 4 and p["worker_mask"] == 0b1111 and p["next_step"] == NextStep.ROOT
         assert p["mcast_grp"] == e.match["session"]
     node_sessions = [s for s in plan.sessions if s.node]
     for s in node_sessions:  # node sessions go up to the node's port; the node's endpoint is programmed
-        up = next(e for e in sessions if e.match["session"] == s.spec.session).params["up_port"]
-        assert up == dict((n, p) for p, n in topo.node_ports("s1"))[s.node]
+        up = next(e for e in sessions if e.match["session"] == s.spec.session).action_params["up_port"]
+        assert up == {n: p for p, n in topo.node_ports("s1")}[s.node]
         assert any(e.match == {"session": s.spec.session, "dst": NODE} for e in entries(plan, "s1", "endpoints"))
     workers = entries(plan, "s1", "workers")
-    assert sorted(e.params["worker_bit"] for e in workers if e.match["session"] == 1) == [1, 2, 4, 8]
-    groups = {g.group_id: g.replicas for g in plan.programs["s1"].groups}
+    assert sorted(e.action_params["worker_bit"] for e in workers if e.match["session"] == 1) == [1, 2, 4, 8]
+    groups = {g.multicast_group_id: g.pairs() for g in plan.programs["s1"].groups}
     assert groups[1] == [(1, 0), (2, 1), (3, 2), (4, 3)]
     covered(plan, layers)
     share = {n: sum(s.numel for s in plan.shards if s.node == n) for n in ("n0", "n1")}
@@ -74,17 +74,17 @@ def test_multi_rack_tree_upstream_and_up_workers():
     assert len({x.spec.session for x in plan.sessions}) == len(plan.sessions)
     for tor, up_worker in (("tor0", 6), ("tor1", 7)):
         for e in entries(plan, tor, "sessions"):
-            assert e.params["next_step"] == NextStep.UPSTREAM
-            assert e.params["up_port"] == 4 and e.params["up_worker"] == up_worker
-            assert e.params["num_workers"] == 3
+            assert e.action_params["next_step"] == NextStep.UPSTREAM
+            assert e.action_params["up_port"] == 4 and e.action_params["up_worker"] == up_worker
+            assert e.action_params["num_workers"] == 3
     cluster = entries(plan, "cluster", "sessions")
-    assert all(e.params["num_workers"] == 2 and e.params["worker_mask"] == 0b11 for e in cluster)
-    ws = {(e.match["session"], e.match["worker"]): e.params for e in entries(plan, "cluster", "workers")}
+    assert all(e.action_params["num_workers"] == 2 and e.action_params["worker_mask"] == 0b11 for e in cluster)
+    ws = {(e.match["session"], e.match["worker"]): e.action_params for e in entries(plan, "cluster", "workers")}
     assert ws[(1, 6)] == {"worker_bit": 1, "port": 1} and ws[(1, 7)] == {"worker_bit": 2, "port": 2}
-    assert {g.group_id: g.replicas for g in plan.programs["cluster"].groups}[1] == [(1, 6), (2, 7)]
+    assert {g.multicast_group_id: g.pairs() for g in plan.programs["cluster"].groups}[1] == [(1, 6), (2, 7)]
     # every switch of the tree shares the id and pool of a session
     for sess in plan.sessions:
-        bases = {e.params["pool_base"] for sw in sess.switches for e in entries(plan, sw, "sessions")
+        bases = {e.action_params["pool_base"] for sw in sess.switches for e in entries(plan, sw, "sessions")
                  if e.match["session"] == sess.spec.session}
         assert bases == {sess.spec.pool_base}
 
@@ -159,7 +159,7 @@ def test_fallback_when_allowed_gives_node_sessions_pool_size_zero_on_the_switch(
     node = next(s for s in plan.sessions if s.node)
     assert node.fallback and node.spec.pool_size == 32  # the endpoints keep a window
     entry = next(e for e in entries(plan, "s1", "sessions") if e.match["session"] == node.spec.session)
-    assert entry.params["pool_size"] == 0
+    assert entry.action_params["pool_size"] == 0
     assert sum(size for _, size, _ in usage.pools["s1"]) == 64  # the fallback session reserved no slot
     assert any("falls back" in line for line in plan.explanation)
 
@@ -196,7 +196,7 @@ def test_shards_cover_every_element_once_and_balance(layers, caps):
     for lid, numel in enumerate(layers):
         mine = sorted((p.offset, p.numel) for p in pieces if p.layer_id == lid)
         assert mine[0][0] == 0 and sum(n for _, n in mine) == numel
-        assert all(a + n == b for (a, n), (b, _) in zip(mine, mine[1:]))
+        assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(mine))
     assert pieces == ShardBalancer(min_slice=1).assign(list(enumerate(layers)), caps)
     # no node finishes later than the ideal finish time plus the largest piece it holds
     total, load = sum(layers), [0] * len(caps)

@@ -54,7 +54,7 @@ def test_engines_allreduce_through_a_programmed_tree(controller, tree):
     engines = []
     try:
         for rank in range(2):
-            plan, info = admin.join_job(created.job_id, rank, f"127.0.0.1:{free_port()}", token=token)
+            plan, _info = admin.join_job(created.job_id, rank, f"127.0.0.1:{free_port()}", token=token)
             assert plan.wiring.switch == (tor0 if rank == 0 else tor1).ports[1].address
             engines.append(Engine(plan, EngineConfig()).start())
         rng = np.random.default_rng(7)

@@ -143,7 +143,7 @@ def test_grad_path_gives_the_node_nan_for_saturated_chunks_never_a_clipped_numbe
     import threading
 
     from luwu.dataplane.engine import Engine
-    from luwu.dataplane.engine.sgd_store import SgdParamStore
+    from luwu.mininet.paramstore import SgdParamStore
     from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
 
     plan = StarPlan(workers=2, nodes=1, mode="tofino", node_pool=32, param_window=64)

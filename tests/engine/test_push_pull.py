@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from luwu.dataplane.engine import Engine
-from luwu.dataplane.engine.sgd_store import SgdParamStore
+from luwu.mininet.paramstore import SgdParamStore
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
 from luwu.dataplane.quantize import chunk_exponents, error_bound
 
@@ -62,7 +62,7 @@ def _layers_and_grads(workers, seed=0):
 @pytest.mark.parametrize("drop", [None, {"ingress": 0.05, "egress": 0.05, "duplicate": 0.02, "reorder": 0.02}])
 def test_push_then_pull_applies_the_summed_gradient(drop):
     layers, grads = _layers_and_grads(3)
-    first, second, server, stats, counters = _run(3, layers, grads, drop=drop)
+    first, second, _server, stats, _counters = _run(3, layers, grads, drop=drop)
     for t, p in layers.items():
         for got in first[t]:
             np.testing.assert_array_equal(got, p)

@@ -44,7 +44,7 @@ def test_one_server_sums_over_its_gpus_and_every_gpu_gets_the_whole_sum():
     def gpu(k):
         try:
             peers[k].connect()
-            out[k], phases = hierarchical_allreduce(peers[k], xs[k], lambda part: rail_calls.append(part.size) or part)
+            out[k], _phases = hierarchical_allreduce(peers[k], xs[k], lambda part: rail_calls.append(part.size) or part)
         except Exception as e:  # reported below
             errors.append(e)
 

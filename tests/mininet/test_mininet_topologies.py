@@ -55,7 +55,7 @@ def test_every_port_has_a_unique_interface_and_every_host_reaches_its_switch(opt
 
 
 def test_rail_only_servers_get_one_nvlink_bridge_with_every_gpu():
-    topo, spec = _spec(TopologyOptions("rail-only", workers=6, gpus=3))
+    _topo, spec = _spec(TopologyOptions("rail-only", workers=6, gpus=3))
     assert len(spec.bridges) == 2  # two servers of three GPUs
     for b in spec.bridges:
         members = [lk.b for lk in spec.links if lk.a == b.name]

@@ -100,5 +100,6 @@ def test_builders_check_their_arguments():
         drop_rate_entry("sideways", 1, threshold=0)
     w = worker_entry(3, 2, worker_bit=4, port=3)
     e = endpoint_entry(3, 0xFFFF, dst_mac="08:00:00:00:00:05", dst_ip="10.0.0.5", dst_udp=19541)
-    assert (w.table, w.match) == ("LuwuIngress.classifier.workers", {"session": 3, "worker": 2})
-    assert (e.table, e.match) == ("LuwuEgress.sender.endpoints", {"session": 3, "dst": 0xFFFF})
+    assert (w.table, w.match) == ("workers", {"session": 3, "worker": 2})  # P4Info aliases, as docs/protocol.md 6.1
+    assert (e.table, e.match) == ("endpoints", {"session": 3, "dst": 0xFFFF})
+    RuntimeConfig(table_entries=[w, e]).validate()  # and the P4Info knows them

@@ -12,7 +12,7 @@ import pytest
 from luwu.dataplane.switch.config import (
     ConfigError, DaemonConfig, SwitchConfig, daemon_config_from_dict, load_daemon_config,
 )
-from luwu.dataplane.switch.daemon import EXAMPLE
+from luwu.daemons.switch import EXAMPLE
 
 
 def test_example_yaml_documents_every_option_and_loads():

@@ -1,4 +1,5 @@
-"""The `luwu` torch.distributed backend: `import luwu` registers it, then
+"""The `luwu` torch.distributed backend: `import torch` registers it (the `torch.backends` entry
+point, `autoload`; `import luwu` does too), then
 `dist.init_process_group("luwu")` gives a process group whose collectives go through the SmartNIC
 engine and the switch (allreduce/reduce_scatter aggregated in the network; broadcast, allgather,
 all_to_all, scatter/gather and barrier moved exactly over the same path; send/recv over TCP).
@@ -19,17 +20,42 @@ _registered = False
 
 
 def register() -> None:
-    """Register the `luwu` backend with torch.distributed (idempotent)."""
+    """Register the `luwu` backend with torch.distributed (idempotent, cheap: the process group's
+    code is imported when a group is created, not here)."""
     global _registered
     if _registered:
         return
     import torch.distributed as dist
 
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["cpu", "cuda"])  # cuda: staged
+    _registered = True
+
+
+def autoload() -> None:
+    """torch's `torch.backends` entry point (pyproject.toml): runs inside `import torch`, so
+    `dist.init_process_group("luwu")` works without `import luwu`. Never raises (torch would
+    fail its own import); TORCH_DEVICE_BACKEND_AUTOLOAD=0 or LUWU_NO_BACKEND=1 turn it off."""
+    import os
+
+    if os.environ.get("LUWU_NO_BACKEND"):
+        return
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available():
+            register()
+    except Exception as e:  # noqa: BLE001 - a plugin must never break `import torch`
+        import warnings
+
+        warnings.warn(f"luwu: could not register the 'luwu' torch.distributed backend: {e!r}", RuntimeWarning,
+                      stacklevel=2)
+
+
+def _create_process_group(store, rank, world_size, timeout):
     from .process_group import create_luwu_process_group
 
-    if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND_NAME, create_luwu_process_group, devices=["cpu"])
-    _registered = True
+    return create_luwu_process_group(store, rank, world_size, timeout)
 
 
 def __getattr__(name: str):

@@ -42,26 +42,58 @@ class Encoding:
         return LIMBS if self.kind == "limbs" else 1
 
 
+# ops the hosts compute exactly from every rank's raw bytes (moved exactly through the switch)
+HOST_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
+HOST_DTYPES = (torch.float64, torch.int64, torch.int16, torch.int8, torch.uint8, torch.int32, torch.bool,
+               *FLOATS)
+
+
 def reduction_encoding(dtype: torch.dtype, op: str, collective: str = "allreduce") -> Encoding:
-    if op not in OPS:
-        raise UnsupportedCollective(f"luwu {collective}: reduce op {op.upper()} is not supported; in-network "
-                                    f"aggregation does SUM, AVG, MAX and MIN")
-    if dtype in FLOATS:
+    """How a reduction crosses the network: in the switch ("float": fixed point with a shared
+    exponent; "int"; "limbs": int64 SUM as 16-bit limbs), or, for what the switch cannot compute
+    exactly (PRODUCT, bitwise ops, float64, int64 MAX/MIN), on the hosts ("host": every rank's
+    bytes are gathered exactly through the switch and each rank reduces them in rank order)."""
+    if op in OPS and dtype in FLOATS:
         return Encoding(dtype, op, "float")
-    if dtype in SMALL_INTS:
-        if op == "avg":
-            raise UnsupportedCollective(f"luwu {collective}: AVG of {dtype} is not defined; use SUM and divide")
+    if op in OPS and op != "avg" and dtype in SMALL_INTS:
         return Encoding(dtype, op, "int")
-    if dtype == torch.int64:
-        if op != "sum":
-            raise UnsupportedCollective(f"luwu {collective}: {op.upper()} of torch.int64 is not supported (int64 "
-                                        "crosses the switch as 16-bit limbs, which only SUM can combine); use "
-                                        "int32 for MAX/MIN")
+    if op == "sum" and dtype == torch.int64:
         return Encoding(dtype, op, "limbs")
-    raise UnsupportedCollective(
-        f"luwu {collective}: dtype {dtype} is not supported for {op.upper()}; the switch reduces float32, bfloat16, "
-        f"float16 (SUM/AVG/MAX/MIN), int8, uint8, int16, int32 (SUM/MAX/MIN) and int64 (SUM)"
-        + ("; cast float64 to float32 first (the switch sums 32-bit fixed point)" if dtype == torch.float64 else ""))
+    if op not in HOST_OPS:
+        raise UnsupportedCollective(f"luwu {collective}: reduce op {op.upper()} is not supported; luwu reduces with "
+                                    f"SUM, AVG, MAX, MIN, PRODUCT, BAND, BOR and BXOR")
+    floating = dtype.is_floating_point
+    if dtype not in HOST_DTYPES or (op == "avg" and not floating) or (op in ("band", "bor", "bxor") and floating):
+        raise UnsupportedCollective(
+            f"luwu {collective}: {op.upper()} of {dtype} is not supported"
+            + ("; AVG is defined for floating types (use SUM and divide)" if op == "avg" else
+               "; bitwise ops take integer or bool tensors" if op in ("band", "bor", "bxor") else
+               "; luwu reduces float16, bfloat16, float32, float64, int8, uint8, int16, int32, int64 and bool"))
+    return Encoding(dtype, op, "host")
+
+
+def host_reduce(parts: list[torch.Tensor], op: str) -> torch.Tensor:
+    """The ranks' contributions (rank order) reduced in rank order, in their own dtype: the same
+    result on every rank; for SUM/AVG of floats the rounding of a sequential sum."""
+    acc = parts[0].clone()
+    for p in parts[1:]:
+        if op in ("sum", "avg"):
+            acc = acc + p if acc.dtype == torch.bool else acc.add_(p)
+        elif op == "product":
+            acc = acc & p if acc.dtype == torch.bool else acc.mul_(p)
+        elif op == "max":
+            acc = torch.maximum(acc, p)
+        elif op == "min":
+            acc = torch.minimum(acc, p)
+        elif op == "band":
+            acc.bitwise_and_(p)
+        elif op == "bor":
+            acc.bitwise_or_(p)
+        else:
+            acc.bitwise_xor_(p)
+    if op == "avg":
+        acc /= len(parts)
+    return acc
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:

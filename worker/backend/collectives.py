@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .codec import ByteLayout, Encoding, decode, encode, flat, nbytes, write, write_bytes
+from .codec import ByteLayout, Encoding, decode, encode, flat, host_reduce, nbytes, write, write_bytes
 from .scheduler import OpContext
 
 __all__ = ["flat", "reduce_tensors", "reduce_scatter", "broadcast", "allgather", "allgather_into", "gather",
@@ -22,22 +22,37 @@ __all__ = ["flat", "reduce_tensors", "reduce_scatter", "broadcast", "allgather",
 
 # -- reductions -------------------------------------------------------------------------------------------
 def reduce_tensors(ctx: OpContext, tensors: list[torch.Tensor], encs: list[Encoding], op: str,
-                   write_back: bool = True) -> None:
-    """Reduce every tensor in place; tensors of one encoding share one engine operation."""
+                   write_back: bool = True, world: int = 1, rank: int = 0) -> None:
+    """Reduce every tensor in place; tensors of one encoding share one engine operation (host
+    encodings: one exact gather of every rank's bytes, reduced here in rank order)."""
     groups: dict[Encoding, list[int]] = {}
     for i, enc in enumerate(encs):
         groups.setdefault(enc, []).append(i)
     handles, plans = [], []
     for enc, idx in groups.items():
+        if enc.kind == "host":
+            layout = ByteLayout([nbytes(tensors[i]) for i in idx for _ in range(world)])
+            buf = layout.empty()
+            for k, i in enumerate(idx):
+                layout.put(buf, k * world + rank, tensors[i])
+            handles.append(ctx.allreduce(buf, "sum"))  # an exact move: each rank fills only its segments
+            plans.append((enc, idx, layout))
+            continue
         parts = [encode(tensors[i], enc) for i in idx]
         x = parts[0] if len(parts) == 1 else np.concatenate(parts)
         handles.append(ctx.allreduce(x, op))
-        plans.append((enc, idx))
+        plans.append((enc, idx, None))
 
     def assemble(results: list[np.ndarray]) -> None:
         if not write_back:
             return
-        for (enc, idx), r in zip(plans, results):
+        for (enc, idx, layout), r in zip(plans, results):
+            if layout is not None:
+                for k, i in enumerate(idx):
+                    t = tensors[i]
+                    parts = [_from_bytes(layout.segment(r, k * world + s), t) for s in range(world)]
+                    write(t, host_reduce(parts, op))
+                continue
             at = 0
             for i in idx:
                 n = tensors[i].numel() * enc.words_per_element
@@ -47,9 +62,25 @@ def reduce_tensors(ctx: OpContext, tensors: list[torch.Tensor], encs: list[Encod
     ctx.finish(handles, assemble)
 
 
+def _from_bytes(data: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.array(data, dtype=np.uint8, copy=True)).view(like.dtype).reshape(-1)
+
+
 def reduce_scatter(ctx: OpContext, out: torch.Tensor, make_input: Callable[[], torch.Tensor], enc: Encoding,
-                   op: str, rank: int) -> None:
+                   op: str, rank: int, world: int = 1) -> None:
     n = out.numel()
+    if enc.kind == "host":  # every rank's whole input, reduced here; this rank keeps its block
+        x = flat(make_input())
+        layout = ByteLayout([nbytes(x)] * world)
+        buf = layout.empty()
+        layout.put(buf, rank, x)
+
+        def assemble_host(results: list[np.ndarray]) -> None:
+            parts = [_from_bytes(layout.segment(results[0], s), x) for s in range(world)]
+            write(out, host_reduce(parts, op)[rank * n: (rank + 1) * n])
+
+        ctx.finish([ctx.allreduce(buf, "sum")], assemble_host)
+        return
     h = ctx.allreduce(encode(make_input(), enc), op)
     w = enc.words_per_element
 

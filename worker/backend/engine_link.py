@@ -14,17 +14,15 @@ connection (new_group starts no process), and the last group to close stops it.
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 
 import numpy as np
 
+from luwu.dataplane import children
 from luwu.dataplane.engine import Engine, EngineError, Handle
 from luwu.dataplane.engine.client import EngineClient
 from luwu.dataplane.engine.shm import ShmBuffer
 from luwu.dataplane.session import EndpointPlan
-
-from luwu.dataplane.loopback import tail
 
 MIN_SHM_BUFFER = 1 << 16  # bytes; smaller requests share this size class
 
@@ -144,7 +142,7 @@ class DaemonLink(EngineLink):
         if code is None:
             return None
         return (f"the engine daemon (pid {self.proc.pid}) exited with code {code}; its log {self.log_path} ends "
-                f"with:\n{tail(self.log_path)}")
+                f"with:\n{children.tail(self.log_path)}")
 
     def stats(self) -> dict | None:
         if self.proc.poll() is not None:
@@ -201,7 +199,7 @@ class EngineHost:
         try:  # waits for the process to listen (it may still be starting), or names its exit
             client = EngineClient(self.control, self.proc, connect_timeout)
         except EngineError as e:
-            raise EngineError(f"{e}; the engine log {self.log_path} says:\n{tail(self.log_path)}") from e
+            raise EngineError(f"{e}; the engine log {self.log_path} says:\n{children.tail(self.log_path)}") from e
         client.process = None  # shared: the client's close must not wait for it to exit (release stops it)
         client.log_path = self.log_path
         try:
@@ -219,13 +217,7 @@ class EngineHost:
                 return
             if EngineHost._current is self:
                 EngineHost._current = None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        children.stop(self.proc, grace=10.0)
 
 
 def open_engine(kind: str, plan: EndpointPlan, workdir: str, connect_timeout: float) -> EngineLink:

@@ -9,6 +9,7 @@ send/recv: TCP between ranks (luwu.worker.p2p), since the switch has no unicast 
 
 Every collective validates its arguments in the caller's thread (bad dtypes and ops raise at once),
 then returns a `LuwuWork`; the scheduler submits it to the engine in call order and completes it.
+Tensors on CUDA (or any non-CPU device) go through host buffers (staging.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .engine_link import EngineHost, open_engine
 from .fallback import ExactFallback
 from .plan_source import default_workdir, obtain_plan, release_plan
 from .scheduler import Scheduler
+from .staging import staged
 from .work import LuwuWork
 
 BACKEND_NAME = "luwu"
@@ -49,9 +51,8 @@ def _check_tensors(tensors, what: str) -> list[torch.Tensor]:
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"luwu {what}: expected tensors, got {type(t).__name__}")
-        if t.device.type != "cpu":
-            raise UnsupportedCollective(f"luwu {what}: tensor on {t.device}; the luwu backend handles CPU tensors "
-                                        "(register a device backend, e.g. 'cpu:luwu,cuda:nccl', for others)")
+        if t.device.type != "cpu":  # device tensors are staged through host buffers first (staging.py)
+            raise UnsupportedCollective(f"luwu {what}: tensor on {t.device} reached the host path unstaged")
         if t.layout != torch.strided:
             raise UnsupportedCollective(f"luwu {what}: {t.layout} tensors are not supported (dense tensors only)")
     return tensors
@@ -108,17 +109,20 @@ class LuwuProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
-    # torch names a group through its C++ backends, which a Python group has none of: keep the name
-    # here, or `destroy_process_group(subgroup)` fails ("ProcessGroup name not set")
-    def _set_group_name(self, name: str) -> None:
-        self._luwu_group_name = name
+    # c10d names groups through these (init_process_group / new_group set them, destroy_process_group
+    # reads the name back); the C++ defaults keep the name in registered backends, which a process
+    # group written in Python does not have ("ProcessGroup name not set")
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
 
-    @property
-    def group_name(self) -> str:
-        name = getattr(self, "_luwu_group_name", None)
-        if name is None:
-            raise RuntimeError("ProcessGroup name not set")
-        return name
+    def getGroupName(self) -> str:
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return getattr(self, "_group_desc", "")
 
     @property
     def plan_source(self) -> str:
@@ -142,24 +146,29 @@ class LuwuProcessGroup(dist.ProcessGroup):
         work.wait()
 
     # -- reductions through the switch ------------------------------------------------------------------
+    @staged(outputs=(0,))
     def allreduce(self, tensors, opts=None):
         tensors = _check_tensors(tensors, "allreduce")
         op = op_name(opts.reduceOp) if opts is not None else "sum"
         encs = [reduction_encoding(t.dtype, op, "allreduce") for t in tensors]
         name = f"allreduce({', '.join(_describe(t) for t in tensors)}, {op.upper()})"
-        return self._work(name, tensors, lambda ctx: C.reduce_tensors(ctx, tensors, encs, op))
+        return self._work(name, tensors, lambda ctx: C.reduce_tensors(ctx, tensors, encs, op, True, self.size(),
+                                                                          self.rank()))
 
+    @staged(outputs=(0,))
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
+    @staged(outputs=(0,))
     def reduce(self, tensors, opts):
         t = _one(tensors, "reduce")
         op = op_name(opts.reduceOp)
         enc = reduction_encoding(t.dtype, op, "reduce")
         keep = self.rank() == opts.rootRank
         return self._work(f"reduce({_describe(t)}, {op.upper()}, root {opts.rootRank})", [t],
-                          lambda ctx: C.reduce_tensors(ctx, [t], [enc], op, write_back=keep))
+                          lambda ctx: C.reduce_tensors(ctx, [t], [enc], op, keep, self.size(), self.rank()))
 
+    @staged(outputs=(0,))
     def reduce_scatter(self, outputs, inputs, opts):
         out = _one(outputs, "reduce_scatter")
         ins = _check_tensors(inputs[0] if len(inputs) == 1 else [], "reduce_scatter")
@@ -172,8 +181,9 @@ class LuwuProcessGroup(dist.ProcessGroup):
         enc = reduction_encoding(out.dtype, op, "reduce_scatter")
         return self._work(f"reduce_scatter({self.size()} x {_describe(out)}, {op.upper()})", [out],
                           lambda ctx: C.reduce_scatter(ctx, out, lambda: torch.cat([C.flat(t) for t in ins]), enc, op,
-                                                       self.rank()))
+                                                       self.rank(), self.size()))
 
+    @staged(outputs=(0,))
     def reduce_scatter_single(self, output, input, opts):
         _check_tensors([output, input], "reduce_scatter_tensor")
         if input.numel() != output.numel() * self.size() or input.dtype != output.dtype:
@@ -182,10 +192,12 @@ class LuwuProcessGroup(dist.ProcessGroup):
         op = op_name(opts.reduceOp)
         enc = reduction_encoding(output.dtype, op, "reduce_scatter_tensor")
         return self._work(f"reduce_scatter_tensor({_describe(input)}, {op.upper()})", [output],
-                          lambda ctx: C.reduce_scatter(ctx, output, lambda: C.flat(input), enc, op, self.rank()))
+                          lambda ctx: C.reduce_scatter(ctx, output, lambda: C.flat(input), enc, op, self.rank(),
+                                                       self.size()))
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @staged(outputs=(0,))
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
         outputs = _check_tensors(outputs, "reduce_scatter_tensor_coalesced")
         inputs = _check_tensors(inputs, "reduce_scatter_tensor_coalesced")
@@ -195,6 +207,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     # -- exact moves over the engine ---------------------------------------------------------------------
+    @staged(outputs=(0,))
     def broadcast(self, tensors, opts):
         t = _one(tensors, "broadcast")
         root = opts.rootRank
@@ -202,6 +215,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
         return self._work(f"broadcast({_describe(t)}, root {root})", [t],
                           lambda ctx: C.broadcast(ctx, t, root, self.rank()))
 
+    @staged(outputs=(0,))
     def allgather(self, outputs, inputs, opts=None):
         t = _one(inputs, "allgather")
         if len(outputs) != 1 or len(outputs[0]) != self.size():
@@ -213,6 +227,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
                              f"input has {nbytes(t)}")
         return self._work(f"allgather({_describe(t)})", outs, lambda ctx: C.allgather(ctx, outs, t, self.rank()))
 
+    @staged(outputs=(0,))
     def all_gather_single(self, output, input, opts=None):
         _check_tensors([output, input], "all_gather_into_tensor")
         if nbytes(output) != nbytes(input) * self.size():
@@ -223,16 +238,25 @@ class LuwuProcessGroup(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    @staged(outputs=(0,))
     def allgather_coalesced(self, outputs, inputs, opts=None):
-        works = [self.allgather([o], [i], opts) for o, i in zip(outputs, _check_tensors(inputs, "allgather"))]
+        # c10d's layout (as Gloo's): outputs[r][j] receives rank r's input j
+        ins = _check_tensors(inputs, "allgather_coalesced")
+        outputs = [list(o) for o in outputs]
+        if len(outputs) != self.size() or any(len(o) != len(ins) for o in outputs):
+            raise ValueError(f"luwu allgather_coalesced: needs {self.size()} output lists (one per rank) of "
+                             f"{len(ins)} tensors (one per input)")
+        works = [self.allgather([[outputs[r][j] for r in range(self.size())]], [t], opts) for j, t in enumerate(ins)]
         return self._join(works, [t for o in outputs for t in o], "allgather_coalesced")
 
+    @staged(outputs=(0,))
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return self._join(works, list(outputs), "all_gather_into_tensor_coalesced")
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
+    @staged(outputs=(0,))
     def gather(self, outputs, inputs, opts):
         t = _one(inputs, "gather")
         root = opts.rootRank
@@ -249,6 +273,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
         return self._work(f"gather({_describe(t)}, root {root})", outs,
                           lambda ctx: C.gather(ctx, outs, t, self.size(), self.rank()))
 
+    @staged(outputs=(0,))
     def scatter(self, outputs, inputs, opts):
         out = _one(outputs, "scatter")
         root = opts.rootRank
@@ -264,6 +289,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
         return self._work(f"scatter({_describe(out)}, root {root})", [out],
                           lambda ctx: C.scatter(ctx, out, ins, self.size(), self.rank()))
 
+    @staged(outputs=(0,))
     def alltoall(self, outputs, inputs, opts=None):
         outs, ins = _check_tensors(outputs, "all_to_all"), _check_tensors(inputs, "all_to_all")
         if len(outs) != self.size() or len(ins) != self.size():
@@ -274,6 +300,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
                                                  lambda chunks: [write_bytes(o, c) for o, c in zip(outs, chunks)],
                                                  self.size(), self.rank()))
 
+    @staged(outputs=(0,))
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         _check_tensors([output, input], "all_to_all_single")
         send = C.split_bytes(input, list(input_split_sizes), self.size(), "input")
@@ -292,12 +319,14 @@ class LuwuProcessGroup(dist.ProcessGroup):
         return self._work("barrier", [], lambda ctx: C.barrier(ctx))
 
     # -- point to point (TCP, luwu.worker.p2p) -------------------------------------------------------------
+    @staged(outputs=())
     def send(self, tensors, dst: int, tag: int = 0):
         t = _one(tensors, "send")
         work = LuwuWork(f"send({_describe(t)} to rank {dst}, tag {tag})", [t])
         self._p2p.send(dst, tag, tensor_bytes(t), lambda err: work._fail(err) if err else work._complete())
         return work
 
+    @staged(outputs=(0,))
     def recv(self, tensors, src: int, tag: int = 0):
         t = _one(tensors, "recv")
         name = f"recv({_describe(t)} from rank {src}, tag {tag})"
@@ -312,8 +341,21 @@ class LuwuProcessGroup(dist.ProcessGroup):
         self._p2p.recv(src, tag, deliver, lambda err: work._fail(err) if err else work._complete())
         return work
 
+    @staged(outputs=(0,))
     def recv_anysource(self, tensors, tag: int = 0):
-        raise UnsupportedCollective("luwu recv: a source rank is required (recv from any source is not supported)")
+        t = _one(tensors, "recv")
+        name = f"recv({_describe(t)} from any rank, tag {tag})"
+        work = LuwuWork(name, [t])
+
+        def deliver(src: int, payload: bytes) -> None:
+            if len(payload) != nbytes(t):
+                raise ValueError(f"luwu {name}: rank {src}'s message has {len(payload)} bytes but the tensor holds "
+                                 f"{nbytes(t)} ({tuple(t.shape)} x {t.dtype})")
+            write_bytes(t, np.frombuffer(payload, dtype=np.uint8))
+            work.source = src  # before completion: dist.recv(src=None) reads it after wait()
+
+        self._p2p.recv_any(tag, deliver, lambda err: work._fail(err) if err else work._complete())
+        return work
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def shutdown(self, *args, **kwargs) -> None:

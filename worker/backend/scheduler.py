@@ -107,7 +107,7 @@ class Scheduler:
                 if handle.error is not None:
                     self._fail(ctx.work, handle.error)
                 else:
-                    self._guard(ctx, lambda c: fn(handle.wait()))
+                    self._guard(ctx, lambda c, fn=fn, handle=handle: fn(handle.wait()))
             while not self._holds and self._deferred:
                 self._guard(*self._deferred.popleft())
 

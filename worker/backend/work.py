@@ -26,6 +26,7 @@ class LuwuWork(dist.Work):
         self.started = time.monotonic()
         self.deadline = None if timeout is None else self.started + timeout
         self.probe = False  # the startup barrier: a timeout means the switch is unreachable
+        self.source = -1  # a receive from any source: the rank it came from
         self._future: Future = Future()
         self._done = threading.Event()
         self._error: BaseException | None = None
@@ -75,6 +76,10 @@ class LuwuWork(dist.Work):
     def result(self) -> list[torch.Tensor]:
         self.wait()
         return self.outputs
+
+    def _source_rank(self) -> int:
+        """The sender of a completed receive from any source (`dist.recv(t)` without `src`)."""
+        return self.source
 
     def synchronize(self) -> None:  # CPU tensors: nothing to order against a stream
         pass

@@ -40,16 +40,35 @@ DEFAULT_TIMEOUT = 300.0  # s a pull or push may take before the worker gives up 
 class ModelInNetwork(nn.Module):
     """Wraps `model` (a plain nn.Module) for training with parameters in the network.
 
-    network: a `JobNetwork` (or its JSON) for this worker. optimizer: `luwu.AdamW(...)` etc.
-    units: modules or module paths to cut at (default: containers' children, see units.py).
-    keep_last: units at the end of forward kept resident for backward (at most
-    `keep_budget` bytes of them when given). prefetch: timeline entries pulled ahead.
-    served_dtype: how the node serves parameters ("bf16", "fp16" or "fp32"; the worker computes
-    in fp32 either way). engine: "process", "embedded", or a running Engine / EngineClient.
-    store: a c10d Store for the start barrier (else an allreduce through the engine).
-    start_version: the version training starts at (0; k to resume from optimizer nodes restored
-    from a checkpoint of version k, `luwu node --restore`): the first pull is of version k and the
-    first push is the gradient of step k. Every worker passes the same value.
+    Every rank of the job constructs one with the same model and optimizer; rank 0 hands the
+    units' initial values and the optimizer spec to the optimizer nodes, and all ranks wait at a
+    start barrier. Afterwards call it like the model, `backward()` the loss, then `step()`.
+
+    Args:
+        model (nn.Module): the model; its parameters are moved to the nodes and freed here.
+        optimizer: the optimizer the nodes run, e.g. ``luwu.AdamW(lr=3e-4, weight_decay=0.1)``.
+        network (JobNetwork or str): this worker's view of the job (or its JSON), from
+            ``JobNetwork.from_star`` (loopback) or ``JobNetwork.from_controller``.
+        units (optional): modules or module paths to cut the model at (default: the
+            containers' children, see units.py).
+        keep_last (int): units at the end of forward kept resident for backward.
+        keep_budget (int, optional): at most this many bytes of kept units.
+        prefetch (int): timeline entries pulled ahead of the one being computed.
+        served_dtype (str): how the nodes serve parameters: "bf16", "fp16" or "fp32" (the
+            worker computes in fp32 either way).
+        engine: "process" (an engine daemon beside this process), "embedded", or a running
+            Engine / EngineClient.
+        store (optional): a c10d Store for the start barrier (else an allreduce through the engine).
+        max_inflight_pushes (int): gradient pushes in flight before backward waits.
+        timeout (float): seconds a pull or push may take before this raises.
+        start_version (int): the version training starts at (0; k to resume from optimizer nodes
+            restored from a checkpoint of version k, `luwu node --restore`): the first pull is of
+            version k and the first push is the gradient of step k. Every worker passes the same value.
+
+    Examples:
+        >>> net = JobNetwork.from_json(os.environ["LUWU_JOB_NETWORK"])  # doctest: +SKIP
+        >>> mnn = ModelInNetwork(model, optimizer=luwu.AdamW(lr=3e-4), network=net)
+        >>> loss = loss_fn(mnn(x), y); loss.backward(); mnn.step()
     """
 
     def __init__(self, model: nn.Module, optimizer, network: JobNetwork | str, *, units=None, keep_last: int = 1,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from luwu.controller.shards import ShardBalancer
 from luwu.dataplane.session import EndpointPlan
 
 DEFAULT_JOB_ID = "mnn"
@@ -92,14 +93,13 @@ class JobNetwork:
 
 
 def balance(sizes: dict[int, int], nodes: list[int]) -> dict[int, int]:
-    """Units to nodes by size, largest first to the least loaded node (ties: lower unit id, then
-    lower node index): deterministic, so every rank computes the same map."""
+    """Whole units to nodes with the controller's placer (luwu.controller.shards, LPT: largest
+    first to the node that finishes first; equal capacities, no slicing here): deterministic, so
+    every rank computes the same map. Units of no elements go to the first node."""
     if not nodes:
         raise ValueError("no optimizer node to place units on")
-    load = {n: 0 for n in nodes}
-    out = {}
-    for uid, numel in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])):
-        best = min(nodes, key=lambda n: (load[n], n))
-        load[best] += numel
-        out[uid] = best
+    whole = ShardBalancer(min_slice=max(sizes.values(), default=1))  # a slice limit no unit exceeds
+    pieces = whole.assign(sorted(sizes.items()), [1.0] * len(nodes))
+    out = {uid: nodes[0] for uid in sizes}
+    out.update({p.layer_id: nodes[p.node_index] for p in pieces})
     return out

@@ -43,4 +43,4 @@ def threshold_for(probability: float) -> int:
     """The 32-bit threshold of a loss probability (1.0 maps to the largest threshold, 2^32 - 1)."""
     if not 0.0 <= probability <= 1.0:
         raise ValueError(f"drop probability {probability} must be in [0, 1]")
-    return min(int(round(probability * (1 << RANDOM_BITS))), (1 << RANDOM_BITS) - 1)
+    return min(round(probability * (1 << RANDOM_BITS)), (1 << RANDOM_BITS) - 1)

@@ -21,15 +21,14 @@ import threading
 import time
 from pathlib import Path
 
-from ..usage import UserError
-from .config import (
-    DROP_KEYS, ConfigError, DaemonConfig, SwitchConfig, UdpPortSpec, load_daemon_config, parse_drop, parse_hostport,
-    parse_peer, switch_port_number,
+from luwu.dataplane.usage import UserError
+from luwu.dataplane.switch.config import (
+    DROP_KEYS, EXAMPLE, ConfigError, DaemonConfig, SwitchConfig, UdpPortSpec, load_daemon_config, parse_drop,
+    parse_hostport, parse_peer, switch_port_number,
 )
-from .counters import named
-from .table_schema import TableError
+from luwu.dataplane.switch.counters import named
+from luwu.dataplane.switch.table_schema import TableError
 
-EXAMPLE = Path(__file__).with_name("switch.example.yaml")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -160,7 +159,7 @@ def write_stats(sw, path: str, started: float) -> None:
 
 def _start_p4runtime(sw, cfg: DaemonConfig, args):
     try:
-        from . import p4runtime_server
+        from luwu.dataplane.switch import p4runtime_server
     except ImportError as e:
         raise ConfigError(f"--p4runtime needs luwu.dataplane.switch.p4runtime_server, which cannot be imported "
                           f"({e}); run without --p4runtime or install the controller part") from None
@@ -181,7 +180,7 @@ def _p4runtime_auth(args):
     """The token P4Runtime clients must present (ConfigError saying where to get one when there is none)."""
     from luwu.controller.config import read_token
 
-    from .p4runtime_auth import P4RuntimeAuth, switch_token
+    from luwu.dataplane.switch.p4runtime_auth import P4RuntimeAuth, switch_token
 
     if args.p4runtime_token_file:
         token = read_token("", args.p4runtime_token_file)
@@ -204,7 +203,7 @@ def _p4runtime_tls(args):
         raise ConfigError("--p4runtime-tls-client-ca needs --p4runtime-tls-cert/--p4runtime-tls-key")
     if not cert:
         return None
-    from .p4runtime_auth import server_credentials
+    from luwu.dataplane.switch.p4runtime_auth import server_credentials
 
     for flag, path in (("--p4runtime-tls-cert", cert), ("--p4runtime-tls-key", key), ("--p4runtime-tls-client-ca", ca)):
         if path and not Path(path).is_file():
@@ -253,7 +252,7 @@ def _apply_drop(sw, cfg: DaemonConfig) -> None:
 
 
 def run(args) -> int:
-    from .switch import SoftwareSwitch
+    from luwu.dataplane.switch.switch import SoftwareSwitch
 
     stop = threading.Event()
     p4rt = None

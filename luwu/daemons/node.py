@@ -16,12 +16,12 @@ import sys
 import threading
 from pathlib import Path
 
-from ..session import EndpointPlan
-from ..usage import UserError, positive_int, size
-from .errors import CheckpointError
-from .node import OptimizerNode
-from .service import OptimizerService
-from .spec import NodeConfig
+from luwu.dataplane.session import EndpointPlan
+from luwu.dataplane.usage import UserError, positive_int, size
+from luwu.dataplane.optimizer.errors import CheckpointError
+from luwu.dataplane.optimizer.node import OptimizerNode
+from luwu.dataplane.optimizer.service import OptimizerService
+from luwu.dataplane.optimizer.spec import NodeConfig
 
 
 DEFAULT_CAPACITY = 1e8  # params/s registered with the controller when not measured
@@ -77,7 +77,7 @@ def run(args) -> int:
     except ValueError as exc:  # a plan this host cannot honour (e.g. shared-memory ports of another host)
         raise UserError(f"--plan {args.plan}: {exc}") from None
     if args.checkpoint_every:
-        from .periodic import PeriodicCheckpoints
+        from luwu.dataplane.optimizer.periodic import PeriodicCheckpoints
 
         PeriodicCheckpoints(service.node, args.checkpoint_every)
         service.node.add_checkpoint_listener(_log_checkpoint)
@@ -119,7 +119,7 @@ def _control_auth(args):
     controller confirms (its job-scoped GetJob answers only the job's own token)."""
     from luwu.controller.config import read_token
 
-    from .control import ControlAuth
+    from luwu.dataplane.optimizer.control import ControlAuth
 
     static = read_token("", args.control_token_file) if args.control_token_file else ""
     verify = None

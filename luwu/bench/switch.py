@@ -8,7 +8,7 @@ its sender: N packets in and N out per chunk, like the switch, with the same bat
 grep-able `key: value` lines (or `--json`); `--out DIR` writes switch_bench.json and a PNG;
 `--profile FILE` writes the switch process's cProfile stats.
 
-    python -m luwu.dataplane.switch.bench --workers 4 --size 32MiB --mode jumbo
+    luwu bench switch --workers 4 --size 32MiB --mode jumbo
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..net.mmsg import BatchSocket, udp_socket
-from ..usage import UserError, positive_int, size
-from ..protocol import (
-    HEADER_LEN, Dtype, MsgType, NextStep, aggregation_packet_len, header_view, lanes_for_mode, ver_type,
+from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
+from luwu.dataplane.usage import UserError, positive_int, size
+from luwu.p4.runtime_config import StarSession, star_program
+from luwu.dataplane.protocol import (
+    HEADER_LEN, Dtype, MsgType, aggregation_packet_len, header_view, lanes_for_mode, ver_type,
 )
 
 HOST = "127.0.0.1"
@@ -56,8 +57,8 @@ def _switch_server(lanes: int, peers: list, pool: int, batch: int, conn, profile
     """The switch with one port per worker, wired to the worker's fixed address. Between runs
     the parent sends ("epoch", n): a new session instance, as a new job would get."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from .config import SwitchConfig
-    from .switch import SoftwareSwitch
+    from luwu.dataplane.switch.config import SwitchConfig
+    from luwu.dataplane.switch.switch import SoftwareSwitch
 
     workers = len(peers)
     sw = SoftwareSwitch(SwitchConfig(lanes=lanes, slots=max(pool, 64), batch=batch))
@@ -81,7 +82,7 @@ def _switch_server(lanes: int, peers: list, pool: int, batch: int, conn, profile
         import cProfile
         import threading
 
-        from .loop import EventLoop
+        from luwu.dataplane.switch.loop import EventLoop
 
         loop = EventLoop(sw)
         conn.send(ports)
@@ -99,16 +100,10 @@ def _switch_server(lanes: int, peers: list, pool: int, batch: int, conn, profile
 
 
 def runtime(workers: int, pool: int, epoch: int = EPOCH) -> dict:
-    entries = [{"table": "sessions", "match": {"session": SESSION}, "action_name": "set_session",
-                "action_params": {"pool_base": 0, "pool_size": pool, "num_workers": workers,
-                                  "worker_mask": (1 << workers) - 1, "epoch": epoch, "mcast_grp": SESSION,
-                                  "next_step": int(NextStep.ROOT), "up_port": 0, "up_worker": 0}}]
-    for r in range(workers):
-        entries.append({"table": "workers", "match": {"session": SESSION, "worker": r}, "action_name": "set_worker",
-                        "action_params": {"worker_bit": 1 << r, "port": r + 1}})
-    groups = [{"multicast_group_id": SESSION,
-               "replicas": [{"egress_port": r + 1, "instance": r} for r in range(workers)]}]
-    return {"table_entries": entries, "multicast_group_entries": groups}
+    """One collective session over `workers` ranks on ports 1..workers."""
+    cfg = star_program(workers, [StarSession(SESSION, 0, pool, epoch)], worker_port=lambda r: r + 1)
+    return {"table_entries": [e.to_dict() for e in cfg.table_entries],
+            "multicast_group_entries": [g.to_dict() for g in cfg.multicast_group_entries]}
 
 
 def _relay_server(max_len: int, batch: int, conn) -> None:
@@ -190,7 +185,7 @@ class _Server:
     """A switch or relay process kept up across the interleaved runs."""
 
     def __init__(self, ctx, kind: str, args, lanes: int, profile: str | None):
-        from ..loopback import free_udp_port
+        from luwu.dataplane.loopback import free_udp_port
 
         self.kind = kind
         self.conn, child = ctx.Pipe()
@@ -332,7 +327,7 @@ def _write(out: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m luwu.dataplane.switch.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="luwu bench switch", description=__doc__.split("\n")[0])
     add_arguments(p)
     return run(p.parse_args(argv))
 

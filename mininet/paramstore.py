@@ -1,4 +1,4 @@
-"""The simplest parameter store an engine in the node role can serve: plain SGD in RAM.
+"""The emulation's parameter store: the simplest an engine in the node role can serve, plain SGD in RAM.
 
 `ParamProvider` (lookup) plus gradient sink (on_gradient), with results a worker can predict
 exactly: for push/pull checks in tests and emulation (`luwu mininet run --push-pull`), where the
@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 
-from ..protocol import Dtype
+from luwu.dataplane.protocol import Dtype
 
 
 class SgdParamStore:

@@ -1,0 +1,65 @@
+"""Captures decode by themselves: the scapy layer and the Wireshark dissector (`luwu wireshark`,
+run by real tshark where it is installed) recognise luwu by the header's signature on any UDP
+port, and leave other UDP alone."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
+from scapy.packet import Raw
+from scapy.utils import wrpcap
+
+from luwu.dataplane.protocol import NODE, Dtype, Flag, MsgType, Packet, looks_like_luwu
+from luwu.dataplane.scapy_layer import Luwu
+
+PACKETS = [  # (payload, what a dissector must say: (type, session, worker, seq) or None)
+    (Packet(MsgType.ALLREDUCE, 2, worker=1, count=4, seq=7, flags=int(Flag.SET | Flag.RETX),
+            payload=np.arange(4, dtype=">i4").tobytes()).pack(), (3, 2, 1, 7)),
+    (Packet(MsgType.HEARTBEAT, 3, worker=NODE, seq=9, ack=5, credit=12).pack(), (6, 3, NODE, 9)),
+    (Packet(MsgType.PARAM, 3, worker=NODE, count=3, dtype=int(Dtype.BF16), tensor=4, payload=b"\0" * 6).pack(),
+     (5, 3, NODE, 0)),
+    (b"not luwu at all: forty bytes of ascii..", None),
+    (Packet(MsgType.PARAM, 3, count=3, dtype=int(Dtype.BF16), payload=b"\0" * 7).pack(), None),  # bad length
+    (bytes([0x23]) + bytes(31), None),  # version 2
+]
+
+
+def _frames():
+    return [Ether() / IP(src="127.0.0.1", dst="127.0.0.1") / UDP(sport=41000 + i, dport=52000) / Raw(p)
+            for i, (p, _) in enumerate(PACKETS)]
+
+
+def test_signature_and_scapy_on_ephemeral_ports():
+    for frame, (payload, want) in zip(_frames(), PACKETS):
+        assert looks_like_luwu(payload) == (want is not None), payload[:8]
+        back = Ether(bytes(frame))
+        if want is None:
+            assert Luwu not in back
+        else:
+            h = back[Luwu]
+            assert (h.type, h.session, h.worker, h.seq) == want
+
+
+@pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark is not installed (apt-get install tshark)")
+def test_wireshark_dissector_with_tshark(tmp_path):
+    lua = tmp_path / "luwu.lua"
+    out = subprocess.run([sys.executable, "-m", "luwu.cli", "wireshark", "--out", str(lua)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    cap = tmp_path / "cap.pcap"
+    wrpcap(str(cap), _frames())
+    res = subprocess.run(["tshark", "-X", f"lua_script:{lua}", "-r", str(cap), "-T", "fields", "-e", "luwu.type",
+                          "-e", "luwu.session", "-e", "luwu.worker", "-e", "luwu.seq"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [line.split("\t") for line in res.stdout.splitlines()]
+    assert len(rows) == len(PACKETS), res.stdout
+    for row, (_, want) in zip(rows, PACKETS):
+        got = tuple(int(v) for v in row) if any(row) else None
+        assert got == want, (row, want)

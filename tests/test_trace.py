@@ -1,0 +1,48 @@
+"""The timeline: processes that find LUWU_TRACE_DIR write complete events on one clock, and
+`merge` makes one Chrome trace with a named track per process; without it nothing is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from luwu.dataplane import trace
+
+CHILD = """
+import sys, time
+from luwu.dataplane import trace
+trace.start(sys.argv[1])
+for i in range(3):
+    with trace.span("step", "test", i=i):
+        time.sleep(0.01)
+"""
+
+
+def _run(name: str, env: dict) -> None:
+    out = subprocess.run([sys.executable, "-c", CHILD, name], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_two_processes_merge_into_one_chrome_trace(tmp_path):
+    env = dict(os.environ, **{trace.ENV: str(tmp_path)})
+    _run("switch", env)
+    _run("node", env)
+    data = json.loads(trace.merge(tmp_path).read_text())
+    events = data["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert sorted(names.values()) == ["node", "switch"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len(spans) == 6 and {e["pid"] for e in spans} == set(names)
+    assert all(e["dur"] >= 10_000 for e in spans)  # 10 ms sleeps, in microseconds
+    first, second = sorted(names, key=lambda p: min(e["ts"] for e in spans if e["pid"] == p))
+    assert max(e["ts"] + e["dur"] for e in spans if e["pid"] == first) <= min(
+        e["ts"] for e in spans if e["pid"] == second)  # one clock: the first process's spans end first
+
+
+def test_off_without_the_variable(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != trace.ENV}
+    env["HOME"] = str(tmp_path)
+    _run("quiet", env)
+    assert not list(tmp_path.rglob("trace-*.jsonl"))
