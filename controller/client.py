@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -158,7 +158,7 @@ class ControllerClient:
 
     def heartbeat_loop(self, kind: str, name: str, interval: float = DEFAULT_HEARTBEAT,
                        counters: Callable[[], dict[str, int]] | None = None,
-                       on_error: Callable[[Exception], None] | None = None) -> "Heartbeat":
+                       on_error: Callable[[Exception], None] | None = None) -> Heartbeat:
         return Heartbeat(self, kind, name, interval, counters, on_error)
 
     def counters(self, switch: str = "") -> list[pb.SwitchCounters]:

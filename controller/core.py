@@ -18,6 +18,7 @@ import grpc
 from luwu.dataplane.protocol import DropReason, Event, MsgType
 from luwu.dataplane.switch.p4runtime_auth import switch_token
 from luwu.dataplane.switch.p4runtime_server import device_config_marker
+from luwu.p4.runtime_config import drop_rate_entry
 from luwu.proto import controller_pb2 as pb
 
 from .auth import new_token
@@ -25,8 +26,6 @@ from .config import ControllerConfig
 from .events import JobEvents
 from .health import HealthMonitor
 from .job_spec import JobSpec
-from luwu.p4.runtime_config import drop_rate_entry
-
 from .plan import JobPlan, SwitchProgram
 from .planner import PlanError, Planner, ip_to_int
 from .programmer import ProgramError, SwitchProgrammer, SwitchTarget
@@ -125,7 +124,7 @@ class ControllerCore:
         names = sorted(set(switches))
         missing = [n for n in names if n not in self.switches]
         if missing:
-            return {n: "not registered" for n in missing}
+            return dict.fromkeys(missing, "not registered")
         results = await asyncio.gather(*(self.programmer.program(self.target(n), self.desired(n)) for n in names),
                                        return_exceptions=True)
         errors = {}

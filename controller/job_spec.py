@@ -63,13 +63,13 @@ class JobSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "JobSpec":
+    def from_dict(cls, raw: dict) -> JobSpec:
         raw = dict(raw)
         raw["layers"] = [tuple(x) for x in raw.get("layers", [])]
         return cls(**raw)
 
     @classmethod
-    def from_proto(cls, job) -> "JobSpec":
+    def from_proto(cls, job) -> JobSpec:
         opt = {"name": job.optimizer.name or "adamw", "params": dict(job.optimizer.params),
                "param_dtype": job.optimizer.param_dtype or "bf16"}
         return cls(name=job.name, num_workers=job.num_workers,

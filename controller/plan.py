@@ -113,7 +113,7 @@ class JobPlan:
         return json.dumps(raw, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "JobPlan":
+    def from_json(cls, text: str) -> JobPlan:
         raw = json.loads(text)
         sessions = [SessionPlan(SessionSpec(**s["spec"]), s["group"], s["switches"], s["root"], s["node"],
                                 s["fallback"]) for s in raw["sessions"]]

@@ -15,16 +15,15 @@ tree's non-root switches (sorted by name): above every rank, below 0xFFFF, uniqu
 from __future__ import annotations
 
 import ipaddress
-from typing import Callable
+from collections.abc import Callable
 
 from luwu.dataplane.protocol import DEFAULT_UDP_PORT, NODE, NextStep
 from luwu.dataplane.session import SessionSpec, Wiring
+from luwu.p4.runtime_config import TableEntry, endpoint_entry, multicast_group, session_entry, worker_entry
 
 from .config import ControllerConfig
 from .job_spec import JobSpec
 from .placer import Group, PlacementError, Placer
-from luwu.p4.runtime_config import TableEntry, endpoint_entry, multicast_group, session_entry, worker_entry
-
 from .plan import JobPlan, NodeWiring, Placement, SessionPlan, Shard, SwitchProgram
 from .shards import ShardBalancer, split_even
 from .topology import Topology

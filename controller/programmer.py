@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from finsy import P4CounterEntry, P4MulticastGroupEntry, P4TableAction, P4TableEntry, P4TableMatch, Switch, \
-    SwitchOptions
+from finsy import (
+    P4CounterEntry,
+    P4MulticastGroupEntry,
+    P4TableAction,
+    P4TableEntry,
+    P4TableMatch,
+    Switch,
+    SwitchOptions,
+)
 from finsy.p4entity import P4Replica
 
 from luwu.p4.runtime_config import TableEntry, multicast_group

@@ -16,7 +16,7 @@ import grpc
 from luwu.proto import controller_pb2 as pb
 from luwu.proto import controller_pb2_grpc as pb_grpc
 
-from .auth import AuthError, Authenticator, Caller
+from .auth import Authenticator, AuthError, Caller
 from .core import ControllerCore, ControllerError
 from .job_spec import JobSpec
 from .plan import JobPlan

@@ -152,7 +152,7 @@ class Topology:
                 "links": [asdict(link) for link in self.links]}
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "Topology":
+    def from_dict(cls, raw: dict) -> Topology:
         topo = cls()
         for s in raw.get("switches", []):
             s = dict(s)

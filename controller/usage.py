@@ -18,7 +18,7 @@ class SwitchUsage:
         self.ports: dict[str, dict[int, str]] = {name: {} for name in slots}  # port -> owner job
 
     @classmethod
-    def from_plans(cls, slots: dict[str, int], plans) -> "SwitchUsage":
+    def from_plans(cls, slots: dict[str, int], plans) -> SwitchUsage:
         usage = cls(slots)
         for plan in plans:
             usage.add_plan(plan)

@@ -20,9 +20,9 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
-from . import children
 from luwu.p4.runtime_config import StarSession, star_program
 
+from . import children
 from .protocol import NODE, aggregation_packet_len, lanes_for_mode
 from .session import EndpointPlan, SessionSpec, Wiring
 
@@ -220,7 +220,7 @@ class LoopbackSwitch:
     READY_TIMEOUT = 60.0
 
     def __init__(self, plan: StarPlan, process: bool = False, drop: dict | None = None, seed: int = 0,
-                 runtime: dict | None = None, log_path: str | None = None, host: "LoopbackSwitch | None" = None):
+                 runtime: dict | None = None, log_path: str | None = None, host: LoopbackSwitch | None = None):
         self._host, self._id = host, 0  # hosted: the host's child runs this switch as number _id
         if host is not None:
             process, log_path = True, host.log_path
@@ -234,7 +234,7 @@ class LoopbackSwitch:
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
 
-    def start(self) -> "LoopbackSwitch":
+    def start(self) -> LoopbackSwitch:
         self.plan.assign_endpoints()  # here, so the parent's plan holds them when the switch is a child
         if not self.process:
             self._sw = _build_switch(self.plan, self.drop, self.seed, self.runtime)
@@ -256,7 +256,7 @@ class LoopbackSwitch:
         self.plan.switch_ports.update({int(k): (v[0], int(v[1])) for k, v in reply["switch_ports"].items()})
         return self
 
-    def _start_hosted(self) -> "LoopbackSwitch":
+    def _start_hosted(self) -> LoopbackSwitch:
         request = {"op": "add", "plan": json.loads(plan_to_json(self.plan)), "drop": self.drop, "seed": self.seed,
                    "runtime": self.runtime}
         reply = self._host._ask(json.dumps(request), self.READY_TIMEOUT) if self._host.alive() else None
@@ -356,7 +356,7 @@ class LoopbackSwitch:
                     except FileNotFoundError:
                         pass
 
-    def __enter__(self) -> "LoopbackSwitch":
+    def __enter__(self) -> LoopbackSwitch:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -222,7 +222,7 @@ class Packet:
         return head + bytes(self.payload)
 
     @classmethod
-    def unpack(cls, data: bytes | memoryview) -> "Packet":
+    def unpack(cls, data: bytes | memoryview) -> Packet:
         if len(data) < HEADER_LEN:
             raise ValueError(f"luwu packet of {len(data)} bytes is shorter than the {HEADER_LEN}-byte header")
         vt = data[0]

@@ -10,8 +10,16 @@ docs/protocol.md section 3 (the heartbeat fields overlay slot/tensor/offset).
 from __future__ import annotations
 
 from scapy.fields import (
-    BitEnumField, BitField, ByteEnumField, ConditionalField, FlagsField, IntField, SignedByteField,
-    ShortField, StrFixedLenField, XShortField,
+    BitEnumField,
+    BitField,
+    ByteEnumField,
+    ConditionalField,
+    FlagsField,
+    IntField,
+    ShortField,
+    SignedByteField,
+    StrFixedLenField,
+    XShortField,
 )
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, Raw, bind_layers

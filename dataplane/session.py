@@ -36,7 +36,7 @@ class SessionSpec:
         if self.kind not in KINDS:
             raise ValueError(f"session kind {self.kind!r} must be one of {KINDS}")
         check_pool(self.pool_base, self.pool_size)
-        if not 1 <= self.num_workers:
+        if not self.num_workers >= 1:
             raise ValueError(f"session {self.session}: num_workers must be >= 1")
         if not 0 <= self.epoch < 2**32:
             raise ValueError(f"session {self.session}: epoch must fit in 32 bits")
@@ -71,7 +71,7 @@ class EndpointPlan:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "EndpointPlan":
+    def from_json(cls, text: str) -> EndpointPlan:
         raw = json.loads(text)
         w = raw["wiring"]
         wiring = Wiring(w["rank"], w["transport"], tuple(w["local"]), tuple(w["switch"]), w.get("switch_port", 0))
@@ -81,7 +81,7 @@ class EndpointPlan:
         return cls(wiring, sessions)
 
     @classmethod
-    def from_file(cls, path, what: str = "--plan") -> "EndpointPlan":
+    def from_file(cls, path, what: str = "--plan") -> EndpointPlan:
         """The plan in a JSON file; a missing, unreadable or malformed file raises UserError
         (one line naming the file and what is wrong), never a traceback."""
         from .usage import UserError

@@ -18,4 +18,4 @@ The implementation is in `luwu.worker.model_in_network`.
 from luwu.worker.model_in_network import SGD, Adam, AdamW, JobNetwork, ModelInNetwork, UnitError
 from luwu.worker.model_in_network.local import LocalNetwork
 
-__all__ = ["ModelInNetwork", "JobNetwork", "LocalNetwork", "AdamW", "Adam", "SGD", "UnitError"]
+__all__ = ["SGD", "Adam", "AdamW", "JobNetwork", "LocalNetwork", "ModelInNetwork", "UnitError"]

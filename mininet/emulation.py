@@ -120,7 +120,7 @@ class EmulationSpec:
         return json.dumps(asdict(self), indent=1)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "EmulationSpec":
+    def from_dict(cls, raw: dict) -> EmulationSpec:
         spec = cls(raw["run_id"], raw["mtu"], raw["subnet"])
         spec.switches = [EmuSwitch(**dict(s, ports={int(k): v for k, v in s["ports"].items()}))
                          for s in raw["switches"]]

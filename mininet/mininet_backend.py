@@ -176,7 +176,7 @@ class MininetNetwork:
         self.pids = {}
         return left
 
-    def __enter__(self) -> "MininetNetwork":
+    def __enter__(self) -> MininetNetwork:
         self.start()
         return self
 

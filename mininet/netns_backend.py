@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from .emulation import EmulationSpec, EmuHost
+from .emulation import EmuHost, EmulationSpec
 from .nsexec import write_sysctls
 from .topologies import NAME_PREFIX
 
@@ -182,7 +182,7 @@ class NetnsNetwork:
         self._namespaces.clear()
         return left
 
-    def __enter__(self) -> "NetnsNetwork":
+    def __enter__(self) -> NetnsNetwork:
         self.start()
         return self
 

@@ -80,7 +80,7 @@ class NvlinkPeers:
         for _ in peers:
             try:
                 conn, _ = self.listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 raise NvlinkError(f"GPU {self.index}: not every peer connected within {self.timeout} s") from None
             conn.settimeout(self.timeout)
             (peer,) = HELLO.unpack(recv_exact(conn, HELLO.size))

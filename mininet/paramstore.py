@@ -17,7 +17,7 @@ from luwu.dataplane.protocol import Dtype
 class SgdParamStore:
     def __init__(self, params: dict[int, np.ndarray], lr: float, bf16: bool = False):
         self.params = {t: p.astype(np.float32).reshape(-1).copy() for t, p in params.items()}
-        self.version = {t: 0 for t in params}
+        self.version = dict.fromkeys(params, 0)
         self.lr = np.float32(lr)
         self.bf16 = bf16
         self.lock = threading.Lock()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from luwu.controller import topology as T
 from luwu.dataplane.protocol import DEFAULT_UDP_PORT, MAX_CONTRIBUTORS
 
-from .emulation import Bridge, EmuHost, EmuLink, EmuSwitch, EmulationSpec, HostIface
+from .emulation import Bridge, EmuHost, EmulationSpec, EmuLink, EmuSwitch, HostIface
 
 TOPOLOGIES = ("star", "multi-rack", "rail-only")
 NODE_MODES = ("port_per_rail", "node_per_rail")

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from luwu.dataplane.protocol import MAX_SESSIONS, NODE, NextStep
 
@@ -105,7 +105,7 @@ class RuntimeConfig:
         Path(path).write_text(self.dumps())
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "RuntimeConfig":
+    def from_dict(cls, raw: dict) -> RuntimeConfig:
         if not isinstance(raw, dict):
             raise RuntimeConfigError("a runtime config is a JSON object with table_entries and multicast_group_entries")
         unknown = set(raw) - {"target", "p4info", "bmv2_json", "table_entries", "multicast_group_entries",
@@ -136,7 +136,7 @@ class RuntimeConfig:
         return cls(raw.get("target", "bmv2"), raw.get("p4info", ""), raw.get("bmv2_json", ""), entries, groups)
 
     @classmethod
-    def load(cls, path: Path | str) -> "RuntimeConfig":
+    def load(cls, path: Path | str) -> RuntimeConfig:
         try:
             raw = json.loads(Path(path).read_text())
         except json.JSONDecodeError as exc:
@@ -210,7 +210,7 @@ class P4InfoIndex:
             self.actions[a.preamble.name] = self.actions[a.preamble.alias] = a
 
     @classmethod
-    def load(cls, p4info=None) -> "P4InfoIndex":
+    def load(cls, p4info=None) -> P4InfoIndex:
         """From a P4Info message, a path to a text P4Info, or None (the committed one)."""
         from finsy.proto import p4i
         from google.protobuf import text_format

@@ -22,8 +22,18 @@ from pathlib import Path
 
 from . import BUILD_DIR, P4_DIR, P4INFO_TXTPB
 from .compiler import (
-    INSTALL_HINT, TNA_BUILD, TOFINO_HINT, CompileError, bmv2_command, check_tna, compare_with_fresh_compile,
-    p4c_available, rebuild, rel, tna_check_command, tofino_command,
+    INSTALL_HINT,
+    TNA_BUILD,
+    TOFINO_HINT,
+    CompileError,
+    bmv2_command,
+    check_tna,
+    compare_with_fresh_compile,
+    p4c_available,
+    rebuild,
+    rel,
+    tna_check_command,
+    tofino_command,
 )
 
 P4RUNTIME_PORT = 50051  # simple_switch_grpc's default gRPC port

@@ -46,8 +46,9 @@ def generate(out_dir: Path) -> list[Path]:
 
 def main() -> int:
     try:
-        import grpc_tools
         from importlib.metadata import version
+
+        import grpc_tools
     except ImportError:
         print("grpcio-tools is missing: pip install 'grpcio-tools==1.81.1' (the `dev` extra)", file=sys.stderr)
         return 1

@@ -21,8 +21,9 @@ A cycle is reported between nodes: each subpackage or module of dataplane, worke
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 

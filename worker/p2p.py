@@ -22,8 +22,8 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 
 HEADER = struct.Struct("!IiqQ")  # magic, source rank, tag, payload bytes
 MAGIC = 0x4C555750  # "LUWP"

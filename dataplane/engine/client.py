@@ -40,9 +40,9 @@ class EngineClient:
                 break
             except (FileNotFoundError, ConnectionRefusedError):
                 if process is not None and process.poll() is not None:
-                    raise EngineError(f"the engine daemon exited with code {process.returncode} before listening")
+                    raise EngineError(f"the engine daemon exited with code {process.returncode} before listening") from None
                 if time.monotonic() > deadline:
-                    raise EngineError(f"no engine daemon listening at {control_path} after {connect_timeout} s")
+                    raise EngineError(f"no engine daemon listening at {control_path} after {connect_timeout} s") from None
                 time.sleep(0.02)
         self._ids = itertools.count()
         self._pending: dict[int, Handle] = {}
@@ -54,7 +54,7 @@ class EngineClient:
 
     @classmethod
     def spawn(cls, plan: EndpointPlan | None, workdir: str | None = None, batch: int = 64,
-              log_path: str | None = None, connect_timeout: float = 30.0) -> "EngineClient":
+              log_path: str | None = None, connect_timeout: float = 30.0) -> EngineClient:
         """Start `luwu engine` for `plan` as a child process that dies with this one (even by
         SIGKILL), logging to `log_path` (default: engine-<rank>.log in `workdir`), and connect.
         `plan=None` starts an engine host: each connection opens its own engine (`open`)."""
@@ -85,7 +85,7 @@ class EngineClient:
 
     @classmethod
     def connect(cls, proc: subprocess.Popen | None, control: str, log_path: str,
-                connect_timeout: float = 30.0) -> "EngineClient":
+                connect_timeout: float = 30.0) -> EngineClient:
         """Connect to a daemon `launch` started (`proc`: kill it if it never listens; None: not ours)."""
         try:
             client = cls(control, proc, connect_timeout)

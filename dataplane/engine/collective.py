@@ -8,7 +8,7 @@ RESULTs are also the acknowledgements of this stream.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -24,11 +24,24 @@ Decode = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
 
 
 class ReduceOp:
-    __slots__ = ("op_id", "numel", "chunks", "dtype", "flags", "seg", "decode", "on_done", "result", "got",
-                 "saturated", "saturated_chunks", "session")
+    __slots__ = (
+        "chunks",
+        "decode",
+        "dtype",
+        "flags",
+        "got",
+        "numel",
+        "on_done",
+        "op_id",
+        "result",
+        "saturated",
+        "saturated_chunks",
+        "seg",
+        "session",
+    )
 
-    def __init__(self, session: "CollectiveSession", op_id: int, numel: int, dtype: Dtype, flags: int,
-                 seg: Segment, decode: Decode | None, on_done: Callable[["ReduceOp"], None]):
+    def __init__(self, session: CollectiveSession, op_id: int, numel: int, dtype: Dtype, flags: int,
+                 seg: Segment, decode: Decode | None, on_done: Callable[[ReduceOp], None]):
         self.session = session
         self.op_id = op_id
         self.numel = numel

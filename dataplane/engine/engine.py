@@ -14,8 +14,8 @@ import os
 import select
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -98,7 +98,7 @@ class Engine:
         """The local UDP address, or (ring prefix, 0) on a shared-memory port."""
         return (self.sock.address, 0) if self._shm else self.sock.sock.getsockname()
 
-    def start(self) -> "Engine":
+    def start(self) -> Engine:
         from ..quantize import warm_up  # compiled kernels load beside startup, not on the first sum
 
         threading.Thread(target=warm_up, name="luwu-kernels-warm-up", daemon=True).start()
@@ -117,7 +117,7 @@ class Engine:
         os.close(self._wake_r)
         os.close(self._wake_w)
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -7,7 +7,8 @@ c10d Work objects of the torch backend wrap these).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class EngineError(RuntimeError):
@@ -15,13 +16,13 @@ class EngineError(RuntimeError):
 
 
 class Handle:
-    __slots__ = ("_event", "_result", "_error", "_callbacks", "_lock", "name", "saturated", "info")
+    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_result", "info", "name", "saturated")
 
     def __init__(self, name: str = "op"):
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[["Handle"], None]] = []
+        self._callbacks: list[Callable[[Handle], None]] = []
         self._lock = threading.Lock()
         self.name = name
         self.saturated = False  # a contributor's quantiser clipped: a float sum's saturated chunks read NaN (protocol.md 5.1)
@@ -41,7 +42,7 @@ class Handle:
     def error(self) -> BaseException | None:
         return self._error
 
-    def add_done_callback(self, fn: Callable[["Handle"], None]) -> None:
+    def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
         with self._lock:
             if not self._event.is_set():
                 self._callbacks.append(fn)

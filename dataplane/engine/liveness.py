@@ -68,9 +68,9 @@ def drain_error_reports(sock: socket.socket) -> int:
                 continue
             break
         for level, _type, data in anc:
-            if level == socket.IPPROTO_IP and len(data) >= _EXT_ERR.size:
-                if _EXT_ERR.unpack_from(data)[0] in _DEAD_ERRNOS:
-                    dead += 1
+            if (level == socket.IPPROTO_IP and len(data) >= _EXT_ERR.size
+                    and _EXT_ERR.unpack_from(data)[0] in _DEAD_ERRNOS):
+                dead += 1
     try:
         sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
     except OSError:

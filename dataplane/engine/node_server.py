@@ -8,11 +8,12 @@ min-aggregates into one (docs/protocol.md 6.4, 7).
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
-from ..protocol import HEADER_LEN, NODE, Dtype, Flag, MsgType, PULL_REQUEST, header_view, ver_type
+from ..protocol import HEADER_LEN, NODE, PULL_REQUEST, Dtype, Flag, MsgType, header_view, ver_type
 from ..quantize import contributor_bits, dequantize_rows_into, num_chunks
 from ..session import SessionSpec
 from .heartbeats import HeartbeatPolicy, HeartbeatSender

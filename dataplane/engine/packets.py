@@ -7,12 +7,21 @@ quantised and packetised a block at a time, overlapping with sending, with no fu
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from ..protocol import (
-    DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER, NODE, PULL_REQUEST, Dtype, Flag, MsgType, header_view, slot_for,
+    DATA_HEADER,
+    HEADER_LEN,
+    HEARTBEAT_HEADER,
+    NODE,
+    PULL_REQUEST,
+    Dtype,
+    Flag,
+    MsgType,
+    header_view,
+    slot_for,
     ver_type,
 )
 from ..quantize import quantize, quantize_into_rows

@@ -24,8 +24,8 @@ A peer that is merely slow therefore costs a burst per timeout, not the whole wi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -94,7 +94,7 @@ class RtoEstimator:
 class Segment:
     """One operation's packets: seqs [start, start + count)."""
 
-    __slots__ = ("start", "count", "fill", "on_acked")
+    __slots__ = ("count", "fill", "on_acked", "start")
 
     def __init__(self, start: int, count: int, on_acked: Callable[[], None] | None):
         self.start = start

@@ -36,12 +36,12 @@ class ShmBuffer:
             os.close(fd)
 
     @classmethod
-    def create(cls, nbytes: int, prefix: str = "luwu") -> "ShmBuffer":
+    def create(cls, nbytes: int, prefix: str = "luwu") -> ShmBuffer:
         path = os.path.join(SHM_DIR, f"{prefix}-{os.getpid()}-{next(_counter)}")
         return cls(path, nbytes, create=True)
 
     @classmethod
-    def attach(cls, path: str, nbytes: int) -> "ShmBuffer":
+    def attach(cls, path: str, nbytes: int) -> ShmBuffer:
         if not os.path.abspath(path).startswith(SHM_DIR + os.sep):
             raise ValueError(f"refusing to map {path!r}: shared buffers live in {SHM_DIR}")
         return cls(path, nbytes, create=False)

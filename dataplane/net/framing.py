@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from typing import Callable
+from collections.abc import Callable
 
 LENGTH = struct.Struct("!I")
 MAX_HEADER = 16 << 20  # bytes of one JSON header

@@ -11,8 +11,16 @@ import the engine.
 """
 
 from .checkpoint import CheckpointHandle
-from .errors import (BadGradient, CheckpointError, NodeFailed, NonFiniteGradient, OptimizerInputError, StepOutOfOrder,
-                     UnknownJob, UnknownLayer)
+from .errors import (
+                     BadGradient,
+                     CheckpointError,
+                     NodeFailed,
+                     NonFiniteGradient,
+                     OptimizerInputError,
+                     StepOutOfOrder,
+                     UnknownJob,
+                     UnknownLayer,
+)
 from .node import OptimizerNode
 from .spec import JobSpec, LayerSpec, NodeConfig, OptimizerSpec, ScheduleSpec
 

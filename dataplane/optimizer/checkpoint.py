@@ -25,8 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from .buffers import BufferPool
-from .checkpoint_files import (MANIFEST_FORMAT, RecordWriter, checkpoint_dirs, lower_priority, shard_file_name,
-                               write_manifest)
+from .checkpoint_files import (
+    MANIFEST_FORMAT,
+    RecordWriter,
+    checkpoint_dirs,
+    lower_priority,
+    shard_file_name,
+    write_manifest,
+)
 from .errors import CheckpointError
 from .layout import LayerPlan, ShardPlan
 from .store import Entry, StateStore

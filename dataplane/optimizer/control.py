@@ -18,13 +18,13 @@ together never exceed `max_message` bytes, so idle clients claiming large blobs 
 
 from __future__ import annotations
 
-import os
-import socket
 import hashlib
 import hmac
+import os
+import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -171,12 +171,12 @@ class ControlServer:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(target)
         self.sock.listen(16)
-        self.address = f"unix:{target}" if family == socket.AF_UNIX else "%s:%d" % self.sock.getsockname()[:2]
+        self.address = f"unix:{target}" if family == socket.AF_UNIX else "{}:{}".format(*self.sock.getsockname()[:2])
         self.handler = handler
         self._stop = False
         self._thread = threading.Thread(target=self._accept, name="luwu-node-control", daemon=True)
 
-    def start(self) -> "ControlServer":
+    def start(self) -> ControlServer:
         self._thread.start()
         return self
 
@@ -185,7 +185,7 @@ class ControlServer:
         while not self._stop:
             try:
                 conn, _ = self.sock.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

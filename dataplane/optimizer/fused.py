@@ -30,6 +30,7 @@ import threading
 
 import numpy as np
 import torch
+
 from luwu.dataplane import kernels as kernel_mode
 from luwu.dataplane.usage import UserError
 

@@ -23,12 +23,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from luwu.dataplane import kernels as kernel_mode
 
 from . import fused, kernels
 from .checkpoint import CheckpointManager
-from .errors import (BadGradient, NodeFailed, NonFiniteGradient, OptimizerInputError, StepOutOfOrder, UnknownJob,
-                     UnknownLayer)
+from .errors import (
+    BadGradient,
+    NodeFailed,
+    NonFiniteGradient,
+    OptimizerInputError,
+    StepOutOfOrder,
+    UnknownJob,
+    UnknownLayer,
+)
 from .initial import Filler, check_initial, fresh_filler, initial_master, record_filler
 from .layout import LayerPlan, plan_layer
 from .node_checkpoints import CheckpointMixin

@@ -74,7 +74,7 @@ class Pipeline:
         self.work_cv = threading.Condition()
         self.work: collections.deque = collections.deque()  # ("recv" | "run", LayerStep)
         self.gates: dict[tuple[str, int], list[LayerStep]] = {}
-        self.busy = {s: 0.0 for s in STAGES}
+        self.busy = dict.fromkeys(STAGES, 0.0)
         self.stopping = False
         self.threads: list[threading.Thread] = []
         if self.mode == "step":

@@ -30,7 +30,7 @@ class OptimizerService:
         self.control: ControlServer | None = None
 
     def start(self, control: str | None = None, auth: ControlAuth | None = None,
-              max_message: int = DEFAULT_MAX_MESSAGE) -> "OptimizerService":
+              max_message: int = DEFAULT_MAX_MESSAGE) -> OptimizerService:
         """Start the engine and, with `control`, the control channel (`auth`: who may use it; None
         serves it unauthenticated, for in-process tests; `max_message`: bytes one message may claim)."""
         self.engine.start()

@@ -8,4 +8,4 @@ from .config import ConfigError, SwitchConfig
 from .switch import SoftwareSwitch
 from .table_schema import SCHEMA, TableError
 
-__all__ = ["SoftwareSwitch", "SwitchConfig", "TableError", "ConfigError", "SCHEMA"]
+__all__ = ["SCHEMA", "ConfigError", "SoftwareSwitch", "SwitchConfig", "TableError"]

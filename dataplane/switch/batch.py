@@ -22,7 +22,7 @@ class Batch:
     preset it (UNKNOWN_PORT) before the pipeline runs.
     """
 
-    __slots__ = ("rows", "length", "port", "framed", "drop", "off", "luwu", "ipv4", "luwu_len", "hdr", "hb")
+    __slots__ = ("drop", "framed", "hb", "hdr", "ipv4", "length", "luwu", "luwu_len", "off", "port", "rows")
 
     def __init__(self, rows: np.ndarray, length: np.ndarray, port: np.ndarray, framed: bool,
                  drop: np.ndarray | None = None):
@@ -44,7 +44,7 @@ class Batch:
         return self.rows[:, start:start + 4 * lanes].view(">i4")
 
     @classmethod
-    def from_bytes(cls, items: list[tuple[int, bytes]], framed: bool, min_width: int) -> "Batch":
+    def from_bytes(cls, items: list[tuple[int, bytes]], framed: bool, min_width: int) -> Batch:
         """Copy (port, bytes) pairs into rows at least `min_width` wide (zero padded)."""
         width = max([min_width] + [len(b) for _, b in items])
         rows = np.zeros((len(items), width), dtype=np.uint8)
@@ -70,10 +70,10 @@ class Emission:
     def __len__(self) -> int:
         return len(self.pkt)
 
-    def select(self, keep: np.ndarray) -> "Emission":
+    def select(self, keep: np.ndarray) -> Emission:
         return Emission(self.pkt[keep], self.port[keep], self.dst[keep], self.session[keep], self.l3[keep])
 
     @classmethod
-    def empty(cls) -> "Emission":
+    def empty(cls) -> Emission:
         z = np.zeros(0, dtype=np.int64)
         return cls(z, z, z, z, np.zeros(0, dtype=bool))

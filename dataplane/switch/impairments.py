@@ -16,7 +16,7 @@ from .controls.drop_simulator import Random32
 
 
 class Link:
-    __slots__ = ("rng", "duplicate", "reorder", "held", "held_since", "stats")
+    __slots__ = ("duplicate", "held", "held_since", "reorder", "rng", "stats")
 
     def __init__(self, rng: Random32):
         self.rng = rng

@@ -21,7 +21,7 @@ import numpy as np
 class GroupPlan:
     """Which aggregation packets (positions in the batch's aggregation list) form qualifying groups."""
 
-    __slots__ = ("fast", "order", "starts", "sizes", "pos")
+    __slots__ = ("fast", "order", "pos", "sizes", "starts")
 
     def __init__(self, fast: np.ndarray, order: np.ndarray, starts: np.ndarray, sizes: np.ndarray, pos: np.ndarray):
         self.fast = fast  # bool per aggregation packet: handled here

@@ -21,7 +21,12 @@ from . import phase_groups
 from .batch import Batch, Emission
 from .config import SwitchConfig
 from .controls import (
-    aggregation_lanes, contributor_counter, drop_simulator, exponent_max, heartbeat_table, slot_owner,
+    aggregation_lanes,
+    contributor_counter,
+    drop_simulator,
+    exponent_max,
+    heartbeat_table,
+    slot_owner,
     worker_bitmap,
 )
 from .controls.classifier import PATH_AGGREGATE, PATH_HEARTBEAT, Classified, classify
@@ -66,8 +71,21 @@ def _as_slice(a: np.ndarray) -> slice | None:
 class _AggInputs:
     """Per-packet inputs of the aggregation path, gathered once per batch (rounds index them)."""
 
-    __slots__ = ("ai", "rows", "s", "other", "bit", "nw", "epoch", "exponent", "saturated", "is_max",
-                 "s_slice", "other_slice", "rows_slice")
+    __slots__ = (
+        "ai",
+        "bit",
+        "epoch",
+        "exponent",
+        "is_max",
+        "nw",
+        "other",
+        "other_slice",
+        "rows",
+        "rows_slice",
+        "s",
+        "s_slice",
+        "saturated",
+    )
 
     def __init__(self, c: Classified, ai: np.ndarray, slot: np.ndarray, slots: int):
         self.ai = ai
@@ -190,7 +208,7 @@ class Pipeline:
             for r in range(n_rounds):
                 self._heartbeat(b, c, hi if n_rounds == 1 else hi[rounds == r], hb)
 
-    def _aggregate(self, a: "_AggInputs", sel, payload: np.ndarray, agg: AggregationResult) -> None:
+    def _aggregate(self, a: _AggInputs, sel, payload: np.ndarray, agg: AggregationResult) -> None:
         """One round of the slot state machine over aggregation packets `sel` (None: all)."""
         regs = self.registers
         if sel is None:

@@ -268,7 +268,7 @@ class SoftwareSwitch:
             self.ports.clear()
             self.ports_version += 1
 
-    def __enter__(self) -> "SoftwareSwitch":
+    def __enter__(self) -> SoftwareSwitch:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -12,12 +12,22 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from ..protocol import MAX_CONTRIBUTORS, MAX_SESSIONS, NODE, NextStep
 from .table_schema import (
-    INSTANCE_BITS, MULTICAST_GROUP_BITS, PORT_BITS, SCHEMA, Field, TableError, TableSpec, find_key, parse_value,
-    short_name, show_value, table_spec,
+    INSTANCE_BITS,
+    MULTICAST_GROUP_BITS,
+    PORT_BITS,
+    SCHEMA,
+    Field,
+    TableError,
+    TableSpec,
+    find_key,
+    parse_value,
+    short_name,
+    show_value,
+    table_spec,
 )
 
 Key = tuple  # one int per exact field; (value, prefix_len) for the lpm field

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from luwu.bench.sizes import format_size, parse_size
-from luwu.dataplane.usage import UserError, positive_int, probability, size
 from luwu.bench.udp_ceiling import measure as measure_ceiling
 from luwu.dataplane.protocol import aggregation_packet_len, lanes_for_mode
+from luwu.dataplane.usage import UserError, positive_int, probability, size
 
 
 def add_arguments(p) -> None:

@@ -24,11 +24,17 @@ from pathlib import Path
 import numpy as np
 
 from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
+from luwu.dataplane.protocol import (
+    HEADER_LEN,
+    Dtype,
+    MsgType,
+    aggregation_packet_len,
+    header_view,
+    lanes_for_mode,
+    ver_type,
+)
 from luwu.dataplane.usage import UserError, positive_int, size
 from luwu.p4.runtime_config import StarSession, star_program
-from luwu.dataplane.protocol import (
-    HEADER_LEN, Dtype, MsgType, aggregation_packet_len, header_view, lanes_for_mode, ver_type,
-)
 
 HOST = "127.0.0.1"
 SESSION = 1

@@ -24,11 +24,11 @@ import threading
 
 import numpy as np
 
-from luwu.dataplane.session import EndpointPlan
-from luwu.dataplane.usage import positive_int
 from luwu.dataplane.engine.engine import Engine, EngineConfig
 from luwu.dataplane.engine.handles import Handle
 from luwu.dataplane.engine.shm import ShmCache
+from luwu.dataplane.session import EndpointPlan
+from luwu.dataplane.usage import positive_int
 
 DTYPES = {"float32": np.float32, "int32": np.int32, "float16": np.float16, "bfloat16": np.uint16}
 
@@ -51,7 +51,7 @@ class EngineServer:
         while not self.stopped.is_set():
             try:
                 conn, _ = self.listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 break

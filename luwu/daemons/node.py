@@ -16,13 +16,12 @@ import sys
 import threading
 from pathlib import Path
 
-from luwu.dataplane.session import EndpointPlan
-from luwu.dataplane.usage import UserError, positive_int, size
 from luwu.dataplane.optimizer.errors import CheckpointError
 from luwu.dataplane.optimizer.node import OptimizerNode
 from luwu.dataplane.optimizer.service import OptimizerService
 from luwu.dataplane.optimizer.spec import NodeConfig
-
+from luwu.dataplane.session import EndpointPlan
+from luwu.dataplane.usage import UserError, positive_int, size
 
 DEFAULT_CAPACITY = 1e8  # params/s registered with the controller when not measured
 
@@ -118,7 +117,6 @@ def _control_auth(args):
     """Who may use the control channel: --control-token-file, the admin token, and job tokens the
     controller confirms (its job-scoped GetJob answers only the job's own token)."""
     from luwu.controller.config import read_token
-
     from luwu.dataplane.optimizer.control import ControlAuth
 
     static = read_token("", args.control_token_file) if args.control_token_file else ""

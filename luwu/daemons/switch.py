@@ -21,14 +21,22 @@ import threading
 import time
 from pathlib import Path
 
-from luwu.dataplane.usage import UserError
 from luwu.dataplane.switch.config import (
-    DROP_KEYS, EXAMPLE, ConfigError, DaemonConfig, SwitchConfig, UdpPortSpec, load_daemon_config, parse_drop,
-    parse_hostport, parse_peer, switch_port_number,
+    DROP_KEYS,
+    EXAMPLE,
+    ConfigError,
+    DaemonConfig,
+    SwitchConfig,
+    UdpPortSpec,
+    load_daemon_config,
+    parse_drop,
+    parse_hostport,
+    parse_peer,
+    switch_port_number,
 )
 from luwu.dataplane.switch.counters import named
 from luwu.dataplane.switch.table_schema import TableError
-
+from luwu.dataplane.usage import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -179,7 +187,6 @@ def _start_p4runtime(sw, cfg: DaemonConfig, args):
 def _p4runtime_auth(args):
     """The token P4Runtime clients must present (ConfigError saying where to get one when there is none)."""
     from luwu.controller.config import read_token
-
     from luwu.dataplane.switch.p4runtime_auth import P4RuntimeAuth, switch_token
 
     if args.p4runtime_token_file:

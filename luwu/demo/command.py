@@ -138,7 +138,7 @@ def _model_info(args) -> dict:
     return {"config": cfg.to_dict(), "parameters": numel, "bytes_fp32": 4 * numel,
             "served_itemsize": SERVED_DTYPES[args.served_dtype].itemsize,
             "units": [{"layer_id": u.index, "module": u.label(), "numel": u.numel} for u in units],
-            "corpus_characters": int(len(corpus.tokens))}
+            "corpus_characters": len(corpus.tokens)}
 
 
 def _train(name: str, spec: dict, workdir: Path, progress: DemoProgress, in_network: bool,
@@ -180,7 +180,9 @@ def run(args) -> int:
             try:
                 report = _run(args, console, Path(tmp), info, tokens_per_step, resume)
             except Exception as e:  # noqa: BLE001 - the logs outlive the run; the message points at the copies
-                raise type(e)(_keep_logs(str(e), Path(tmp), out)) if type(e) in (RuntimeError, TimeoutError) else e
+                if type(e) not in (RuntimeError, TimeoutError):
+                    raise
+                raise type(e)(_keep_logs(str(e), Path(tmp), out)) from e
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every process the demo started has been stopped[/]")
         return 130

@@ -26,7 +26,7 @@ class CharCorpus:
         self.tokens = torch.tensor([self.index[c] for c in text], dtype=torch.long)
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "CharCorpus":
+    def load(cls, path: str | Path | None = None) -> CharCorpus:
         """The packaged corpus, or a UTF-8 text file."""
         if path is None:
             text = resources.files("luwu.demo").joinpath("data").joinpath(CORPUS).read_text(encoding="utf-8")

@@ -53,7 +53,7 @@ class ControllerFabric:
         self.restart: list[str] = []  # per node: the command that restarts it from its newest checkpoint
         self.node_controls: list[str] = []
 
-    def start(self, layers: list[tuple[int, int]], optimizer: dict, served_dtype: str) -> "ControllerFabric":
+    def start(self, layers: list[tuple[int, int]], optimizer: dict, served_dtype: str) -> ControllerFabric:
         from luwu.controller.client import ControllerClient
         from luwu.proto import controller_pb2 as pb
 
@@ -225,7 +225,7 @@ class LocalFabric:
                                 job_id="demo", seed=seed, node_ram=node_ram)
         self.workers = workers
 
-    def start(self, layers, optimizer, served_dtype) -> "LocalFabric":
+    def start(self, layers, optimizer, served_dtype) -> LocalFabric:
         self.net.start()
         return self
 

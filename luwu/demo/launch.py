@@ -16,8 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from luwu.dataplane import children
 
@@ -98,7 +98,7 @@ class WorkerGroup:
         self._threads: list[threading.Thread] = []
         self.workers = int(spec["workers"])
 
-    def start(self) -> "WorkerGroup":
+    def start(self) -> WorkerGroup:
         for rank in range(self.workers):
             child = Child(f"{self.name} worker {rank}",
                           [sys.executable, "-m", "luwu.demo.worker", str(self.spec_path), str(rank)],

@@ -56,7 +56,7 @@ class DemoProgress:
             TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} tok/s"),
             TextColumn("{task.fields[net]}"), TimeElapsedColumn(), console=console, disable=not enabled)
 
-    def __enter__(self) -> "DemoProgress":
+    def __enter__(self) -> DemoProgress:
         self.progress.__enter__()
         return self
 

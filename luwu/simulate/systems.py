@@ -285,7 +285,7 @@ def _host_step(tl, cfg, part, after, nvme) -> float:
     h, k = cfg.host, NODE_CHUNKS
     rate = host_adam_rate(cfg)
     end = after
-    for c in range(k):
+    for _ in range(k):
         share = part / k
         r = tl.run({"host_nvme": share * 12 / h.nvme}, after, "nvme read state") if nvme else after
         a = tl.run({"host_cpu": share / rate}, r, "cpu adam")

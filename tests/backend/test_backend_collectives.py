@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-
 from backend_harness import run_ranks
+
 from luwu.dataplane.protocol import lanes_for_mode
 from luwu.dataplane.quantize import chunk_exponents, error_bound
 from luwu.worker.backend.config import BackendConfig

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-
 from backend_harness import run_ranks
 
 pytest.importorskip("luwu.controller.server")

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from backend_harness import run_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from backend_harness import run_ranks
 from luwu.dataplane.quantize import contributor_bits
 
 STEPS, LR, SAFETY = 8, 0.05, 10.0

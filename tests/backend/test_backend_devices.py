@@ -10,8 +10,8 @@ import time
 
 import pytest
 import torch
-
 from backend_harness import run_ranks
+
 from luwu.worker.backend.staging import staged
 from luwu.worker.backend.work import LuwuWork
 

@@ -13,12 +13,12 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-
 from backend_harness import run_ranks
+
 from luwu.dataplane.loopback import StarPlan, free_udp_port
+from luwu.dataplane.loopback import plan_to_json as star_plan_to_json
 from luwu.worker.backend import LuwuError
 from luwu.worker.backend.config import BackendConfig
-from luwu.dataplane.loopback import plan_to_json as star_plan_to_json
 from luwu.worker.backend.process_group import LuwuProcessGroup
 
 
@@ -175,7 +175,7 @@ def test_a_udp_plan_file_without_endpoint_addresses_is_refused(tmp_path):
     from luwu.worker.backend.plan_source import plan_from_file
 
     plan = StarPlan(workers=1, transport="udp")
-    plan.switch_ports = {p: ("127.0.0.1", 9) for p in plan.ports}
+    plan.switch_ports = dict.fromkeys(plan.ports, ("127.0.0.1", 9))
     path = tmp_path / "plan.json"
     path.write_text(star_plan_to_json(plan))
     with pytest.raises(ValueError, match=r"endpoints has no address for switch port\(s\) \[1\]"):

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from backend_harness import run_ranks
+
 from luwu.dataplane.protocol import lanes_for_mode
 from luwu.worker.backend.config import BackendConfig
 
@@ -90,7 +91,9 @@ def _same(a, b, msg):
 @pytest.mark.parametrize("world,engine", [(2, "process"), (3, "embedded")])
 def test_nonfinite_values_propagate_as_in_gloo(tmp_path, world, engine):
     results = run_ranks(nonfinite_on_rank, world, tmp_path, env={"LUWU_ENGINE": engine})
-    ins = lambda case: [_input(case, r) for r in range(world)]
+    def ins(case):
+        return [_input(case, r) for r in range(world)]
+
     for rank, out in enumerate(results):
         where = f"rank {rank} of {world}"
         for dname, dtype in DTYPES.items():

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from backend_harness import run_ranks
+
 from luwu.dataplane.loopback import StarPlan, plan_to_json
 from luwu.dataplane.net.shm_ring import supported
 from luwu.dataplane.quantize import chunk_exponents, error_bound
@@ -74,7 +75,7 @@ def test_udp_stays_selectable(tmp_path):
 def test_missing_rings_are_reported_by_group_creation(tmp_path):
     plan = StarPlan(workers=1, transport="shm")
     prefix = f"/dev/shm/luwu-sw-test-missing-{tmp_path.name}"
-    plan.switch_ports = {p: (prefix, 0) for p in plan.ports}
+    plan.switch_ports = dict.fromkeys(plan.ports, (prefix, 0))
     path = tmp_path / "plan.json"
     path.write_text(plan_to_json(plan))
     config = BackendConfig(workdir=str(tmp_path / "luwu"), engine="embedded", plan_file=str(path), connect_timeout=2.0)

@@ -11,7 +11,6 @@ import warnings
 import numpy as np
 import torch
 import torch.distributed as dist
-
 from backend_harness import run_ranks
 
 

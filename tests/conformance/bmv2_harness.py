@@ -19,7 +19,6 @@ import threading
 import time
 from pathlib import Path
 
-
 REQUIRED = ("simple_switch_grpc",)  # the program is the committed p4c build
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
@@ -35,8 +34,8 @@ def missing_binaries() -> list[str]:
 def compiled_program() -> tuple[Path, Path]:
     """(bmv2 json, p4info) of p4/luwu_v1model.p4: the committed p4c build (tests/p4 checks that it
     is what p4c makes of the current sources)."""
-    from luwu.p4.compiler import BMV2_JSON
     from luwu.p4 import P4INFO_TXTPB
+    from luwu.p4.compiler import BMV2_JSON
 
     return BMV2_JSON, P4INFO_TXTPB
 

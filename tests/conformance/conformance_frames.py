@@ -10,6 +10,7 @@ else of the triggering frame is kept).
 from __future__ import annotations
 
 import numpy as np
+from conformance_topology import LANES, SERVICE_IP, SWITCH_MAC, UDP_PORT, Host
 from scapy.fields import ConditionalField
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
@@ -17,8 +18,6 @@ from scapy.packet import Raw
 
 from luwu.dataplane.protocol import MsgType
 from luwu.dataplane.scapy_layer import Luwu
-
-from conformance_topology import LANES, SERVICE_IP, SWITCH_MAC, UDP_PORT, Host
 
 AGGREGATION = {int(MsgType.GRAD), int(MsgType.AGG), int(MsgType.ALLREDUCE), int(MsgType.RESULT)}
 

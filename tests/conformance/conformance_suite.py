@@ -7,7 +7,7 @@ suite compares outputs after every step and counter deltas at the end, with read
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import conformance_vectors_messages
 import conformance_vectors_slots

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 
 from luwu.dataplane.protocol import DEFAULT_UDP_PORT, NODE, NextStep
 from luwu.p4.runtime_config import (
-    RuntimeConfig, TableEntry, endpoint_entry, multicast_group, route_entry, session_entry, worker_entry,
+    RuntimeConfig,
+    TableEntry,
+    endpoint_entry,
+    multicast_group,
+    route_entry,
+    session_entry,
+    worker_entry,
 )
 
 LANES = 64

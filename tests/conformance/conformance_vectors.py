@@ -16,15 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from conformance_frames import frame_in, frame_out, lanes_bytes, luwu_layer
+from conformance_topology import GROUPS, LANES, SESSIONS, UDP_PORT, Host, Session
 from scapy.layers.inet import UDP
 from scapy.layers.l2 import Ether
 
 from luwu.dataplane.protocol import HEADER_LEN, Dtype, Flag, MsgType
 from luwu.dataplane.scapy_layer import Luwu
 from luwu.p4.runtime_config import TableEntry
-
-from conformance_frames import frame_in, frame_out, lanes_bytes, luwu_layer
-from conformance_topology import GROUPS, LANES, SESSIONS, UDP_PORT, Host, Session
 
 COUNTER_KINDS = ("drops", "events", "rx_types", "session_packets")
 

@@ -3,14 +3,13 @@ L3 forwarding and the drop simulator (docs/protocol.md 2, 3, 6.1, 6.4-6.6)."""
 
 from __future__ import annotations
 
+from conformance_frames import arp_request, frame_in, lanes_bytes, luwu_layer, plain_udp, routed
+from conformance_topology import DATA, LANES, NODE_HOST, NODE_S, OUTSIDER, PARENT, TOR, WORKERS
+from conformance_vectors import Script, Vector, agg, to_group, to_up
 from scapy.packet import Raw
 
 from luwu.dataplane.protocol import NODE, DropReason, Dtype, Event, MsgType
 from luwu.p4.runtime_config import drop_rate_entry
-
-from conformance_frames import arp_request, frame_in, lanes_bytes, luwu_layer, plain_udp, routed
-from conformance_topology import DATA, LANES, NODE_HOST, NODE_S, OUTSIDER, PARENT, TOR, WORKERS
-from conformance_vectors import Script, Vector, agg, to_group, to_up
 
 W0, W1, W2, W3 = WORKERS
 ALWAYS = 0xFFFFFFFF  # drop threshold: every packet but one in 2^32

@@ -10,12 +10,11 @@ Sums are int64 sums wrapped to int32, written here from the inputs.
 from __future__ import annotations
 
 import numpy as np
-
-from luwu.dataplane.protocol import NODE, DropReason, Dtype, Event, Flag, MsgType
-
 from conformance_frames import lanes_bytes, wrap32
 from conformance_topology import DATA, LANES, META, NODE_S, ONE, OUTSIDER, REUSE, TOR, WORKERS
 from conformance_vectors import Script, Vector, agg, keep_flags, result, to_group, to_host, to_up
+
+from luwu.dataplane.protocol import NODE, DropReason, Dtype, Event, Flag, MsgType
 
 W0, W1, W2, W3 = WORKERS
 
@@ -244,9 +243,10 @@ def spoofed() -> Vector:
     """Source guard (protocol.md 6.7): a rank's id from another rank's port, and the node's id from a
     worker's port, are SPOOFED and change no slot: the real contributions then complete the sum
     as if the forgeries had never been sent."""
-    from conformance_vectors_messages import hb
-    from luwu.dataplane.protocol import Dtype as D
     from conformance_frames import luwu_layer
+    from conformance_vectors_messages import hb
+
+    from luwu.dataplane.protocol import Dtype as D
 
     s = Script()
     seq = 7

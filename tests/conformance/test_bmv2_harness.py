@@ -10,7 +10,6 @@ import subprocess
 import threading
 
 import pytest
-
 from bmv2_harness import ETH_P_ALL, PACKET_OUTGOING, Ports, packet_socket
 from conformance_frames import frame_in, luwu_layer
 from conformance_topology import WORKERS

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from bmv2_harness import Bmv2, Ports, compiled_program, missing_binaries
 from conformance_suite import all_vectors, run_vector
 from conformance_topology import runtime_for

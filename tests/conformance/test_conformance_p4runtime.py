@@ -9,7 +9,6 @@ server, and the counters come back through P4Runtime reads: the BMv2 runner's co
 from __future__ import annotations
 
 import pytest
-
 from bmv2_harness import P4RuntimeSession
 from conformance_suite import all_vectors, run_vector
 from conformance_topology import LANES, SLOTS, UDP_PORT, runtime_for

@@ -7,7 +7,6 @@ through `process_frames` one at a time, so each step's outputs are exactly that 
 from __future__ import annotations
 
 import pytest
-
 from conformance_suite import all_vectors, run_vector
 from conformance_topology import LANES, SLOTS, UDP_PORT, runtime_for
 

@@ -4,15 +4,14 @@ switch does."""
 
 from __future__ import annotations
 
+from conformance_suite import all_vectors
+from conformance_topology import NODE_HOST, OUTSIDER, PARENT, UDP_PORT, WORKERS, runtime_for
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from luwu.dataplane.protocol import MsgType
 from luwu.dataplane.scapy_layer import Luwu
 from luwu.p4.runtime_config import RuntimeConfig
-
-from conformance_suite import all_vectors
-from conformance_topology import NODE_HOST, OUTSIDER, PARENT, UDP_PORT, WORKERS, runtime_for
 
 # every behaviour issue 3 asks the suite to cover
 REQUIRED = {

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from ctl_helpers import ADMIN, LANES, SLOTS
+from fake_p4runtime import serve_fake
+
 from luwu.controller.client import ControllerClient
 from luwu.controller.config import ControllerConfig
-from fake_p4runtime import serve_fake
 from luwu.controller.server import BackgroundController
 from luwu.p4 import P4INFO_TXTPB
 

@@ -9,7 +9,7 @@ predicate (reported per update as BMv2 does), or SetForwardingPipelineConfig.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 from finsy.proto import p4r

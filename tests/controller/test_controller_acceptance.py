@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from ctl_helpers import ADMIN, LANES, SLOTS, controller_process, job, node, two_tier
 
 from luwu.controller.client import ControllerClient, ControllerRefused
 from luwu.controller.plan import JobPlan
@@ -15,8 +16,6 @@ from luwu.controller.programmer import SwitchProgrammer, SwitchTarget
 from luwu.dataplane.protocol import NODE, Dtype, MsgType, Packet
 from luwu.dataplane.switch.p4runtime_server import device_config_marker
 from luwu.proto import controller_pb2 as pb
-
-from ctl_helpers import ADMIN, LANES, SLOTS, controller_process, job, node, two_tier
 
 LAYERS_A = [3000, 5000, 700, 12000]
 LAYERS_B = [900, 900, 900]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from ctl_helpers import ADMIN, free_port, job, node, star_switch
 
 from luwu.controller.client import ControllerClient, ControllerRefused, ControllerUnreachable
 from luwu.proto import controller_pb2 as pb
-
-from ctl_helpers import ADMIN, free_port, job, node, star_switch
 
 
 def snapshot(bc, client):

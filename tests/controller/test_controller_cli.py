@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from ctl_helpers import ADMIN, LANES, free_port, job, node, star_switch
 
 from luwu.dataplane.protocol import Dtype, MsgType, Packet
-
-from ctl_helpers import ADMIN, LANES, free_port, job, node, star_switch
 
 CTL = str(Path(sys.executable).parent / "luwu-ctl")
 

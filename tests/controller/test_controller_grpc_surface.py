@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from ctl_helpers import ADMIN, job, node, star_switch
 
 from luwu.controller.client import ControllerClient, ControllerRefused
 from luwu.controller.grpc_surface import MAX_DETAIL, MAX_ECHO, clip
 from luwu.proto import controller_pb2 as pb
-
-from ctl_helpers import ADMIN, job, node, star_switch
 
 BIG = 1 << 20  # a 1 MB string
 

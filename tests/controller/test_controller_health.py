@@ -5,12 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from ctl_helpers import ADMIN, job, node, star_switch
 
 from luwu.controller.client import ControllerClient
 from luwu.controller.server import BackgroundController
 from luwu.proto import controller_pb2 as pb
-
-from ctl_helpers import ADMIN, job, node, star_switch
 
 WATCH_LIMIT = 60.0  # seconds a watch may take before the test gives up (never a timing assertion)
 

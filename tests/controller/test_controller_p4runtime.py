@@ -9,6 +9,7 @@ import json
 import grpc
 import numpy as np
 import pytest
+from ctl_helpers import LANES, SLOTS
 from finsy.proto import p4i, p4r, p4r_grpc
 from google.protobuf import text_format
 
@@ -19,8 +20,6 @@ from luwu.controller.programmer import ProgramError, SwitchProgrammer, SwitchTar
 from luwu.controller.usage import SwitchUsage
 from luwu.dataplane.protocol import DropReason, Dtype, MsgType, Packet
 from luwu.dataplane.switch.p4runtime_server import NO_PIPELINE, device_config_marker
-
-from ctl_helpers import LANES, SLOTS
 
 
 def star_plan(workers=3, nodes=1):

@@ -12,6 +12,7 @@ import threading
 
 import grpc
 import pytest
+from ctl_helpers import ADMIN, LANES, SLOTS, job, node, star_switch
 from finsy import P4TableAction, P4TableEntry, P4TableMatch, Switch, SwitchOptions
 from finsy.proto import U128, p4r, p4r_grpc
 
@@ -21,8 +22,6 @@ from luwu.controller.switch_credentials import switch_credentials
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
 from luwu.dataplane.switch.p4runtime_auth import P4RuntimeAuth, check_transport, server_credentials, switch_token
 from luwu.dataplane.switch.p4runtime_server import serve
-
-from ctl_helpers import ADMIN, LANES, SLOTS, job, node, star_switch
 
 TOKEN = switch_token(ADMIN, "s1")
 FULL_DROP = 0xFFFFFFFF  # drop_sim threshold of a 100% drop rule

@@ -7,11 +7,10 @@ import shutil
 import subprocess
 
 import pytest
+from ctl_helpers import ADMIN
 
 from luwu.controller.client import ControllerClient, ControllerUnreachable
 from luwu.controller.server import BackgroundController
-
-from ctl_helpers import ADMIN
 
 
 @pytest.fixture
@@ -31,9 +30,8 @@ def test_tls_controller(controller_config, self_signed):
     try:
         with ControllerClient(bc.address, ADMIN, tls_ca=str(cert)) as secure:
             assert secure.status().switches == 0
-        with ControllerClient(bc.address, ADMIN, timeout=3) as plaintext:
-            with pytest.raises(ControllerUnreachable):
-                plaintext.status()
+        with ControllerClient(bc.address, ADMIN, timeout=3) as plaintext, pytest.raises(ControllerUnreachable):
+            plaintext.status()
     finally:
         bc.stop()
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ctl_helpers import LANES, free_port
 
 from luwu.controller.client import software_switch_record
 from luwu.proto import controller_pb2 as pb
-
-from ctl_helpers import LANES, free_port
 
 WAIT = 60.0  # seconds an allreduce may take on a loaded machine before the test gives up
 

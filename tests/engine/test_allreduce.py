@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from luwu.dataplane.quantize import chunk_exponents, error_bound
-
 from luwu.dataplane.loopback import local_star as star
+from luwu.dataplane.quantize import chunk_exponents, error_bound
 
 LANES = 64  # tofino mode keeps packet counts high for small buffers
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from luwu.dataplane import quantize as Q
 from luwu.dataplane.kernels import use_numba
 

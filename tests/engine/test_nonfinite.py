@@ -15,6 +15,7 @@ import pytest
 import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from luwu.dataplane.loopback import local_star as star
 from luwu.dataplane.quantize import chunk_exponents, error_bound
 from luwu.worker.backend.fallback import ExactFallback
@@ -143,8 +144,8 @@ def test_grad_path_gives_the_node_nan_for_saturated_chunks_never_a_clipped_numbe
     import threading
 
     from luwu.dataplane.engine import Engine
-    from luwu.mininet.paramstore import SgdParamStore
     from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+    from luwu.mininet.paramstore import SgdParamStore
 
     plan = StarPlan(workers=2, nodes=1, mode="tofino", node_pool=32, param_window=64)
     numel = 3 * LANES + 1

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from luwu.dataplane.engine import Engine
-from luwu.mininet.paramstore import SgdParamStore
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
 from luwu.dataplane.quantize import chunk_exponents, error_bound
+from luwu.mininet.paramstore import SgdParamStore
 
 
 def _run(workers: int, layers: dict[int, np.ndarray], grads, drop=None, runtime_edit=None, bf16=False):

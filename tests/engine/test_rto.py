@@ -13,6 +13,7 @@ import socket
 
 import numpy as np
 import pytest
+
 from luwu.dataplane.engine.send_stream import RtoEstimator, RtoPolicy, SendStream
 from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
 from luwu.dataplane.protocol import Flag

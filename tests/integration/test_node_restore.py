@@ -11,13 +11,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from node_daemon import BIN, SHAPES, NodeDaemon, initial, job_spec, pull_all, train_steps
+from test_user_errors import assert_one_line_error
 
 from luwu.dataplane.engine import Engine
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
 from luwu.dataplane.optimizer.control import ControlClient
-
-from node_daemon import BIN, SHAPES, NodeDaemon, initial, job_spec, pull_all, train_steps
-from test_user_errors import assert_one_line_error
 
 STEPS, K = 4, 2
 

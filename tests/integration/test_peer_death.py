@@ -13,14 +13,13 @@ import time
 
 import numpy as np
 import pytest
+from node_daemon import NodeDaemon, initial, job_spec, train_steps
 
 from luwu.dataplane.engine import Engine
 from luwu.dataplane.engine.liveness import DEFAULT_PEER_TIMEOUT, LuwuPeerDead
 from luwu.dataplane.engine.transport import switch_name
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
 from luwu.dataplane.optimizer.control import ControlClient
-
-from node_daemon import NodeDaemon, initial, job_spec, train_steps
 
 WAIT_BOUND = 30.0  # s a test waits for the error (the contract is 10 s; the machine is shared)
 

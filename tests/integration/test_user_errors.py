@@ -98,7 +98,7 @@ def test_user_mistake_is_one_line_without_traceback(tmp_path, name):
     if "PLAN" in argv:
         from luwu.dataplane.loopback import StarPlan
 
-        plan = StarPlan(workers=1, nodes=1, switch_ports={p: ("127.0.0.1", 9) for p in range(4)})
+        plan = StarPlan(workers=1, nodes=1, switch_ports=dict.fromkeys(range(4), ("127.0.0.1", 9)))
         (tmp_path / "PLAN").write_text(plan.node_plan(0).to_json())
     line = assert_one_line_error(_run(argv, tmp_path), *words)
     print(f"{' '.join(argv)}\n  -> {line}")

@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from mininet_helpers import check_clean, counters, needs_root, run_json
 
 from luwu.mininet import mininet_backend
-
-from mininet_helpers import check_clean, counters, needs_root, run_json
 
 
 def _missing() -> str | None:

@@ -12,9 +12,10 @@ import subprocess
 import sys
 
 import pytest
+from mininet_helpers import ENV, check_clean, counters, run_json
+
 from luwu.mininet import runner
 from luwu.p4 import bmv2_switch
-from mininet_helpers import ENV, check_clean, counters, run_json
 
 pytestmark = pytest.mark.bmv2
 LANES = 64

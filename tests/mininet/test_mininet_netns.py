@@ -11,12 +11,11 @@ import sys
 import time
 
 import pytest
+from mininet_helpers import ENV, check_clean, counters, leftovers, needs_root, remove_leftovers, run_json
 
 from luwu.mininet.netns_backend import NetnsError, NetnsNetwork
 from luwu.mininet.nsexec import popen_in, run_in
 from luwu.mininet.topologies import NAME_PREFIX, TopologyOptions, build_topology, emulate
-
-from mininet_helpers import ENV, check_clean, counters, leftovers, needs_root, remove_leftovers, run_json
 
 pytestmark = [needs_root, pytest.mark.netns]
 LANES = 2048

@@ -8,6 +8,7 @@ import json
 import shutil
 
 import pytest
+from mininet_helpers import luwu_mininet
 
 from luwu.controller.planner import ip_to_int
 from luwu.dataplane.protocol import NODE
@@ -15,8 +16,6 @@ from luwu.mininet.emulation import EmulationSpec
 from luwu.mininet.job import plan_job
 from luwu.mininet.switches import drop_entries
 from luwu.mininet.topologies import IFNAME_MAX, TopologyError, TopologyOptions, build_topology, emulate
-
-from mininet_helpers import luwu_mininet
 
 CASES = [TopologyOptions("star", workers=3), TopologyOptions("multi-rack", workers=4, racks=2),
          TopologyOptions("rail-only", workers=6, gpus=3),

@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from mnn_reference import single_process
 
 from luwu.demo.data import CharCorpus, shard
 from luwu.demo.model import GPTConfig, build, loss_fn
@@ -18,8 +19,6 @@ from luwu.worker.model_in_network.flat import FlatParams
 from luwu.worker.model_in_network.local import LocalNetwork
 from luwu.worker.model_in_network.memory import MemoryTracker
 from luwu.worker.model_in_network.units import split_units
-
-from mnn_reference import single_process
 
 CORPUS = CharCorpus.load()
 CFG = GPTConfig(vocab=CORPUS.vocab, d_model=16, n_layers=2, n_heads=2, context=8, attn_bias=False)

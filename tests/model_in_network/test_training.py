@@ -19,11 +19,10 @@ fixed-point quantum and both runs would step it by noise, apart, without any eff
 from __future__ import annotations
 
 import numpy as np
+from mnn_reference import single_process
 
 from luwu.demo.launch import WorkerGroup
 from luwu.worker.model_in_network.local import LocalNetwork
-
-from mnn_reference import single_process
 
 WAIT = 600.0  # s the workers may take on a loaded 2-core machine before the test gives up
 SPEC = dict(mode="mnn", workers=2, model=dict(d_model=32, n_layers=6, n_heads=2, context=16, attn_bias=False),

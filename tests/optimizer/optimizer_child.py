@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from luwu.dataplane.optimizer import JobSpec, NodeConfig, OptimizerNode, OptimizerSpec, ScheduleSpec
 from optimizer_reference import initial_values, model_layers, summed_grad
+
+from luwu.dataplane.optimizer import JobSpec, NodeConfig, OptimizerNode, OptimizerSpec, ScheduleSpec
 
 LAYERS = 8
 STOP_WAIT_S = 120  # a stopped child exits by itself if nobody kills it

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import torch
+
 from luwu.dataplane.optimizer import JobSpec, LayerSpec, OptimizerSpec
 
 

@@ -6,10 +6,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from luwu.dataplane.optimizer import (BadGradient, JobSpec, LayerSpec, NodeConfig, NonFiniteGradient,
-                                      OptimizerInputError, OptimizerNode, OptimizerSpec, ScheduleSpec, StepOutOfOrder,
-                                      UnknownJob, UnknownLayer)
 from optimizer_reference import initial_values, model_layers, summed_grad
+
+from luwu.dataplane.optimizer import (
+    BadGradient,
+    JobSpec,
+    LayerSpec,
+    NodeConfig,
+    NonFiniteGradient,
+    OptimizerInputError,
+    OptimizerNode,
+    OptimizerSpec,
+    ScheduleSpec,
+    StepOutOfOrder,
+    UnknownJob,
+    UnknownLayer,
+)
 
 
 @pytest.fixture
@@ -154,9 +166,9 @@ def test_bad_jobs_and_configs(tmp_path):
         node.add_job(JobSpec("j", OptimizerSpec(), [LayerSpec(0, {"w": (4,)})]))
         with pytest.raises(OptimizerInputError, match="already on this node"):
             node.add_job(JobSpec("j", OptimizerSpec(), [LayerSpec(0, {"w": (4,)})]))
-    with OptimizerNode(NodeConfig(tmp_path / "t")):
-        with pytest.raises(OptimizerInputError, match="in use by another optimizer node"):
-            OptimizerNode(NodeConfig(tmp_path / "t"))
+    with OptimizerNode(NodeConfig(tmp_path / "t")), \
+            pytest.raises(OptimizerInputError, match="in use by another optimizer node"):
+        OptimizerNode(NodeConfig(tmp_path / "t"))
 
 
 def test_the_engine_sink_counts_and_drops_bad_gradients(node):

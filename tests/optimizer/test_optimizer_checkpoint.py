@@ -10,9 +10,17 @@ import threading
 import numpy as np
 import pytest
 import torch
-from luwu.dataplane.optimizer import (CheckpointError, JobSpec, NodeConfig, OptimizerInputError, OptimizerNode,
-                                      OptimizerSpec, ScheduleSpec)
 from optimizer_reference import initial_values, model_layers, summed_grad
+
+from luwu.dataplane.optimizer import (
+    CheckpointError,
+    JobSpec,
+    NodeConfig,
+    OptimizerInputError,
+    OptimizerNode,
+    OptimizerSpec,
+    ScheduleSpec,
+)
 
 STEPS = 6
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from luwu.dataplane.optimizer import OptimizerNode
 
 CHILD = Path(__file__).with_name("optimizer_child.py")

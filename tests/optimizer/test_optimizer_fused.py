@@ -16,11 +16,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from optimizer_reference import drive, initial_values, model_layers
+
 from luwu.dataplane import kernels as kernel_mode
 from luwu.dataplane.optimizer import JobSpec, LayerSpec, NodeConfig, OptimizerNode, OptimizerSpec, fused, kernels
 from luwu.dataplane.optimizer.layout import plan_layer
 from luwu.dataplane.usage import UserError
-from optimizer_reference import drive, initial_values, model_layers
 
 pytestmark = pytest.mark.skipif(not (kernel_mode.numba_available() and fused.vector_lanes()),
                                 reason="numba or a CPU with torch AVX2/AVX512 kernels is missing: "

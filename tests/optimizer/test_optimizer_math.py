@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from luwu.dataplane.optimizer import JobSpec, NodeConfig, OptimizerNode, OptimizerSpec, ScheduleSpec
 from optimizer_reference import assert_matches, drive, initial_values, model_layers, reference_run
+
+from luwu.dataplane.optimizer import JobSpec, NodeConfig, OptimizerNode, OptimizerSpec, ScheduleSpec
 
 STEPS = 6
 

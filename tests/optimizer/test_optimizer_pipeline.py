@@ -10,8 +10,9 @@ import threading
 import numpy as np
 import pytest
 import torch
-from luwu.dataplane.optimizer import JobSpec, NodeConfig, OptimizerNode, OptimizerSpec
 from optimizer_reference import initial_values, model_layers, summed_grad
+
+from luwu.dataplane.optimizer import JobSpec, NodeConfig, OptimizerNode, OptimizerSpec
 
 LAYERS = 24
 STEPS = 4

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import pytest
+
 from luwu.dataplane.protocol import DEFAULT_UDP_PORT, HEADER_LEN, MsgType, Packet
 from luwu.p4 import bmv2_switch
 from luwu.p4.runtime_examples import star_hosts, star_runtime

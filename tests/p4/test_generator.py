@@ -15,8 +15,7 @@ from finsy.proto import p4i
 from google.protobuf import text_format
 
 from luwu.dataplane import protocol
-from luwu.p4 import P4_DIR, P4INFO_TXTPB
-from luwu.p4 import compiler
+from luwu.p4 import P4_DIR, P4INFO_TXTPB, compiler
 from luwu.p4.codegen import constants_p4
 from luwu.p4.generate import DEFAULT_LANES, check, render_sources
 

@@ -9,7 +9,13 @@ import pytest
 
 from luwu.p4 import P4_DIR
 from luwu.p4.runtime_config import (
-    RuntimeConfig, RuntimeConfigError, drop_rate_entry, endpoint_entry, route_entry, session_entry, worker_entry,
+    RuntimeConfig,
+    RuntimeConfigError,
+    drop_rate_entry,
+    endpoint_entry,
+    route_entry,
+    session_entry,
+    worker_entry,
 )
 from luwu.p4.runtime_examples import STAR_FILE, star_runtime
 

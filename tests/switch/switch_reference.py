@@ -9,7 +9,16 @@ from __future__ import annotations
 from collections import defaultdict
 
 from luwu.dataplane.protocol import (
-    DTYPE_ITEMSIZE, HEADER_LEN, NODE, DropReason, Event, Flag, MsgType, NextStep, Packet, serial_min,
+    DTYPE_ITEMSIZE,
+    HEADER_LEN,
+    NODE,
+    DropReason,
+    Event,
+    Flag,
+    MsgType,
+    NextStep,
+    Packet,
+    serial_min,
 )
 
 

@@ -9,10 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from luwu.dataplane.switch.config import (
-    ConfigError, DaemonConfig, SwitchConfig, daemon_config_from_dict, load_daemon_config,
-)
 from luwu.daemons.switch import EXAMPLE
+from luwu.dataplane.switch.config import (
+    ConfigError,
+    DaemonConfig,
+    SwitchConfig,
+    daemon_config_from_dict,
+    load_daemon_config,
+)
 
 
 def test_example_yaml_documents_every_option_and_loads():

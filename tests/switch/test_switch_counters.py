@@ -7,11 +7,10 @@ import socket
 import time
 
 import pytest
+from switch_setup import LANES, SLOTS, agg_packet, heartbeat, runtime
 
 from luwu.dataplane.protocol import NODE, DropReason, Event, MsgType, Packet
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
-
-from switch_setup import LANES, SLOTS, agg_packet, heartbeat, runtime
 
 V = [1] * LANES
 

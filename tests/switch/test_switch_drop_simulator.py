@@ -6,11 +6,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from switch_setup import LANES, NODE_PORT, SLOTS, heartbeat, runtime
 
 from luwu.dataplane.protocol import NODE, DropReason, Packet
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
-
-from switch_setup import LANES, NODE_PORT, SLOTS, heartbeat, runtime
 
 N = 20000
 

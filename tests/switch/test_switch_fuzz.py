@@ -15,13 +15,12 @@ from hypothesis import strategies as st
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw, fuzz
+from switch_reference import ReferenceSwitch
+from switch_setup import LANES, SLOTS, agg_packet, heartbeat, runtime
 
 from luwu.dataplane.protocol import DropReason, Event, MsgType, Packet
 from luwu.dataplane.scapy_layer import Luwu
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
-
-from switch_reference import ReferenceSwitch
-from switch_setup import LANES, SLOTS, agg_packet, heartbeat, runtime
 
 PHASES = 12
 

@@ -12,6 +12,9 @@ import time
 
 import numpy as np
 import pytest
+
+from luwu.bench.fuzz import fuzz, ok
+from luwu.bench.fuzz_model import KINDS, Topology
 from luwu.dataplane.engine.node_server import FallbackAggregator
 from luwu.dataplane.protocol import (
     DropReason,
@@ -24,9 +27,6 @@ from luwu.dataplane.protocol import (
     ver_type,
 )
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
-
-from luwu.bench.fuzz import fuzz, ok
-from luwu.bench.fuzz_model import KINDS, Topology
 
 
 @pytest.mark.slow

@@ -7,14 +7,24 @@ import numpy as np
 import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
+from switch_setup import (
+    LANES,
+    NODE_PORT,
+    PARENT_PORT,
+    SLOTS,
+    UP_WORKER,
+    agg_packet,
+    heartbeat,
+    lanes_of,
+    param,
+    pull,
+    runtime,
+    worker_port,
+)
 
 from luwu.dataplane.protocol import NODE, DropReason, Event, MsgType, Packet
 from luwu.dataplane.scapy_layer import Luwu
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
-
-from switch_setup import (
-    LANES, NODE_PORT, PARENT_PORT, SLOTS, UP_WORKER, agg_packet, heartbeat, lanes_of, param, pull, runtime, worker_port,
-)
 
 WRAP = 0xFFFFFFF0
 

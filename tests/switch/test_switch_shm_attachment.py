@@ -15,10 +15,11 @@ import time
 
 import numpy as np
 import pytest
+from switch_setup import LANES, NODE_PORT, SLOTS, agg_packet, heartbeat, param, runtime
+
 from luwu.dataplane.net.shm_ring import RingBusy, ShmEndpoint, ShmRing, supported
 from luwu.dataplane.protocol import NODE, DropReason, Event, Flag, MsgType, Packet
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
-from switch_setup import LANES, NODE_PORT, SLOTS, agg_packet, heartbeat, param, runtime
 
 pytestmark = pytest.mark.skipif(not supported(), reason="shared-memory rings need Linux on x86-64 with /dev/shm")
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from switch_setup import LANES, NODE_PORT, PARENT_PORT, SLOTS, UP_WORKER, agg_packet, lanes_of, runtime, worker_port
 
 from luwu.dataplane.protocol import NODE, DropReason, Event, Flag, MsgType, Packet
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
-
-from switch_setup import LANES, NODE_PORT, PARENT_PORT, SLOTS, UP_WORKER, agg_packet, lanes_of, runtime, worker_port
 
 
 @pytest.fixture

@@ -7,11 +7,10 @@ import json
 
 import numpy as np
 import pytest
+from switch_setup import LANES, SESSIONS, SLOTS, agg_packet, runtime
 
 from luwu.dataplane.protocol import MAX_SESSIONS
 from luwu.dataplane.switch import SCHEMA, SoftwareSwitch, SwitchConfig, TableError
-
-from switch_setup import LANES, SESSIONS, SLOTS, agg_packet, runtime
 
 SESSION = {"pool_base": 0, "pool_size": 4, "num_workers": 2, "worker_mask": 3, "epoch": 1, "mcast_grp": 1,
            "next_step": 0, "up_port": 4, "up_worker": 0}
@@ -190,10 +189,10 @@ def test_runtime_default_action_entries(sw):
 
 
 def test_committed_p4_runtime_example_loads():
-    from luwu.p4 import runtime_config  # noqa: F401  (the P4 engineer's builders exist)
     import pathlib
 
     import luwu.p4
+    from luwu.p4 import runtime_config  # noqa: F401  (the P4 engineer's builders exist)
 
     for path in sorted((pathlib.Path(luwu.p4.__file__).parent / "runtime").glob("*.json")):
         data = json.loads(path.read_text())

@@ -15,11 +15,10 @@ import time
 
 import numpy as np
 import pytest
+from switch_setup import LANES, NODE_PORT, SLOTS, agg_packet, heartbeat, param, runtime
 
 from luwu.dataplane.protocol import NODE, DropReason, Event, Flag, MsgType, Packet
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
-
-from switch_setup import LANES, NODE_PORT, SLOTS, agg_packet, heartbeat, param, runtime
 
 DEADLINE = 20.0  # s, an upper bound for any exchange (never an assertion on speed)
 
@@ -93,7 +92,7 @@ def test_allreduce_grad_param_and_heartbeats_over_udp(star):
         for seq in range(first, min(first + pool, 10)):
             for r, w in enumerate(workers):
                 w.send(agg_packet(1, r, seq, x[seq, r]))
-        wait_for(lambda: results(min(first + pool, 10)), f"RESULTs up to seq {first + pool}")
+        wait_for(lambda first=first: results(min(first + pool, 10)), f"RESULTs up to seq {first + pool}")
     for r in range(3):
         for seq, p in got[r].items():
             assert p.type == MsgType.RESULT and p.lanes().tolist() == x[seq].sum(axis=0, dtype=np.int32).tolist()
@@ -337,7 +336,6 @@ def test_daemon_refuses_bad_configuration(tmp_path, args, needle):
 def test_daemon_serves_p4runtime(tmp_path):
     pytest.importorskip("luwu.dataplane.switch.p4runtime_server", reason="the P4Runtime server is not written yet")
     import grpc
-
     from finsy.proto import p4r, p4r_grpc
 
     (tmp_path / "token").write_text("switch-token\n")

@@ -8,12 +8,11 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from switch_reference import ReferenceSwitch
+from switch_setup import LANES, SESSIONS, SLOTS, agg_packet, heartbeat, param, pull, runtime
 
 from luwu.dataplane.protocol import NODE, Flag, MsgType, Packet
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
-
-from switch_reference import ReferenceSwitch
-from switch_setup import LANES, SESSIONS, SLOTS, agg_packet, heartbeat, param, pull, runtime
 
 WRAP = 0xFFFFFFF0  # heartbeat acks near the 32-bit wrap-around
 

@@ -74,4 +74,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["BACKEND_NAME", "register", "LuwuProcessGroup", "LuwuWork", "LuwuError"]
+__all__ = ["BACKEND_NAME", "LuwuError", "LuwuProcessGroup", "LuwuWork", "register"]

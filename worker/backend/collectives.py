@@ -8,7 +8,7 @@ block sizes with a small allreduce of the N x N size matrix, then moves the bloc
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -16,8 +16,19 @@ import torch
 from .codec import ByteLayout, Encoding, decode, encode, flat, host_reduce, nbytes, write, write_bytes
 from .scheduler import OpContext
 
-__all__ = ["flat", "reduce_tensors", "reduce_scatter", "broadcast", "allgather", "allgather_into", "gather",
-           "scatter", "alltoall", "split_bytes", "barrier"]
+__all__ = [
+    "allgather",
+    "allgather_into",
+    "alltoall",
+    "barrier",
+    "broadcast",
+    "flat",
+    "gather",
+    "reduce_scatter",
+    "reduce_tensors",
+    "scatter",
+    "split_bytes",
+]
 
 
 # -- reductions -------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ class BackendConfig:
     log_tail: int = 2000  # characters of an engine/switch log quoted in an error
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "BackendConfig":
+    def from_env(cls, env: dict[str, str] | None = None) -> BackendConfig:
         env = os.environ if env is None else env
         cfg = cls(
             engine=env.get("LUWU_ENGINE", cls.engine).strip().lower(),

@@ -161,7 +161,7 @@ class EngineHost:
     """This process's engine process, shared by its process groups (reference-counted)."""
 
     _lock = threading.Lock()
-    _current: "EngineHost | None" = None
+    _current: EngineHost | None = None
 
     def __init__(self, workdir: str):
         self.proc, self.control, self.log_path = EngineClient.launch(None, workdir)
@@ -176,7 +176,7 @@ class EngineHost:
                 cls._current = cls(workdir)
 
     @classmethod
-    def acquire(cls, workdir: str) -> "EngineHost":
+    def acquire(cls, workdir: str) -> EngineHost:
         with cls._lock:
             cur = cls._current
             if cur is None or cur.proc.poll() is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+
 from luwu.dataplane.engine import Handle
 
 from .diagnostics import LuwuError

@@ -15,7 +15,7 @@ import collections
 import queue
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -30,7 +30,7 @@ Start = Callable[["OpContext"], None]
 class OpContext:
     """What a collective's steps may do; steps run on the submit thread."""
 
-    def __init__(self, sched: "Scheduler", work: LuwuWork):
+    def __init__(self, sched: Scheduler, work: LuwuWork):
         self.sched = sched
         self.work = work
 

@@ -12,7 +12,7 @@ Inputs that are not outputs are never written back.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

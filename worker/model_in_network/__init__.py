@@ -12,4 +12,4 @@ from .network import JobNetwork
 from .optimizers import SGD, Adam, AdamW
 from .units import Unit, UnitError, split_units
 
-__all__ = ["ModelInNetwork", "JobNetwork", "AdamW", "Adam", "SGD", "Unit", "UnitError", "split_units"]
+__all__ = ["SGD", "Adam", "AdamW", "JobNetwork", "ModelInNetwork", "Unit", "UnitError", "split_units"]

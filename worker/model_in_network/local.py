@@ -35,7 +35,7 @@ class LocalNetwork:
         self.services: list[OptimizerService] = []
         self.control_token = secrets.token_urlsafe(32)  # the nodes' control channels take only this deployment
 
-    def start(self) -> "LocalNetwork":
+    def start(self) -> LocalNetwork:
         self.switch.start()
         try:
             for i in range(self.plan.nodes):
@@ -70,7 +70,7 @@ class LocalNetwork:
             self._tmp.cleanup()
             self._tmp = None
 
-    def __enter__(self) -> "LocalNetwork":
+    def __enter__(self) -> LocalNetwork:
         return self.start()
 
     def __exit__(self, *exc) -> None:

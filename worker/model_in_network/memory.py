@@ -21,8 +21,8 @@ class MemoryTracker:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self.current = {k: 0 for k in self.KINDS}
-        self.peak = {k: 0 for k in self.KINDS}
+        self.current = dict.fromkeys(self.KINDS, 0)
+        self.peak = dict.fromkeys(self.KINDS, 0)
         self.total = 0
         self.peak_total = 0
 

@@ -411,7 +411,7 @@ class ModelInNetwork(nn.Module):
         if transport is not None:
             transport.close()
 
-    def __enter__(self) -> "ModelInNetwork":
+    def __enter__(self) -> ModelInNetwork:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -61,7 +61,7 @@ class JobNetwork:
                            "placement": placement, "job_id": self.job_id, "control_token": self.control_token})
 
     @classmethod
-    def from_json(cls, text: str) -> "JobNetwork":
+    def from_json(cls, text: str) -> JobNetwork:
         raw = json.loads(text)
         placement = raw.get("placement")
         return cls(EndpointPlan.from_json(json.dumps(raw["endpoint"])), list(raw.get("node_controls", [])),
@@ -71,13 +71,13 @@ class JobNetwork:
     # -- sources ----------------------------------------------------------------------------------
     @classmethod
     def from_star(cls, plan, rank: int, node_controls: list[str], job_id: str = DEFAULT_JOB_ID,
-                  placement: dict[int, int] | None = None, control_token: str = "") -> "JobNetwork":
+                  placement: dict[int, int] | None = None, control_token: str = "") -> JobNetwork:
         """From a loopback `StarPlan` whose switch is running (its ports are bound)."""
         return cls(plan.worker_plan(rank), list(node_controls), placement, job_id, control_token)
 
     @classmethod
     def from_controller(cls, endpoint: EndpointPlan, job_info: dict, node_controls: list[str],
-                        job_id: str | None = None, job_token: str = "") -> "JobNetwork":
+                        job_id: str | None = None, job_token: str = "") -> JobNetwork:
         """From JoinJob's answer: the endpoint plan and the job JSON with its shard map. The
         controller may cut a large layer into slices for several nodes; a unit travels whole, so
         slices are refused here with advice."""
@@ -100,6 +100,6 @@ def balance(sizes: dict[int, int], nodes: list[int]) -> dict[int, int]:
         raise ValueError("no optimizer node to place units on")
     whole = ShardBalancer(min_slice=max(sizes.values(), default=1))  # a slice limit no unit exceeds
     pieces = whole.assign(sorted(sizes.items()), [1.0] * len(nodes))
-    out = {uid: nodes[0] for uid in sizes}
+    out = dict.fromkeys(sizes, nodes[0])
     out.update({p.layer_id: nodes[p.node_index] for p in pieces})
     return out

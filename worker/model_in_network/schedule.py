@@ -11,8 +11,8 @@ never on timing, so workers running the same model agree.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 FORWARD, BACKWARD = "f", "b"
 
@@ -35,7 +35,7 @@ class PullSchedule:
         self.keep = set(keep)
         self.prefetch = prefetch
         self._issue = issue
-        self.saves_params = {u: True for u in order}  # learned each forward; True until known
+        self.saves_params = dict.fromkeys(order, True)  # learned each forward; True until known
         self.pending: dict[tuple[int, str], Ticket] = {}
         self.grad = True
         self.issued: set[tuple[int, str]] = set()

@@ -39,7 +39,7 @@ class EmbeddedTransport:
         self.owned = owned
 
     @classmethod
-    def start(cls, plan: EndpointPlan, config: EngineConfig | None = None) -> "EmbeddedTransport":
+    def start(cls, plan: EndpointPlan, config: EngineConfig | None = None) -> EmbeddedTransport:
         return cls(Engine(plan, config).start(), owned=True)
 
     def staging(self, numel: int) -> Staging:
@@ -74,7 +74,7 @@ class ProcessTransport:
         self._scratch: Staging | None = None
 
     @classmethod
-    def start(cls, plan: EndpointPlan, workdir: str | None = None) -> "ProcessTransport":
+    def start(cls, plan: EndpointPlan, workdir: str | None = None) -> ProcessTransport:
         return cls(EngineClient.spawn(plan, workdir), owned=True)
 
     def staging(self, numel: int) -> Staging:

@@ -17,7 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 from ...protocol import (
-    DTYPE_ITEMSIZE, HEADER_LEN, NODE, PULL_REQUEST, VERSION, DropReason, Flag, MsgType, NextStep,
+    DTYPE_ITEMSIZE,
+    HEADER_LEN,
+    NODE,
+    PULL_REQUEST,
+    VERSION,
+    DropReason,
+    Flag,
+    MsgType,
+    NextStep,
     aggregation_packet_len,
 )
 from ..lookup import CompiledTables
@@ -49,9 +57,28 @@ _VALID_TYPE[[int(t) for t in MsgType]] = True
 class Classified:
     """Per-packet fields of the luwu packets that reached the classifier (`idx` into the batch)."""
 
-    __slots__ = ("idx", "h", "mtype", "flags", "session", "worker", "from_node", "path", "bit", "worker_port",
-                 "pool_base", "num_workers", "worker_mask", "epoch", "mcast_grp", "next_step", "up_port",
-                 "up_worker", "nbytes", "types")
+    __slots__ = (
+        "bit",
+        "epoch",
+        "flags",
+        "from_node",
+        "h",
+        "idx",
+        "mcast_grp",
+        "mtype",
+        "nbytes",
+        "next_step",
+        "num_workers",
+        "path",
+        "pool_base",
+        "session",
+        "types",
+        "up_port",
+        "up_worker",
+        "worker",
+        "worker_mask",
+        "worker_port",
+    )
 
 
 def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:

@@ -30,7 +30,7 @@ KEEP_FLAGS = int(Flag.SET | Flag.MAX)
 class Routes:
     """Per batch packet: route kind, egress port, endpoints dst, multicast group, session."""
 
-    __slots__ = ("kind", "port", "dst", "group", "session")
+    __slots__ = ("dst", "group", "kind", "port", "session")
 
     def __init__(self, k: int):
         self.kind = np.zeros(k, dtype=np.int64)
@@ -43,7 +43,7 @@ class Routes:
 class AggregationResult:
     """Register outcome per classified packet (meaningful on the aggregation path)."""
 
-    __slots__ = ("dup", "remaining", "exponent", "saturated")
+    __slots__ = ("dup", "exponent", "remaining", "saturated")
 
     def __init__(self, n: int):
         self.dup = np.zeros(n, dtype=bool)
@@ -53,7 +53,7 @@ class AggregationResult:
 
 
 class HeartbeatResult:
-    __slots__ = ("full", "ack", "credit")
+    __slots__ = ("ack", "credit", "full")
 
     def __init__(self, n: int):
         self.full = np.zeros(n, dtype=bool)

@@ -24,8 +24,22 @@ from ..batch import Emission
 from ..lookup import CompiledTables
 from .next_step_selector import ROUTE_L3, ROUTE_MULTICAST, ROUTE_NONE, Routes
 from .parser import (
-    ETH_LEN, ETHERTYPE_IPV4, IPPROTO_UDP, IPV4_MIN_LEN, OFF_IP_CSUM, OFF_IP_DST, OFF_IP_PROTO, OFF_IP_SRC,
-    OFF_IP_TOTAL_LEN, OFF_IP_TTL, OFF_IP_VER_IHL, OFF_UDP, OFF_UDP_CSUM, OFF_UDP_DPORT, OFF_UDP_LEN, UDP_LEN,
+    ETH_LEN,
+    ETHERTYPE_IPV4,
+    IPPROTO_UDP,
+    IPV4_MIN_LEN,
+    OFF_IP_CSUM,
+    OFF_IP_DST,
+    OFF_IP_PROTO,
+    OFF_IP_SRC,
+    OFF_IP_TOTAL_LEN,
+    OFF_IP_TTL,
+    OFF_IP_VER_IHL,
+    OFF_UDP,
+    OFF_UDP_CSUM,
+    OFF_UDP_DPORT,
+    OFF_UDP_LEN,
+    UDP_LEN,
 )
 
 MAC_LEN = 6
