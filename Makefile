@@ -21,6 +21,10 @@ demo: $(STAMP)                 ## train a small GPT through switch and optimizer
 test: $(STAMP)                 ## the test suite (what CI runs)
 	$(VENV)/bin/pytest $(ARGS)
 
+lint: $(STAMP)                 ## ruff and mypy (the type-check ratchet in pyproject.toml); CI runs it
+	$(VENV)/bin/ruff check .
+	$(PY) tests/typecheck.py
+
 bench: $(STAMP)                ## the benchmarks, each against its baseline in the same run
 	$(VENV)/bin/luwu bench allreduce --workers 4 --size 16MiB --verify
 	$(VENV)/bin/luwu bench optimizer
@@ -31,4 +35,4 @@ p4: $(STAMP)                   ## regenerate p4/ generated sources and P4Info, t
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-.PHONY: install demo test bench p4 clean
+.PHONY: install demo test lint bench p4 clean

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -113,6 +114,7 @@ def aggregation_packet_len(lanes: int) -> int:
 
 
 DTYPE_ITEMSIZE = {Dtype.INT32: 4, Dtype.FP32: 4, Dtype.BF16: 2, Dtype.FP16: 2, Dtype.FIXED32: 4, Dtype.ORDERED32: 4}
+_ITEMSIZE_BY_CODE: dict[int, int] = {int(d): n for d, n in DTYPE_ITEMSIZE.items()}  # by the header's dtype byte
 
 # --- header layouts (numpy, for vectorised work on batches of packets) -----------------------
 
@@ -175,7 +177,7 @@ def looks_like_luwu(data: bytes | memoryview) -> bool:
     if mtype in AGGREGATION_TYPES:
         return (n - HEADER_LEN) % 4 == 0 and count <= (n - HEADER_LEN) // 4
     if mtype == MsgType.PARAM:
-        item = DTYPE_ITEMSIZE.get(data[25])  # the dtype byte of DATA_HEADER
+        item = _ITEMSIZE_BY_CODE.get(data[25])  # the dtype byte of DATA_HEADER
         return item is not None and n == HEADER_LEN + count * item
     if mtype == MsgType.HEARTBEAT:
         return n == HEADER_LEN
@@ -264,7 +266,7 @@ def check_pool(pool_base: int, pool_size: int) -> None:
         raise ValueError(f"slot pool base must be >= 0, got {pool_base}")
 
 
-def slot_for(seq, pool_base: int, pool_size: int):
+def slot_for(seq: Any, pool_base: int, pool_size: int) -> tuple[Any, Any]:
     """(slot, set) of sequence number(s) `seq` in a pool; works on ints and numpy arrays."""
     shift = pool_size.bit_length() - 1
     return pool_base + (seq & (pool_size - 1)), (seq >> shift) & 1

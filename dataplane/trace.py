@@ -24,10 +24,10 @@ ENV = "LUWU_TRACE_DIR"
 
 
 class _Nothing:
-    def __enter__(self):
+    def __enter__(self) -> _Nothing:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
 
@@ -40,11 +40,11 @@ class _Span:
     def __init__(self, tracer: _Tracer, name: str, cat: str, args: dict):
         self.tracer, self.name, self.cat, self.args = tracer, name, cat, args
 
-    def __enter__(self):
+    def __enter__(self) -> _Span:
         self.start = time.time_ns() // 1000
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         end = time.time_ns() // 1000
         self.tracer.emit({"name": self.name, "cat": self.cat, "ph": "X", "ts": self.start, "dur": end - self.start,
                           "pid": self.tracer.pid, "tid": threading.get_native_id(), "args": self.args})
@@ -85,7 +85,7 @@ def start(process_name: str) -> bool:
     return True
 
 
-def span(name: str, cat: str = "luwu", **args):
+def span(name: str, cat: str = "luwu", **args: object) -> _Nothing | _Span:
     """A context manager timing its block as one event (a no-op when tracing is off)."""
     t = _tracer
     return _NOTHING if t is None else _Span(t, name, cat, args)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 LENGTH = struct.Struct("!I")
 MAX_HEADER = 16 << 20  # bytes of one JSON header
@@ -41,7 +42,7 @@ def recv_exact(sock: socket.socket, n: int, eof_ok: bool = False) -> bytes:
     return bytes(buf)
 
 
-def send_msg(sock: socket.socket, header: dict, blobs: list = ()) -> None:
+def send_msg(sock: socket.socket, header: dict, blobs: Sequence[Any] = ()) -> None:
     """One frame: `header` (a JSON object; its `blobs` key is set to the blobs' sizes) and the blobs."""
     header = dict(header, blobs=[memoryview(b).nbytes for b in blobs])
     data = json.dumps(header).encode()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -23,7 +24,7 @@ def _needs_staging(t: torch.Tensor) -> bool:
     return t.device.type != "cpu"
 
 
-def _walk(obj, fn):
+def _walk(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """obj with every tensor t replaced by fn(t) (lists and tuples, nested)."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
@@ -32,16 +33,21 @@ def _walk(obj, fn):
     return obj
 
 
-def _tensors(obj) -> list[torch.Tensor]:
+def _tensors(obj: Any) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
-    _walk(obj, lambda t: out.append(t) or t)
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        out.append(t)
+        return t
+
+    _walk(obj, keep)
     return out
 
 
 class _Stage:
     def __init__(self, needs: Callable[[torch.Tensor], bool]):
         self.needs = needs
-        self.pairs: list[tuple[torch.Tensor, torch.Tensor, object]] = []  # (device, host, stream)
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor, Any]] = []  # (device, host, CUDA stream or None)
 
     def to_host(self, t: torch.Tensor, is_output: bool) -> torch.Tensor:
         if not self.needs(t):
@@ -57,7 +63,7 @@ class _Stage:
         return host
 
     def copy_back(self) -> None:
-        streams = set()
+        streams: set[Any] = set()
         for dev, host, stream in self.pairs:
             if stream is not None:
                 with torch.cuda.stream(stream):
@@ -69,7 +75,7 @@ class _Stage:
             s.synchronize()
 
 
-def staged(outputs: tuple[int, ...], needs: Callable[[torch.Tensor], bool] = _needs_staging):
+def staged(outputs: tuple[int, ...], needs: Callable[[torch.Tensor], bool] = _needs_staging) -> Callable[[Any], Any]:
     """Decorate a process-group method: positional arguments at `outputs` are written back.
 
     Args:
@@ -79,9 +85,9 @@ def staged(outputs: tuple[int, ...], needs: Callable[[torch.Tensor], bool] = _ne
     Returns:
         The decorator; methods called without such tensors run unchanged.
     """
-    def wrap(fn):
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
-        def call(self, *args, **kwargs):
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             if not any(needs(t) for t in _tensors(args)):
                 return fn(self, *args, **kwargs)
             stage = _Stage(needs)
@@ -92,7 +98,7 @@ def staged(outputs: tuple[int, ...], needs: Callable[[torch.Tensor], bool] = _ne
             outer = LuwuWork(f"{getattr(inner, 'name', fn.__name__)} (device tensors via host buffers)",
                              device_outputs)
 
-            def done(fut) -> None:
+            def done(fut: Any) -> None:
                 try:
                     fut.wait()
                     stage.copy_back()
