@@ -19,7 +19,14 @@ from collections.abc import Callable
 
 from luwu.dataplane.protocol import DEFAULT_UDP_PORT, NODE, NextStep
 from luwu.dataplane.session import SessionSpec, Wiring
-from luwu.p4.runtime_config import TableEntry, endpoint_entry, multicast_group, session_entry, worker_entry
+from luwu.p4.runtime_config import (
+    TableEntry,
+    child_port_entry,
+    endpoint_entry,
+    multicast_group,
+    session_entry,
+    worker_entry,
+)
 
 from .config import ControllerConfig
 from .job_spec import JobSpec
@@ -152,6 +159,8 @@ class Planner:
             prog.entries.append(_endpoint(sid, wid, addr))
         if up_addr is not None:
             prog.entries.append(_endpoint(sid, NODE, up_addr))
+        for _child, _, pport in g.children(sw):  # GRADs passing up from below enter on these ports only
+            prog.entries.append(child_port_entry(sid, pport))
         prog.groups.append(multicast_group(sid, [(port, wid) for wid, port, _ in contributors]))
 
     # -- addresses ------------------------------------------------------------------------------

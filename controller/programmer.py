@@ -37,7 +37,7 @@ from luwu.p4.runtime_config import TableEntry, multicast_group
 from .plan import SwitchProgram
 from .switch_credentials import SwitchTls, switch_credentials
 
-MANAGED_TABLES = ("sessions", "workers", "endpoints", "ingress_drop_sim", "egress_drop_sim")
+MANAGED_TABLES = ("sessions", "workers", "child_ports", "endpoints", "ingress_drop_sim", "egress_drop_sim")
 WRITE_BATCH = 500  # updates per WriteRequest
 COUNTER_NAMES = ("drops", "events", "rx_types", "session_packets")
 

@@ -330,6 +330,12 @@ def worker_entry(session: int, worker: int, *, worker_bit: int, port: int) -> Ta
                       {"worker_bit": worker_bit, "port": port})
 
 
+def child_port_entry(session: int, port: int) -> TableEntry:
+    """A port of one of `session`'s child switches: GRADs passing through toward the node (ranks
+    this switch does not know) are accepted from it (docs/protocol.md 6.8)."""
+    return TableEntry("child_ports", {"session": session, "port": port}, "child_port", {})
+
+
 def endpoint_entry(session: int, dst: int, *, dst_mac: int | str, dst_ip: int | str, dst_udp: int) -> TableEntry:
     return TableEntry("endpoints", {"session": session, "dst": dst}, "set_endpoint",
                       {"dst_mac": dst_mac, "dst_ip": dst_ip, "dst_udp": dst_udp})

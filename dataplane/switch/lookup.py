@@ -2,7 +2,7 @@
 
 Rebuilt by `Tables.compiled()` whenever an entry changes (entries change rarely, packets never
 stop). Small key spaces are direct-indexed arrays (`sessions` by id, the drop simulators by
-port, multicast groups by id); two-field exact keys (`workers`, `endpoints`) are sorted 32-bit
+port, multicast groups by id); two-field exact keys (`workers`, `endpoints`, `child_ports`) are sorted 32-bit
 keys searched with `np.searchsorted`; `ipv4_lpm` is one sorted array per prefix length present.
 """
 
@@ -51,6 +51,7 @@ class CompiledTables:
         self.s["log2_pool"][nz] = np.log2(self.s["pool_size"][nz]).astype(np.int64)
         self.workers = ExactPairs(entries["workers"], ("worker_bit", "port"))
         self.endpoints = ExactPairs(entries["endpoints"], ("dst_mac", "dst_ip", "dst_udp"))
+        self.child_ports = ExactPairs(entries["child_ports"], ())  # (session, port of a child switch)
         # drop simulators, direct-indexed by port; NO_ENTRY = no simulated loss on that port
         self.ingress_threshold = np.full(1 << PORT_BITS, NO_ENTRY, dtype=np.int64)
         self.egress_threshold = np.full(1 << PORT_BITS, NO_ENTRY, dtype=np.int64)

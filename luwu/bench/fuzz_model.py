@@ -213,7 +213,9 @@ class Model:
         known = self.wkey[pos] == key
         passing = (mtype == MsgType.GRAD) & ((h["flags"] & Flag.FALLBACK) != 0)
         drop(~from_node & ~known & ~passing, DropReason.UNKNOWN_WORKER)
-        drop(np.where(from_node, self.up_port[session] != port, known & (self.wport[pos] != port)),
+        # a passing GRAD (a rank this switch does not know) must come from a child switch's port;
+        # a star has none (protocol.md 6.8)
+        drop(np.where(from_node, self.up_port[session] != port, (known & (self.wport[pos] != port)) | ~known),
              DropReason.SPOOFED)
         contributes = (mtype == MsgType.GRAD) | (mtype == MsgType.ALLREDUCE)
         wrong_way = ((contributes & from_node) | (mtype == MsgType.AGG) | (mtype == MsgType.RESULT)  # all roots here

@@ -11,7 +11,8 @@
  *      PARAM: 32 + count * itemsize(dtype), known dtype; PULL: 32 + 12 * count)
  *   no `sessions` entry .................................. UNKNOWN_SESSION
  *   sender is a rank (not NODE) without a `workers` entry  UNKNOWN_WORKER
- *     (except a GRAD already marked FALLBACK: it passes through toward the node)
+ *     (except a GRAD already marked FALLBACK: it passes through toward the node, but only
+ *      from a port of a child switch of the session, a `child_ports` entry; else SPOOFED)
  *   a rank not on its entry's port, or NODE not on the session's up_port ... SPOOFED
  * then by type (NODE = the session's optimizer node, or the parent switch):
  *   GRAD from a rank: in the pool and no FALLBACK flag -> AGGREGATE, else FALLBACK
@@ -64,6 +65,20 @@ control Classifier(inout headers_t hdr, inout metadata_t meta, in bool parsed, i
         size = WORKER_ENTRIES;
     }
 
+    @id(8) action child_port() { }
+
+    /* The ports of a session's child switches: a GRAD passing through toward the node (a rank
+     * this switch does not know) is accepted from these only (docs/protocol.md 6.8). */
+    @id(7) table child_ports {
+        key = {
+            hdr.luwu.session: exact @name("session");
+            ingress_port: exact @name("port");
+        }
+        actions = { child_port; @defaultonly NoAction; }
+        default_action = NoAction();
+        size = CHILD_PORT_ENTRIES;
+    }
+
     apply {
         meta.op = OP_NONE;
         bit<4> t = hdr.luwu.msg_type;
@@ -102,6 +117,9 @@ control Classifier(inout headers_t hdr, inout metadata_t meta, in bool parsed, i
                 }
             } else if (!passing) {
                 meta.drop_reason = DROP_UNKNOWN_WORKER;
+            } else if (!child_ports.apply().hit) {
+                /* passing GRADs come up from child switches, never from a rank's own port */
+                meta.drop_reason = DROP_SPOOFED;
             }
         } else if (ingress_port != meta.up_port) {
             /* the node (or the parent switch) speaks only on the session's up_port */

@@ -21,6 +21,11 @@
 #define WORKER_ENTRIES 32768
 #endif
 
+/* Entries of the `child_ports` table: (session, port of a child switch) pairs. */
+#ifndef CHILD_PORT_ENTRIES
+#define CHILD_PORT_ENTRIES 4096
+#endif
+
 /* Entries of the egress `endpoints` table: (session, rank or NODE) pairs. */
 #ifndef ENDPOINT_ENTRIES
 #define ENDPOINT_ENTRIES 32768

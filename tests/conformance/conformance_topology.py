@@ -1,7 +1,8 @@
 """The switch every conformance vector runs on: hosts, ports, sessions and its runtime JSON.
 
 One switch with 64 lanes (tofino mode). Workers of ranks 0..3 on ports 1..4, the optimizer
-node on port 5, a parent switch (for the ToR session) on port 6. Sessions:
+node on port 5, a parent switch (for the ToR session) on port 6, a host no session knows on port
+7, and a child switch of the node session on port 8 (a `child_ports` entry). Sessions:
 
   DATA   2  collective, 4 workers, pool [16, 272),  epoch 2, group 1       (ALLREDUCE at a root)
   META   1  collective, 4 workers, pool [0, 16),    epoch 1, group 1       (small pool: set reuse)
@@ -22,6 +23,7 @@ from luwu.dataplane.protocol import DEFAULT_UDP_PORT, NODE, NextStep
 from luwu.p4.runtime_config import (
     RuntimeConfig,
     TableEntry,
+    child_port_entry,
     endpoint_entry,
     multicast_group,
     route_entry,
@@ -49,6 +51,7 @@ WORKERS = [Host(f"w{r}", r, r + 1, f"08:00:00:00:00:{r + 1:02x}", f"10.0.0.{r + 
 NODE_HOST = Host("node", NODE, 5, "08:00:00:00:00:05", "10.0.0.5")
 PARENT = Host("parent", NODE, 6, "08:00:00:00:01:fe", "10.0.1.254")
 OUTSIDER = Host("outsider", 9, 7, "08:00:00:00:00:09", "10.0.0.9")  # a host the sessions do not know
+CHILD = Host("child", 12, 8, "08:00:00:00:02:fe", "10.0.2.254")  # a child switch of NODE_S; rank 12 is below it
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ def base_runtime() -> RuntimeConfig:
             cfg.table_entries.append(endpoint_entry(s.id, h.rank, dst_mac=h.mac, dst_ip=h.ip, dst_udp=UDP_PORT))
         if s.up:
             cfg.table_entries.append(endpoint_entry(s.id, NODE, dst_mac=s.up.mac, dst_ip=s.up.ip, dst_udp=UDP_PORT))
+    cfg.table_entries.append(child_port_entry(NODE_S.id, CHILD.port))
     for h in [*WORKERS, NODE_HOST]:
         cfg.table_entries.append(route_entry(h.ip, 32, port=h.port, dst_mac=h.mac))
     for gid, members in GROUPS.items():

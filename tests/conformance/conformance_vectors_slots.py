@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 from conformance_frames import lanes_bytes, wrap32
-from conformance_topology import DATA, LANES, META, NODE_S, ONE, OUTSIDER, REUSE, TOR, WORKERS
+from conformance_topology import CHILD, DATA, LANES, META, NODE_S, ONE, OUTSIDER, REUSE, TOR, WORKERS
 from conformance_vectors import Script, Vector, agg, keep_flags, result, to_group, to_host, to_up
 
 from luwu.dataplane.protocol import NODE, DropReason, Dtype, Event, Flag, MsgType
@@ -224,12 +224,20 @@ def fallback() -> Vector:
     flagged = agg(MsgType.GRAD, NODE_S, W1, 4, values(1, 12), flags=Flag.FALLBACK)
     fwd2 = result(flagged, mtype=MsgType.GRAD, worker=W1.rank, exponent=0, flags=int(Flag.FALLBACK))
     s.send(W1, flagged.layer, flagged.payload, to_up(NODE_S, W1, fwd2, flagged.payload), note="FALLBACK already set")
-    below = agg(MsgType.GRAD, NODE_S, OUTSIDER, 4, values(3, 12), flags=Flag.FALLBACK)
-    fwd3 = result(below, mtype=MsgType.GRAD, worker=OUTSIDER.rank, exponent=0, flags=int(Flag.FALLBACK))
-    s.send(OUTSIDER, below.layer, below.payload, to_up(NODE_S, OUTSIDER, fwd3, below.payload),
-           note="FALLBACK from a rank of a switch below (no workers entry here): passes through")
-    return Vector("fallback", "6.3, 7.4", ("fallback_outside", "fallback_flag", "fallback_passes_through"), s.steps,
-                  events={Event.FALLBACK: 3, Event.UNICAST: 3})
+    below = agg(MsgType.GRAD, NODE_S, CHILD, 4, values(3, 12), flags=Flag.FALLBACK)
+    fwd3 = result(below, mtype=MsgType.GRAD, worker=CHILD.rank, exponent=0, flags=int(Flag.FALLBACK))
+    s.send(CHILD, below.layer, below.payload, to_up(NODE_S, CHILD, fwd3, below.payload),
+           note="FALLBACK from a rank of a switch below (no workers entry here), on the child's port: passes")
+    forged = agg(MsgType.GRAD, NODE_S, OUTSIDER, 5, values(3, 12), flags=Flag.FALLBACK)
+    s.send(OUTSIDER, forged.layer, forged.payload,
+           note="the same from a port that is no child switch's: SPOOFED (protocol.md 6.8)")
+    forged_rank = agg(MsgType.GRAD, NODE_S, W3, 6, values(3, 12), flags=Flag.FALLBACK)
+    forged_rank.layer.worker = 12
+    s.send(W3, forged_rank.layer, forged_rank.payload,
+           note="a worker posing as a rank below another switch: SPOOFED")
+    return Vector("fallback", "6.3, 6.8, 7.4", ("fallback_outside", "fallback_flag", "fallback_passes_through",
+                                                 "fallback_pass_needs_child_port"), s.steps,
+                  events={Event.FALLBACK: 3, Event.UNICAST: 3}, drops={DropReason.SPOOFED: 2})
 
 
 def foreign_slot() -> Vector:

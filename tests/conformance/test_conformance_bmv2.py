@@ -24,7 +24,7 @@ if _MISSING:
 if os.geteuid() != 0:
     pytest.skip("BMv2 conformance needs root for veth pairs and a network namespace", allow_module_level=True)
 
-HOST_PORTS = 7  # workers 1-4, node 5, parent 6, an unknown host 7 (conformance_topology)
+HOST_PORTS = 8  # workers 1-4, node 5, parent 6, an unknown host 7, a child switch 8 (conformance_topology)
 VECTORS = all_vectors()
 
 

@@ -5,7 +5,7 @@ switch does."""
 from __future__ import annotations
 
 from conformance_suite import all_vectors
-from conformance_topology import NODE_HOST, OUTSIDER, PARENT, UDP_PORT, WORKERS, runtime_for
+from conformance_topology import CHILD, NODE_HOST, OUTSIDER, PARENT, UDP_PORT, WORKERS, runtime_for
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
@@ -17,12 +17,12 @@ from luwu.p4.runtime_config import RuntimeConfig
 REQUIRED = {
     "first", "middle", "last", "shadow_set_reuse", "dup_incomplete", "resent_grad_root", "resent_allreduce_root",
     "resent_upstream", "exponent_max", "saturated_or", "max_op", "epoch_change", "n1", "fallback_outside",
-    "fallback_flag", "fallback_passes_through", "foreign_slot", "hb_round", "hb_serial_wrap", "hb_node_multicast", "param_multicast",
+    "fallback_flag", "fallback_passes_through", "fallback_pass_needs_child_port", "foreign_slot", "hb_round", "hb_serial_wrap", "hb_node_multicast", "param_multicast",
     "replica_rewrite", "pull", "upstream_result", "upstream_grad", "hb_upstream", "unknown_session", "unknown_worker",
     "malformed_truncated", "malformed_oversized", "bad_version", "bad_type", "malformed_count", "bad_direction",
     "l3_forward", "l3_no_route", "drop_sim_never", "drop_sim_always_ingress", "drop_sim_always_egress",
 }
-HOSTS = {h.port: h for h in [*WORKERS, NODE_HOST, PARENT, OUTSIDER]}
+HOSTS = {h.port: h for h in [*WORKERS, NODE_HOST, PARENT, OUTSIDER, CHILD]}
 VECTORS = all_vectors()
 
 

@@ -82,6 +82,10 @@ def test_multi_rack_tree_upstream_and_up_workers():
     ws = {(e.match["session"], e.match["worker"]): e.action_params for e in entries(plan, "cluster", "workers")}
     assert ws[(1, 6)] == {"worker_bit": 1, "port": 1} and ws[(1, 7)] == {"worker_bit": 2, "port": 2}
     assert {g.multicast_group_id: g.pairs() for g in plan.programs["cluster"].groups}[1] == [(1, 6), (2, 7)]
+    # GRADs passing up toward the node enter the root only on its ToRs' ports; the ToRs have no children
+    child = {(e.match["session"], e.match["port"]) for e in entries(plan, "cluster", "child_ports")}
+    assert child == {(x.spec.session, p) for x in plan.sessions for p in (1, 2)}
+    assert not entries(plan, "tor0", "child_ports") and not entries(plan, "tor1", "child_ports")
     # every switch of the tree shares the id and pool of a session
     for sess in plan.sessions:
         bases = {e.action_params["pool_base"] for sw in sess.switches for e in entries(plan, sw, "sessions")

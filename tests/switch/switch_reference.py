@@ -31,6 +31,7 @@ class ReferenceSwitch:
         self.lanes, self.slots = lanes, slots
         self.sessions: dict[int, dict] = {}
         self.workers: dict[tuple[int, int], tuple[int, int]] = {}
+        self.child_ports: set[tuple[int, int]] = set()  # (session, port of a child switch)
         self.groups: dict[int, list[tuple[int, int]]] = {}
         self.slot_owner = defaultdict(int)
         self.bitmap = [defaultdict(int), defaultdict(int)]
@@ -53,6 +54,8 @@ class ReferenceSwitch:
                 self.sessions[m["session"]] = dict(p)
             elif t == "workers":
                 self.workers[(m["session"], m["worker"])] = (p["worker_bit"], p["port"])
+            elif t == "child_ports":
+                self.child_ports.add((m["session"], m["port"]))
         for g in runtime.get("multicast_group_entries", []):
             self.groups[g["multicast_group_id"]] = [(r["egress_port"], r["instance"]) for r in g["replicas"]]
 
@@ -88,7 +91,8 @@ class ReferenceSwitch:
             return []
         bit, wport = self.workers.get((pkt.session, pkt.worker), (0, 0))
         known = (pkt.session, pkt.worker) in self.workers
-        if (from_node and port != s["up_port"]) or (not from_node and known and port != wport):
+        if ((from_node and port != s["up_port"]) or (not from_node and known and port != wport)
+                or (not from_node and not known and (pkt.session, port) not in self.child_ports)):
             self._count(self.drops, DropReason.SPOOFED, n)  # source guard: an id off its bound port
             return []
         root = s["next_step"] == NextStep.ROOT

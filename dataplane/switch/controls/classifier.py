@@ -4,8 +4,10 @@ Checks, in this order, each failure dropping the packet with its reason: version
 (BAD_VERSION), type (BAD_TYPE), length for the type (MALFORMED: aggregation packets are exactly
 32 + 4 * lanes bytes with count <= lanes; PARAM 32 + count * itemsize(dtype); PULL 32 + 12 *
 count; HEARTBEAT 32), `sessions` hit (UNKNOWN_SESSION), `workers` hit for every packet whose
-worker is not NODE (UNKNOWN_WORKER), the sender's port (SPOOFED: a rank off its entry's port,
-NODE off the session's up_port), then direction (BAD_DIRECTION) and pool (FOREIGN_SLOT).
+worker is not NODE (UNKNOWN_WORKER; a GRAD marked FALLBACK passes through, from a `child_ports`
+port only), the sender's port (SPOOFED: a rank off its entry's port, NODE off the session's
+up_port, a passing GRAD off a child switch's port), then direction (BAD_DIRECTION) and pool
+(FOREIGN_SLOT).
 Each surviving packet gets a path: aggregate, fallback, heartbeat round, multicast or pull.
 
 Hot code: constants are plain ints (numpy arithmetic with enum members is several times
@@ -137,6 +139,12 @@ def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
     # switch below, not of this one, and it only passes through toward the node (protocol.md 6.3)
     passing = (mtype == GRAD) & ((c.flags & FALLBACK) != 0)
     drop[(drop == 0) & ~from_node & ~w_hit & ~passing] = D_UNKNOWN_WORKER
+    # ... but only from a port of one of the session's child switches (`child_ports`): a rank's own
+    # port never carries another switch's traffic (protocol.md 6.8)
+    through = (drop == 0) & ~from_node & ~w_hit & passing
+    if through.any():
+        below, _ = t.child_ports.find(session, b.port[idx])
+        drop[through & ~below] = D_SPOOFED
     if len(t.workers.keys):
         c.bit = t.workers.params["worker_bit"][w_row]
         c.worker_port = t.workers.params["port"][w_row]
