@@ -91,13 +91,23 @@ def span(name: str, cat: str = "luwu", **args: object) -> _Nothing | _Span:
     return _NOTHING if t is None else _Span(t, name, cat, args)
 
 
+def begin(name: str, cat: str = "luwu", **args: object) -> _Nothing | _Span:
+    """Start an event that `end` closes later (for spans across callbacks, e.g. autograd hooks)."""
+    return span(name, cat, **args).__enter__()
+
+
+def end(started: _Nothing | _Span | None) -> None:
+    if started is not None:
+        started.__exit__(None, None, None)
+
+
 def flush() -> None:
     if _tracer is not None:
         _tracer.flush()
 
 
-def merge(directory: str | os.PathLike) -> Path:
-    """Every process's events in `directory` as one Chrome trace, `directory/trace.json`.
+def merge(directory: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Every process's events in `directory` as one Chrome trace, `out` (default `directory/trace.json`).
 
     Returns:
         The path written (lines that are not JSON, e.g. a file cut by a killed process, are skipped).
@@ -110,6 +120,6 @@ def merge(directory: str | os.PathLike) -> Path:
                 events.append(json.loads(line))
             except ValueError:
                 continue
-    out = directory / "trace.json"
-    out.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-    return out
+    target = Path(out) if out is not None else directory / "trace.json"
+    target.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    return target

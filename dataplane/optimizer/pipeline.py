@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import trace
 from . import kernels
 from .layout import LayerPlan, ShardPlan
 from .spec import NodeConfig, OptimizerSpec
@@ -221,7 +222,9 @@ class Pipeline:
                 continue  # drain so that producers never block
             try:
                 t0 = time.perf_counter()
-                out = fn(task)
+                item = getattr(task, "item", task)
+                with trace.span(stage, "optimizer", layer=item.plan.layer_id, step=item.step):
+                    out = fn(task)
                 self._account(stage, t0)
                 if stage == "read":
                     self._put("optimize", task)

@@ -19,6 +19,7 @@ import traceback
 
 import numpy as np
 
+from .. import trace
 from ..net.mmsg import addr_of
 from ..protocol import ETH_IP_UDP_LEN, DropReason, aggregation_packet_len
 from . import runtime_json
@@ -303,7 +304,8 @@ class SoftwareSwitch:
                 b = self._impair_turn(b, framed)
                 if b is None:
                     return
-            self.emit(b, self.pipeline.run(b))
+            with trace.span("pipeline turn", "switch", packets=n):
+                self.emit(b, self.pipeline.run(b))
         except Exception:  # a bug must not take the switch down: log it, count it, keep forwarding
             self.errors += 1
             for att in self.ports.values():  # rows an aborted emit published without ringing

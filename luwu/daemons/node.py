@@ -54,7 +54,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from luwu.dataplane import trace
+
     plan = EndpointPlan.from_file(args.plan)
+    trace.start(f"optimizer node ({Path(args.plan).stem})")
     config = NodeConfig(state_dir=args.state_dir, ram_budget=args.ram_budget, checkpoint_dir=args.checkpoint_dir,
                         pipeline=args.pipeline, threads_per_step=args.threads_per_step)
     if args.checkpoint_every and args.checkpoint_dir is None:

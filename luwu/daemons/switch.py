@@ -259,7 +259,10 @@ def _apply_drop(sw, cfg: DaemonConfig) -> None:
 
 
 def run(args) -> int:
+    from luwu.dataplane import trace
     from luwu.dataplane.switch.switch import SoftwareSwitch
+
+    trace.start("switch")
 
     stop = threading.Event()
     p4rt = None

@@ -11,6 +11,7 @@ print a summary. Every child process dies with the demo (launch.py), on errors a
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import tempfile
 import time
@@ -246,8 +247,12 @@ def _start_fabric(args, console: Console, workdir: Path, info: dict, resume: dic
 
 
 def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int, resume: dict | None) -> dict:
+    from luwu.dataplane import trace
+
     from . import report as rep
 
+    # every process the demo starts (workers, switch, nodes) writes its timeline here (inherited)
+    os.environ[trace.ENV] = str(workdir / "trace")
     t0 = time.perf_counter()
     if resume is not None:
         console.print(f"resuming job {resume['job_id']} at step {resume['version']} from "
@@ -290,6 +295,8 @@ def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     report = rep.build(settings, control, mnn, ddp, info, counters, nodes, tokens_per_step)
     report["_paths"] = rep.write({k: v for k, v in report.items() if k != "_paths"}, args.out)
+    # one Chrome trace (Perfetto) of the run, every process on one clock (docs/observability.md)
+    report["_paths"].append(trace.merge(workdir / "trace", Path(args.out) / "trace.json"))
     return report
 
 

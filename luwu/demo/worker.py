@@ -154,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(argv[0]) as f:
         spec = json.load(f)
     rank = int(argv[1])
+    from luwu.dataplane import trace
+
+    trace.start(f"worker {rank} ({spec.get('mode', '')})")
     try:
         report = train(spec, rank)
     except BaseException as e:  # noqa: BLE001 - report, then fail

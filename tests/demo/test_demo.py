@@ -53,6 +53,15 @@ def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     assert report["optimizer_nodes"][0]["node"]["node"]["published"] == 4 * len(report["model"]["units"])
     mem, ddp_mem = report["luwu"]["memory"]["0"], report["ddp"]["memory"]["0"]
     assert mem["peak_bytes"] < ddp_mem["state_bytes"]["total"]
+    # the timeline: one Chrome trace with the workers, the switch and the optimizer node as processes
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    kinds = {n.split(" ")[0] for n in names.values()}
+    assert {"worker", "switch", "optimizer"} <= kinds, names
+    spans = {(names.get(e["pid"], "?").split(" ")[0], e["name"]) for e in events if e["ph"] == "X"}
+    for want in [("worker", "forward"), ("worker", "backward"), ("worker", "push"), ("switch", "pipeline turn"),
+                 ("optimizer", "optimize"), ("optimizer", "publish")]:
+        assert want in spans, (want, sorted(spans))
 
 
 def test_five_percent_loss_gives_bit_identical_losses(tmp_path):

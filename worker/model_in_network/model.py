@@ -21,6 +21,7 @@ import time
 import torch
 from torch import nn
 
+from luwu.dataplane import trace
 from luwu.dataplane.engine.handles import EngineError
 from luwu.dataplane.engine.liveness import LuwuPeerDead
 
@@ -107,6 +108,7 @@ class ModelInNetwork(nn.Module):
         self._grad = {u.index: None for u in self.units}  # unit -> [staging, done flags] while gradients arrive
         self._pushed: dict[int, int] = {}  # unit -> version its gradient was pushed for
         self._saving: dict[int, object] = {}  # unit -> active saved-tensor detector
+        self._spans: dict[tuple[str, int], object] = {}  # open timeline events (luwu.dataplane.trace)
         self._saw_saved: dict[int, bool] = {}
         self._observed: list[int] = []
         self._hooks = []
@@ -178,7 +180,9 @@ class ModelInNetwork(nn.Module):
         if ticket is None:
             return
         try:
-            self._wait(ticket.handle, f"pull of unit {self.units[unit].label()} at version {ticket.version}", "pull")
+            with trace.span("pull wait", "worker", unit=unit, version=ticket.version):
+                self._wait(ticket.handle, f"pull of unit {self.units[unit].label()} at version {ticket.version}",
+                           "pull")
             self.flats[unit].materialise(ticket.staging.view(self.units[unit].numel), ticket.version)
         finally:
             self.pool.release(ticket.staging)
@@ -197,6 +201,7 @@ class ModelInNetwork(nn.Module):
             self.schedule.prefetch_after(unit, FORWARD, self.version)
             if grad:
                 self._watch_saved(unit)
+            self._spans[("forward", unit)] = trace.begin("forward", "worker", unit=unit, version=self.version)
         return pre
 
     def _watch_saved(self, unit: int) -> None:
@@ -215,6 +220,7 @@ class ModelInNetwork(nn.Module):
 
     def _make_post_forward(self, unit: int):
         def post(module, args, output):
+            trace.end(self._spans.pop(("forward", unit), None))
             ctx = self._saving.pop(unit, None)
             if ctx is not None:
                 ctx.__exit__(None, None, None)
@@ -240,6 +246,8 @@ class ModelInNetwork(nn.Module):
             if not resident:
                 self._take(self.schedule.take(unit, BACKWARD, self.version, False), unit)
                 self.schedule.prefetch_after(unit, BACKWARD, self.version)
+            if ("backward", unit) not in self._spans:
+                self._spans[("backward", unit)] = trace.begin("backward", "worker", unit=unit, version=self.version)
             return None
         return hook
 
@@ -271,7 +279,8 @@ class ModelInNetwork(nn.Module):
     def _finish_oldest_push(self) -> None:
         unit, handle, st = self._pushes.popleft()
         try:
-            self._wait(handle, f"push of unit {self.units[unit].label()} for step {self.version}", "push")
+            with trace.span("push wait", "worker", unit=unit, version=self.version):
+                self._wait(handle, f"push of unit {self.units[unit].label()} for step {self.version}", "push")
         finally:
             self.pool.release(st)
 
@@ -282,7 +291,10 @@ class ModelInNetwork(nn.Module):
             if not ok:  # a parameter this step did not use: like torch's zero gradient, but the step still runs
                 st.array[lo:hi] = 0.0
         self._grad[unit] = None
-        self._pushes.append((unit, self.transport.push(st, u.numel, self.session_of[unit], unit), st))
+        trace.end(self._spans.pop(("backward", unit), None))
+        with trace.span("push", "worker", unit=unit, version=self.version, bytes=u.nbytes):
+            handle = self.transport.push(st, u.numel, self.session_of[unit], unit)
+        self._pushes.append((unit, handle, st))
         self._pushed[unit] = self.version
         self.stats["pushes"] += 1
         self.stats["pushed_bytes"] += u.nbytes
