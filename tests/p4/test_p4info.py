@@ -1,7 +1,7 @@
 """The committed P4Info against the P4 sources and docs/protocol.md.
 
-The sources are scanned here with plain regular expressions (not luwu.p4.p4source, which
-generated the P4Info), so a bug in the generator's reader shows up as a disagreement.
+The sources are scanned here with plain regular expressions, independently of p4c (which
+writes the P4Info), so a disagreement between the sources, the P4Info and the spec shows up.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_p4info_loads_with_finsy():
     schema = P4Schema(P4INFO_TXTPB)
     assert schema.p4info.pkg_info.arch == "v1model"
     assert {t.alias for t in schema.tables} == {"ingress_drop_sim", "egress_drop_sim", "sessions", "workers",
-                                                 "endpoints", "ipv4_lpm"}
+                                                 "child_ports", "endpoints", "ipv4_lpm"}
 
 
 def test_ids_unique_and_prefixed(info):
@@ -165,7 +165,8 @@ def protocol_tables() -> dict[str, tuple[list[tuple[str, int, str]], dict[str, l
 
 def test_tables_match_protocol_md(info):
     spec = protocol_tables()
-    assert set(spec) == {"ingress_drop_sim", "egress_drop_sim", "sessions", "workers", "endpoints", "ipv4_lpm"}
+    assert set(spec) == {"ingress_drop_sim", "egress_drop_sim", "sessions", "workers", "child_ports", "endpoints",
+                         "ipv4_lpm"}
     by_alias = {t.preamble.alias: t for t in info.tables}
     action_of = {a.preamble.id: a for a in info.actions}
     for name, (keys, acts) in spec.items():
