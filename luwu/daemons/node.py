@@ -21,7 +21,7 @@ from luwu.dataplane.optimizer.node import OptimizerNode
 from luwu.dataplane.optimizer.service import OptimizerService
 from luwu.dataplane.optimizer.spec import NodeConfig
 from luwu.dataplane.session import EndpointPlan
-from luwu.dataplane.usage import UserError, positive_int, size
+from luwu.dataplane.usage import UserError, host_port, positive_int, size
 
 DEFAULT_CAPACITY = 1e8  # params/s registered with the controller when not measured
 
@@ -43,6 +43,8 @@ def add_arguments(p) -> None:
                                                             "--controller)")
     p.add_argument("--control-max-message", type=size, default=None,
                    help="bytes one control message may carry (checked before allocating; default: --ram-budget)")
+    p.add_argument("--metrics", metavar="HOST:PORT", type=host_port,
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (docs/observability.md)")
     p.add_argument("--pipeline", choices=["step", "layer"], default="step", help="optimizer pipeline shape")
     p.add_argument("--threads-per-step", type=positive_int, default=1)
     from luwu.controller.daemon_link import add_controller_arguments
@@ -93,7 +95,12 @@ def run(args) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     host, port = service.address
-    print(json.dumps({"ready": True, "udp": f"{host}:{port}",
+    metrics = None
+    if args.metrics:
+        from luwu.dataplane.metrics import NodeCollector, serve
+
+        metrics = "{}:{}".format(*serve(args.metrics, NodeCollector(service.node.stats)))
+    print(json.dumps({"ready": True, "udp": f"{host}:{port}", "metrics": metrics,
                       "control": service.control.address if service.control else None,
                       "sessions": [s.session for s in plan.sessions]}), flush=True)
     try:

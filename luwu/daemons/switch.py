@@ -36,7 +36,7 @@ from luwu.dataplane.switch.config import (
 )
 from luwu.dataplane.switch.counters import named
 from luwu.dataplane.switch.table_schema import TableError
-from luwu.dataplane.usage import UserError
+from luwu.dataplane.usage import UserError, host_port
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"simulated impairments, KEY in {', '.join(DROP_KEYS)}; e.g. all:ingress=0.01 "
                         f"or 3:egress=0.1,reorder=0.05 (repeatable)")
     p.add_argument("--stats-file", help="JSON counters, rewritten every --stats-interval seconds")
+    p.add_argument("--metrics", metavar="HOST:PORT", type=host_port,
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (docs/observability.md)")
     p.add_argument("--stats-interval", type=float, help="seconds between stats file writes (default 1)")
     p.add_argument("--p4runtime", metavar="ADDR", help="serve P4Runtime on HOST:PORT")
     p.add_argument("--p4info", help="P4Info for --p4runtime (default: the committed p4/build/p4info.txtpb)")
@@ -300,10 +302,16 @@ def run(args) -> int:
         signal.signal(sig, lambda *_: stop.set())
     started = time.monotonic()
     sw.start()
+    metrics = None
+    if getattr(args, "metrics", None):
+        from luwu.dataplane.metrics import SwitchCollector, serve
+
+        metrics = "{}:{}".format(*serve(args.metrics, SwitchCollector(sw.counters)))
     # one JSON line, like every luwu daemon's ready line
     print(json.dumps({"ready": True, "lanes": sw.lanes, "slots": sw.config.slots, "udp_port": sw.config.udp_port,
                       "ports": {str(p): _show(a) for p, a in sw.port_addresses().items()},
                       "p4runtime": getattr(p4rt, "address", cfg.p4runtime) if p4rt is not None else None,
+                      "metrics": metrics,
                       "name": getattr(args, "name", None) if beat is not None else None}), flush=True)
     try:
         while not stop.is_set():
