@@ -65,6 +65,7 @@ CASES = {
     "ctl controller nonsense": (["luwu-ctl", "--controller", "nonsense", "status"], ["HOST:PORT"]),
     "node controller nonsense": (["luwu", "node", "--plan", "PLAN", "--state-dir", "s", "--controller", "x:y"],
                                  ["HOST:PORT"]),
+    "switch metrics nonsense": (["luwu", "switch", "--metrics", "nonsense"], ["--metrics", "HOST:PORT"]),
     # family: bad sizes and counts
     "bench allreduce size banana": (["luwu", "bench", "allreduce", "--size", "banana"], ["--size", "banana"]),
     "bench switch negative size": (["luwu", "bench", "switch", "--size", "-3"], ["--size"]),
