@@ -358,8 +358,8 @@ class SoftwareSwitch:
                 continue
             link = self.links_out.get(p)
             impaired = link is not None and link.active
-            if att.kind == "udp":
-                if sub.l3.any():  # a routed IPv4 frame has no luwu datagram to put on a UDP port
+            if att.kind in ("udp", "shm"):  # datagram ports: bare luwu packets
+                if sub.l3.any():  # a routed IPv4 frame has no luwu datagram to put on such a port
                     self.pipeline.count_copy_drops(b, DropReason.NO_ROUTE, sub.pkt[sub.l3])
                     sub = sub.select(~sub.l3)
                     if not len(sub):
@@ -369,21 +369,12 @@ class SoftwareSwitch:
                     datas = [b.rows[pk, b.off:b.off + n].tobytes() for pk, n in zip(sub.pkt.tolist(), lengths.tolist())]
                     self._send_bytes(p, [d for _, d in link.pass_through([(p, d) for d in datas])])
                     continue
-                sent = att.send(base + sub.pkt.astype(np.uint64) * stride, lengths)
-            elif att.kind == "shm":
-                if sub.l3.any():
-                    self.pipeline.count_copy_drops(b, DropReason.NO_ROUTE, sub.pkt[sub.l3])
-                    sub = sub.select(~sub.l3)
-                    if not len(sub):
-                        continue
-                lengths = b.luwu_len[sub.pkt]
-                if impaired:
-                    datas = [b.rows[pk, b.off:b.off + n].tobytes() for pk, n in zip(sub.pkt.tolist(), lengths.tolist())]
-                    self._send_bytes(p, [d for _, d in link.pass_through([(p, d) for d in datas])])
-                    continue
-                sent = att.send_rows(b.rows, sub.pkt, lengths, b.off, notify=False)
-                woken.append(att)
-                self._count_port(p, "tx_ring_full", len(sub) - sent)
+                if att.kind == "udp":
+                    sent = att.send(base + sub.pkt.astype(np.uint64) * stride, lengths)
+                else:
+                    sent = att.send_rows(b.rows, sub.pkt, lengths, b.off, notify=False)
+                    woken.append(att)
+                    self._count_port(p, "tx_ring_full", len(sub) - sent)
             else:
                 frames, lengths, _ = self.pipeline.frames(b, sub)
                 if impaired:
