@@ -162,6 +162,7 @@ def plan_from_controller(rank: int, world_size: int, cfg: BackendConfig) -> Plan
     workers = info.get("num_workers", world_size)
     if workers != world_size:
         raise RuntimeError(f"controller job {cfg.job} has {workers} workers but the process group has {world_size}")
+    check_covers_group(plan, world_size, f"controller job {cfg.job}")
     if tuple(plan.wiring.local) != (cfg.endpoint_host, port):
         plan.wiring.local = (cfg.endpoint_host, port)
     # the job runs without its controller; the watch names a dead one (a warning) within seconds
@@ -169,6 +170,17 @@ def plan_from_controller(rank: int, world_size: int, cfg: BackendConfig) -> Plan
     return PlanLease(plan, f"controller {cfg.controller}, job {cfg.job}",
                      f"LUWU_CONTROLLER={cfg.controller} and job {cfg.job}: `luwu-ctl jobs`, and the health and "
                      "counters of the job's switches there.", watch=watch)
+
+
+def check_covers_group(plan: EndpointPlan, world_size: int, source: str) -> None:
+    """Refuse a plan whose collective sessions sum fewer ranks than the group (e.g. one rail of a
+    rail-only job): the backend would return a partial sum as if it were the whole one."""
+    short = [s for s in plan.sessions if s.kind == "collective" and s.num_workers != world_size]
+    if short:
+        s = short[0]
+        raise RuntimeError(f"{source}: session {s.session} sums {s.num_workers} of the group's {world_size} ranks "
+                           "(a rail-only or otherwise partitioned plan); the torch backend needs every collective "
+                           "session to span the whole group -- plan the job on a star or multi-rack topology")
 
 
 def default_workdir(cfg: BackendConfig, rank: int) -> str:
