@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -48,7 +49,13 @@ def switch_dies_on_rank(rank: int, world: int) -> dict:
     t = torch.ones(10)
     dist.all_reduce(t)
     dist.barrier()
+    # the barrier's result may reach rank 0 before rank 1 (or need one resend): the kill waits until every rank
+    # says, through the store and not the switch, that its barrier is done
+    store = dist.distributed_c10d._get_default_store()
+    store.add("barrier-done", 1)
     if rank == 0:
+        while store.add("barrier-done", 0) < world:
+            time.sleep(0.01)
         pg._lease.switch.kill()
     errors = []
     for _ in range(2):
