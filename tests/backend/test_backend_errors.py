@@ -84,6 +84,39 @@ def test_switch_dying_mid_training_names_the_switch(tmp_path, transport):
         assert second is not None and "broken by an earlier failure" in second, second
 
 
+def mismatched_moves_on_rank(rank: int, world: int) -> dict:
+    """Rank 1 sends 3 elements where rank 0 expects 2: rank 0's all_to_all and gather fail naming
+    both sizes; the group goes on (a later all_reduce still sums)."""
+    errors = {}
+    # rank 1's input has 3 rows split [2, 1]: 2 rows go to rank 0, whose output expects 1 from each rank
+    out = torch.zeros(2)
+    inp = torch.full((2 if rank == 0 else 3,), float(rank))
+    in_splits = [1, 1] if rank == 0 else [2, 1]
+    try:
+        dist.all_to_all_single(out, inp, [1, 1], in_splits)
+        errors["all_to_all"] = None
+    except Exception as e:  # noqa: BLE001 - the message is what the test checks
+        errors["all_to_all"] = str(e)
+    outs = [torch.zeros(2) for _ in range(world)] if rank == 0 else None
+    try:
+        dist.gather(torch.ones(2 + rank), outs, dst=0)
+        errors["gather"] = None
+    except Exception as e:  # noqa: BLE001
+        errors["gather"] = str(e)
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    return {"errors": errors, "after": t.tolist()}
+
+
+def test_mismatched_point_to_point_moves_name_both_sizes(tmp_path):
+    results = run_ranks(mismatched_moves_on_rank, 2, tmp_path, env={"LUWU_ENGINE": "embedded"})
+    root = results[0]["errors"]
+    assert "rank 1 sends 8 bytes to rank 0" in root["all_to_all"] and "holds 4 bytes" in root["all_to_all"], root
+    assert "rank 1's block for the gather has 12 bytes" in root["gather"] and "holds 8" in root["gather"], root
+    assert results[1]["errors"] == {"all_to_all": None, "gather": None}, results[1]
+    assert [r["after"] for r in results] == [[2.0] * 4, [2.0] * 4]
+
+
 def test_dead_engine_daemon_is_named_with_its_log(tmp_path):
     pg = _group(tmp_path, engine="process")
     try:

@@ -1,9 +1,10 @@
 """The steps of each collective on the engine (they run on the scheduler's submit thread).
 
 Reductions encode tensors for the engine (codec.py) and decode the result into the outputs.
-Exact moves lay every rank's bytes out in one int32 word buffer, each rank filling only its own
-segments (zeros elsewhere), and read their segments from the sum. all_to_all first agrees on the
-block sizes with a small allreduce of the N x N size matrix, then moves the blocks.
+Moves whose every byte goes to every rank (broadcast, all_gather, barrier) lay the ranks' bytes out
+in one int32 word buffer, each rank filling only its own segments (zeros elsewhere), and read them
+from the switch's sum, which it multicasts. Moves whose blocks each have one receiver (gather,
+scatter, all_to_all) go point to point over TCP (direct.py), each byte once.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .codec import ByteLayout, Encoding, decode, encode, flat, host_reduce, nbytes, write, write_bytes
+from .codec import ByteLayout, Encoding, decode, encode, flat, host_reduce, nbytes, tensor_bytes, write, write_bytes
 from .scheduler import OpContext
 
 __all__ = [
@@ -134,24 +135,43 @@ def allgather_into(ctx: OpContext, out: torch.Tensor, t: torch.Tensor, world: in
     _exact(ctx, buf, lambda r: write_bytes(out, np.concatenate([layout.segment(r, i) for i in range(world)])))
 
 
-def gather(ctx: OpContext, outs: list[torch.Tensor], t: torch.Tensor, world: int, rank: int) -> None:
-    layout = ByteLayout([nbytes(t)] * world)
-    buf = layout.empty()
-    layout.put(buf, rank, t)
+def gather(ctx: OpContext, outs: list[torch.Tensor], t: torch.Tensor, world: int, rank: int, root: int) -> None:
+    """Every rank's block straight to the root (direct.py)."""
+    if rank != root:
+        sent, _ = ctx.direct({root: tensor_bytes(t)}, [])
+        ctx.finish(sent, lambda results: None)
+        return
+    sources = [s for s in range(world) if s != rank]
+    _, got = ctx.direct({}, sources)
 
-    def assemble(r: np.ndarray) -> None:
-        for i, o in enumerate(outs):  # empty except on the root
-            layout.take(r, i, o)
+    def assemble(results: list[np.ndarray]) -> None:
+        for s, data in zip(sources, results):
+            _check_block(data, outs[s], f"rank {s}'s block for the gather", "the root's output for it")
+            write_bytes(outs[s], data)
+        write_bytes(outs[rank], tensor_bytes(t))
 
-    _exact(ctx, buf, assemble)
+    ctx.finish([got[s] for s in sources], assemble)
 
 
-def scatter(ctx: OpContext, out: torch.Tensor, ins: list[torch.Tensor], world: int, rank: int) -> None:
-    layout = ByteLayout([nbytes(out)] * world)
-    buf = layout.empty()
-    for i, t in enumerate(ins):  # empty except on the root
-        layout.put(buf, i, t)
-    _exact(ctx, buf, lambda r: layout.take(r, rank, out))
+def scatter(ctx: OpContext, out: torch.Tensor, ins: list[torch.Tensor], world: int, rank: int, root: int) -> None:
+    """The root's block for each rank straight to it (direct.py)."""
+    if rank == root:
+        sent, _ = ctx.direct({d: tensor_bytes(ins[d]) for d in range(world) if d != rank}, [])
+        ctx.finish(sent, lambda results: write_bytes(out, tensor_bytes(ins[rank])))
+        return
+    _, got = ctx.direct({}, [root])
+
+    def assemble(results: list[np.ndarray]) -> None:
+        _check_block(results[0], out, f"the root's block for rank {rank}", "this rank's output")
+        write_bytes(out, results[0])
+
+    ctx.finish([got[root]], assemble)
+
+
+def _check_block(data: np.ndarray, out: torch.Tensor, what: str, holder: str) -> None:
+    if data.size != nbytes(out):
+        raise ValueError(f"luwu: {what} has {data.size} bytes, but {holder} holds {nbytes(out)} "
+                         f"({tuple(out.shape)} x {out.dtype})")
 
 
 def barrier(ctx: OpContext) -> None:
@@ -181,30 +201,20 @@ def split_bytes(t: torch.Tensor, splits: list[int], world: int, what: str) -> li
 
 def alltoall(ctx: OpContext, send: list[Callable[[], np.ndarray]], recv_sizes: list[int],
              deliver: Callable[[list[np.ndarray]], None], world: int, rank: int) -> None:
-    """Block (s, d) goes from rank s to rank d; `send[d]()` gives this rank's bytes for d."""
-    chunks = [f() for f in send]
-    sizes = np.zeros((world, world), dtype=np.int32)
-    sizes[rank] = [c.size for c in chunks]
-    ctx.then(ctx.allreduce(sizes.reshape(-1), "sum"),
-             lambda m: _alltoall_blocks(ctx, m.reshape(world, world), chunks, recv_sizes, deliver, world, rank))
+    """Block (s, d) goes from rank s straight to rank d (direct.py); `send[d]()` gives this rank's
+    bytes for d, `recv_sizes[s]` what this rank expects from s (uneven sizes are fine)."""
+    peers = [p for p in range(world) if p != rank]
+    own = send[rank]()
+    sent, got = ctx.direct({d: send[d]() for d in peers}, peers)
 
-
-def _alltoall_blocks(ctx: OpContext, matrix: np.ndarray, chunks: list[np.ndarray], recv_sizes: list[int],
-                     deliver, world: int, rank: int) -> None:
-    layout = ByteLayout([int(v) for v in matrix.reshape(-1)])
-    buf = layout.empty()
-    for d, c in enumerate(chunks):
-        layout.put_bytes(buf, rank * world + d, c)
-
-    def assemble(r: np.ndarray) -> None:
-        # checked only now: a rank whose sizes disagree still contributes, so the others do not hang
+    def assemble(results: list[np.ndarray]) -> None:
+        chunks = dict(zip(peers, results[len(sent):]))
+        chunks[rank] = own
         for s in range(world):
-            if int(matrix[s, rank]) != recv_sizes[s]:
-                raise ValueError(f"luwu all_to_all: rank {s} sends {int(matrix[s, rank])} bytes to rank {rank}, "
+            # checked here: a rank whose sizes disagree has still sent its blocks, so no one hangs
+            if chunks[s].size != recv_sizes[s]:
+                raise ValueError(f"luwu all_to_all: rank {s} sends {chunks[s].size} bytes to rank {rank}, "
                                  f"but rank {rank}'s output for it holds {recv_sizes[s]} bytes")
-        deliver([layout.segment(r, s * world + rank).copy() for s in range(world)])
+        deliver([np.asarray(chunks[s]) for s in range(world)])
 
-    _exact(ctx, buf, assemble)
-
-
-
+    ctx.finish(sent + [got[p] for p in peers], assemble)

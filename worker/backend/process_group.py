@@ -27,6 +27,7 @@ from . import collectives as C
 from .codec import UnsupportedCollective, nbytes, reduction_encoding, tensor_bytes, write_bytes
 from .config import BackendConfig
 from .diagnostics import LuwuError
+from .direct import DirectMoves
 from .engine_link import EngineHost, open_engine
 from .fallback import ExactFallback
 from .plan_source import default_workdir, obtain_plan, release_plan
@@ -93,7 +94,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
 
             self._p2p = P2PChannel(store, rank, world_size, cfg.p2p_host, self._timeout)
             self._sched = Scheduler(self._link, self._lease, f"r{rank}", cfg.watchdog_tick,
-                                    ExactFallback(self._p2p, rank, world_size))
+                                    ExactFallback(self._p2p, rank, world_size), DirectMoves(self._p2p, rank, world_size))
             self._probe()
         except ConnectionRefusedError as e:  # a shared-memory switch port whose rings are gone (UDP: the probe)
             self.shutdown()
@@ -271,7 +272,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
                     raise ValueError(f"luwu gather: output {i} holds {nbytes(o)} bytes, the input {nbytes(t)} "
                                      "(every rank gathers tensors of one size)")
         return self._work(f"gather({_describe(t)}, root {root})", outs,
-                          lambda ctx: C.gather(ctx, outs, t, self.size(), self.rank()))
+                          lambda ctx: C.gather(ctx, outs, t, self.size(), self.rank(), root))
 
     @staged(outputs=(0,))
     def scatter(self, outputs, inputs, opts):
@@ -287,7 +288,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
                 if nbytes(t) != nbytes(out):
                     raise ValueError(f"luwu scatter: input {i} holds {nbytes(t)} bytes, the output {nbytes(out)}")
         return self._work(f"scatter({_describe(out)}, root {root})", [out],
-                          lambda ctx: C.scatter(ctx, out, ins, self.size(), self.rank()))
+                          lambda ctx: C.scatter(ctx, out, ins, self.size(), self.rank(), root))
 
     @staged(outputs=(0,))
     def alltoall(self, outputs, inputs, opts=None):

@@ -43,6 +43,13 @@ class OpContext:
             h = self.sched.fallback.guard(h, x, op)
         return h
 
+    def direct(self, sends: dict[int, np.ndarray], sources: list[int]) -> tuple[list[Handle], dict[int, Handle]]:
+        """Blocks with one receiver each, point to point over TCP (direct.py): the send handles and,
+        per source rank, a handle whose result is the bytes it sent."""
+        if self.sched.direct is None:
+            raise LuwuError(f"luwu {self.work.name}: this process group has no point-to-point channel")
+        return self.sched.direct.exchange(self.work.name, sends, sources)
+
     def then(self, handle: Handle, step: Callable[[np.ndarray], None]) -> None:
         """Run `step(result)` on the submit thread before any later collective starts."""
         self.sched._holds += 1
@@ -54,8 +61,9 @@ class OpContext:
 
 
 class Scheduler:
-    def __init__(self, link, lease, name: str, tick: float, fallback=None):
+    def __init__(self, link, lease, name: str, tick: float, fallback=None, direct=None):
         self.link = link
+        self.direct = direct  # DirectMoves: gather, scatter and all_to_all blocks, point to point
         self.lease = lease
         self.fallback = fallback  # ExactFallback for saturated float sums (None: a float sum may not saturate)
         self.tick = tick
