@@ -79,14 +79,21 @@ def quantize(x: np.ndarray, exps: np.ndarray, lanes: int, n: int, out: np.ndarra
     return q, saturated
 
 
+def sum_shift(exps: np.ndarray, n: int) -> np.ndarray:
+    """The power of two that turns a chunk's fixed-point sum back into float32: a sum over `n`
+    contributors quantised with exponent e holds x * 2^(31 - c - e), c = contributor_bits(n)."""
+    return np.asarray(exps).astype(np.int64) + contributor_bits(n) - 31
+
+
 def dequantize(qsum: np.ndarray, exps: np.ndarray, lanes: int, n: int, numel: int) -> np.ndarray:
-    """Sum in fixed point -> float32 (one rounding: int32 to binary32; the scaling is exact)."""
+    """Sum in fixed point -> float32 (one rounding: int32 to binary32; the scaling is exact).
+
+    The readable reference of `dequantize_rows_into`, which the engine and the node use on packet rows."""
     chunks = num_chunks(numel, lanes)
-    c = contributor_bits(n)
     q = np.asarray(qsum).reshape(-1)[: chunks * lanes].reshape(chunks, lanes)
     out = q.astype(np.float32)
     with np.errstate(over="ignore"):  # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it
-        scale_pow2(out, exps.astype(np.int32) + c - 31)
+        scale_pow2(out, sum_shift(exps, n))
     return out.reshape(-1)[:numel]
 
 

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from ..protocol import HEADER_LEN, NODE, PULL_REQUEST, Dtype, Flag, MsgType, header_view, ver_type
-from ..quantize import contributor_bits, dequantize_rows_into, num_chunks
+from ..quantize import dequantize_rows_into, num_chunks, sum_shift
 from ..session import SessionSpec
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
 from .node_worker import WIRE_DTYPES, elems_per_param_packet
@@ -39,13 +39,13 @@ class GradAssembly:
         self.chunks = num_chunks(numel, lanes)
         self.buf = np.empty((self.chunks, lanes), dtype=np.float32)
         self.got = 0
-        self.shift = contributor_bits(n) - 31
+        self.n = n
         self.saturated = False
 
     def absorb(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, exps: np.ndarray, flags: np.ndarray) -> bool:
-        e = exps.astype(np.int32)
+        shift = sum_shift(exps, self.n)
         # past 2^128 the sum is inf, as IEEE rounds it
-        dequantize_rows_into(rows, sel, HEADER_LEN, self.buf.shape[1], e.astype(np.int64) + self.shift, chunk, self.buf)
+        dequantize_rows_into(rows, sel, HEADER_LEN, self.buf.shape[1], shift, chunk, self.buf)
         self.got += len(chunk)
         sat = (flags & int(Flag.SATURATED)) != 0
         if sat.any():
@@ -55,7 +55,7 @@ class GradAssembly:
         # |sum| < 2^(e + c): finite in float32 unless that passes 2^128. Anything else that could
         # be non-finite was clipped by a quantiser, which set SATURATED; so an unsaturated sum is
         # finite by construction and the node can skip its NaN/Inf pass.
-        self.saturated |= bool(sat.any()) or bool((e + self.shift + 31 > 128).any())
+        self.saturated |= bool(sat.any()) or bool((shift + 31 > 128).any())
         return self.got >= self.chunks
 
 

@@ -20,11 +20,11 @@ import numpy as np
 from ..protocol import HEADER_LEN, Dtype
 from ..quantize import (
     chunk_exponents,
-    contributor_bits,
     dequantize_rows_into,
     from_ordered,
     negate_order,
     num_chunks,
+    sum_shift,
     to_ordered,
 )
 from .collective import CollectiveSession, ReduceOp
@@ -104,9 +104,9 @@ class AllreduceOp:
         data.ready(data_op, QuantizedLanes(self.x, self.exps, data.lanes, self.n), exponents=self.exps)
 
     def _decode_fixed(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
-        shift = self.exps[chunk].astype(np.int64) + contributor_bits(self.n) - 31
         # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it
-        dequantize_rows_into(rows, sel, HEADER_LEN, self.out.shape[1], shift, chunk, self.out)
+        dequantize_rows_into(rows, sel, HEADER_LEN, self.out.shape[1], sum_shift(self.exps[chunk], self.n), chunk,
+                             self.out)
 
     # -- max/min and integers -----------------------------------------------------------------
     def _decode_keys(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:

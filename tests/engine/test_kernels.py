@@ -174,3 +174,22 @@ def test_allreduce_through_the_switch_is_the_same_with_either_path(monkeypatch, 
             assert _same_bits(a, b)
         assert np.isnan(got["numba"][0][plan.lanes:2 * plan.lanes]).all()
         assert np.isfinite(got["numba"][0][:plan.lanes]).all() and np.isfinite(got["numba"][0][2 * plan.lanes:]).all()
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_row_decoding_matches_the_readable_dequantize(n, monkeypatch):
+    """The engine's and the node's decode of packet rows (dequantize_rows_into with sum_shift) is
+    quantize.dequantize, the reference, bit for bit: one formula for the scale, in both modes."""
+    rng = np.random.default_rng(n)
+    lanes, k = 16, 6
+    x = (rng.standard_normal(k * lanes) * 2.0 ** rng.integers(-20, 20, k * lanes)).astype(np.float32)
+    exps = Q.chunk_exponents(x, lanes)
+    q, _ = Q.quantize(x, exps, lanes, n)
+    want = Q.dequantize(q, exps, lanes, n, x.size)
+    rows = _rows_for(k, lanes)
+    rows[:, HEADER:HEADER + 4 * lanes].view(">i4")[...] = q.reshape(k, lanes)
+    for mode in ("reference", "numba"):
+        monkeypatch.setenv("LUWU_KERNELS", mode)
+        out = np.zeros((k, lanes), dtype=np.float32)
+        Q.dequantize_rows_into(rows, np.arange(k), HEADER, lanes, Q.sum_shift(exps, n), np.arange(k), out)
+        assert _same_bits(out.reshape(-1), want), mode
