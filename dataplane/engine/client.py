@@ -2,7 +2,8 @@
 
 `EngineClient.spawn(plan)` starts `luwu engine` as a child process and connects; operations
 return `Handle`s completed by a reader thread, so the caller's thread never blocks in a
-collective call.
+collective call. Requests and replies are frames of dataplane/net/framing.py (a length, then a JSON
+header); tensors never cross the socket, they live in shared memory (shm.py).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import time
 import numpy as np
 
 from .. import children
+from ..net.framing import FrameError, recv_msg, send_msg
 from ..session import EndpointPlan
 from .handles import EngineError, Handle
 from .shm import ShmBuffer
 
+MAX_REPLY = 16 << 20  # bytes of one reply (stats are the largest)
 _NAMES = {np.dtype(np.float32): "float32", np.dtype(np.int32): "int32", np.dtype(np.float16): "float16",
           np.dtype(np.uint16): "bfloat16"}
 
@@ -47,6 +50,7 @@ class EngineClient:
         self._ids = itertools.count()
         self._pending: dict[int, Handle] = {}
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()  # one frame at a time: callers submit from several threads
         self._reader = threading.Thread(target=self._read, name="luwu-engine-client", daemon=True)
         self._reader.start()
         self._buffers: list[ShmBuffer] = []
@@ -116,7 +120,8 @@ class EngineClient:
             self._pending[rid] = h
         h.info["result"] = result
         try:
-            self.sock.sendall((json.dumps(req) + "\n").encode())
+            with self._send_lock:
+                send_msg(self.sock, req)
         except OSError as e:
             with self._lock:
                 self._pending.pop(rid, None)
@@ -144,19 +149,18 @@ class EngineClient:
 
     def _read(self) -> None:
         try:
-            with self.sock.makefile("rb") as lines:
-                for line in lines:
-                    msg = json.loads(line)
-                    with self._lock:
+            while True:
+                msg, _ = recv_msg(self.sock, max_message=MAX_REPLY)
+                with self._lock:
                         h = self._pending.pop(msg.get("id"), None)
-                    if h is None:
-                        continue
-                    if not msg.get("ok"):
-                        h.set_error(EngineError(msg.get("error", "engine error")))
-                    else:
-                        h.saturated = bool(msg.get("saturated"))
-                        h.set_result(msg.get("stats", msg.get("udp", h.info.get("result"))))
-        except (OSError, ValueError):
+                if h is None:
+                    continue
+                if not msg.get("ok"):
+                    h.set_error(EngineError(msg.get("error", "engine error")))
+                else:
+                    h.saturated = bool(msg.get("saturated"))
+                    h.set_result(msg.get("stats", msg.get("udp", h.info.get("result"))))
+        except (OSError, FrameError):  # closed, or a reply that is not a frame: nothing more can be read
             pass
         with self._lock:
             pending, self._pending = self._pending, {}

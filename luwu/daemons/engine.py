@@ -1,7 +1,8 @@
 """`luwu engine`: the SmartNIC engine as its own process beside a worker.
 
-The worker talks to it over a Unix socket (one JSON object per line) and shares its buffers
-through /dev/shm (`shm.py`), so packet work never competes with training for the GIL. Requests:
+The worker talks to it over a Unix socket (frames of dataplane/net/framing.py: a length and a
+JSON header) and shares its buffers through /dev/shm (`shm.py`), so packet work never competes
+with training for the GIL. Requests:
 `allreduce` (in place), `push`, `pull` (into the buffer), `stats`, `close`. Every request
 carries an `id`; the reply `{"id", "ok", ...}` comes when the operation completes.
 
@@ -27,9 +28,11 @@ import numpy as np
 from luwu.dataplane.engine.engine import Engine, EngineConfig
 from luwu.dataplane.engine.handles import Handle
 from luwu.dataplane.engine.shm import ShmCache
+from luwu.dataplane.net.framing import FrameError, recv_msg, send_msg
 from luwu.dataplane.session import EndpointPlan
 from luwu.dataplane.usage import positive_int
 
+MAX_REQUEST = 16 << 20  # bytes of one request (a plan is the largest)
 DTYPES = {"float32": np.float32, "int32": np.int32, "float16": np.float16, "bfloat16": np.uint16}
 
 
@@ -76,22 +79,23 @@ class EngineServer:
         lock = threading.Lock()
 
         def reply(msg: dict) -> None:
-            data = (json.dumps(msg) + "\n").encode()
             with lock:
                 try:
-                    conn.sendall(data)
+                    send_msg(conn, msg)
                 except OSError:
                     pass
 
         engine, own = self.engine, None
         try:
-            with conn, conn.makefile("rb") as lines:
-                for line in lines:
+            with conn:
+                while True:
                     try:
-                        req = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        reply({"id": None, "ok": False, "error": f"not JSON: {e}"})
-                        continue
+                        req, _ = recv_msg(conn, max_message=MAX_REQUEST)
+                    except FrameError as e:  # the stream cannot be followed past a bad frame: close it
+                        reply({"id": None, "ok": False, "error": f"a request that is not a luwu frame: {e}"})
+                        break
+                    except OSError:  # the client closed or died
+                        break
                     try:
                         if req.get("op") == "close":
                             reply({"id": req.get("id"), "ok": True})

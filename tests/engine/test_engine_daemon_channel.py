@@ -1,0 +1,43 @@
+"""The engine daemon's control socket (luwu/daemons/engine.py) speaks framing.py frames: a client
+that sends something else gets one error frame and its connection closed, and the daemon goes on
+serving other connections."""
+
+from __future__ import annotations
+
+import socket
+
+from luwu.dataplane import children
+from luwu.dataplane.engine.client import EngineClient
+from luwu.dataplane.net.framing import recv_msg, send_msg
+
+
+def _connect(path: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(20)
+    s.connect(path)
+    return s
+
+
+def test_a_foreign_client_is_refused_and_the_daemon_serves_on(tmp_path):
+    client = EngineClient.spawn(None, str(tmp_path))  # an engine host: connections open their own engines
+    try:
+        bad = _connect(client.path)
+        bad.sendall(b"GET / HTTP/1.1\r\n\r\n")  # its first 4 bytes read as a length of ~1.2 GB
+        reply, _ = recv_msg(bad)
+        assert reply["ok"] is False and "not a luwu frame" in reply["error"], reply
+        try:  # closed by the daemon (a reset: it closed with our unread bytes still queued)
+            assert bad.recv(1) == b""
+        except ConnectionResetError:
+            pass
+        bad.close()
+
+        good = _connect(client.path)
+        send_msg(good, {"op": "stats", "id": 7})
+        reply, _ = recv_msg(good)
+        assert reply["id"] == 7 and reply["ok"] is False and "no engine on this connection" in reply["error"], reply
+        good.close()
+        assert client.process.poll() is None
+    finally:
+        client.close(timeout=5)
+        if client.process.poll() is None:
+            children.stop(client.process, grace=1)
