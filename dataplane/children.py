@@ -8,14 +8,24 @@ their logs quoted in errors. One helper, so every launcher stops and reports chi
 - `stop(proc)`: SIGTERM, a bounded grace period, SIGKILL; to the process group when the child
   leads one (its own children go too). Never by name.
 - `tail(path)`: the end of a log, for error messages that say where to look.
+- `LineChild`: a started child that speaks JSON lines on stdout (a daemon's `{"ready": true, ...}`,
+  a worker's events), read by a thread; `expect(event, deadline)` waits for one and names the
+  child, its exit code and its log when it fails instead. The demo and the Mininet runner start
+  their children their own way (a namespace, a session) and wrap them in it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 STOP_GRACE = 5.0  # s a child gets between SIGTERM and SIGKILL
 KILL_WAIT = 10.0  # s to reap a child after SIGKILL
@@ -84,3 +94,114 @@ def tail(path: str | os.PathLike, chars: int = 2000) -> str:
             return f.read().decode(errors="replace").strip() or "(empty)"
     except OSError as e:
         return f"(cannot read it: {e})"
+
+
+class LineChild:
+    """A started child whose stdout carries JSON lines (its stderr goes to `log`).
+
+    A reader thread hands every JSON object line to `on_message` if one is given, else to a queue
+    that `expect` reads; every line is kept in `lines`. `stop()` ends the child's process group
+    (start it with ``start_new_session=True``, text-mode stdout and, for `tell`, stdin pipes).
+
+    Args:
+        name: how errors name it ("the software switch", "worker 2").
+        proc: the started child.
+        log: the file its stderr goes to, quoted in errors.
+        on_message: called on the reader thread with each JSON object the child prints.
+    """
+
+    Error: type[Exception] = RuntimeError  # what expect raises (a launcher may pick its own)
+
+    def __init__(self, name: str, proc: subprocess.Popen, log: str | os.PathLike | None = None,
+                 on_message: Callable[[dict], None] | None = None):
+        self.name = name
+        self.proc = proc
+        self.log = Path(log) if log is not None else None
+        self.lines: list[str] = []
+        self.events: queue.Queue = queue.Queue()
+        self._on_message = on_message
+        self._reader = threading.Thread(target=self._read, name=f"read-{name}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            self._read_lines()
+        except (OSError, ValueError):  # stdout closed by stop()
+            pass
+        self.events.put(None)  # EOF
+
+    def _read_lines(self) -> None:
+        if self.proc.stdout is not None:
+            for line in self.proc.stdout:
+                self.lines.append(line.rstrip("\n"))
+                if not line.lstrip().startswith("{"):
+                    continue
+                try:
+                    msg = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(msg, dict):
+                    (self._on_message or self.events.put)(msg)
+
+    def expect(self, event: str, deadline: float) -> dict:
+        """The child's next `event` line (`{"event": event, ...}`, or `{"ready": true, ...}` for
+        "ready"); an `error` line, its exit or the deadline (time.monotonic()) raise `Error`
+        naming the child and its log."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.stop()
+                raise self.Error(f"{self.name}: no {event!r} within the time limit{self.log_hint()}")
+            try:
+                msg = self.events.get(timeout=left)
+            except queue.Empty:
+                continue
+            if msg is None:
+                try:
+                    code = self.proc.wait(timeout=STOP_GRACE)
+                except subprocess.TimeoutExpired:
+                    code = "still running, stdout closed"
+                raise self.Error(f"{self.name} exited ({code}) before {event!r}{self.log_hint()}")
+            if msg.get("event") == "error":
+                raise self.Error(f"{self.name}: {msg.get('error')}{self.log_hint()}")
+            if msg.get("event", "ready" if msg.get("ready") else None) == event:
+                return msg
+
+    def tell(self, line: str) -> None:
+        """Write a line to its stdin (ignored if it already ended: `expect` reports how)."""
+        try:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+        except (AttributeError, BrokenPipeError, ValueError):
+            pass
+
+    def tail(self, lines: int = 5) -> str:
+        """The last lines of its log, joined with " | " (empty if none)."""
+        if self.log is None:
+            return ""
+        text = tail(self.log)
+        return "" if text.startswith("(") else " | ".join(text.splitlines()[-lines:])
+
+    def log_hint(self) -> str:
+        """"; its log PATH ends with: ..." for error messages ("" without a log)."""
+        if self.log is None or not self.log.exists():
+            return ""
+        end = tail(self.log).splitlines()[-8:]
+        return f"; its log {self.log} ends with:\n  " + "\n  ".join(end)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def join_reader(self, timeout: float) -> None:
+        self._reader.join(timeout)
+
+    def stop(self, grace: float = STOP_GRACE) -> int | None:
+        """End it and whatever it started (its process group); returns its exit code."""
+        code = stop(self.proc, grace, group=True)
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f is not None:
+                    f.close()
+            except (OSError, ValueError):
+                pass
+        return code

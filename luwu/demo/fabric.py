@@ -146,7 +146,7 @@ class ControllerFabric:
                 return
             except ControllerUnreachable:
                 if not ctl.alive() or time.monotonic() > deadline:
-                    raise RuntimeError(f"the controller did not come up{ctl._log_hint()}") from None
+                    raise RuntimeError(f"the controller did not come up{ctl.log_hint()}") from None
                 time.sleep(0.1)
 
     def worker_spec(self) -> dict:

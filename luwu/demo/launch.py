@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,50 +34,23 @@ def luwu_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "luwu.cli"]
 
 
-class Child:
-    """A subprocess in its own process group."""
+class Child(children.LineChild):
+    """A subprocess in its own process group, its stderr in `log`, its stdout read as JSON lines."""
 
-    def __init__(self, name: str, argv: list[str], log: Path | None = None, stdout=subprocess.PIPE):
-        self.name = name
-        self.log_path = log
+    def __init__(self, name: str, argv: list[str], log: Path | None = None,
+                 on_message: Callable[[dict], None] | None = None):
         err = open(log, "ab") if log is not None else subprocess.DEVNULL
         try:
-            self.proc = subprocess.Popen(argv, stdout=stdout, stderr=err, env=child_env(), start_new_session=True,
-                                         text=True)
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=child_env(),
+                                    start_new_session=True, text=True)
         finally:
             if log is not None:
                 err.close()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
+        super().__init__(name, proc, log, on_message)
 
     def read_json_line(self, timeout: float) -> dict:
-        """The first JSON line on stdout (a daemon's `ready` line), within `timeout` seconds."""
-        result: dict = {}
-
-        def read():
-            for line in self.proc.stdout:
-                line = line.strip()
-                if line.startswith("{"):
-                    result.update(json.loads(line))
-                    return
-
-        t = threading.Thread(target=read, daemon=True)
-        t.start()
-        t.join(timeout)
-        if not result:
-            self.stop()
-            raise RuntimeError(f"{self.name} did not come up within {timeout} s{self._log_hint()}")
-        return result
-
-    def _log_hint(self) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        tail = self.log_path.read_text(errors="replace").strip().splitlines()[-8:]
-        return f"; its log {self.log_path} ends with:\n  " + "\n  ".join(tail) if tail else ""
-
-    def stop(self, grace: float = STOP_GRACE) -> None:
-        children.stop(self.proc, grace, group=True)  # the group may outlive its leader (an engine daemon)
+        """Its ready line (`{"ready": true, ...}`, as every luwu daemon prints), within `timeout` s."""
+        return self.expect("ready", time.monotonic() + timeout)
 
 
 class WorkerGroup:
@@ -95,40 +67,29 @@ class WorkerGroup:
         self.errors: dict[int, str] = {}
         self.warnings: list[dict] = []
         self.children: list[Child] = []
-        self._threads: list[threading.Thread] = []
         self.workers = int(spec["workers"])
 
     def start(self) -> WorkerGroup:
         for rank in range(self.workers):
+            log = self.workdir / f"{self.name}-worker{rank}.log"
             child = Child(f"{self.name} worker {rank}",
-                          [sys.executable, "-m", "luwu.demo.worker", str(self.spec_path), str(rank)],
-                          log=self.workdir / f"{self.name}-worker{rank}.log")
+                          [sys.executable, "-m", "luwu.demo.worker", str(self.spec_path), str(rank)], log=log,
+                          on_message=lambda msg, rank=rank, log=log: self._message(rank, log, msg))
             self.children.append(child)
-            t = threading.Thread(target=self._read, args=(rank, child), daemon=True)
-            t.start()
-            self._threads.append(t)
         return self
 
-    def _read(self, rank: int, child: Child) -> None:
-        for line in child.proc.stdout:
-            line = line.strip()
-            if not line.startswith("{"):
-                continue
-            try:
-                msg = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if msg.get("event") == "done":
-                self.reports[rank] = msg["report"]
-            elif msg.get("event") == "error":  # one line for the user (it names what died); the traceback to the log
-                self.errors[rank] = msg.get("error", "failed")
-                if msg.get("traceback") and child.log_path is not None:
-                    with open(child.log_path, "a") as log:
-                        log.write(msg["traceback"])
-                    self.errors[rank] += f" (traceback in {child.log_path})"
-            elif msg.get("event") == "warning":  # e.g. the controller died: training goes on, the user is told
-                self.warnings.append(msg)
-            self.on_message(msg)
+    def _message(self, rank: int, log: Path, msg: dict) -> None:
+        if msg.get("event") == "done":
+            self.reports[rank] = msg["report"]
+        elif msg.get("event") == "error":  # one line for the user (it names what died); the traceback to the log
+            self.errors[rank] = msg.get("error", "failed")
+            if msg.get("traceback"):
+                with open(log, "a") as f:
+                    f.write(msg["traceback"])
+                self.errors[rank] += f" (traceback in {log})"
+        elif msg.get("event") == "warning":  # e.g. the controller died: training goes on, the user is told
+            self.warnings.append(msg)
+        self.on_message(msg)
 
     def wait(self, timeout: float) -> dict[int, dict]:
         """Every rank's report; raises if a worker fails, exits without a report, or time runs out."""
@@ -139,23 +100,23 @@ class WorkerGroup:
                 raise RuntimeError(f"{self.name} worker {rank} failed: {err}")
             exited = [c for c in self.children if not c.alive()]
             if len(exited) == len(self.children):
-                for t in self._threads:
-                    t.join(10)
+                for c in self.children:
+                    c.join_reader(10)
                 if self.errors:
                     continue
                 missing = [r for r in range(self.workers) if r not in self.reports]
                 if missing:
-                    hint = self.children[missing[0]]._log_hint()
+                    hint = self.children[missing[0]].log_hint()
                     raise RuntimeError(f"{self.name} worker(s) {missing} exited without a report{hint}")
                 return self.reports
             for c in exited:
                 if c.proc.returncode not in (0, None):
                     rank = self.children.index(c)
-                    for t in self._threads:
-                        t.join(1)
+                    for ch in self.children:
+                        ch.join_reader(1)
                     if rank not in self.errors:
                         raise RuntimeError(f"{self.name} worker {rank} exited with code {c.proc.returncode}"
-                                           f"{c._log_hint()}")
+                                           f"{c.log_hint()}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} workers did not finish within {timeout} s")
             time.sleep(POLL)

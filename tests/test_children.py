@@ -1,0 +1,88 @@
+"""dataplane/children.py, the one helper every launcher uses for its children: a child dies with
+its parent even when the parent is SIGKILLed, `stop` ends a process group for sure, and
+`LineChild.expect` returns a daemon's ready line or says which child failed, how, and where its
+log is."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from luwu.dataplane import children
+
+
+def _line_child(tmp_path, code: str) -> children.LineChild:
+    log = tmp_path / "child.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=err, text=True,
+                                start_new_session=True)
+    return children.LineChild("the test daemon", proc, log)
+
+
+def test_expect_returns_the_ready_line_after_other_output(tmp_path):
+    child = _line_child(tmp_path, "import json, time\nprint('starting up')\nprint(json.dumps({'event': 'progress'}))\n"
+                                  "print(json.dumps({'ready': True, 'port': 7}), flush=True)\ntime.sleep(30)")
+    try:
+        msg = child.expect("ready", time.monotonic() + 20)
+        assert msg == {"ready": True, "port": 7}
+        assert "starting up" in child.lines
+    finally:
+        assert child.stop(grace=1) is not None
+    assert not child.alive()
+
+
+def test_a_child_that_exits_before_ready_is_named_with_its_code_and_log(tmp_path):
+    child = _line_child(tmp_path, "import sys\nsys.stderr.write('bad --port: no such interface\\n')\nsys.exit(3)")
+    with pytest.raises(RuntimeError) as err:
+        child.expect("ready", time.monotonic() + 20)
+    msg = str(err.value)
+    assert "the test daemon exited (3) before 'ready'" in msg, msg
+    assert str(tmp_path / "child.log") in msg and "bad --port: no such interface" in msg, msg
+
+
+def test_an_error_line_is_raised_as_the_childs_error(tmp_path):
+    child = _line_child(tmp_path, "import json, time\nprint(json.dumps({'event': 'error', 'error': 'no switch'}), "
+                                  "flush=True)\ntime.sleep(30)")
+    try:
+        with pytest.raises(RuntimeError, match="the test daemon: no switch"):
+            child.expect("ready", time.monotonic() + 20)
+    finally:
+        child.stop(grace=1)
+
+
+def test_a_child_dies_with_its_parent_even_by_sigkill(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    # the parent starts a long sleeper with die_with_parent, writes its pid, then waits forever
+    parent_code = (
+        "import subprocess, sys\n"
+        "from luwu.dataplane import children\n"
+        "p = subprocess.Popen(children.die_with_parent([sys.executable, '-c', 'import time; time.sleep(60)']))\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "p.wait()\n")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    deadline = time.monotonic() + 20
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.monotonic() < deadline, "the parent never started its child"
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(10)
+    deadline = time.monotonic() + 20
+    while _alive(grandchild):
+        assert time.monotonic() < deadline, f"pid {grandchild} outlived its SIGKILLed parent"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return os.path.exists(f"/proc/{pid}")
