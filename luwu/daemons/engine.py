@@ -11,7 +11,7 @@ EndpointPlan}` gets an engine of its own, closed with the connection (`close` on
 that engine). Connections that open none use the `--plan` engine, and their `close` stops the
 daemon. Started without `--plan`, the daemon waits for `open`s: a worker starts it before it
 knows its plan (the plan and the process start overlap) and each of its process groups opens an
-engine in it instead of starting a process (torch backend: worker/backend/engine_link.py).
+engine in it instead of starting a process (worker/engine_link.py, for the torch backend and ModelInNetwork).
 """
 
 from __future__ import annotations

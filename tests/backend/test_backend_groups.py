@@ -17,7 +17,7 @@ from backend_harness import run_ranks
 
 def groups_on_rank(rank: int, world: int) -> dict:
     from luwu.worker.backend import plan_source
-    from luwu.worker.backend.engine_link import EngineHost
+    from luwu.worker.engine_link import EngineHost
 
     world_pg = dist.distributed_c10d._get_default_group()
     engine_pid = world_pg._link.proc.pid

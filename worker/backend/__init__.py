@@ -2,13 +2,14 @@
 point, `autoload`; `import luwu` does too), then
 `dist.init_process_group("luwu")` gives a process group whose collectives go through the SmartNIC
 engine and the switch (allreduce/reduce_scatter aggregated in the network; broadcast, allgather,
-all_to_all, scatter/gather and barrier moved exactly over the same path; send/recv over TCP).
+barrier moved exactly over the same path; gather, scatter, all_to_all and send/recv over TCP).
 
 Modules: `process_group` (the ProcessGroup), `collectives` (each collective's engine steps),
 `codec` (tensors <-> engine arrays), `scheduler` (one submission order on every rank, completion,
-deadlines), `work` (Work/Future), `engine_link` (embedded engine or engine daemon), `plan_source`
-(embedded switch, plan file or controller),
-`config` (environment variables), `diagnostics` (errors and warnings).
+deadlines), `work` (Work/Future), `direct` (point-to-point moves), `fallback` (exact recomputation of
+saturated sums), `staging` (non-CPU tensors), `plan_source` (embedded switch, plan file or
+controller), `config` (environment variables), `diagnostics` (errors and warnings). The engine
+itself is reached through `luwu.worker.engine_link`, shared with ModelInNetwork.
 
 Importing this package does not import torch; `register()` and the classes do.
 """

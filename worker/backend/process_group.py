@@ -28,7 +28,7 @@ from .codec import UnsupportedCollective, nbytes, reduction_encoding, tensor_byt
 from .config import BackendConfig
 from .diagnostics import LuwuError
 from .direct import DirectMoves
-from .engine_link import EngineHost, open_engine
+from luwu.worker.engine_link import EngineHost, open_engine
 from .fallback import ExactFallback
 from .plan_source import default_workdir, obtain_plan, release_plan
 from .scheduler import Scheduler

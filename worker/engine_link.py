@@ -1,9 +1,12 @@
-"""A rank's SmartNIC engine as the backend sees it: allreduce of a flat float32/int32 array.
+"""A worker's SmartNIC engine, one interface for the torch backend and ModelInNetwork.
 
 `EmbeddedLink` runs `luwu.dataplane.engine.Engine` in a thread of this process; `DaemonLink`
-runs it in an engine process (`luwu engine`) and moves data through /dev/shm buffers kept in a
-pool (DDP reuses the same bucket sizes every step). Both return engine `Handle`s whose result
-is an array the caller owns, completed from another thread.
+runs it in an engine process (`luwu engine`) and moves data through /dev/shm buffers. Both give:
+`allreduce(x, op)` (a Handle whose result is an array the caller owns; the daemon's buffers come
+from a pool, as DDP reuses the same bucket sizes every step), and for model-in-network training
+`staging(numel)` buffers that `push` reads and `pull` writes in place (the pulled parameters land
+in the posted buffer, no copy), `stats`, `describe`/`failure` for error messages, `close`.
+`open_engine` picks one by name or wraps a running Engine / EngineClient the caller keeps.
 
 A process has one engine process (`EngineHost`), whatever its number of process groups: it is
 started before the first group's plan is known (`prestart`, so its start-up overlaps the
@@ -19,7 +22,7 @@ import threading
 import numpy as np
 
 from luwu.dataplane import children
-from luwu.dataplane.engine import Engine, EngineError, Handle
+from luwu.dataplane.engine import Engine, EngineConfig, EngineError, Handle
 from luwu.dataplane.engine.client import EngineClient
 from luwu.dataplane.engine.shm import ShmBuffer
 from luwu.dataplane.session import EndpointPlan
@@ -27,10 +30,34 @@ from luwu.dataplane.session import EndpointPlan
 MIN_SHM_BUFFER = 1 << 16  # bytes; smaller requests share this size class
 
 
+class Staging:
+    """One staging buffer of `capacity` float32 elements: a unit's values (a pull lands there) or
+    its gradient (a push reads it until the push completes)."""
+
+    __slots__ = ("array", "buf", "capacity")
+
+    def __init__(self, array: np.ndarray, buf: ShmBuffer | None = None):
+        self.array = array
+        self.buf = buf  # the ShmBuffer behind `array` (engine daemon) or None
+        self.capacity = array.size
+
+    def view(self, numel: int) -> np.ndarray:
+        return self.array[:numel]
+
+
 class EngineLink:
     kind = "engine"
 
-    def allreduce(self, x: np.ndarray, op: str) -> Handle:
+    def allreduce(self, x: np.ndarray, op: str = "sum") -> Handle:
+        raise NotImplementedError
+
+    def staging(self, numel: int) -> Staging:
+        raise NotImplementedError
+
+    def push(self, st: Staging, numel: int, session: int, tensor: int) -> Handle:
+        raise NotImplementedError
+
+    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int) -> Handle:
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -50,11 +77,22 @@ class EngineLink:
 class EmbeddedLink(EngineLink):
     kind = "embedded"
 
-    def __init__(self, plan: EndpointPlan):
-        self.engine = Engine(plan).start()
+    def __init__(self, plan: EndpointPlan | None = None, engine: Engine | None = None,
+                 config: EngineConfig | None = None):
+        self.owned = engine is None  # a running engine handed in stays the caller's to close
+        self.engine = engine if engine is not None else Engine(plan, config).start()
 
-    def allreduce(self, x: np.ndarray, op: str) -> Handle:
+    def allreduce(self, x: np.ndarray, op: str = "sum") -> Handle:
         return self.engine.allreduce(x, op)
+
+    def staging(self, numel: int) -> Staging:
+        return Staging(np.zeros(numel, dtype=np.float32))
+
+    def push(self, st: Staging, numel: int, session: int, tensor: int) -> Handle:
+        return self.engine.push(session, tensor, st.view(numel))
+
+    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int) -> Handle:
+        return self.engine.pull(session, tensor, version, out=st.view(numel))
 
     def describe(self) -> str:
         host, port = self.engine.address
@@ -73,7 +111,8 @@ class EmbeddedLink(EngineLink):
         return self.engine.session_stats()
 
     def close(self) -> None:
-        self.engine.close()
+        if self.owned:
+            self.engine.close()
 
 
 class _ShmPool:
@@ -100,18 +139,34 @@ class _ShmPool:
 class DaemonLink(EngineLink):
     kind = "process"
 
-    def __init__(self, plan: EndpointPlan, workdir: str, connect_timeout: float):
-        self.host = EngineHost.acquire(workdir)
-        try:
-            self.client = self.host.open(plan, connect_timeout)
-        except BaseException:
-            self.host.release()
-            raise
-        self.proc = self.host.proc
-        self.log_path = self.host.log_path
+    def __init__(self, plan: EndpointPlan | None, workdir: str, connect_timeout: float,
+                 client: EngineClient | None = None):
+        self.host: EngineHost | None = None
+        if client is not None:  # a running daemon the caller keeps
+            self.client, self.owned = client, False
+        else:
+            self.host = EngineHost.acquire(workdir)
+            try:
+                self.client = self.host.open(plan, connect_timeout)
+            except BaseException:
+                self.host.release()
+                raise
+            self.owned = True
+        self.proc = self.client.process or (self.host.proc if self.host is not None else None)
+        self.log_path = self.client.log_path or (self.host.log_path if self.host is not None else None)
         self.pool = _ShmPool(self.client)
 
-    def allreduce(self, x: np.ndarray, op: str) -> Handle:
+    def staging(self, numel: int) -> Staging:
+        buf = self.client.buffer(4 * max(numel, 1))
+        return Staging(buf.view(np.float32, max(numel, 1)), buf)
+
+    def push(self, st: Staging, numel: int, session: int, tensor: int) -> Handle:
+        return self.client.push(st.buf, st.view(numel), session, tensor)
+
+    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int) -> Handle:
+        return self.client.pull(st.buf, st.view(numel), session, tensor, version)
+
+    def allreduce(self, x: np.ndarray, op: str = "sum") -> Handle:
         buf = self.pool.take(x.nbytes)
         view = buf.view(x.dtype, x.size)
         np.copyto(view, x.reshape(-1))
@@ -135,17 +190,18 @@ class DaemonLink(EngineLink):
         return out
 
     def describe(self) -> str:
-        return f"the engine daemon (pid {self.proc.pid}, log {self.log_path})"
+        pid = self.proc.pid if self.proc is not None else "not a child of this process"
+        return f"the engine daemon (pid {pid}, log {self.log_path})"
 
     def failure(self) -> str | None:
-        code = self.proc.poll()
+        code = self.proc.poll() if self.proc is not None else None
         if code is None:
             return None
         return (f"the engine daemon (pid {self.proc.pid}) exited with code {code}; its log {self.log_path} ends "
                 f"with:\n{children.tail(self.log_path)}")
 
     def stats(self) -> dict | None:
-        if self.proc.poll() is not None:
+        if self.failure() is not None:
             return None
         try:
             return self.client.stats(timeout=5.0)
@@ -153,8 +209,11 @@ class DaemonLink(EngineLink):
             return None
 
     def close(self) -> None:
-        self.client.close()  # this group's engine; the process stays for the other groups
-        self.host.release()
+        if not self.owned:
+            return
+        self.client.close()  # this connection's engine; the process stays for the other users
+        if self.host is not None:
+            self.host.release()
 
 
 class EngineHost:
@@ -220,7 +279,27 @@ class EngineHost:
         children.stop(self.proc, grace=10.0)
 
 
-def open_engine(kind: str, plan: EndpointPlan, workdir: str, connect_timeout: float) -> EngineLink:
+def open_engine(kind: str | Engine | EngineClient, plan: EndpointPlan, workdir: str,
+                connect_timeout: float = 30.0) -> EngineLink:
+    """This worker's engine for `plan`.
+
+    Args:
+        kind: "embedded" (a thread of this process), "process" (an engine of this process's engine
+            daemon, started on first use and shared by every user here), or a running `Engine` /
+            `EngineClient` to use as it is (the caller closes it).
+        plan: the endpoint plan the engine serves.
+        workdir: where the daemon's socket and log go.
+        connect_timeout: seconds to wait for the daemon to listen.
+
+    Returns:
+        An EngineLink; close it when done.
+    """
+    if isinstance(kind, Engine):
+        return EmbeddedLink(engine=kind)
+    if isinstance(kind, EngineClient):
+        return DaemonLink(None, workdir, connect_timeout, client=kind)
     if kind == "embedded":
         return EmbeddedLink(plan)
-    return DaemonLink(plan, workdir, connect_timeout)
+    if kind == "process":
+        return DaemonLink(plan, workdir, connect_timeout)
+    raise ValueError(f"engine={kind!r}: use 'process', 'embedded', or a running Engine / EngineClient")
