@@ -1,10 +1,16 @@
-"""A unit's parameters as views into one flat float32 storage that comes and goes.
+"""A unit's parameters as views into one flat storage that comes and goes.
 
 The parameters stay the model's own `nn.Parameter` objects; their `.data` become views into the
-unit's flat storage. Freeing resizes that storage to 0 bytes (every view, and every tensor
-autograd saved from them, keeps pointing at the same storage object); materialising resizes it
-back and writes the pulled values in, which restores the saved tensors too. Writes go through
-a separate tensor on the storage so that autograd's version counters see no in-place change.
+unit's flat storage, in the parameters' dtype (float32, bfloat16 or float16) on their device.
+Freeing resizes that storage to 0 bytes (every view, and every tensor autograd saved from them,
+keeps pointing at the same storage object); materialising resizes it back and writes the pulled
+values in, which restores the saved tensors too. Writes go through a separate tensor on the
+storage so that autograd's version counters see no in-place change.
+
+Pulled values arrive as float32 on the host (the engine widens bf16/fp16 served copies exactly);
+they are rounded to the parameters' dtype on the host (round to nearest even, torch's cast: exact
+when the node serves that dtype) and copied to the device (devices.py). A value beyond the dtype's
+range (a fp16 model whose fp32 masters grew past 65504) is an error, never an inf.
 """
 
 from __future__ import annotations
@@ -12,16 +18,28 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .devices import HostStage
 from .memory import MemoryTracker
 from .units import Unit
 
 
 class FlatParams:
-    def __init__(self, unit: Unit, memory: MemoryTracker):
+    """One unit's flat parameter storage.
+
+    Args:
+        unit (Unit): the unit; its parameters' `.data` become views into the flat storage.
+        memory (MemoryTracker): counts the resident bytes as "params".
+        stage (HostStage, optional): host buffers for copies to a non-CPU device (one is made if
+            None; CPU units never use it).
+    """
+
+    def __init__(self, unit: Unit, memory: MemoryTracker, stage: HostStage | None = None):
         self.unit = unit
         self.memory = memory
+        self.stage = stage if stage is not None else HostStage(memory)
         self.numel = unit.numel
-        self.flat = torch.empty(self.numel, dtype=torch.float32)
+        self.dtype, self.device = unit.dtype, unit.device
+        self.flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
         with torch.no_grad():
             for (_, p), (lo, hi) in zip(unit.params, unit.offsets):
                 self.flat[lo:hi].copy_(p.data.reshape(-1))
@@ -35,8 +53,8 @@ class FlatParams:
         """The current values by parameter name (fp32 copies), e.g. to hand to the optimizer node."""
         if not self.resident:
             raise RuntimeError(f"unit {self.unit.label()} is not resident")
-        # never .numpy() on the flat tensor itself: that pins its storage (no more resize_)
-        return {name: self.flat[lo:hi].clone().numpy().reshape(tuple(p.shape))
+        # always a copy: .numpy() on the flat tensor itself would pin its storage (no more resize_)
+        return {name: self.flat[lo:hi].to(device="cpu", dtype=torch.float32, copy=True).numpy().reshape(tuple(p.shape))
                 for (name, p), (lo, hi) in zip(self.unit.params, self.unit.offsets)}
 
     def free(self) -> None:
@@ -46,15 +64,29 @@ class FlatParams:
             self.memory.sub("params", self.unit.nbytes)
 
     def materialise(self, values: np.ndarray, version: int) -> None:
-        """Make the parameters hold `values` (flat float32, the unit's numel)."""
+        """Make the parameters hold `values` (flat float32 on the host, the unit's numel), rounded
+        to the parameters' dtype.
+
+        Raises:
+            OverflowError: a finite value is beyond the parameters' dtype (float16 above 65504).
+        """
         if values.size != self.numel:
             raise ValueError(f"unit {self.unit.label()}: got {values.size} values for {self.numel} parameters")
         if not self.resident:
-            self.storage.resize_(self.numel * 4)
+            self.storage.resize_(self.unit.nbytes)
             self.resident = True
             self.memory.add("params", self.unit.nbytes)
-        writer = torch.empty(0, dtype=torch.float32).set_(self.storage, 0, (self.numel,), (1,))
-        writer.copy_(torch.from_numpy(values))
+        writer = torch.empty(0, dtype=self.dtype, device=self.device).set_(self.storage, 0, (self.numel,), (1,))
+        src = torch.from_numpy(values)
+        if self.device.type == "cpu":
+            writer.copy_(src)  # converts in the same pass
+            host = writer
+        else:
+            host = src if self.dtype == torch.float32 else src.to(self.dtype)
+        if self.dtype != torch.float32:
+            check_range(src, host, f"unit {self.unit.label()}")
+        if self.device.type != "cpu":
+            self.stage.to_device(writer, host)
         self.version = version
 
     def values(self) -> torch.Tensor:
@@ -62,3 +94,16 @@ class FlatParams:
         if not self.resident:
             raise RuntimeError(f"unit {self.unit.label()} is not resident")
         return self.flat.detach().clone()
+
+
+def check_range(src: torch.Tensor, cast: torch.Tensor, what: str) -> None:
+    """Raise OverflowError if `cast` (`src` rounded to a narrower dtype) turned a finite value into inf."""
+    if not bool(torch.isinf(cast).any()):
+        return  # the usual case: one read pass
+    over = torch.isinf(cast) & torch.isfinite(src)
+    if bool(over.any()):
+        worst = float(src[over].abs().max())
+        raise OverflowError(f"{what}: the optimizer node's parameters reach {worst:.6g}, beyond {cast.dtype}'s largest "
+                            f"finite value {torch.finfo(cast.dtype).max:.6g} ({int(over.sum())} of {src.numel()} values): the model "
+                            "cannot hold them; train it in bfloat16 or float32, or keep the parameters smaller "
+                            "(weight decay, a lower learning rate)")

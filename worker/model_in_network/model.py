@@ -25,7 +25,8 @@ from luwu.dataplane import trace
 from luwu.dataplane.engine.handles import EngineError
 from luwu.dataplane.engine.liveness import LuwuPeerDead
 
-from .flat import FlatParams
+from .devices import HostStage
+from .flat import FlatParams, check_range
 from .job import barrier, hand_over, node_jobs
 from .memory import MemoryTracker
 from .network import JobNetwork, balance
@@ -46,7 +47,11 @@ class ModelInNetwork(nn.Module):
     start barrier. Afterwards call it like the model, `backward()` the loss, then `step()`.
 
     Args:
-        model (nn.Module): the model; its parameters are moved to the nodes and freed here.
+        model (nn.Module): the model; its parameters are moved to the nodes and freed here. They
+            may be float32, bfloat16 or float16 (one dtype per unit), all on one device (CPU,
+            CUDA or another torch device): the worker computes in their dtype on their device.
+            The nodes keep fp32 master weights whatever it is: a bf16 model trains with fp32
+            masters, as mixed precision does, and its gradients travel as float32.
         optimizer: the optimizer the nodes run, e.g. ``luwu.AdamW(lr=3e-4, weight_decay=0.1)``.
         network (JobNetwork or str): this worker's view of the job (or its JSON), from
             ``JobNetwork.from_star`` (loopback) or ``JobNetwork.from_controller``.
@@ -55,8 +60,10 @@ class ModelInNetwork(nn.Module):
         keep_last (int): units at the end of forward kept resident for backward.
         keep_budget (int, optional): at most this many bytes of kept units.
         prefetch (int): timeline entries pulled ahead of the one being computed.
-        served_dtype (str): how the nodes serve parameters: "bf16", "fp16" or "fp32" (the
-            worker computes in fp32 either way).
+        served_dtype (str): how the nodes serve parameters: "bf16", "fp16" or "fp32". The worker
+            rounds what it pulls to the parameters' dtype: exact when this is their dtype (bf16 for
+            a bf16 model, fp16 for a fp16 one); a fp16 model served bf16 computes with 8
+            significant bits instead of 11 (README.md, "Dtypes and devices").
         engine: "process" (an engine daemon beside this process), "embedded", or a running
             Engine / EngineClient.
         store (optional): a c10d Store for the start barrier (else an allreduce through the engine).
@@ -88,7 +95,8 @@ class ModelInNetwork(nn.Module):
         self.version = int(start_version)
         self.memory = MemoryTracker()
         self.units = split_units(model, units)
-        self.flats = [FlatParams(u, self.memory) for u in self.units]
+        self._pull_stage, self._push_stage = HostStage(self.memory), HostStage(self.memory)  # non-CPU devices
+        self.flats = [FlatParams(u, self.memory, self._pull_stage) for u in self.units]
         sessions = self.network.node_sessions
         placement = self.network.placement or balance({u.index: u.numel for u in self.units}, sorted(sessions))
         unplaced = [u.label() for u in self.units if u.index not in placement]
@@ -262,10 +270,11 @@ class ModelInNetwork(nn.Module):
                 state = self._grad[unit] = [self._push_staging(), [False] * len(self.units[unit].params)]
             lo, hi = self.units[unit].offsets[index]
             g = p.grad
-            self.memory.add("grads", g.numel() * 4)
-            torch.from_numpy(state[0].array[lo:hi]).copy_(g.reshape(-1))
+            self.memory.add("grads", g.numel() * g.element_size())
+            # widened to float32 on the host (exact from bf16/fp16): what the switch sums
+            torch.from_numpy(state[0].array[lo:hi]).copy_(self._push_stage.to_host(g))
             p.grad = None
-            self.memory.sub("grads", g.numel() * 4)
+            self.memory.sub("grads", g.numel() * g.element_size())
             state[1][index] = True
             if all(state[1]):
                 self._push(unit)
@@ -292,12 +301,12 @@ class ModelInNetwork(nn.Module):
                 st.array[lo:hi] = 0.0
         self._grad[unit] = None
         trace.end(self._spans.pop(("backward", unit), None))
-        with trace.span("push", "worker", unit=unit, version=self.version, bytes=u.nbytes):
+        with trace.span("push", "worker", unit=unit, version=self.version, bytes=u.wire_nbytes):
             handle = self.transport.push(st, u.numel, self.session_of[unit], unit)
         self._pushes.append((unit, handle, st))
         self._pushed[unit] = self.version
         self.stats["pushes"] += 1
-        self.stats["pushed_bytes"] += u.nbytes
+        self.stats["pushed_bytes"] += u.wire_nbytes
         self.flats[unit].free()
 
     # -- the step -----------------------------------------------------------------------------------
@@ -344,19 +353,24 @@ class ModelInNetwork(nn.Module):
         return self.module(*args, **kwargs)
 
     def gather(self) -> dict[str, torch.Tensor]:
-        """The model's trainable parameters at the current version, by name (a collective: every
-        rank calls it at the same point, since pulls are matched across workers)."""
+        """The model's trainable parameters at the current version, by name, in their dtype on
+        their device (the node's served copies, rounded to the parameters' dtype as a pull is).
+        A collective: every rank calls it at the same point, since pulls are matched across workers."""
         out = {}
         for u in self.units:
             st = self.pool.acquire()
             try:
                 h = self.transport.pull(st, u.numel, self.session_of[u.index], u.index, self.version)
                 self.stats["pulls"] += 1
-                self.stats["pulled_bytes"] += u.nbytes
+                self.stats["pulled_bytes"] += u.wire_nbytes
                 self._wait(h, f"gather of unit {u.label()}", "pull")
                 flat = torch.from_numpy(st.view(u.numel).copy())
             finally:
                 self.pool.release(st)
+            if u.dtype != torch.float32:
+                wide, flat = flat, flat.to(u.dtype)
+                check_range(wide, flat, f"gather of unit {u.label()}")
+            flat = flat.to(u.device)
             for (name, p), (lo, hi) in zip(u.params, u.offsets):
                 out[f"{u.name}.{name}" if u.name else name] = flat[lo:hi].view(p.shape).clone()
         return out

@@ -6,6 +6,10 @@ order, into one buffer: layer `index` on the optimizer node (its `LayerSpec`). T
 descends into the model's containers (`nn.ModuleList`, `nn.Sequential`, `nn.ModuleDict`, from
 the top) and makes every other parameter-holding module a unit: for a GPT that is one unit per
 block plus the embeddings, the final norm and the head.
+
+Parameters may be float32, bfloat16 or float16 (one dtype per unit: its flat storage is one
+tensor), on any one device for the whole model. What crosses the network does not depend on it:
+gradients travel as float32 and the node keeps fp32 masters (README.md, "Dtypes and devices").
 """
 
 from __future__ import annotations
@@ -16,8 +20,11 @@ import torch
 from torch import nn
 
 from luwu.dataplane.optimizer.spec import LayerSpec
+from luwu.dataplane.protocol import DTYPE_ITEMSIZE, Dtype
 
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what a unit's flat storage may hold
+WIRE_ITEMSIZE = DTYPE_ITEMSIZE[Dtype.FP32]  # a pushed gradient's element: float32 whatever the parameters' dtype
 
 
 class UnitError(ValueError):
@@ -44,8 +51,22 @@ class Unit:
         return self.offsets[-1][1] if self.offsets else 0
 
     @property
+    def dtype(self) -> torch.dtype:
+        return self.params[0][1].dtype if self.params else torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        return self.params[0][1].device if self.params else torch.device("cpu")
+
+    @property
     def nbytes(self) -> int:
-        return 4 * self.numel
+        """Bytes of the unit's parameters where they are resident (in their dtype)."""
+        return self.dtype.itemsize * self.numel
+
+    @property
+    def wire_nbytes(self) -> int:
+        """Bytes of the unit's gradient as pushed (float32)."""
+        return WIRE_ITEMSIZE * self.numel
 
     def layer_spec(self) -> LayerSpec:
         return LayerSpec.from_named_parameters(self.index, self.params, no_decay="auto")
@@ -107,9 +128,40 @@ def _explicit_modules(model: nn.Module, units: list) -> list[tuple[str, nn.Modul
     return out
 
 
+def _names(names: list[str]) -> str:
+    return f"{', '.join(names[:4])}{f' and {len(names) - 4} more' if len(names) > 4 else ''}"
+
+
+def _check_dtypes_and_device(units: list[Unit]) -> None:
+    """One device for the whole model; each unit's parameters of one supported dtype."""
+    def full(u: Unit, name: str) -> str:
+        return f"{u.name}.{name}" if u.name else name
+
+    bad = [f"{full(u, n)} ({p.dtype})" for u in units for n, p in u.params if p.dtype not in DTYPES]
+    if bad:
+        raise UnitError(f"parameters {_names(bad)}: ModelInNetwork trains float32, bfloat16 or float16 parameters; "
+                        "cast the model (e.g. model.to(torch.bfloat16)) or freeze those parameters")
+    by_device: dict[str, list[str]] = {}
+    for u in units:
+        for n, p in u.params:
+            by_device.setdefault(str(p.device), []).append(full(u, n))
+    if len(by_device) > 1:
+        where = "; ".join(f"{dev}: {_names(names)}" for dev, names in by_device.items())
+        raise UnitError(f"the model's parameters are on {len(by_device)} devices ({where}): ModelInNetwork needs "
+                        "all of them on one device; move the model there with model.to(device)")
+    for u in units:
+        dtypes = {p.dtype for _, p in u.params}
+        if len(dtypes) > 1:
+            mixed = _names([f"{full(u, n)} ({p.dtype})" for n, p in u.params])
+            raise UnitError(f"unit {u.label()!r} mixes dtypes ({mixed}): a unit's parameters travel as one flat "
+                            f"buffer of one dtype; cast the module (model.get_submodule({u.name!r}).to(dtype)) or "
+                            "cut the model so that each unit has one dtype (units=[...])")
+
+
 def split_units(model: nn.Module, units: list | None = None) -> list[Unit]:
     """The model's units in registration order (taken as forward order), checked: every trainable
-    parameter in exactly one unit, float32 on the CPU, none tied."""
+    parameter in exactly one unit, none tied, all on one device, each unit of one dtype among
+    float32, bfloat16 and float16."""
     _check_tied(model)
     modules = _default_modules(model) if units is None else _explicit_modules(model, units)
     owner: dict[int, str] = {}
@@ -124,9 +176,6 @@ def split_units(model: nn.Module, units: list | None = None) -> list[Unit]:
                 raise UnitError(f"parameter {full!r} is in two units ({owner[id(p)]!r} and {path!r}): units must "
                                 "not nest or overlap")
             owner[id(p)] = path
-            if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise UnitError(f"parameter {full!r} is {p.dtype} on {p.device}: ModelInNetwork trains float32 CPU "
-                                "parameters (the node serves them as bf16/fp16/fp32 and keeps fp32 masters)")
             params.append((pname, p))
         if params:
             out.append(Unit(len(out), path, module, params))
@@ -136,4 +185,5 @@ def split_units(model: nn.Module, units: list | None = None) -> list[Unit]:
     if missing:
         raise UnitError(f"trainable parameters outside every unit: {', '.join(missing[:8])}"
                         f"{' ...' if len(missing) > 8 else ''}; add their modules to units=[...]")
+    _check_dtypes_and_device(out)
     return out
