@@ -48,7 +48,7 @@ def hand_over(jobs: dict[int, JobSpec], sessions: dict[int, int], controls: list
             client.close()
 
 
-def barrier(job_id: str, world_size: int, store=None, transport=None, timeout: float = 300.0) -> None:
+def barrier(job_id: str, world_size: int, store=None, engine=None, timeout: float = 300.0) -> None:
     if world_size <= 1:
         return
     if store is not None:
@@ -60,6 +60,6 @@ def barrier(job_id: str, world_size: int, store=None, transport=None, timeout: f
             store.set(done, b"1")
         store.wait([done], datetime.timedelta(seconds=timeout))
         return
-    got = transport.allreduce(np.ones(1, dtype=np.int32))
+    got = engine.allreduce(np.ones(1, dtype=np.int32)).wait()
     if int(got[0]) != world_size:
         raise RuntimeError(f"start barrier: {int(got[0])} workers answered, the plan has {world_size}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import re
+import tempfile
 import time
 
 import torch
@@ -24,6 +25,7 @@ from torch import nn
 from luwu.dataplane import trace
 from luwu.dataplane.engine.handles import EngineError
 from luwu.dataplane.engine.liveness import LuwuPeerDead
+from luwu.worker.engine_link import open_engine
 
 from .devices import HostStage
 from .flat import FlatParams, check_range
@@ -33,7 +35,6 @@ from .network import JobNetwork, balance
 from .optimizers import as_optimizer_spec
 from .schedule import BACKWARD, FORWARD, PullSchedule, Ticket
 from .staging import StagingPool
-from .transport import make_transport
 from .units import split_units
 
 DEFAULT_TIMEOUT = 300.0  # s a pull or push may take before the worker gives up (shared, slow machines)
@@ -108,8 +109,8 @@ class ModelInNetwork(nn.Module):
         self.keep = self._keep_set([u.index for u in self.units])
         self.stats = collections.Counter()
         self.wait_seconds = collections.Counter()
-        self.transport = make_transport(engine, self.network.endpoint)
-        self.pool = StagingPool(self.transport, max(u.numel for u in self.units), self.memory)
+        self.engine = open_engine(engine, self.network.endpoint, tempfile.mkdtemp(prefix="luwu-mnn-"))
+        self.pool = StagingPool(self.engine, max(u.numel for u in self.units), self.memory)
         self.max_inflight_pushes = max(1, max_inflight_pushes)
         self.schedule = PullSchedule([u.index for u in self.units], self.keep, prefetch, self._issue_pull)
         self._pushes: collections.deque = collections.deque()  # (unit index, handle, staging) in push order
@@ -146,7 +147,7 @@ class ModelInNetwork(nn.Module):
                       {f.unit.index: f.initial() for f in self.flats}, self.timeout, self.network.control_token)
         for f in self.flats:
             f.free()
-        barrier(self.network.job_id, self.world_size, store, self.transport, self.timeout)
+        barrier(self.network.job_id, self.world_size, store, self.engine, self.timeout)
         self.memory.reset_peak()  # the peak is over training; the caller built the whole model before
         self.schedule.prefetch_next_pass(self.version)
 
@@ -161,7 +162,7 @@ class ModelInNetwork(nn.Module):
     def _issue_pull(self, unit: int, phase: str, version: int) -> Ticket:
         st = self.pool.acquire()
         numel = self.units[unit].numel
-        handle = self.transport.pull(st, numel, self.session_of[unit], unit, version)
+        handle = self.engine.pull(st, numel, self.session_of[unit], unit, version)
         self.stats["pulls"] += 1
         self.stats["pulled_bytes"] += 4 * numel
         return Ticket(unit, phase, version, handle, st)
@@ -302,7 +303,7 @@ class ModelInNetwork(nn.Module):
         self._grad[unit] = None
         trace.end(self._spans.pop(("backward", unit), None))
         with trace.span("push", "worker", unit=unit, version=self.version, bytes=u.wire_nbytes):
-            handle = self.transport.push(st, u.numel, self.session_of[unit], unit)
+            handle = self.engine.push(st, u.numel, self.session_of[unit], unit)
         self._pushes.append((unit, handle, st))
         self._pushed[unit] = self.version
         self.stats["pushes"] += 1
@@ -360,7 +361,7 @@ class ModelInNetwork(nn.Module):
         for u in self.units:
             st = self.pool.acquire()
             try:
-                h = self.transport.pull(st, u.numel, self.session_of[u.index], u.index, self.version)
+                h = self.engine.pull(st, u.numel, self.session_of[u.index], u.index, self.version)
                 self.stats["pulls"] += 1
                 self.stats["pulled_bytes"] += u.wire_nbytes
                 self._wait(h, f"gather of unit {u.label()}", "pull")
@@ -424,7 +425,7 @@ class ModelInNetwork(nn.Module):
                 "model_bytes": sum(u.nbytes for u in self.units),
                 "largest_unit_bytes": max(u.nbytes for u in self.units),
                 "counters": dict(self.stats), "wait_seconds": dict(self.wait_seconds),
-                "memory": self.memory.snapshot(), "engine": self.transport.stats(), "skipped_steps": skipped}
+                "memory": self.memory.snapshot(), "engine": self.engine.stats(), "skipped_steps": skipped}
 
     def close(self) -> None:
         if self.closed:
@@ -433,9 +434,9 @@ class ModelInNetwork(nn.Module):
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        transport = getattr(self, "transport", None)
-        if transport is not None:
-            transport.close()
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
 
     def __enter__(self) -> ModelInNetwork:
         return self

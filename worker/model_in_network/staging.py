@@ -5,12 +5,14 @@ bytes count as the worker's resident memory."""
 
 from __future__ import annotations
 
+from luwu.worker.engine_link import EngineLink
+
 from .memory import MemoryTracker
 
 
 class StagingPool:
-    def __init__(self, transport, capacity: int, memory: MemoryTracker):
-        self.transport = transport
+    def __init__(self, engine: EngineLink, capacity: int, memory: MemoryTracker):
+        self.engine = engine
         self.capacity = capacity
         self.memory = memory
         self._free: list = []
@@ -21,7 +23,7 @@ class StagingPool:
         if self._free:
             st = self._free.pop()
         else:
-            st = self.transport.staging(self.capacity)
+            st = self.engine.staging(self.capacity)
             self.created += 1
             self.memory.add("staging", 4 * self.capacity)
         self.in_use += 1
