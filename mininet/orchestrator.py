@@ -36,6 +36,8 @@ class RunOptions:
     switch: str = "software"  # "software" or "bmv2"
     elements: int = 65536  # int32 elements each worker allreduces
     push_pull: bool = False
+    workload: str = "allreduce"  # "allreduce" (engine checks) or "ddp" (torch DDP over the luwu backend)
+    steps: int = 20  # DDP training steps
     timeout: float = 120.0  # s for the workload, once released
     seed: int = 1
     nvlink_port: int = 19600  # TCP port of the emulated NVLink exchange (rail-only)
@@ -178,6 +180,9 @@ class Emulation:
             if len(mates) > 1:
                 w["nvlink"] = {"index": mates.index(rank), "port": self.opts.nvlink_port,
                                "addresses": [self.spec.host(job.worker_host[r]).nvlink for r in mates]}
+            if self.opts.workload == "ddp":
+                w["ddp"] = {"world": len(all_ranks), "steps": self.opts.steps, "dir": str(self.run_dir),
+                            "store": str(self.run_dir / "ddp-store"), "p2p_host": host.interfaces[0].ip}
             if self.opts.push_pull:
                 g = plan.group_of(rank)
                 w["pushpull"] = {"lanes": plan.lanes, "group": group,

@@ -34,6 +34,17 @@ def summary(args, spec, job, opts, result, run_dir: Path) -> dict:
         "counters": {}, "errors": result.errors, "leftovers": result.leftovers,
         "passed": result.passed, "run_dir": str(run_dir),
     }
+    if opts.workload == "ddp":  # the training's figures instead of the int32 check's
+        info.pop("allreduce")
+        done = [w for w in workers if "max_param_diff" in w]
+        first = done[0] if done else {}
+        info.update(workload="ddp", steps=opts.steps, loss=first.get("loss"), reference_loss=first.get("reference_loss"),
+                    max_param_diff=max((w["max_param_diff"] for w in done), default=None),
+                    matches_reference=len(done) == len(job.worker_host) and all(w["matches_reference"] for w in done),
+                    ddp={"per_worker": workers, "seconds_max": max((w["seconds"] for w in done), default=None),
+                         "init_seconds_max": max((w["init_seconds"] for w in done), default=None)})
+    else:
+        info["workload"] = "allreduce"
     if opts.push_pull:
         pp = [w.get("pushpull", {}) for w in workers]
         info["pushpull"] = {"verified": sum(1 for p in pp if p.get("verified")), "of": len(job.worker_host),
@@ -48,7 +59,6 @@ def summary(args, spec, job, opts, result, run_dir: Path) -> dict:
 
 
 def summary_lines(info: dict) -> list[str]:
-    ar = info["allreduce"]
     lines = [
         f"topology: {info['topology']}",
         f"backend: {info['backend']}",
@@ -58,9 +68,19 @@ def summary_lines(info: dict) -> list[str]:
         f"lanes: {info['lanes']}",
         f"elements_per_worker: {info['elements']}",
         f"drop: {info['drop']:g}",
-        f"allreduce_verified: {ar['verified']}/{ar['of']}",
+        f"workload: {info['workload']}",
     ]
-    if ar["seconds_max"] is not None:
+    if info["workload"] == "ddp":
+        for key in ("steps", "loss", "reference_loss", "max_param_diff", "matches_reference"):
+            v = info[key]
+            lines.append(f"{key}: {v:.6g}" if isinstance(v, float) else f"{key}: {v}")
+        if info["ddp"]["seconds_max"] is not None:
+            lines.append(f"ddp_train_seconds_max: {info['ddp']['seconds_max']:.3f}")
+            lines.append(f"ddp_init_seconds_max: {info['ddp']['init_seconds_max']:.3f}")
+    ar = info.get("allreduce")
+    if ar is not None:
+        lines.append(f"allreduce_verified: {ar['verified']}/{ar['of']}")
+    if ar is not None and ar["seconds_max"] is not None:
         lines += [f"allreduce_seconds_max: {ar['seconds_max']:.3f}", f"allreduce_seconds_min: {ar['seconds_min']:.3f}",
                   f"allreduce_goodput_gbps: {ar['goodput_gbps']:.4f}"]
     if "pushpull" in info:

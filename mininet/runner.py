@@ -1,13 +1,15 @@
 """`luwu mininet`: run luwu on an emulated star, multi-rack or rail-only network.
 
     luwu mininet run  --topo star|multi-rack|rail-only [--workers N] [--backend auto|mininet|netns]
-                      [--switch software|bmv2] [--size 256KiB] [--drop P] [--push-pull] [--json]
+                      [--switch software|bmv2] [--size 256KiB] [--drop P] [--push-pull]
+                      [--workload allreduce|ddp [--steps N]] [--json]
     luwu mininet show --topo ...      # the emulation spec and the plan, without building anything
 
 `run` plans the job with the controller's planner, builds the network (Mininet when it is
 installed, else plain namespaces), starts and programs one switch per switch node, runs an
 in-network allreduce of int32 tensors between the workers (hierarchical over NVLink on
-rail-only) and, with --push-pull, a pull/push/pull through the optimizer nodes, checks every
+rail-only) and, with --push-pull, a pull/push/pull through the optimizer nodes (or, with
+--workload ddp, torch DDP over the luwu backend against the same training without network), checks every
 result, prints grep-able `key: value` lines (or one JSON object) and tears everything down. Exit
 status 0 when every check passed, 1 when one failed, 2 for bad options or a missing prerequisite.
 """
@@ -59,6 +61,10 @@ def add_arguments(p) -> None:
     p.add_argument("--size", default=DEFAULTS["size"], help="bytes of each worker's int32 tensor (default 256KiB)")
     p.add_argument("--drop", type=float, default=0.0, help="loss probability on every switch port's ingress")
     p.add_argument("--push-pull", action="store_true", help="also pull/push/pull through the optimizer nodes")
+    p.add_argument("--workload", choices=["allreduce", "ddp"], default="allreduce",
+                   help="allreduce: engine checks (int32 sums bit for bit, --push-pull); ddp: torch DDP over "
+                        "init_process_group('luwu') on every worker, compared with the same training without network")
+    p.add_argument("--steps", type=int, default=20, help="ddp: training steps (default 20)")
     p.add_argument("--packet-mode", default=None,
                    help="lanes per packet: jumbo (software default), tofino (bmv2, the only one it has) or a number")
     p.add_argument("--slots", type=int, default=1024, help="slots per set of every switch (default 1024)")
@@ -107,9 +113,18 @@ def _options(args) -> tuple[TopologyOptions, RunOptions]:
                          f"{4 * args.gpus} bytes")
     if args.pool is not None and (args.pool < 1 or args.pool & (args.pool - 1) or args.pool > args.slots):
         raise UsageError(f"--pool {args.pool} must be a power of two between 1 and --slots ({args.slots})")
+    if args.workload == "ddp":
+        if args.push_pull:
+            raise UsageError("--workload ddp trains with the torch backend's allreduce: drop --push-pull")
+        if args.topo == "rail-only":
+            raise UsageError("--workload ddp needs collective sessions that span every worker (star, multi-rack): "
+                             "the torch backend's hierarchical allreduce for rail-only is not built yet")
+        if args.steps < 1:
+            raise UsageError(f"--steps {args.steps} must be at least 1")
     if args.push_pull and args.topo != "rail-only" and args.nodes < 1:
         raise UsageError("--push-pull needs an optimizer node (--nodes 1 or more)")
     run = RunOptions(backend=args.backend, switch=args.switch, elements=size // 4, push_pull=args.push_pull,
+                     workload=args.workload, steps=args.steps,
                      timeout=args.timeout, seed=args.seed, nvlink_port=args.nvlink_port,
                      mininet_python=args.mininet_python)
     return topo, run

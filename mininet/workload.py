@@ -8,7 +8,8 @@ updated slices, checked against the fixed-point error bound. An optimizer node r
 per attachment serving those slices (mininet/paramstore.py).
 
 Everyone's data is a function of (seed, rank), so each worker computes the exact expected sum
-itself. Protocol with the runner, one JSON object per stdout line: `{"event": "ready"}` once the
+itself. With --workload ddp a worker trains with torch DDP over the luwu backend instead
+(ddp_workload.py). Protocol with the runner, one JSON object per stdout line: `{"event": "ready"}` once the
 engine is bound, then the process waits for `go` on stdin; a worker prints `{"event": "result",
 ...}`, stays on the network until `stop` (or EOF) and exits (0 when everything verified, 1
 otherwise); a node serves until `stop` and prints its result. Errors print
@@ -89,6 +90,10 @@ def run_worker(cfg: dict) -> int:
     from luwu.dataplane.session import EndpointPlan
 
     w, seed, timeout = cfg["worker"], cfg["seed"], cfg["timeout"]
+    if w.get("ddp"):  # torch DDP over the luwu backend instead of the engine checks below
+        from . import ddp_workload
+
+        return ddp_workload.run(cfg, say, wait_line)
     rank, numel = w["rank"], w["elements"]
     plan = EndpointPlan.from_json(json.dumps(w["plan"]))
     peers = None

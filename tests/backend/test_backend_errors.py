@@ -223,3 +223,24 @@ def test_a_udp_plan_file_without_endpoint_addresses_is_refused(tmp_path):
     plan.assign_endpoints()
     path.write_text(star_plan_to_json(plan))
     assert plan_from_file(0, 1, str(path)).plan.wiring.local == plan.endpoints[1]
+
+
+def test_a_per_rank_endpoint_plan_file_must_be_this_ranks_and_span_the_group(tmp_path):
+    from luwu.dataplane.session import EndpointPlan, SessionSpec, Wiring
+    from luwu.worker.backend.plan_source import plan_from_file
+
+    def write(rank: int, workers: int) -> None:
+        plan = EndpointPlan(Wiring(rank, "ip", ("10.0.0.2", 19541), ("10.0.0.100", 19541)),
+                            [SessionSpec(session=1, kind="collective", epoch=1, pool_base=0, pool_size=16,
+                                         num_workers=workers, lanes=64)])
+        (tmp_path / f"plan-{rank}.json").write_text(plan.to_json())
+
+    write(0, 2)
+    write(1, 2)
+    lease = plan_from_file(1, 2, str(tmp_path / "plan-{rank}.json"))  # {rank}: one file per rank
+    assert lease.plan.wiring.rank == 1 and str(tmp_path / "plan-1.json") in lease.source
+    with pytest.raises(ValueError, match="is the plan of rank 0, not of rank 1"):
+        plan_from_file(1, 2, str(tmp_path / "plan-0.json"))
+    write(0, 1)  # a session of one rank in a group of two: a partial sum
+    with pytest.raises(RuntimeError, match="sums 1 of the group's 2 ranks"):
+        plan_from_file(0, 2, str(tmp_path / "plan-{rank}.json"))

@@ -144,3 +144,28 @@ def test_backend_builds_links_bridges_and_removes_exactly_them():
     finally:
         assert net.stop() == []
     assert leftovers(run_id) == []
+
+
+def test_torch_ddp_over_the_luwu_backend_trains_as_without_the_network():
+    """--workload ddp: every worker runs torch DDP over init_process_group("luwu") in its namespace,
+    its engine talking to the emulated switches of a multi-rack tree (with loss on every port); the
+    final parameters match the same training without any network to rounding."""
+    info = run_json("--topo", "multi-rack", "--workers", "4", "--racks", "2", "--backend", "netns",
+                    "--workload", "ddp", "--steps", "8", "--drop", "0.02", "--seed", "5")
+    try:
+        assert info["_returncode"] == 0 and info["passed"], (info["errors"], info["_logs"])
+        assert info["workload"] == "ddp" and info["topology"] == "multi-rack" and info["switch"] == "software"
+        assert info["matches_reference"] is True and info["max_param_diff"] <= 1e-4, info["max_param_diff"]
+        assert abs(info["loss"] - info["reference_loss"]) <= 1e-4 * max(1.0, info["reference_loss"])
+        workers = info["ddp"]["per_worker"]
+        assert len(workers) == 4 and all(w["last_train_loss"] < w["first_train_loss"] for w in workers)
+        assert counters(info, "cluster", "COMPLETED") > 0  # the sums crossed the tree's top, not a shortcut
+    finally:
+        check_clean(info)
+
+
+def test_ddp_on_rail_only_is_refused_with_the_reason():
+    r = subprocess.run([sys.executable, "-m", "luwu.cli", "mininet", "run", "--topo", "rail-only", "--workers", "4",
+                        "--workload", "ddp", "--backend", "netns"], capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2 and "rail-only" in r.stderr and "hierarchical" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

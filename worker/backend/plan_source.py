@@ -3,7 +3,8 @@
 * embedded (default, nothing configured): rank 0 starts the software switch in a child process
   (`LoopbackSwitch`, a child process) and publishes the `StarPlan`, with the bound switch ports, through the c10d
   store; the other ranks read it from there.
-* plan file (`LUWU_PLAN`): a `StarPlan` JSON of a switch someone started separately.
+* plan file (`LUWU_PLAN`): a `StarPlan` JSON of a switch someone started separately, or this
+  rank's `EndpointPlan` (`{rank}` in the path: one file per rank), e.g. on an emulated network.
 * controller (`LUWU_CONTROLLER=host:port`, `LUWU_JOB`, `LUWU_TOKEN`): `plan_from_controller`
   joins the job with JoinJob and gets this rank's plan.
 
@@ -118,11 +119,18 @@ def release_plan(store, lease: PlanLease, rank: int, world_size: int, wait: floa
 
 # -- plan file -------------------------------------------------------------------------------------
 def plan_from_file(rank: int, world_size: int, path: str) -> PlanLease:
+    """LUWU_PLAN: a StarPlan (every rank's plan, of a loopback switch), or this rank's own
+    EndpointPlan (e.g. from a planner, for a switch on a real or emulated network); a `{rank}` in the
+    path is replaced by the rank, so each rank can have its own file."""
+    path = path.replace("{rank}", str(rank))
     try:
         with open(path) as f:
-            star = plan_from_json(f.read())
-    except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"LUWU_PLAN={path}: cannot read a StarPlan JSON from it ({e})") from e
+            text = f.read()
+        if "wiring" in json.loads(text):
+            return _endpoint_plan_file(rank, world_size, path, EndpointPlan.from_json(text))
+        star = plan_from_json(text)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"LUWU_PLAN={path}: cannot read a StarPlan or an EndpointPlan JSON from it ({e})") from e
     if star.workers != world_size:
         raise ValueError(f"LUWU_PLAN={path} plans {star.workers} workers but the process group has {world_size}")
     missing = [p for p in star.ports if p not in star.switch_ports]
@@ -134,6 +142,16 @@ def plan_from_file(rank: int, world_size: int, path: str) -> PlanLease:
                          "after its switch started (plan_to_json of the StarPlan its LoopbackSwitch ran)")
     return PlanLease(star.worker_plan(rank), f"plan file {path}",
                      f"the software switch named in LUWU_PLAN={path}: is it running, at those ports?")
+
+
+def _endpoint_plan_file(rank: int, world_size: int, path: str, plan: EndpointPlan) -> PlanLease:
+    if plan.wiring.rank != rank:
+        raise ValueError(f"LUWU_PLAN={path} is the plan of rank {plan.wiring.rank}, not of rank {rank} (put {{rank}} "
+                         "in the path to give each rank its own file)")
+    check_covers_group(plan, world_size, f"LUWU_PLAN={path}")
+    return PlanLease(plan, f"plan file {path}",
+                     f"the switch {switch_name(plan.wiring)} that LUWU_PLAN={path} names: is it running and programmed "
+                     "with this job's plan?")
 
 
 # -- controller --------------------------------------------------------------------------------------

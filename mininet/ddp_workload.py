@@ -1,0 +1,133 @@
+"""`luwu mininet run --workload ddp`, inside an emulated host: torch DDP over
+`init_process_group("luwu")`, the string swap and nothing else, across the emulated network.
+
+Each worker points the backend at its own endpoint plan (LUWU_PLAN, the planner's plan for this
+host: its engine binds the host's address and talks to the emulated switches) and meets the
+others through a FileStore in the run directory (every namespace sees the same file system).
+It trains a small regression MLP with DDP and SGD with momentum on data that is a function of
+(seed, step, rank), then trains the same model, data and seed without any network (one process,
+the ranks' batches concatenated: DDP's averaged gradient is the full batch's) and compares.
+
+The sums cross the switches in fixed point, so the parameters differ from the reference by
+rounding only: `matches_reference` is true when the largest difference stays under
+PARAM_TOLERANCE (the fixed-point sum of a float32 gradient is within 2^-22 of its largest element
+per chunk, docs/protocol.md 5; summed over the steps and scaled by the learning rate and the
+momentum that is far below 1e-4 here, while a lost or doubled contribution moves parameters by
+about the learning rate times a gradient, >1e-3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+IN, HIDDEN, OUT = 32, 64, 4
+BATCH = 16  # samples per rank per step
+LR, MOMENTUM = 0.05, 0.9
+PARAM_TOLERANCE = 1e-4
+
+
+def _model(seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT))
+
+
+def _batch(seed: int, step: int, rank: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
+    x = torch.randn(BATCH, IN, generator=g)
+    teacher = torch.Generator().manual_seed(seed)  # one target function for every rank and step
+    w = torch.randn(IN, OUT, generator=teacher) / IN ** 0.5
+    return x, torch.tanh(x @ w) + 0.01 * torch.randn(BATCH, OUT, generator=g)
+
+
+def _global_batch(seed: int, step: int, world: int):
+    import torch
+
+    parts = [_batch(seed, step, r) for r in range(world)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def _eval_loss(model, seed: int, steps: int, world: int) -> float:
+    import torch
+
+    x, y = _global_batch(seed, steps, world)  # a step no one trained on
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(model(x), y))
+
+
+def reference(seed: int, steps: int, world: int):
+    """The same training without the network: (final model, eval loss)."""
+    import torch
+
+    model = _model(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    for step in range(steps):
+        x, y = _global_batch(seed, step, world)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return model, _eval_loss(model, seed, steps, world)
+
+
+def train(rank: int, world: int, seed: int, steps: int):
+    """DDP over the current default process group: (final model, eval loss, train losses)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = _model(seed)
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=MOMENTUM)
+    losses = []
+    for step in range(steps):
+        x, y = _batch(seed, step, rank)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    return model, _eval_loss(model, seed, steps, world), losses
+
+
+def run(cfg: dict, say, wait_line) -> int:
+    """The worker's side of the runner's protocol (ready, go, result, stop) for --workload ddp."""
+    w, d = cfg["worker"], cfg["worker"]["ddp"]
+    rank, world, seed, steps, timeout = w["rank"], d["world"], cfg["seed"], d["steps"], cfg["timeout"]
+    plan_path = Path(d["dir"]) / f"ddp-plan-{rank}.json"
+    plan_path.write_text(json.dumps(w["plan"]))
+    os.environ.pop("LUWU_NO_BACKEND", None)  # the runner's children skip the backend; this one is the point
+    os.environ.update(LUWU_PLAN=str(plan_path), LUWU_ENGINE="embedded", LUWU_P2P_HOST=d["p2p_host"],
+                      LUWU_WORKDIR=str(Path(d["dir"]) / f"ddp-rank{rank}"))
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    say("ready", rank=rank)
+    if wait_line(("go",), timeout) != "go":
+        return 1
+    t0 = time.monotonic()
+    dist.init_process_group("luwu", init_method=f"file://{d['store']}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout))
+    try:
+        init_s = time.monotonic() - t0
+        model, loss, losses = train(rank, world, seed, steps)
+        seconds = time.monotonic() - t0 - init_s
+        link = getattr(dist.distributed_c10d._get_default_group(), "_link", None)  # the luwu group's engine
+        stats = link.stats() if link is not None else None
+    finally:
+        dist.destroy_process_group()
+    ref_model, ref_loss = reference(seed, steps, world)
+    diff = max(float((p - q).abs().max()) for p, q in zip(model.parameters(), ref_model.parameters()))
+    matches = diff <= PARAM_TOLERANCE
+    say("result", rank=rank, host=cfg["host"], workload="ddp", steps=steps, loss=loss, reference_loss=ref_loss,
+        first_train_loss=losses[0], last_train_loss=losses[-1], max_param_diff=diff, matches_reference=matches,
+        verified=matches, init_seconds=init_s, seconds=seconds, engine=(stats or {}).get("engine"))
+    wait_line(("stop",), timeout)
+    return 0 if matches else 1
