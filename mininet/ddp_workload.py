@@ -3,7 +3,10 @@
 
 Each worker points the backend at its own endpoint plan (LUWU_PLAN, the planner's plan for this
 host: its engine binds the host's address and talks to the emulated switches) and meets the
-others through a FileStore in the run directory (every namespace sees the same file system).
+others through a FileStore in the run directory (every namespace sees the same file system). On
+rail-only it also sets LOCAL_WORLD_SIZE/LOCAL_RANK, as torchrun would, and binds the backend's
+point-to-point channel to its NVLink address: the backend's allreduce goes hierarchical
+(worker/backend/hierarchy.py: reduce-scatter over NVLink, the rail's in-network sum, all-gather).
 It trains a small regression MLP with DDP and SGD with momentum on data that is a function of
 (seed, step, rank), then trains the same model, data and seed without any network (one process,
 the ranks' batches concatenated: DDP's averaged gradient is the full batch's) and compares.
@@ -101,8 +104,11 @@ def run(cfg: dict, say, wait_line) -> int:
     plan_path = Path(d["dir"]) / f"ddp-plan-{rank}.json"
     plan_path.write_text(json.dumps(w["plan"]))
     os.environ.pop("LUWU_NO_BACKEND", None)  # the runner's children skip the backend; this one is the point
+    # as torchrun would set them: LOCAL_WORLD_SIZE > 1 on rail-only makes the backend's allreduce
+    # hierarchical, its intra-server steps over the point-to-point channel bound to the NVLink address
     os.environ.update(LUWU_PLAN=str(plan_path), LUWU_ENGINE="embedded", LUWU_P2P_HOST=d["p2p_host"],
-                      LUWU_WORKDIR=str(Path(d["dir"]) / f"ddp-rank{rank}"))
+                      LUWU_WORKDIR=str(Path(d["dir"]) / f"ddp-rank{rank}"),
+                      LOCAL_WORLD_SIZE=str(d["local_world_size"]), LOCAL_RANK=str(d["local_rank"]))
     import datetime
 
     import torch

@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from luwu.controller.topology import Topology
 
@@ -25,6 +26,10 @@ from .emulation import EmulationSpec
 from .job import EmulatedJob
 from .processes import ChildError, ChildGroup
 from .switches import RunningSwitch, start_bmv2, start_software
+
+if TYPE_CHECKING:  # imported where used: a backend's dependencies load only when it runs
+    from .mininet_backend import MininetNetwork
+    from .netns_backend import NetnsNetwork
 
 READY_TIMEOUT = 60.0  # s for a switch or host process to come up (python start-up on a loaded machine)
 NODE_STOP_TIMEOUT = 15.0  # s for an optimizer node to report after the workers are done
@@ -66,11 +71,11 @@ class Emulation:
         self.progress = progress or (lambda msg: None)
         env = dict(os.environ, LUWU_NO_BACKEND="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         self.children = ChildGroup(run_dir, env)
-        self.network = None
+        self.network: MininetNetwork | NetnsNetwork | None = None
         self.switches: list[RunningSwitch] = []
 
     # -- the network --------------------------------------------------------------------------------
-    def _make_network(self):
+    def _make_network(self) -> MininetNetwork | NetnsNetwork:
         if self.opts.backend == "mininet":
             from .mininet_backend import MininetNetwork
 
@@ -174,15 +179,21 @@ class Emulation:
         for rank in all_ranks:
             host = self.spec.host(job.worker_host[rank])
             group = plan.groups[plan.group_of(rank)]
+            mates = servers.get(host.server, []) if host.server else []
             w = {"rank": rank, "plan": json.loads(job.worker_plans[rank].to_json()), "elements": self.opts.elements,
                  "group": group, "all_ranks": all_ranks, "nvlink": None, "pushpull": None}
-            mates = servers.get(host.server, []) if host.server else []
             if len(mates) > 1:
                 w["nvlink"] = {"index": mates.index(rank), "port": self.opts.nvlink_port,
                                "addresses": [self.spec.host(job.worker_host[r]).nvlink for r in mates]}
             if self.opts.workload == "ddp":
                 w["ddp"] = {"world": len(all_ranks), "steps": self.opts.steps, "dir": str(self.run_dir),
-                            "store": str(self.run_dir / "ddp-store"), "p2p_host": host.interfaces[0].ip}
+                            "store": str(self.run_dir / "ddp-store"), "p2p_host": host.interfaces[0].ip,
+                            "local_world_size": 1, "local_rank": 0}
+                if len(mates) > 1:  # rail-only: the backend goes hierarchical over the server's NVLink
+                    if mates != list(range(mates[0], mates[0] + len(mates))) or mates[0] % len(mates):
+                        raise RuntimeError(f"server {host.server} holds ranks {mates}: the backend's rail-only "
+                                           "allreduce needs ranks numbered server by server")
+                    w["ddp"].update(p2p_host=host.nvlink, local_world_size=len(mates), local_rank=mates.index(rank))
             if self.opts.push_pull:
                 g = plan.group_of(rank)
                 w["pushpull"] = {"lanes": plan.lanes, "group": group,

@@ -116,9 +116,6 @@ def _options(args) -> tuple[TopologyOptions, RunOptions]:
     if args.workload == "ddp":
         if args.push_pull:
             raise UsageError("--workload ddp trains with the torch backend's allreduce: drop --push-pull")
-        if args.topo == "rail-only":
-            raise UsageError("--workload ddp needs collective sessions that span every worker (star, multi-rack): "
-                             "the torch backend's hierarchical allreduce for rail-only is not built yet")
         if args.steps < 1:
             raise UsageError(f"--steps {args.steps} must be at least 1")
     if args.push_pull and args.topo != "rail-only" and args.nodes < 1:

@@ -99,16 +99,20 @@ def test_multi_rack_without_nodes_on_one_rack_roots_at_the_tor():
     assert {s.root for s in plan.sessions} == {"tor0"} and set(plan.programs) == {"tor0"}
 
 
-def test_torch_backend_refuses_a_per_rail_plan():
-    """A rail-only plan sums each rail on its own switch; the torch backend (no NVLink hierarchy)
-    must refuse it at join rather than return a rail's partial sum as the group's."""
+def test_torch_backend_takes_a_per_rail_plan_only_with_its_server_size():
+    """A rail-only plan sums each rail on its own switch: the torch backend refuses it at join unless
+    it knows the ranks per server (LOCAL_WORLD_SIZE), which makes its allreduce hierarchical; a
+    wrong server size is refused too, never a rail's partial sum returned as the group's."""
     from luwu.worker.backend.plan_source import check_covers_group
 
     rail = plan_on(T.rail_only(servers=3, gpus_per_server=2), JobSpec("r", 6, [(0, 10)], num_nodes=1))
-    with pytest.raises(RuntimeError, match="sums 3 of the group's 6 ranks"):
+    with pytest.raises(RuntimeError, match="sums 3 of the group's 6 ranks.*LOCAL_WORLD_SIZE"):
         check_covers_group(rail.worker_plan(0), 6, "job r")
+    with pytest.raises(RuntimeError, match="LOCAL_WORLD_SIZE=3 does not make one rail per server"):
+        check_covers_group(rail.worker_plan(0), 6, "job r", local_world_size=3)
+    assert check_covers_group(rail.worker_plan(0), 6, "job r", local_world_size=2) == 2
     star = plan_on(T.multi_rack(racks=2, workers_per_rack=3, nodes=1), JobSpec("b", 6, [(0, 10)], num_nodes=1))
-    check_covers_group(star.worker_plan(0), 6, "job b")  # a tree over every rank is fine
+    assert check_covers_group(star.worker_plan(0), 6, "job b") == 1  # a tree over every rank is flat
 
 
 @pytest.mark.parametrize("mode", ["port_per_rail", "node_per_rail"])

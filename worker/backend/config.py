@@ -6,7 +6,8 @@
 | `LUWU_CONTROLLER` | unset | `host:port` of `luwu controller`: the plan comes from its JoinJob (needs `LUWU_JOB`, `LUWU_TOKEN`) |
 | `LUWU_JOB` | unset | the controller's job id (controller mode) |
 | `LUWU_ENDPOINT_HOST` | `127.0.0.1` | address this rank's engine binds (controller mode; the controller programs the switch with it) |
-| `LUWU_PLAN` | unset | a StarPlan JSON file of a switch started separately (its `switch_ports` filled) |
+| `LUWU_PLAN` | unset | a StarPlan JSON file of a switch started separately (its `switch_ports` filled), or this rank's EndpointPlan (`{rank}` in the path) |
+| `LOCAL_WORLD_SIZE` | `1` | ranks per server (torchrun sets it): with a rail-only plan, whose sessions each sum one rail, allreduce goes hierarchical over the server's ranks (hierarchy.py) |
 | `LUWU_MODE` | `loopback` | packet mode of the embedded switch (`tofino`, `jumbo`, `loopback` or a lane count; `loopback`: 64 KiB datagrams) |
 | `LUWU_TRANSPORT` | `shm` (Linux x86-64), else `udp` | ports of the embedded switch: shared-memory rings in /dev/shm, or UDP sockets on loopback (read by `StarPlan`, dataplane/loopback.py) |
 | `LUWU_CONNECT_TIMEOUT` | `30` | seconds the first collective (a probe at group creation) may take before the switch is declared unreachable |
@@ -36,6 +37,7 @@ class BackendConfig:
     connect_timeout: float = 30.0
     p2p_host: str = "127.0.0.1"
     workdir: str = ""
+    local_world_size: int = 1  # ranks per server (rail-only: the rails); ranks are numbered server by server
     watchdog_tick: float = 0.5  # s between checks of outstanding operations against their deadline
     shutdown_wait: float = 30.0  # s rank 0 keeps the embedded switch up for the other ranks to finish
     log_tail: int = 2000  # characters of an engine/switch log quoted in an error
@@ -53,6 +55,11 @@ class BackendConfig:
             p2p_host=env.get("LUWU_P2P_HOST", cls.p2p_host).strip(),
             workdir=env.get("LUWU_WORKDIR", "").strip(),
         )
+        raw = env.get("LOCAL_WORLD_SIZE", "").strip()
+        if raw:
+            if not raw.isdigit() or int(raw) < 1:
+                raise ValueError(f"LOCAL_WORLD_SIZE={raw!r} must be a positive number of ranks per server")
+            cfg.local_world_size = int(raw)
         raw = env.get("LUWU_CONNECT_TIMEOUT", "").strip()
         if raw:
             try:

@@ -38,6 +38,7 @@ class PlanLease:
     source: str  # one line: where the plan came from
     hint: str  # what to check when the switch does not answer (a sentence, ending in . or ?)
     switch: LoopbackSwitch | None = None  # the switch this rank started (embedded rank 0)
+    local_size: int = 1  # >1: a rail-only plan, allreduce hierarchical over this many ranks per server
     watch: object | None = None  # controller mode: the ControllerWatch on the job's controller (controller/watch.py)
 
     def controller_note(self) -> str:
@@ -54,7 +55,7 @@ def obtain_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: Back
     if cfg.controller:
         return plan_from_controller(rank, world_size, cfg)
     if cfg.plan_file:
-        return plan_from_file(rank, world_size, cfg.plan_file)
+        return plan_from_file(rank, world_size, cfg.plan_file, cfg.local_world_size)
     return embedded_plan(store, rank, world_size, timeout, cfg, workdir)
 
 
@@ -118,7 +119,7 @@ def release_plan(store, lease: PlanLease, rank: int, world_size: int, wait: floa
 
 
 # -- plan file -------------------------------------------------------------------------------------
-def plan_from_file(rank: int, world_size: int, path: str) -> PlanLease:
+def plan_from_file(rank: int, world_size: int, path: str, local_world_size: int = 1) -> PlanLease:
     """LUWU_PLAN: a StarPlan (every rank's plan, of a loopback switch), or this rank's own
     EndpointPlan (e.g. from a planner, for a switch on a real or emulated network); a `{rank}` in the
     path is replaced by the rank, so each rank can have its own file."""
@@ -127,7 +128,7 @@ def plan_from_file(rank: int, world_size: int, path: str) -> PlanLease:
         with open(path) as f:
             text = f.read()
         if "wiring" in json.loads(text):
-            return _endpoint_plan_file(rank, world_size, path, EndpointPlan.from_json(text))
+            return _endpoint_plan_file(rank, world_size, path, EndpointPlan.from_json(text), local_world_size)
         star = plan_from_json(text)
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise ValueError(f"LUWU_PLAN={path}: cannot read a StarPlan or an EndpointPlan JSON from it ({e})") from e
@@ -144,14 +145,15 @@ def plan_from_file(rank: int, world_size: int, path: str) -> PlanLease:
                      f"the software switch named in LUWU_PLAN={path}: is it running, at those ports?")
 
 
-def _endpoint_plan_file(rank: int, world_size: int, path: str, plan: EndpointPlan) -> PlanLease:
+def _endpoint_plan_file(rank: int, world_size: int, path: str, plan: EndpointPlan,
+                        local_world_size: int) -> PlanLease:
     if plan.wiring.rank != rank:
         raise ValueError(f"LUWU_PLAN={path} is the plan of rank {plan.wiring.rank}, not of rank {rank} (put {{rank}} "
                          "in the path to give each rank its own file)")
-    check_covers_group(plan, world_size, f"LUWU_PLAN={path}")
+    local = check_covers_group(plan, world_size, f"LUWU_PLAN={path}", local_world_size)
     return PlanLease(plan, f"plan file {path}",
                      f"the switch {switch_name(plan.wiring)} that LUWU_PLAN={path} names: is it running and programmed "
-                     "with this job's plan?")
+                     "with this job's plan?", local_size=local)
 
 
 # -- controller --------------------------------------------------------------------------------------
@@ -180,25 +182,34 @@ def plan_from_controller(rank: int, world_size: int, cfg: BackendConfig) -> Plan
     workers = info.get("num_workers", world_size)
     if workers != world_size:
         raise RuntimeError(f"controller job {cfg.job} has {workers} workers but the process group has {world_size}")
-    check_covers_group(plan, world_size, f"controller job {cfg.job}")
+    local = check_covers_group(plan, world_size, f"controller job {cfg.job}", cfg.local_world_size)
     if tuple(plan.wiring.local) != (cfg.endpoint_host, port):
         plan.wiring.local = (cfg.endpoint_host, port)
     # the job runs without its controller; the watch names a dead one (a warning) within seconds
     watch = ControllerWatch(cfg.controller, cfg.job, client.token)
     return PlanLease(plan, f"controller {cfg.controller}, job {cfg.job}",
                      f"LUWU_CONTROLLER={cfg.controller} and job {cfg.job}: `luwu-ctl jobs`, and the health and "
-                     "counters of the job's switches there.", watch=watch)
+                     "counters of the job's switches there.", watch=watch, local_size=local)
 
 
-def check_covers_group(plan: EndpointPlan, world_size: int, source: str) -> None:
-    """Refuse a plan whose collective sessions sum fewer ranks than the group (e.g. one rail of a
-    rail-only job): the backend would return a partial sum as if it were the whole one."""
-    short = [s for s in plan.sessions if s.kind == "collective" and s.num_workers != world_size]
-    if short:
-        s = short[0]
-        raise RuntimeError(f"{source}: session {s.session} sums {s.num_workers} of the group's {world_size} ranks "
-                           "(a rail-only or otherwise partitioned plan); the torch backend needs every collective "
-                           "session to span the whole group -- plan the job on a star or multi-rack topology")
+def check_covers_group(plan: EndpointPlan, world_size: int, source: str, local_world_size: int = 1) -> int:
+    """How this rank's collectives span the group: 1 when every collective session sums all ranks;
+    `local_world_size` (K) for a rail-only plan whose sessions each sum world_size / K ranks, one per
+    server (rail k holds local rank k of every server; hierarchy.py). Any other plan is refused:
+    the backend would return a partial sum as if it were the whole one."""
+    sizes = {s.num_workers for s in plan.sessions if s.kind == "collective"}
+    if sizes <= {world_size}:
+        return 1
+    k = local_world_size
+    if k > 1 and world_size % k == 0 and sizes == {world_size // k}:
+        return k
+    short = min(sizes)
+    hint = (f"LOCAL_WORLD_SIZE={k} does not make one rail per server (sessions sum {short} ranks, "
+            f"{world_size} / {k} = {world_size / k:g})" if k > 1 else
+            "for a rail-only plan set LOCAL_WORLD_SIZE to the ranks per server (torchrun does) so allreduce goes "
+            "hierarchical, or plan the job on a star or multi-rack topology")
+    raise RuntimeError(f"{source}: a collective session sums {short} of the group's {world_size} ranks (a rail-only "
+                       f"or otherwise partitioned plan); {hint}")
 
 
 def default_workdir(cfg: BackendConfig, rank: int) -> str:

@@ -37,6 +37,10 @@ class OpContext:
     def allreduce(self, x: np.ndarray, op: str) -> Handle:
         """The engine's allreduce of x; a float sum's saturated elements are recomputed exactly (fallback.py)."""
         x = np.ascontiguousarray(x).reshape(-1)
+        if self.sched.hierarchy is not None:  # a rail-only plan: server, rail, server (hierarchy.py)
+            h = self.sched.hierarchy.allreduce(x, op, self.sched.link.allreduce)
+            h.info["numel"] = int(x.size)
+            return h
         h = self.sched.link.allreduce(x, op)
         h.info["numel"] = int(x.size)
         if x.dtype == np.float32 and op in ("sum", "avg") and self.sched.fallback is not None:
@@ -61,8 +65,9 @@ class OpContext:
 
 
 class Scheduler:
-    def __init__(self, link, lease, name: str, tick: float, fallback=None, direct=None):
+    def __init__(self, link, lease, name: str, tick: float, fallback=None, direct=None, hierarchy=None):
         self.link = link
+        self.hierarchy = hierarchy  # RailHierarchy on a rail-only plan, else None
         self.direct = direct  # DirectMoves: gather, scatter and all_to_all blocks, point to point
         self.lease = lease
         self.fallback = fallback  # ExactFallback for saturated float sums (None: a float sum may not saturate)

@@ -1,0 +1,162 @@
+"""Allreduce on a rail-only plan: the server's ranks, then the rails, then the server again.
+
+On a rail-only fabric local rank k of every server hangs off rail switch k and the rails are not
+connected, so each collective session of the plan sums one rail (one rank per server). An
+allreduce over the whole group is then hierarchical, as the Rail-only paper (Wang et al.) does it:
+
+1. reduce-scatter inside the server: local rank k gets shard k of every local rank's input over the
+   server's NVLink (here the group's point-to-point channel, bound to the NVLink address by
+   LUWU_P2P_HOST) and reduces the K parts in local rank order (float sums in float64, rounded
+   once; int32 sums wrap like the switch's; max/min as torch.maximum/minimum, NaN propagating);
+2. in-network allreduce of that partial shard on rail k (the engine, the plan's session);
+3. all-gather inside the server: every local rank gets every rail's summed shard.
+
+Each shard's final value is computed once (by its rail) and copied, so every rank holds the same
+result. A float sum sees the server's partial sums as contributions: its error stays within the
+fixed-point bound of docs/protocol.md 5 for world_size / K contributors of those partials.
+
+Ranks are numbered server by server (torchrun's order): server s holds ranks [s*K, (s+1)*K).
+The intra-server exchanges are matched by tags drawn in submission order; the engine operation
+of step 2 is submitted on the scheduler's submit thread after step 1 completes (step 1 blocks
+that thread, bounded by the group's timeout), so every rail sees its operations in one order.
+
+Not available on a rail-only plan: the exact recomputation of saturated float sums (a sum with
+inf/NaN or |x| >= 2^127 fails with an error instead; flat plans recompute it exactly,
+fallback.py), and point-to-point traffic between servers (no path between rails here).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from luwu.dataplane.engine import Handle
+
+from .diagnostics import LuwuError
+
+HIERARCHY_TAG_BASE = -(2**60)  # p2p tags of the intra-server steps (direct.py: -2^61, fallback.py: -2^62)
+
+
+def shard_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous, nearly equal [start, end) shards (the first numel % parts are one longer)."""
+    base, extra = divmod(numel, parts)
+    out, start = [], 0
+    for k in range(parts):
+        end = start + base + (1 if k < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def local_reduce(parts: list[np.ndarray], op: str) -> np.ndarray:
+    """The server's partial of one shard, parts in local rank order."""
+    if op in ("sum", "avg"):
+        if parts[0].dtype == np.float32:
+            with np.errstate(over="ignore", invalid="ignore"):
+                return np.sum(np.stack(parts).astype(np.float64), axis=0).astype(np.float32)
+        return np.add.reduce(np.stack(parts), axis=0, dtype=parts[0].dtype)  # int32 wraps, as the switch adds
+    fn = np.maximum if op == "max" else np.minimum
+    out = parts[0].copy()
+    for p in parts[1:]:
+        fn(out, p, out=out)
+    return out
+
+
+class RailHierarchy:
+    """The intra-server steps of one process group (use `allreduce` from the submit thread)."""
+
+    def __init__(self, p2p, rank: int, world_size: int, local_size: int, timeout: float):
+        self.p2p = p2p
+        self.rank, self.world_size, self.k = rank, world_size, local_size
+        self.index = rank % local_size  # local rank = rail
+        first = rank - self.index
+        self.local = list(range(first, first + local_size))
+        self.timeout = timeout
+        self._next = 0
+
+    def allreduce(self, x: np.ndarray, op: str, submit) -> Handle:
+        """`submit(partial, op)` is the engine's allreduce on this rank's rail; returns a Handle of
+        the whole group's result."""
+        tag = HIERARCHY_TAG_BASE + 2 * self._next
+        self._next += 1
+        n = x.size
+        flat = x.reshape(-1)
+        if n < self.k:  # every rail gets a non-empty shard
+            flat = np.concatenate([flat, np.zeros(self.k - n, dtype=x.dtype)])
+        bounds = shard_bounds(flat.size, self.k)
+        name = f"hierarchical allreduce({n} x {x.dtype}, {op})"
+        parts = self._exchange_now(tag, {j: flat[a:b] for j, (a, b) in enumerate(bounds)}, name, "reduce-scatter")
+        partial = local_reduce([parts[j] for j in range(self.k)], op)
+        out = Handle(name)
+        engine_h = submit(partial, "sum" if op == "avg" else op)
+
+        def rail_done(h: Handle) -> None:
+            if h.error is not None:
+                out.set_error(h.error)
+                return
+            shard = np.asarray(h.wait())
+            if h.saturated and shard.dtype == np.float32 and np.isnan(shard).any():
+                out.set_error(LuwuError(
+                    f"luwu {name}: a float sum saturated on rail {self.index} (an inf/NaN or a value of at least "
+                    "2^127 in the input); its exact recomputation is not available on a rail-only plan, so no "
+                    "result is returned. Check the inputs for non-finite values (e.g. scale the loss down)"))
+                return
+            if op == "avg":
+                shard = (shard / self.world_size).astype(shard.dtype)
+
+            def gathered(shards: dict[int, np.ndarray] | None, error: BaseException | None) -> None:
+                if error is not None:
+                    out.set_error(LuwuError(f"luwu {name}: the all-gather inside the server failed: {error}"))
+                else:
+                    out.set_result(np.concatenate([shards[j] for j in range(self.k)])[:n])
+
+            self._exchange(tag + 1, dict.fromkeys(range(self.k), shard), gathered)
+
+        engine_h.add_done_callback(rail_done)
+        return out
+
+    def _exchange_now(self, tag: int, mine: dict[int, np.ndarray], name: str, step: str) -> dict[int, np.ndarray]:
+        """`_exchange`, waited for (bounded by the group's timeout)."""
+        box: list = []
+        finished = threading.Event()
+        self._exchange(tag, mine, lambda got, err: (box.append((got, err)), finished.set()))
+        if not finished.wait(self.timeout):
+            raise LuwuError(f"luwu {name}: the {step} inside the server did not complete within {self.timeout:g} s "
+                            f"(are ranks {self.local} running, and is LUWU_P2P_HOST their NVLink address?)")
+        got, err = box[0]
+        if err is not None:
+            raise LuwuError(f"luwu {name}: the {step} inside the server failed: {err}")
+        return got
+
+    def _exchange(self, tag: int, mine: dict[int, np.ndarray], done) -> None:
+        """Send mine[j] to local rank j and receive what each local rank sends this one; then
+        `done({local index: array}, None)` (this rank's own part included) or `done(None, error)`,
+        once, from whichever thread finishes it."""
+        me, dtype = self.index, mine[self.index].dtype
+        got: dict[int, np.ndarray] = {me: mine[me]}
+        state = {"finished": False}
+        lock = threading.Lock()
+
+        def finish(err: BaseException | None) -> None:
+            with lock:
+                if state["finished"] or (err is None and len(got) < self.k):
+                    return
+                state["finished"] = True
+            if err is not None:
+                done(None, err)
+            else:
+                done(got, None)
+
+        def deliver(j: int, payload: bytes) -> None:
+            with lock:
+                got[j] = np.frombuffer(payload, dtype=dtype)
+
+        for j, peer in enumerate(self.local):
+            if j != me:
+                self.p2p.send(peer, tag, np.ascontiguousarray(mine[j]).view(np.uint8),
+                              lambda err: err is not None and finish(err))
+        for j, peer in enumerate(self.local):
+            if j != me:
+                self.p2p.recv(peer, tag, lambda b, j=j: deliver(j, b), finish)
+        finish(None)  # K == 1, or everything already arrived
