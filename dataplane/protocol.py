@@ -37,6 +37,7 @@ class MsgType(enum.IntEnum):
 
 
 AGGREGATION_TYPES = (MsgType.GRAD, MsgType.AGG, MsgType.ALLREDUCE, MsgType.RESULT)
+ZERO_TYPES = (MsgType.GRAD, MsgType.ALLREDUCE)  # the types a header-only ZERO packet may have
 
 
 class Flag(enum.IntFlag):
@@ -47,6 +48,9 @@ class Flag(enum.IntFlag):
     MAX = 0x08
     FALLBACK = 0x10
     GAP = 0x20  # HEARTBEAT: the receiver holds packets past `ack` (a hole: something was lost)
+    # GRAD/ALLREDUCE, INT32 only: a header-only packet standing for `lanes` zero lanes (the switch
+    # aggregates it as zeros and emits full results); docs/protocol.md 3.2
+    ZERO = 0x40
 
 
 class Dtype(enum.IntEnum):
@@ -175,6 +179,8 @@ def looks_like_luwu(data: bytes | memoryview) -> bool:
         return False
     mtype, count = data[0] & 0xF, int.from_bytes(data[6:8], "big")
     if mtype in AGGREGATION_TYPES:
+        if data[1] & Flag.ZERO:  # header-only contribution (docs/protocol.md 3.2)
+            return n == HEADER_LEN and mtype in ZERO_TYPES and data[25] == Dtype.INT32
         return (n - HEADER_LEN) % 4 == 0 and count <= (n - HEADER_LEN) // 4
     if mtype == MsgType.PARAM:
         item = _ITEMSIZE_BY_CODE.get(data[25])  # the dtype byte of DATA_HEADER

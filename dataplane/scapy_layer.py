@@ -28,7 +28,7 @@ from .protocol import DEFAULT_UDP_PORT, VERSION, Dtype, MsgType, looks_like_luwu
 
 _TYPES = {int(t): t.name for t in MsgType}
 _DTYPES = {int(d): d.name for d in Dtype}
-_FLAGS = ["SET", "RETX", "SATURATED", "MAX", "FALLBACK", "GAP", "R6", "R7"]
+_FLAGS = ["SET", "RETX", "SATURATED", "MAX", "FALLBACK", "GAP", "ZERO", "R7"]
 
 
 def _is_hb(pkt) -> bool:

@@ -34,7 +34,7 @@ def render() -> str:
     types = {int(t): t.name for t in P.MsgType}
     dtypes = {int(d): d.name for d in P.Dtype}
     itemsize = {int(d): n for d, n in P.DTYPE_ITEMSIZE.items()}
-    flags = {int(f): f.name for f in P.Flag if f.value}
+    flags = {int(f): f.name for f in P.Flag if f.value and f.name}  # members' names are set; typeshed allows None
     agg = ", ".join(f"[{int(t)}] = true" for t in P.AGGREGATION_TYPES)
     consts = "\n".join([
         f"local VERSION = {P.VERSION}",
@@ -49,6 +49,8 @@ def render() -> str:
         "local ITEMSIZE = { " + ", ".join(f"[{k}] = {v}" for k, v in sorted(itemsize.items())) + " }",
         _lua_table("FLAGS", flags),
         f"local AGGREGATION = {{ {agg} }}",
+        "local ZERO_TYPES = { " + ", ".join(f"[{int(t)}] = true" for t in P.ZERO_TYPES) + " }",
+        f"local FLAG_ZERO, DTYPE_INT32 = {int(P.Flag.ZERO)}, {int(P.Dtype.INT32)}",
     ])
     return _TEMPLATE.replace("@CONSTANTS@", consts)
 
@@ -85,7 +87,12 @@ local function looks_like_luwu(tvb)
     if n < HEADER_LEN or bit.rshift(tvb(0, 1):uint(), 4) ~= VERSION then return false end
     local t = bit.band(tvb(0, 1):uint(), 15)
     local count = tvb(6, 2):uint()
-    if AGGREGATION[t] then return (n - HEADER_LEN) % 4 == 0 and count <= (n - HEADER_LEN) / 4 end
+    if AGGREGATION[t] then
+        if bit.band(tvb(1, 1):uint(), FLAG_ZERO) ~= 0 then  -- header-only ZERO contribution
+            return n == HEADER_LEN and ZERO_TYPES[t] == true and tvb(25, 1):uint() == DTYPE_INT32
+        end
+        return (n - HEADER_LEN) % 4 == 0 and count <= (n - HEADER_LEN) / 4
+    end
     if t == T_PARAM then
         local item = ITEMSIZE[tvb(25, 1):uint()]
         return item ~= nil and n == HEADER_LEN + count * item

@@ -30,6 +30,7 @@
 #include "tna/parser.p4"
 #include "include/drop_simulator.p4"
 #include "include/classifier.p4"
+#include "include/zero_lanes.p4"
 #include "tna/slot_owner.p4"
 #include "tna/worker_bitmap.p4"
 #include "tna/contributor_counter.p4"
@@ -57,6 +58,7 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta,
 
     IngressDropSimulator() drop_simulator;
     Classifier() classifier;
+    ZeroLanes() zero_lanes;
     SlotOwner() slot_owner;
     WorkerBitmap() worker_bitmap;
     ContributorCounter() contributor_counter;
@@ -116,6 +118,7 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta,
                 /* malformed, not routable, or lost on the simulated link */
             } else if (luwu) {
                 classifier.apply(hdr, meta, parsed, ig_intr_md.ingress_port);
+                zero_lanes.apply(hdr, meta);
                 if (meta.session_known == 1) {
                     session_packets.count(hdr.luwu.session);
                 }

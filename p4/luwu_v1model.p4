@@ -2,7 +2,7 @@
  *
  * One pass per packet through the pipeline of docs/protocol.md section 6, one control per
  * file in include/ (mirrored by dataplane/switch/controls/<same name>.py):
- *   ingress: drop_simulator -> classifier -> slot_owner -> worker_bitmap ->
+ *   ingress: drop_simulator -> classifier -> zero_lanes -> slot_owner -> worker_bitmap ->
  *            contributor_counter -> exponent_max -> aggregation_lanes  (GRAD/ALLREDUCE)
  *                                 -> heartbeat_table                    (worker HEARTBEAT)
  *            -> next_step_selector;  forwarder for non-luwu traffic
@@ -20,6 +20,7 @@
 #include "include/checksum.p4"
 #include "include/drop_simulator.p4"
 #include "include/classifier.p4"
+#include "include/zero_lanes.p4"
 #include "include/slot_owner.p4"
 #include "include/worker_bitmap.p4"
 #include "include/contributor_counter.p4"
@@ -40,6 +41,7 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_m
 
     IngressDropSimulator() drop_simulator;
     Classifier() classifier;
+    ZeroLanes() zero_lanes;
     SlotOwner() slot_owner;
     WorkerBitmap() worker_bitmap;
     ContributorCounter() contributor_counter;
@@ -83,6 +85,7 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_m
             /* malformed, not routable, or lost on the simulated link */
         } else if (luwu) {
             classifier.apply(hdr, meta, standard_metadata.parser_error == error.NoError, standard_metadata.ingress_port);
+            zero_lanes.apply(hdr, meta);
             if (meta.session_known == 1) {
                 session_packets.count((bit<32>)hdr.luwu.session);
             }

@@ -27,6 +27,11 @@ PACKETS = [  # (payload, what a dissector must say: (type, session, worker, seq)
     (b"not luwu at all: forty bytes of ascii..", None),
     (Packet(MsgType.PARAM, 3, count=3, dtype=int(Dtype.BF16), payload=b"\0" * 7).pack(), None),  # bad length
     (bytes([0x23]) + bytes(31), None),  # version 2
+    # a header-only ZERO contribution (protocol.md 3.2): INT32 only
+    (Packet(MsgType.ALLREDUCE, 2, worker=3, count=64, seq=11, flags=int(Flag.ZERO), dtype=int(Dtype.INT32)).pack(),
+     (3, 2, 3, 11)),
+    (Packet(MsgType.ALLREDUCE, 2, worker=3, count=64, seq=11, flags=int(Flag.ZERO), dtype=int(Dtype.FIXED32)).pack(),
+     None),
 ]
 
 

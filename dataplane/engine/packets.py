@@ -17,6 +17,7 @@ from ..protocol import (
     HEARTBEAT_HEADER,
     NODE,
     PULL_REQUEST,
+    ZERO_TYPES,
     Dtype,
     Flag,
     MsgType,
@@ -33,8 +34,14 @@ LanesOf = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # chunks [
 def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker: int, pool_base: int, pool_size: int,
                      lanes: int, tensor: int, numel: int, dtype: Dtype, lanes_of: LanesOf, flags: int = 0,
                      exponents: np.ndarray | None = None):
-    """A fill function for GRAD/ALLREDUCE packets of one buffer (chunk i = seq seg_start + i)."""
+    """A fill function for GRAD/ALLREDUCE packets of one buffer (chunk i = seq seg_start + i).
+
+    An exact (INT32) chunk whose lanes are all zero goes as a header-only ZERO packet
+    (docs/protocol.md 3.2): the switch adds it as zeros and emits full results, so a rank that
+    owns a few segments of a broadcast or all_gather buffer sends little more than its own
+    bytes. Its ring row keeps length 32, so a retransmission is header-only too."""
     row_len = HEADER_LEN + 4 * lanes
+    zero_ok = dtype == Dtype.INT32 and msg_type in ZERO_TYPES
 
     def fill(i0: int, i1: int, rows: np.ndarray, lens: np.ndarray) -> None:
         chunk = np.arange(i0, i1, dtype=np.int64)
@@ -54,16 +61,36 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
         h["dtype"] = int(dtype)
         h["reserved"] = 0
         h["numel"] = numel
+        lens[:] = row_len
         if isinstance(lanes_of, QuantizedLanes):  # quantise straight into the rows, one pass
             saturated = lanes_of.write(i0, i1, rows, HEADER_LEN)
         else:
             values, saturated = lanes_of(i0, i1)
-            rows[:, HEADER_LEN:row_len].view(">i4")[...] = values.reshape(i1 - i0, lanes)
+            block = values.reshape(i1 - i0, lanes)
+            payload = rows[:, HEADER_LEN:row_len].view(">i4")
+            nz = _nonzero_rows(block) if zero_ok else None
+            if nz is None or nz.all():
+                payload[...] = block
+            else:  # all-zero chunks: header-only rows, their lanes neither copied nor sent
+                payload[nz] = block[nz]
+                h["flags"] |= np.where(nz, np.uint8(0), np.uint8(Flag.ZERO))
+                lens[~nz] = HEADER_LEN
         if saturated is not None and saturated.any():
             h["flags"] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))
-        lens[:] = row_len
 
     return fill
+
+
+def _nonzero_rows(block: np.ndarray) -> np.ndarray:
+    """Which rows of `block` hold a non-zero lane. A row whose first lane is non-zero needs no
+    scan, so dense data costs one strided read, not a second pass over the buffer."""
+    nz = block[:, 0] != 0
+    maybe = np.flatnonzero(~nz)
+    if len(maybe) * 8 > len(block):  # many candidates: one contiguous scan beats gathering them
+        return block.any(axis=1)
+    if len(maybe):
+        nz[maybe] = block[maybe].any(axis=1)
+    return nz
 
 
 class QuantizedLanes:

@@ -212,10 +212,13 @@ class ShmRing:
             pos = (head + done) & self._mask
             k = min(n - done, self.slots - pos)
             sel = idx[done:done + k]
-            if off == 0 and width == self.row_bytes == buf.shape[1]:
+            # copy what the packets use: a piece of header-only rows (ZERO contributions,
+            # docs/protocol.md 3.2) costs its headers, not its rows
+            used = min(width, int(lengths[done:done + k].max()))
+            if off == 0 and used == width == self.row_bytes == buf.shape[1]:
                 np.take(buf, sel, axis=0, out=self.rows[pos:pos + k])
             else:
-                self.rows[pos:pos + k, :width] = buf[sel, off:off + width]
+                self.rows[pos:pos + k, :used] = buf[sel, off:off + used]
             self.lengths[pos:pos + k] = lengths[done:done + k]
             done += k
         self.h[H_HEAD] = head + n  # publish: after the rows (x86 keeps stores in order)
@@ -255,7 +258,8 @@ class ShmRing:
         while done < k:
             pos = (tail + done) & self._mask
             m = min(k - done, self.slots - pos)
-            rows[start + done:start + done + m, :width] = self.rows[pos:pos + m, :width]
+            used = min(width, int(self.lengths[pos:pos + m].max()))  # bytes past a packet's length are not its
+            rows[start + done:start + done + m, :used] = self.rows[pos:pos + m, :used]
             lengths[start + done:start + done + m] = self.lengths[pos:pos + m]
             done += m
         self.h[H_TAIL] = tail + k  # release the rows: after copying them out

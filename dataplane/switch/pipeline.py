@@ -1,6 +1,6 @@
 """The pipeline: one batch of packets through the controls, with exact per-packet P4 semantics.
 
-parser -> ingress drop simulator -> classifier -> register controls (slot owner, worker bitmap,
+parser -> ingress drop simulator -> classifier -> zero lanes (header-only ZERO contributions) -> register controls (slot owner, worker bitmap,
 contributor counter, exponent max, aggregation lanes; heartbeat table) -> next step selector
 -> forwarder (non-luwu IPv4) -> sender (multicast expansion) -> egress drop simulator.
 
@@ -28,6 +28,7 @@ from .controls import (
     heartbeat_table,
     slot_owner,
     worker_bitmap,
+    zero_lanes,
 )
 from .controls.classifier import PATH_AGGREGATE, PATH_HEARTBEAT, Classified, classify
 from .controls.drop_simulator import Random32
@@ -130,6 +131,7 @@ class Pipeline:
             lost = drop_simulator.simulate(b.port, b.drop == 0, t.ingress_threshold, self.rng_ingress)
             b.drop[lost] = DropReason.SIMULATED_LOSS
         c = classify(b, t, self.lanes, cnt)
+        zero_lanes.apply(b, c, self.lanes)
         n = len(c.idx)
         agg, hb = AggregationResult(n), HeartbeatResult(n)
         self._registers(b, c, agg, hb)

@@ -197,6 +197,10 @@ class Model:
         agg = (mtype >= MsgType.GRAD) & (mtype <= MsgType.RESULT)
         want = np.full(n, -1, dtype=np.int64)
         want[agg] = self.topo.packet_len
+        # header-only ZERO contributions: INT32 GRAD/ALLREDUCE only (protocol.md 3.2)
+        zero = agg & ((h["flags"] & Flag.ZERO) != 0)
+        zero_ok = zero & ((mtype == MsgType.GRAD) | (mtype == MsgType.ALLREDUCE)) & (h["dtype"] == Dtype.INT32)
+        want[zero] = np.where(zero_ok[zero], HEADER_LEN, -1)
         item = self.item[h["dtype"]]
         is_param = mtype == MsgType.PARAM
         want[is_param] = np.where(item[is_param] > 0, HEADER_LEN + count[is_param] * item[is_param], -1)

@@ -7,7 +7,8 @@
  *   version != LUWU_VERSION .............................. BAD_VERSION
  *   type not 1..7 ........................................ BAD_TYPE
  *   parse failure, or a length that is not the type's ... MALFORMED
- *     (GRAD/AGG/ALLREDUCE/RESULT: 32 + 4 * LANES bytes and count <= LANES; HEARTBEAT: 32;
+ *     (GRAD/AGG/ALLREDUCE/RESULT: 32 + 4 * LANES bytes and count <= LANES, or 32 bytes with
+ *      FLAG_ZERO for an INT32 GRAD/ALLREDUCE; HEARTBEAT: 32;
  *      PARAM: 32 + count * itemsize(dtype), known dtype; PULL: 32 + 12 * count)
  *   no `sessions` entry .................................. UNKNOWN_SESSION
  *   sender is a rank (not NODE) without a `workers` entry  UNKNOWN_WORKER
@@ -87,7 +88,11 @@ control Classifier(inout headers_t hdr, inout metadata_t meta, in bool parsed, i
         bit<32> count = (bit<32>)hdr.luwu.count;
         bit<32> payload = 0;  /* the type's payload bytes for this count */
         bool length_ok = true;
-        if (aggregation) {
+        if (aggregation && (hdr.luwu.flags & FLAG_ZERO) != 0) {
+            /* header-only ZERO contribution: an INT32 GRAD or ALLREDUCE only (protocol.md 3.2) */
+            payload = 0;
+            length_ok = count <= LANES && (t == TYPE_GRAD || t == TYPE_ALLREDUCE) && hdr.data.dtype == DTYPE_INT32;
+        } else if (aggregation) {
             payload = 4 * LANES;
             length_ok = count <= LANES;
         } else if (t == TYPE_PARAM) {

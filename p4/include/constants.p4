@@ -37,6 +37,7 @@ const bit<16> NODE = 0xFFFF;
 @noWarn("unused") const bit<8> FLAG_MAX = 8;
 @noWarn("unused") const bit<8> FLAG_FALLBACK = 16;
 @noWarn("unused") const bit<8> FLAG_GAP = 32;
+@noWarn("unused") const bit<8> FLAG_ZERO = 64;
 
 /* Dtype */
 @noWarn("unused") const bit<8> DTYPE_INT32 = 0;

@@ -53,6 +53,15 @@ parser LuwuParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
 
     state parse_aggregation {
         packet.extract(hdr.data);
+        /* a header-only ZERO contribution carries no lanes (docs/protocol.md 3.2): the ingress
+         * makes them valid with zeros once the classifier accepted it (zero_lanes.p4) */
+        transition select(hdr.luwu.flags) {
+            FLAG_ZERO &&& FLAG_ZERO: accept;
+            default: parse_lanes;
+        }
+    }
+
+    state parse_lanes {
         packet.extract(hdr.lanes);
         transition accept;
     }

@@ -74,4 +74,74 @@ header luwu_lanes_t {
     bit<32> lane_63;
 }
 
+/* What a header-only ZERO contribution stands for (docs/protocol.md 3.2): LANES zero lanes,
+ * valid, so the aggregation controls treat it like any other contribution. */
+void fill_zero_lanes(inout luwu_lanes_t lanes) {
+    lanes.setValid();
+    lanes.lane_0 = 0;
+    lanes.lane_1 = 0;
+    lanes.lane_2 = 0;
+    lanes.lane_3 = 0;
+    lanes.lane_4 = 0;
+    lanes.lane_5 = 0;
+    lanes.lane_6 = 0;
+    lanes.lane_7 = 0;
+    lanes.lane_8 = 0;
+    lanes.lane_9 = 0;
+    lanes.lane_10 = 0;
+    lanes.lane_11 = 0;
+    lanes.lane_12 = 0;
+    lanes.lane_13 = 0;
+    lanes.lane_14 = 0;
+    lanes.lane_15 = 0;
+    lanes.lane_16 = 0;
+    lanes.lane_17 = 0;
+    lanes.lane_18 = 0;
+    lanes.lane_19 = 0;
+    lanes.lane_20 = 0;
+    lanes.lane_21 = 0;
+    lanes.lane_22 = 0;
+    lanes.lane_23 = 0;
+    lanes.lane_24 = 0;
+    lanes.lane_25 = 0;
+    lanes.lane_26 = 0;
+    lanes.lane_27 = 0;
+    lanes.lane_28 = 0;
+    lanes.lane_29 = 0;
+    lanes.lane_30 = 0;
+    lanes.lane_31 = 0;
+    lanes.lane_32 = 0;
+    lanes.lane_33 = 0;
+    lanes.lane_34 = 0;
+    lanes.lane_35 = 0;
+    lanes.lane_36 = 0;
+    lanes.lane_37 = 0;
+    lanes.lane_38 = 0;
+    lanes.lane_39 = 0;
+    lanes.lane_40 = 0;
+    lanes.lane_41 = 0;
+    lanes.lane_42 = 0;
+    lanes.lane_43 = 0;
+    lanes.lane_44 = 0;
+    lanes.lane_45 = 0;
+    lanes.lane_46 = 0;
+    lanes.lane_47 = 0;
+    lanes.lane_48 = 0;
+    lanes.lane_49 = 0;
+    lanes.lane_50 = 0;
+    lanes.lane_51 = 0;
+    lanes.lane_52 = 0;
+    lanes.lane_53 = 0;
+    lanes.lane_54 = 0;
+    lanes.lane_55 = 0;
+    lanes.lane_56 = 0;
+    lanes.lane_57 = 0;
+    lanes.lane_58 = 0;
+    lanes.lane_59 = 0;
+    lanes.lane_60 = 0;
+    lanes.lane_61 = 0;
+    lanes.lane_62 = 0;
+    lanes.lane_63 = 0;
+}
+
 #endif

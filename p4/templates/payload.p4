@@ -11,4 +11,13 @@ header luwu_lanes_t {
 @@LANE_END
 }
 
+/* What a header-only ZERO contribution stands for (docs/protocol.md 3.2): LANES zero lanes,
+ * valid, so the aggregation controls treat it like any other contribution. */
+void fill_zero_lanes(inout luwu_lanes_t lanes) {
+    lanes.setValid();
+@@LANE_BEGIN
+    lanes.lane_{k} = 0;
+@@LANE_END
+}
+
 #endif

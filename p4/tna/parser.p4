@@ -67,6 +67,15 @@ parser LuwuIngressParser(packet_in pkt, out headers_t hdr, out metadata_t meta,
 
     state parse_aggregation {
         pkt.extract(hdr.data);
+        /* a header-only ZERO contribution carries no lanes (docs/protocol.md 3.2): the ingress
+         * makes them valid with zeros once the classifier accepted it (zero_lanes.p4) */
+        transition select(hdr.luwu.flags) {
+            FLAG_ZERO &&& FLAG_ZERO: accept;
+            default: parse_lanes;
+        }
+    }
+
+    state parse_lanes {
         pkt.extract(hdr.lanes);
         transition accept;
     }

@@ -21,6 +21,8 @@ REQUIRED = {
     "replica_rewrite", "pull", "upstream_result", "upstream_grad", "hb_upstream", "unknown_session", "unknown_worker",
     "malformed_truncated", "malformed_oversized", "bad_version", "bad_type", "malformed_count", "bad_direction",
     "l3_forward", "l3_no_route", "drop_sim_never", "drop_sim_always_ingress", "drop_sim_always_egress",
+    # issue 13: header-only ZERO contributions
+    "zero_first", "zero_middle", "zero_last", "zero_resent", "zero_duplicate", "zero_fallback", "zero_float_dropped",
 }
 HOSTS = {h.port: h for h in [*WORKERS, NODE_HOST, PARENT, OUTSIDER, CHILD]}
 VECTORS = all_vectors()

@@ -13,6 +13,7 @@ from luwu.dataplane.protocol import (
     HEADER_LEN,
     NODE,
     DropReason,
+    Dtype,
     Event,
     Flag,
     MsgType,
@@ -103,6 +104,9 @@ class ReferenceSwitch:
             self._count(self.drops, DropReason.BAD_DIRECTION, n)
             return []
         up = (s["up_port"], NODE)
+        if pkt.flags & Flag.ZERO:  # stands for `lanes` zero lanes from here on
+            pkt.flags &= ~Flag.ZERO & 0xFF
+            pkt.payload = bytes(4 * self.lanes)
         if t in (MsgType.GRAD, MsgType.ALLREDUCE):
             in_pool = ((pkt.slot - s["pool_base"]) & 0xFFFFFFFF) < s["pool_size"]
             if t == MsgType.GRAD and (not in_pool or pkt.flags & Flag.FALLBACK):
@@ -127,7 +131,11 @@ class ReferenceSwitch:
             return DropReason.BAD_VERSION
         if not 1 <= pkt.type <= 7:
             return DropReason.BAD_TYPE
-        if pkt.type in (MsgType.GRAD, MsgType.AGG, MsgType.ALLREDUCE, MsgType.RESULT):
+        if pkt.type in (MsgType.GRAD, MsgType.AGG, MsgType.ALLREDUCE, MsgType.RESULT) and pkt.flags & Flag.ZERO:
+            # header-only ZERO contribution: INT32 GRAD/ALLREDUCE only (protocol.md 3.2)
+            ok = (n == HEADER_LEN and pkt.count <= self.lanes and pkt.dtype == Dtype.INT32
+                  and pkt.type in (MsgType.GRAD, MsgType.ALLREDUCE))
+        elif pkt.type in (MsgType.GRAD, MsgType.AGG, MsgType.ALLREDUCE, MsgType.RESULT):
             ok = n == HEADER_LEN + 4 * self.lanes and pkt.count <= self.lanes
         elif pkt.type == MsgType.PARAM:
             ok = pkt.dtype in DTYPE_ITEMSIZE and n == HEADER_LEN + pkt.count * DTYPE_ITEMSIZE[pkt.dtype]

@@ -18,7 +18,7 @@ from scapy.packet import Raw, fuzz
 from switch_reference import ReferenceSwitch
 from switch_setup import LANES, SLOTS, agg_packet, heartbeat, runtime
 
-from luwu.dataplane.protocol import DropReason, Event, MsgType, Packet
+from luwu.dataplane.protocol import HEADER_LEN, DropReason, Event, Flag, MsgType, Packet
 from luwu.dataplane.scapy_layer import Luwu
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
 
@@ -29,8 +29,17 @@ def valid_session(seed: int):
     """Session 1 (3 workers, pool 4): PHASES phases of ALLREDUCE and their expected sums."""
     rng = np.random.default_rng(seed)
     x = rng.integers(-2**31, 2**31, (PHASES, 3, LANES)).astype(np.int32)
-    items = [(r + 1, agg_packet(1, r, s, x[s, r])) for s in range(PHASES) for r in range(3)]
+    # every third phase one worker contributes zeros as a header-only ZERO packet (protocol.md 3.2)
+    for s in range(0, PHASES, 3):
+        x[s, s % 3] = 0
+    items = [(r + 1, zero_packet(1, r, s) if s % 3 == 0 and r == s % 3 else agg_packet(1, r, s, x[s, r]))
+             for s in range(PHASES) for r in range(3)]
     return items, x.sum(axis=1, dtype=np.int32)
+
+
+def zero_packet(session: int, worker: int, seq: int, *, mtype: int = MsgType.ALLREDUCE, dtype: int = 0) -> bytes:
+    """A header-only ZERO contribution (INT32 unless `dtype` says otherwise)."""
+    return agg_packet(session, worker, seq, [], mtype=mtype, flags=Flag.ZERO, dtype=dtype)[:HEADER_LEN]
 
 
 def harmless(data: bytes) -> bytes:
@@ -49,7 +58,7 @@ def scapy_luwu(rnd: random.Random) -> bytes:
 
 @st.composite
 def junk(draw):
-    kind = draw(st.sampled_from(["bytes", "scapy", "mutate", "truncate", "oversize", "foreign"]))
+    kind = draw(st.sampled_from(["bytes", "scapy", "mutate", "truncate", "oversize", "foreign", "zero"]))
     rnd = draw(st.randoms(use_true_random=False))
     if kind == "bytes":
         data = draw(st.binary(max_size=300))
@@ -64,6 +73,10 @@ def junk(draw):
     elif kind == "truncate":
         full = agg_packet(1, rnd.randrange(3), rnd.randrange(PHASES), [1] * LANES)
         data = full[:rnd.randrange(len(full))]
+    elif kind == "zero":  # header-only ZERO packets: valid or not by type and dtype, some with a payload
+        data = zero_packet(2, rnd.choice([0, 1, 2]), rnd.randrange(16), mtype=rnd.choice(list(MsgType)),
+                           dtype=rnd.choice([0, 0, 1, 4, 5]))
+        data += bytes(rnd.choice([0, 0, 0, 4, 4 * LANES]))
     elif kind == "oversize":
         data = agg_packet(2, 0, 0, [1] * LANES) + bytes(rnd.choice([4, 1000, 60000]))
     else:  # a well-formed packet of a session or worker the switch does not know

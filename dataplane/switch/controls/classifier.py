@@ -2,7 +2,8 @@
 
 Checks, in this order, each failure dropping the packet with its reason: version
 (BAD_VERSION), type (BAD_TYPE), length for the type (MALFORMED: aggregation packets are exactly
-32 + 4 * lanes bytes with count <= lanes; PARAM 32 + count * itemsize(dtype); PULL 32 + 12 *
+32 + 4 * lanes bytes with count <= lanes, or 32 bytes with the ZERO flag for an INT32 GRAD or
+ALLREDUCE; PARAM 32 + count * itemsize(dtype); PULL 32 + 12 *
 count; HEARTBEAT 32), `sessions` hit (UNKNOWN_SESSION), `workers` hit for every packet whose
 worker is not NODE (UNKNOWN_WORKER; a GRAD marked FALLBACK passes through, from a `child_ports`
 port only), the sender's port (SPOOFED: a rank off its entry's port, NODE off the session's
@@ -25,6 +26,7 @@ from ...protocol import (
     PULL_REQUEST,
     VERSION,
     DropReason,
+    Dtype,
     Flag,
     MsgType,
     NextStep,
@@ -43,6 +45,8 @@ GRAD, AGG, ALLREDUCE, RESULT = int(MsgType.GRAD), int(MsgType.AGG), int(MsgType.
 PARAM, HEARTBEAT, PULL = int(MsgType.PARAM), int(MsgType.HEARTBEAT), int(MsgType.PULL)
 TYPE_CODES = 16
 FALLBACK = int(Flag.FALLBACK)
+ZERO = int(Flag.ZERO)
+INT32 = int(Dtype.INT32)
 UPSTREAM = int(NextStep.UPSTREAM)
 D_BAD_VERSION, D_BAD_TYPE, D_MALFORMED = int(DropReason.BAD_VERSION), int(DropReason.BAD_TYPE), int(DropReason.MALFORMED)
 D_UNKNOWN_SESSION, D_UNKNOWN_WORKER = int(DropReason.UNKNOWN_SESSION), int(DropReason.UNKNOWN_WORKER)
@@ -81,6 +85,27 @@ class Classified:
         "worker_mask",
         "worker_port",
     )
+    # every field is one entry per classified packet (`types`: packets per type code)
+    bit: np.ndarray
+    epoch: np.ndarray
+    flags: np.ndarray
+    from_node: np.ndarray
+    h: np.ndarray
+    idx: np.ndarray
+    mcast_grp: np.ndarray
+    mtype: np.ndarray
+    nbytes: np.ndarray
+    next_step: np.ndarray
+    num_workers: np.ndarray
+    path: np.ndarray
+    pool_base: np.ndarray
+    session: np.ndarray
+    types: np.ndarray
+    up_port: np.ndarray
+    up_worker: np.ndarray
+    worker: np.ndarray
+    worker_mask: np.ndarray
+    worker_port: np.ndarray
 
 
 def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
@@ -107,12 +132,21 @@ def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
     # length for the type (count <= lanes for aggregation types)
     count = h["count"]
     n_agg = types[GRAD:RESULT + 1].sum()
-    if n_agg == n_pk:
+    zero = (c.flags & ZERO) != 0 if n_agg else None
+    if zero is not None and not zero.any():
+        zero = None
+    if n_agg == n_pk and zero is None:
         bad_len = (n != aggregation_packet_len(lanes)) | (count > lanes)
     else:
         expect = np.full(n_pk, -1, dtype=np.int64)
         agg_type = (mtype >= GRAD) & (mtype <= RESULT)
         expect[agg_type] = aggregation_packet_len(lanes)
+        if zero is not None:
+            # header-only ZERO contribution: GRAD/ALLREDUCE with an exact (INT32) sum only
+            # (docs/protocol.md 3.2); any other ZERO packet has no valid length
+            zero &= agg_type
+            ok_zero = zero & ((mtype == GRAD) | (mtype == ALLREDUCE)) & (h["dtype"] == INT32)
+            expect[zero] = np.where(ok_zero[zero], HEADER_LEN, -1)
         if types[PARAM]:
             is_param = mtype == PARAM
             item = _ITEMSIZE[h["dtype"][is_param]]
