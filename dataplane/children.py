@@ -158,7 +158,7 @@ class LineChild:
                 continue
             if msg is None:
                 try:
-                    code = self.proc.wait(timeout=STOP_GRACE)
+                    code: int | str = self.proc.wait(timeout=STOP_GRACE)
                 except subprocess.TimeoutExpired:
                     code = "still running, stdout closed"
                 raise self.Error(f"{self.name} exited ({code}) before {event!r}{self.log_hint()}")
@@ -169,10 +169,12 @@ class LineChild:
 
     def tell(self, line: str) -> None:
         """Write a line to its stdin (ignored if it already ended: `expect` reports how)."""
+        if self.proc.stdin is None:  # started without a stdin pipe
+            return
         try:
             self.proc.stdin.write(line + "\n")
             self.proc.stdin.flush()
-        except (AttributeError, BrokenPipeError, ValueError):
+        except (BrokenPipeError, ValueError):
             pass
 
     def tail(self, lines: int = 5) -> str:

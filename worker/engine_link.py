@@ -45,6 +45,12 @@ class Staging:
         return self.array[:numel]
 
 
+def _shared(st: Staging) -> ShmBuffer:
+    if st.buf is None:
+        raise ValueError("a staging buffer of an embedded engine handed to the engine daemon")
+    return st.buf
+
+
 class EngineLink:
     kind = "engine"
 
@@ -80,7 +86,11 @@ class EmbeddedLink(EngineLink):
     def __init__(self, plan: EndpointPlan | None = None, engine: Engine | None = None,
                  config: EngineConfig | None = None):
         self.owned = engine is None  # a running engine handed in stays the caller's to close
-        self.engine = engine if engine is not None else Engine(plan, config).start()
+        if engine is None:
+            if plan is None:
+                raise ValueError("EmbeddedLink needs a plan or a running engine")
+            engine = Engine(plan, config).start()
+        self.engine = engine
 
     def allreduce(self, x: np.ndarray, op: str = "sum") -> Handle:
         return self.engine.allreduce(x, op)
@@ -145,6 +155,8 @@ class DaemonLink(EngineLink):
         if client is not None:  # a running daemon the caller keeps
             self.client, self.owned = client, False
         else:
+            if plan is None:
+                raise ValueError("DaemonLink needs a plan or a running engine client")
             self.host = EngineHost.acquire(workdir)
             try:
                 self.client = self.host.open(plan, connect_timeout)
@@ -161,10 +173,10 @@ class DaemonLink(EngineLink):
         return Staging(buf.view(np.float32, max(numel, 1)), buf)
 
     def push(self, st: Staging, numel: int, session: int, tensor: int) -> Handle:
-        return self.client.push(st.buf, st.view(numel), session, tensor)
+        return self.client.push(_shared(st), st.view(numel), session, tensor)
 
     def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int) -> Handle:
-        return self.client.pull(st.buf, st.view(numel), session, tensor, version)
+        return self.client.pull(_shared(st), st.view(numel), session, tensor, version)
 
     def allreduce(self, x: np.ndarray, op: str = "sum") -> Handle:
         buf = self.pool.take(x.nbytes)
@@ -194,11 +206,11 @@ class DaemonLink(EngineLink):
         return f"the engine daemon (pid {pid}, log {self.log_path})"
 
     def failure(self) -> str | None:
-        code = self.proc.poll() if self.proc is not None else None
-        if code is None:
+        if self.proc is None or self.proc.poll() is None:
             return None
+        code = self.proc.poll()
         return (f"the engine daemon (pid {self.proc.pid}) exited with code {code}; its log {self.log_path} ends "
-                f"with:\n{children.tail(self.log_path)}")
+                f"with:\n{children.tail(self.log_path) if self.log_path else '(no log)'}")
 
     def stats(self) -> dict | None:
         if self.failure() is not None:

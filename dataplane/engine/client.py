@@ -151,8 +151,9 @@ class EngineClient:
         try:
             while True:
                 msg, _ = recv_msg(self.sock, max_message=MAX_REPLY)
+                rid = msg.get("id")
                 with self._lock:
-                        h = self._pending.pop(msg.get("id"), None)
+                    h = self._pending.pop(rid, None) if isinstance(rid, int) else None
                 if h is None:
                     continue
                 if not msg.get("ok"):

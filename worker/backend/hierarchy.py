@@ -106,7 +106,7 @@ class RailHierarchy:
                 shard = (shard / self.world_size).astype(shard.dtype)
 
             def gathered(shards: dict[int, np.ndarray] | None, error: BaseException | None) -> None:
-                if error is not None:
+                if error is not None or shards is None:
                     out.set_error(LuwuError(f"luwu {name}: the all-gather inside the server failed: {error}"))
                 else:
                     out.set_result(np.concatenate([shards[j] for j in range(self.k)])[:n])
@@ -120,7 +120,12 @@ class RailHierarchy:
         """`_exchange`, waited for (bounded by the group's timeout)."""
         box: list = []
         finished = threading.Event()
-        self._exchange(tag, mine, lambda got, err: (box.append((got, err)), finished.set()))
+
+        def done(got: dict[int, np.ndarray] | None, err: BaseException | None) -> None:
+            box.append((got, err))
+            finished.set()
+
+        self._exchange(tag, mine, done)
         if not finished.wait(self.timeout):
             raise LuwuError(f"luwu {name}: the {step} inside the server did not complete within {self.timeout:g} s "
                             f"(are ranks {self.local} running, and is LUWU_P2P_HOST their NVLink address?)")
@@ -152,10 +157,13 @@ class RailHierarchy:
             with lock:
                 got[j] = np.frombuffer(payload, dtype=dtype)
 
+        def finish_on_error(err: BaseException | None) -> None:  # a send: only its failure matters
+            if err is not None:
+                finish(err)
+
         for j, peer in enumerate(self.local):
             if j != me:
-                self.p2p.send(peer, tag, np.ascontiguousarray(mine[j]).view(np.uint8),
-                              lambda err: err is not None and finish(err))
+                self.p2p.send(peer, tag, np.ascontiguousarray(mine[j]).view(np.uint8), finish_on_error)
         for j, peer in enumerate(self.local):
             if j != me:
                 self.p2p.recv(peer, tag, lambda b, j=j: deliver(j, b), finish)
