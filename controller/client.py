@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import Message
 
 from luwu.dataplane.session import EndpointPlan
 from luwu.dataplane.usage import check_host_port, existing_file_or_error
@@ -21,6 +23,9 @@ from luwu.proto import controller_pb2 as pb
 from luwu.proto import controller_pb2_grpc as pb_grpc
 
 from .config import CONTROLLER_ENV, DEFAULT_LISTEN, TOKEN_ENV
+
+if TYPE_CHECKING:
+    from luwu.dataplane.switch import SoftwareSwitch
 
 DEFAULT_TIMEOUT = 30.0  # seconds per RPC (CreateJob programs switches)
 DEFAULT_HEARTBEAT = 2.0  # seconds between heartbeats
@@ -38,6 +43,26 @@ class ControllerRefused(RuntimeError):
 
 
 class ControllerClient:
+    """A synchronous client of the controller's gRPC API (`luwu.v1.Controller`).
+
+    Args:
+        address: the controller, `host:port` or `unix:/path` (default: $LUWU_CONTROLLER, else the
+            controller's default listen address).
+        token: the admin or a job's token, sent as `authorization: Bearer <token>` (default: $LUWU_TOKEN).
+        tls_ca: a CA bundle (PEM file) to reach the controller over TLS; plain gRPC without it.
+        timeout: seconds per RPC.
+        options: extra gRPC channel options (e.g. keepalive, see `watch.keepalive_options`).
+
+    Every method raises `ControllerUnreachable` when the controller does not answer and
+    `ControllerRefused` (its status code and explanation) when it refuses the request.
+
+    Examples::
+
+        >>> with ControllerClient("127.0.0.1:50100", token) as ctl:
+        ...     job, job_token = ctl.create_job(pb.Job(name="demo", num_workers=2))
+        ...     plans = ctl.node_plans(job.job_id, "node0", token=job_token)
+    """
+
     def __init__(self, address: str | None = None, token: str | None = None, tls_ca: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT, options: list[tuple[str, int]] | None = None):
         self.address = address or os.environ.get(CONTROLLER_ENV) or DEFAULT_LISTEN
@@ -55,17 +80,17 @@ class ControllerClient:
     def close(self) -> None:
         self.channel.close()
 
-    def __enter__(self):
+    def __enter__(self) -> ControllerClient:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _metadata(self, token: str | None) -> list[tuple[str, str]]:
         tok = token if token is not None else self.token
         return [("authorization", f"Bearer {tok}")] if tok else []
 
-    def _refusal(self, exc: grpc.RpcError):
+    def _refusal(self, exc: grpc.RpcError) -> ControllerUnreachable | ControllerRefused:
         code = exc.code()
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and \
                 "cannot program" not in (exc.details() or ""):
@@ -74,7 +99,8 @@ class ControllerClient:
                 f"--controller / {CONTROLLER_ENV} ({code.name}: {exc.details()})")
         return ControllerRefused(code, exc.details() or "")
 
-    def call(self, method: str, request, token: str | None = None, timeout: float | None = None):
+    def call(self, method: str, request: Message, token: str | None = None, timeout: float | None = None) -> Any:
+        """RPC `method` (its name in controller.proto) with `request`; returns its response message."""
         try:
             return getattr(self.stub, method)(request, metadata=self._metadata(token),
                                               timeout=timeout or self.timeout)
@@ -200,7 +226,7 @@ class Heartbeat:
         self._thread.join()
 
 
-def software_switch_record(switch, name: str, p4runtime_address: str, role: int = pb.STAR, rail: int = 0,
+def software_switch_record(switch: SoftwareSwitch, name: str, p4runtime_address: str, role: pb.SwitchRole = pb.STAR, rail: int = 0,
                            peers: dict[int, tuple[str, int]] | None = None, nodes: dict[int, str] | None = None,
                            device_id: int = 0) -> pb.Switch:
     """The registration of a running `SoftwareSwitch`: its lanes, slots and UDP-attached ports.
@@ -210,7 +236,7 @@ def software_switch_record(switch, name: str, p4runtime_address: str, role: int 
     now are declared as the port's simulated loss (the controller keeps exactly those)."""
     peers, nodes = peers or {}, nodes or {}
     rec = pb.Switch(name=name, p4runtime_address=p4runtime_address, device_id=device_id, target="software",
-                    lanes=switch.config.lanes, slots=switch.config.slots, role=role, rail=rail,
+                    lanes=switch.lanes, slots=switch.config.slots, role=role, rail=rail,
                     udp_port=switch.config.udp_port)
     for number, attachment in sorted(switch.ports.items()):
         port = rec.ports.add(number=number)

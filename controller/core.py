@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterable
 
 import grpc
 
@@ -119,7 +120,7 @@ class ControllerCore:
                 merged.groups += prog.groups
         return merged
 
-    async def program(self, switches) -> dict[str, str]:
+    async def program(self, switches: Iterable[str]) -> dict[str, str]:
         """Reconcile the given switches with the live jobs; {switch: error} for the failures."""
         names = sorted(set(switches))
         missing = [n for n in names if n not in self.switches]
@@ -153,7 +154,7 @@ class ControllerCore:
         found: dict[str, str] = {}
         async with self.lock:
             names = [n for n in sorted(self.switches) if self.health.health("switch", n) != "down"]
-            reports = {n: {} for n in names}
+            reports: dict[str, dict[str, list[str]]] = {n: {} for n in names}
             results = await asyncio.gather(*(self.programmer.program(self.target(n), self.desired(n), reports[n])
                                              for n in names), return_exceptions=True)
             for name, res in zip(names, results):

@@ -103,7 +103,8 @@ class Planner:
             addr = _split(self._addresses.get(node, ""), ("127.0.0.1", 0))
             plan.node_wiring.setdefault(node, []).append(NodeWiring(g.root, self._wiring(NODE, g.root, port, addr)))
 
-    def _session(self, plan, g: Group, tree: list[str], kind, purpose, size, node, nodes) -> SessionPlan:
+    def _session(self, plan: JobPlan, g: Group, tree: list[str], kind: str, purpose: str, size: int, node: str,
+                 nodes: list[str]) -> SessionPlan:
         cfg, usage = self.config, self._usage
         sid = usage.free_session_id(self._job_switches)
         cap = 1 << (min(usage.slots[s] for s in tree).bit_length() - 1)
@@ -115,7 +116,7 @@ class Planner:
                 got //= 2
         fallback = base is None
         label = f"{kind}/{purpose}" + (f" -> {node}" if node else "")
-        if fallback:
+        if base is None:  # == fallback; tested on `base` so that mypy narrows it to int below
             free = ", ".join(f"{s}: {usage.free_slots(s)} free" for s in tree)
             if kind != "node" or not cfg.allow_fallback:
                 raise PlanError(f"no {cfg.min_pool}+ slot pool is free on every switch of the tree for the {label} "

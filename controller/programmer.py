@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar, cast
 
 from finsy import (
     P4CounterEntry,
@@ -141,11 +142,11 @@ class SwitchProgrammer:
             inserts = [+desired[k] for k in desired if k not in current]
             group_ops = [-P4MulticastGroupEntry(g) for g in groups if g not in want_groups]
             for g, reps in want_groups.items():
-                entity = P4MulticastGroupEntry(g, replicas=[P4Replica(p, instance=i) for p, i in reps])
+                group = P4MulticastGroupEntry(g, replicas=[P4Replica(p, instance=i) for p, i in reps])
                 if g not in groups:
-                    group_ops.append(+entity)
+                    group_ops.append(+group)
                 elif groups[g] != reps:
-                    group_ops.append(~entity)
+                    group_ops.append(~group)
             for batch in (deletes, group_ops, modifies, inserts):
                 for i in range(0, len(batch), WRITE_BATCH):
                     await sw.write(batch[i:i + WRITE_BATCH])
@@ -173,6 +174,9 @@ class SwitchProgrammer:
             entries = []
             for entity in current.values():
                 match = {k: (list(v) if isinstance(v, tuple) else v) for k, v in (entity.match or {}).items()}
+                if not isinstance(entity.action, P4TableAction):  # the managed tables have direct actions only
+                    raise ProgramError(f"switch {target.name}: table {entity.table_id} holds an entry without a "
+                                       f"direct action ({entity.action!r}); luwu does not manage it")
                 entries.append(TableEntry(entity.table_id, match, entity.action.name, dict(entity.action.args)))
             return SwitchProgram(target.name, entries, [multicast_group(g, r) for g, r in sorted(groups.items())])
 
@@ -188,13 +192,31 @@ class SwitchProgrammer:
                 if short not in COUNTER_NAMES:
                     continue
                 values = out.setdefault(short, {})
-                async for c in sw.read(P4CounterEntry(counter.name)):
+                async for c in _read(sw, [P4CounterEntry(counter.name)]):
+                    if c.index is None:  # a wildcard read answers per index; never file counts under None
+                        raise ProgramError(f"switch {target.name}: counter {counter.name} read back without an index")
                     if c.packet_count or c.byte_count:
                         p, b = values.get(c.index, (0, 0))
                         values[c.index] = (p + c.packet_count, b + c.byte_count)
             return out
 
         return await self._run(target, "reading counters", body)
+
+
+_E = TypeVar("_E")
+
+
+def _read(sw: Switch, entities: list[_E]) -> AsyncIterator[_E]:
+    """`sw.read(entities)`, typed: finsy declares its overloads `async def -> AsyncGenerator`, which
+    types them as coroutines, while the implementation is an async generator (hence the cast)."""
+    return cast(AsyncIterator[_E], sw.read(entities))
+
+
+def _replica(r: int | tuple[int, int] | P4Replica) -> tuple[int, int]:
+    """A replica read back, as (port, instance); finsy gives a P4Replica or a bare port."""
+    if isinstance(r, P4Replica):
+        return r.port, r.instance
+    return r if isinstance(r, tuple) else (int(r), 0)
 
 
 def _entity(e: TableEntry) -> P4TableEntry:
@@ -222,10 +244,12 @@ async def _read_state(sw: Switch) -> tuple[dict[tuple, P4TableEntry], dict[int, 
     groups: dict[int, list[tuple[int, int]]] = {}
     # one Read of every managed table and the groups: a switch answers it from one state, so a
     # batch another client writes meanwhile is seen whole or not at all (drift reports stay whole)
-    async for entity in sw.read([P4TableEntry(table) for table in MANAGED_TABLES] + [P4MulticastGroupEntry()]):
+    wanted: list[P4TableEntry | P4MulticastGroupEntry] = [P4TableEntry(table) for table in MANAGED_TABLES]
+    wanted.append(P4MulticastGroupEntry())
+    async for entity in _read(sw, wanted):
         if isinstance(entity, P4TableEntry):
             current[_key(entity.encode_entry(schema))] = entity
         elif isinstance(entity, P4MulticastGroupEntry):
-            reps = [(r.port, r.instance) if isinstance(r, P4Replica) else (int(r), 0) for r in entity.replicas]
+            reps = [_replica(r) for r in entity.replicas]
             groups[entity.multicast_group_id] = sorted(reps)
     return current, groups

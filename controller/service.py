@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+from typing import NoReturn
 
 import grpc
 
@@ -27,6 +28,12 @@ from .store import JobRow, token_hash
 _VERSION = importlib.metadata.version("luwu")
 
 WATCH_POLL = 1.0  # seconds between liveness checks of an idle WatchJob stream
+
+
+async def _abort(context, code: grpc.StatusCode, message: str) -> NoReturn:
+    """`context.abort`, which always raises; said here because grpc ships no types for mypy."""
+    await context.abort(code, message)
+    raise AssertionError("grpc ServicerContext.abort returned")
 
 
 class ControllerService(pb_grpc.ControllerServicer):
@@ -47,7 +54,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                     self.auth.require_admin(caller, method)
             return caller
         except AuthError as exc:
-            await context.abort(exc.code, exc.message)
+            await _abort(context, exc.code, exc.message)
 
     async def _job(self, context, method: str, job_id: str) -> JobRow:
         return (await self._job_caller(context, method, job_id))[0]
@@ -55,15 +62,15 @@ class ControllerService(pb_grpc.ControllerServicer):
     async def _job_caller(self, context, method: str, job_id: str) -> tuple[JobRow, Caller]:
         caller = await self._caller(context, method, admin=False)
         if not job_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: job_id is empty")
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{method}: job_id is empty")
         row = self.core.store.job(job_id)
         if row is None:
             code = grpc.StatusCode.NOT_FOUND if caller.admin else grpc.StatusCode.PERMISSION_DENIED
-            await context.abort(code, f"{method}: no job {job_id!r} visible to this token")
+            await _abort(context, code, f"{method}: no job {job_id!r} visible to this token")
         try:
             self.auth.require_job(caller, method, row.token_sha256)
         except AuthError as exc:
-            await context.abort(exc.code, exc.message)
+            await _abort(context, exc.code, exc.message)
         return row, caller
 
     @staticmethod
@@ -71,7 +78,7 @@ class ControllerService(pb_grpc.ControllerServicer):
         try:
             return await coro
         except ControllerError as exc:
-            await context.abort(exc.code, exc.message)
+            await _abort(context, exc.code, exc.message)
 
     # -- registrations --------------------------------------------------------------------------
     async def RegisterSwitch(self, request, context):

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from luwu.proto import controller_pb2 as pb
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS switches (name TEXT PRIMARY KEY, record BLOB NOT NULL, registered REAL NOT NULL);
@@ -35,7 +37,7 @@ class JobRow:
     name: str
     spec: dict
     plan: str  # JobPlan JSON
-    state: int
+    state: pb.JobState  # stored as its number
     token_sha256: str
     created: float
     joined: dict[int, str] = field(default_factory=dict)  # rank -> endpoint address
@@ -132,6 +134,8 @@ class StateStore:
         now = time.time()
         cur = self.db.execute("INSERT INTO events (job_id, time, kind, subject, message) VALUES (?, ?, ?, ?, ?)",
                               (job_id, now, kind, subject, message))
+        if cur.lastrowid is None:  # sqlite sets it on every successful INSERT; never hand out a made-up id
+            raise RuntimeError("sqlite gave no row id for an inserted event")
         return cur.lastrowid, now
 
     def events(self, job_id: str) -> list[tuple[int, float, str, str, str]]:

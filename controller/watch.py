@@ -86,8 +86,9 @@ class ControllerWatch:
         self.address, self.job_id, self.token = address, job_id, token
         self.on_change = on_change or (lambda state, msg: warnings.warn(msg, ControllerLostWarning, stacklevel=2))
         self.retry = retry
-        self._client_args = {"token": token, "tls_ca": tls_ca, "timeout": PROBE_TIMEOUT,
-                             "options": keepalive_options(keepalive, keepalive_timeout)}
+        options = keepalive_options(keepalive, keepalive_timeout)
+        self._connect: Callable[[], ControllerClient] = lambda: ControllerClient(
+            address, token=token, tls_ca=tls_ca, timeout=PROBE_TIMEOUT, options=options)
         self.state = "connecting"  # connecting | up | lost | ended
         self.lost_at: float | None = None  # time.time() of the loss, while lost
         self.detail = ""  # why it counts as lost
@@ -149,7 +150,7 @@ class ControllerWatch:
             with self._lock:
                 if self._stop.is_set():
                     return
-                self._client = ControllerClient(self.address, **self._client_args)
+                self._client = self._connect()
             try:
                 job = self._client.job(self.job_id)
                 if self.state == "lost":

@@ -19,12 +19,16 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from luwu.p4.runtime_config import StarSession, star_program
 
 from . import children
 from .protocol import NODE, aggregation_packet_len, lanes_for_mode
 from .session import EndpointPlan, SessionSpec, Wiring
+
+if TYPE_CHECKING:
+    from .switch import SoftwareSwitch
 
 IN_FLIGHT_BYTES = 4 << 20  # per stream, default window sizing
 META_SESSION = 1
@@ -54,9 +58,9 @@ class StarPlan:
     mode: str | int = "loopback"  # 64 KiB datagrams: the per-packet cost of loopback UDP falls 2-3x vs 8 KiB
     slots: int = 4096  # slots per set on the switch
     meta_pool: int = 32
-    data_pool: int | None = None  # None: as many packets as fit in IN_FLIGHT_BYTES, at most 256
-    node_pool: int | None = None
-    param_window: int | None = None
+    data_pool: int = 0  # 0 (or None): as many packets as fit in IN_FLIGHT_BYTES, at most 256
+    node_pool: int = 0  # 0 (or None): as data_pool
+    param_window: int = 0  # 0 (or None): as data_pool
     epoch: int = field(default_factory=lambda: random.getrandbits(32))
     host: str = "127.0.0.1"
     switch_ports: dict[int, tuple[str, int]] = field(default_factory=dict)  # filled once the switch is bound
@@ -186,7 +190,7 @@ def plan_from_json(text: str | dict) -> StarPlan:
     return StarPlan(**d)
 
 
-def _build_switch(plan: StarPlan, drop: dict, seed: int, runtime: dict | None = None):
+def _build_switch(plan: StarPlan, drop: dict, seed: int, runtime: dict | None = None) -> SoftwareSwitch:
     from .switch import SoftwareSwitch, SwitchConfig
 
     sw = SoftwareSwitch(SwitchConfig(lanes=plan.lanes, slots=plan.slots, seed=seed))
@@ -218,6 +222,7 @@ class LoopbackSwitch:
     """
 
     READY_TIMEOUT = 60.0
+    log_path: str  # declared here: a hosted switch reads its host's in __init__
 
     def __init__(self, plan: StarPlan, process: bool = False, drop: dict | None = None, seed: int = 0,
                  runtime: dict | None = None, log_path: str | None = None, host: LoopbackSwitch | None = None):
@@ -230,7 +235,7 @@ class LoopbackSwitch:
         self.seed = seed
         self.runtime = runtime
         self.log_path = log_path or os.path.join(tempfile.gettempdir(), f"luwu-switch-{os.getpid()}-{id(self)}.log")
-        self._sw = None
+        self._sw: SoftwareSwitch | None = None
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
 
@@ -241,7 +246,7 @@ class LoopbackSwitch:
             self._sw.start()
             return self
         if self._host is not None:
-            return self._start_hosted()
+            return self._start_hosted(self._host)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "luwu.dataplane.loopback"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -256,12 +261,12 @@ class LoopbackSwitch:
         self.plan.switch_ports.update({int(k): (v[0], int(v[1])) for k, v in reply["switch_ports"].items()})
         return self
 
-    def _start_hosted(self) -> LoopbackSwitch:
+    def _start_hosted(self, host: LoopbackSwitch) -> LoopbackSwitch:
         request = {"op": "add", "plan": json.loads(plan_to_json(self.plan)), "drop": self.drop, "seed": self.seed,
                    "runtime": self.runtime}
-        reply = self._host._ask(json.dumps(request), self.READY_TIMEOUT) if self._host.alive() else None
+        reply = host._ask(json.dumps(request), self.READY_TIMEOUT) if host.alive() else None
         if not reply or "switch_ports" not in reply:
-            raise RuntimeError(f"the luwu switch process (pid {self._host.pid}) could not start another switch: "
+            raise RuntimeError(f"the luwu switch process (pid {host.pid}) could not start another switch: "
                                f"{(reply or {}).get('error', 'no answer')}; its log {self.log_path} says:\n"
                                f"{children.tail(self.log_path)}")
         self._id = int(reply["id"])
@@ -277,12 +282,16 @@ class LoopbackSwitch:
         if self._host is not None:
             return self._host._ask(line, timeout)
         result: list = []
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdout is None:
+            return None  # no child (not started, or stopped): nobody to answer
+        stdin, stdout = proc.stdin, proc.stdout
 
         def talk() -> None:
             try:
-                self._proc.stdin.write(line + "\n")
-                self._proc.stdin.flush()
-                answer = self._proc.stdout.readline()
+                stdin.write(line + "\n")
+                stdin.flush()
+                answer = stdout.readline()
                 if answer:
                     result.append(json.loads(answer))
             except (OSError, ValueError):
@@ -336,7 +345,8 @@ class LoopbackSwitch:
                 self._ask("stop", 10.0)
             for f in (self._proc.stdin, self._proc.stdout):
                 try:
-                    f.close()
+                    if f is not None:
+                        f.close()
                 except OSError:
                     pass
             children.stop(self._proc, grace=10.0)
@@ -373,7 +383,7 @@ def _serve_stdin() -> int:
     sw = _build_switch(plan, req.get("drop") or {}, int(req.get("seed", 0)), req.get("runtime"))
     sw.start()
     print(json.dumps({"switch_ports": {str(k): list(v) for k, v in plan.switch_ports.items()}}), flush=True)
-    hosted: dict = {}  # id -> switch started by {"op": "add"} (LoopbackSwitch(host=...))
+    hosted: dict[int, SoftwareSwitch] = {}  # id -> switch started by {"op": "add"} (LoopbackSwitch(host=...))
     try:
         for line in sys.stdin:  # EOF: the parent is gone
             cmd = line.strip()
@@ -391,7 +401,7 @@ def _serve_stdin() -> int:
     return 0
 
 
-def _hosted_request(req: dict, hosted: dict) -> dict:
+def _hosted_request(req: dict, hosted: dict[int, SoftwareSwitch]) -> dict:
     """add / counters / stop of a switch this process hosts besides its own."""
     op = req.get("op")
     try:
@@ -402,11 +412,11 @@ def _hosted_request(req: dict, hosted: dict) -> dict:
             key = max(hosted, default=0) + 1
             hosted[key] = other
             return {"id": key, "switch_ports": {str(k): list(v) for k, v in plan.switch_ports.items()}}
-        other = hosted.get(int(req.get("id", 0)))
-        if other is None:
+        found = hosted.get(int(req.get("id", 0)))
+        if found is None:
             return {"error": f"no hosted switch {req.get('id')!r}"}
         if op == "counters":
-            return other.counters()
+            return found.counters()
         if op == "stop":
             hosted.pop(int(req["id"])).stop()
             return {"stopped": True}

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from .emulation import EmulationSpec
 
@@ -79,14 +80,15 @@ class MininetNetwork:
         if why:
             raise MininetError(why)
         python = find_python(self.python)
+        assert python is not None  # missing() said why otherwise
         fd, name = tempfile.mkstemp(prefix=f"luwu-mn-{self.spec.run_id}-", suffix=".json", dir=self.log_dir)
         with os.fdopen(fd, "w") as f:
             f.write(self.spec.to_json())
         self._spec_file = Path(name)
-        log = open(self.log_dir / "mininet.log", "w") if self.log_dir else subprocess.DEVNULL
+        log: IO[str] | int = open(self.log_dir / "mininet.log", "w") if self.log_dir else subprocess.DEVNULL
         self.proc = subprocess.Popen([python, *ISOLATED, str(SCRIPT), name], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
-        if log is not subprocess.DEVNULL:
+        if not isinstance(log, int):  # a file we opened, not DEVNULL
             log.close()
         try:
             msg = self._read_line(BUILD_TIMEOUT)
@@ -100,14 +102,18 @@ class MininetNetwork:
 
     def _read_line(self, timeout: float) -> dict:
         box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
+        proc = self.proc
+        if proc is None or proc.stdout is None:
+            raise MininetError("mn_network.py is not running")
+        stdout = proc.stdout
+        reader = threading.Thread(target=lambda: box.append(stdout.readline()), daemon=True)
         reader.start()
         reader.join(timeout)
         if not box:
             raise MininetError(f"Mininet did not answer within {timeout} s (see mininet.log in the run directory)")
         line = box[0]
         if not line:
-            code = self.proc.wait(timeout=5)
+            code = proc.wait(timeout=5)
             raise MininetError(f"mn_network.py exited ({code}) before the network was up; see mininet.log")
         self._lines.append(line)
         try:
@@ -126,8 +132,9 @@ class MininetNetwork:
         if self.proc is not None:
             if self.proc.poll() is None:
                 try:
-                    self.proc.stdin.write("stop\n")
-                    self.proc.stdin.flush()
+                    if self.proc.stdin is not None:
+                        self.proc.stdin.write("stop\n")
+                        self.proc.stdin.flush()
                 except (BrokenPipeError, ValueError):
                     pass
                 try:
@@ -142,7 +149,8 @@ class MininetNetwork:
             clean = any('"stopped": true' in line for line in self._lines + rest)
             for f in (self.proc.stdin, self.proc.stdout):
                 try:
-                    f.close()
+                    if f is not None:
+                        f.close()
                 except (OSError, ValueError):
                     pass
         if not clean:  # killed, hung or never up: net.stop() may not have run
@@ -180,7 +188,7 @@ class MininetNetwork:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

@@ -8,10 +8,14 @@ full out-of-core Adam node (`luwu node`, dataplane/optimizer/) would only add no
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from luwu.dataplane.protocol import Dtype
+
+if TYPE_CHECKING:
+    from luwu.dataplane.engine import Engine
 
 
 class SgdParamStore:
@@ -21,7 +25,7 @@ class SgdParamStore:
         self.lr = np.float32(lr)
         self.bf16 = bf16
         self.lock = threading.Lock()
-        self.engine = None  # set once the engine exists: told when new parameters are ready
+        self.engine: Engine | None = None  # set once the engine exists: told when new parameters are ready
         self.gradients = 0
         self.unknown = 0  # gradients for tensors this store does not hold (counted, never applied)
         self.saturated = False

@@ -10,6 +10,7 @@ by process id (never by name). Every wait takes a deadline.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from luwu.dataplane import children
@@ -50,7 +51,7 @@ class ChildGroup:
         self.children.append(child)
         return child
 
-    def close(self, which=None) -> dict[str, int | None]:
+    def close(self, which: Callable[[Child], bool] | None = None) -> dict[str, int | None]:
         """Stop every child (or those `which(child)` picks), newest first; returns their exit codes."""
         codes = {}
         for child in reversed(self.children):

@@ -60,7 +60,7 @@ class PendingCheckpoint:
     targets: dict[tuple[str, int], int]  # (job, layer) -> version
     layer_plans: dict[tuple[str, int], LayerPlan]
     captured: dict[tuple[str, int], set[int]] = field(default_factory=dict)  # shard indices captured
-    files: dict[tuple[str, int], dict] = field(default_factory=dict)  # shard key -> manifest entry
+    files: dict[tuple[str, int, int], dict] = field(default_factory=dict)  # shard key -> manifest entry
     remaining: int = 0  # shard files not yet written
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -170,6 +170,8 @@ class CheckpointManager:
                     self.counts["cow_waits"] += 1
                     self.cv.wait(WAIT_SLICE)
                     continue
+                if entry.buf is None:  # pinned for its step, so in memory
+                    raise AssertionError(f"shard {entry.plan.name()} is modified while not in memory")
                 self.staging_used += n
                 staging = self.pool.take(n)
                 np.copyto(staging, entry.buf[:n])  # the writer may be reading it too: both only read
@@ -237,7 +239,11 @@ class CheckpointManager:
         n = plan.entry_bytes
 
         def source() -> np.ndarray:
-            return cap.staging if cap.staging is not None else cap.entry.buf[:n]
+            if cap.staging is not None:
+                return cap.staging
+            if cap.entry is None or cap.entry.buf is None:  # a capture holds one of the two until written
+                raise AssertionError(f"capture of shard {plan.name()} has neither a copy nor a live buffer")
+            return cap.entry.buf[:n]
 
         rel = shard_file_name(plan)
         crc = self.writer.write(ck.path / rel, n, source, cap.lock)

@@ -17,6 +17,7 @@ import re
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -107,16 +108,17 @@ class RecordWriter:
     helper thread) overlapping its CRC-32 (on the caller's), with an optional rate cap (a token
     bucket shared by every file of the writer)."""
 
-    def __init__(self, direct, chunk: int, rate: float | None, sleep, nice: int = 0):
+    def __init__(self, direct: Callable[[], bool], chunk: int, rate: float | None, sleep: Callable[[float], None],
+                 nice: int = 0):
         self.direct = direct  # () -> bool: decided once the node's state files exist
         self.chunk = chunk
         self.rate = rate
         self.sleep = sleep  # interruptible sleep(seconds) -> None
-        self.budget_t = None
+        self.budget_t: float | None = None
         self.io = ThreadPoolExecutor(1, thread_name_prefix="luwu-opt-ckpt-io",
                                      initializer=lower_priority, initargs=(nice,))
 
-    def write(self, path: Path, nbytes: int, source, lock) -> int:
+    def write(self, path: Path, nbytes: int, source: Callable[[], np.ndarray], lock: threading.Lock) -> int:
         """Write `nbytes` of `source()` (re-read at every chunk, under `lock`: the source may
         switch to a snapshot between chunks) to a new file, fsync it; returns the CRC-32."""
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,7 +135,8 @@ class RecordWriter:
         try:
             for off in range(0, nbytes, self.chunk):
                 with lock:
-                    piece = memoryview(source().reshape(-1).view(np.uint8))[off: min(nbytes, off + self.chunk)]
+                    # .data is memoryview(array): numpy's stubs type arrays as buffers on Python 3.12+ only
+                    piece = source().reshape(-1).view(np.uint8).data[off: min(nbytes, off + self.chunk)]
                     pending = self.io.submit(_pwrite_all, fd, piece, off)
                     crc = zlib.crc32(piece, crc)
                     pending.result()
@@ -192,7 +195,7 @@ def verify_record(directory: Path, entry: dict, plan: ShardPlan, version: int, k
         os.posix_fadvise(fd, 0, want, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-    crc = zlib.crc32(memoryview(buf))
+    crc = zlib.crc32(buf.data)  # memoryview(buf); numpy's stubs type arrays as buffers on Python 3.12+ only
     if crc != int(entry["crc32"]):
         raise CheckpointError(f"{path}: CRC-32 {crc:#010x} does not match the manifest's {int(entry['crc32']):#010x} "
                               f"(the file is corrupted)")

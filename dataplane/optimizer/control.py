@@ -23,8 +23,9 @@ import hmac
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ class ControlError(RuntimeError):
     """The node refused a request (the message says why) or could not be reached."""
 
 
-def parse_address(addr: str) -> tuple[int, object]:
+def parse_address(addr: str) -> tuple[socket.AddressFamily, str | tuple[str, int]]:
     if addr.startswith("unix:"):
         return socket.AF_UNIX, addr[5:]
     host, _, port = addr.rpartition(":")
@@ -164,7 +165,7 @@ class ControlServer:
         self.refused = {"busy": 0, "handshake": 0, "too_large": 0}  # connections closed, by reason
         family, target = parse_address(address)
         self.sock = socket.socket(family, socket.SOCK_STREAM)
-        if family == socket.AF_UNIX:
+        if isinstance(target, str):  # AF_UNIX: a path
             if os.path.exists(target):
                 os.unlink(target)
         else:
@@ -207,7 +208,7 @@ class ControlServer:
                 self._in_flight -= total
         return release
 
-    def _handshake(self, conn: socket.socket) -> Grant | None:
+    def _handshake(self, conn: socket.socket, auth: ControlAuth) -> Grant | None:
         """The connection's grant, or None (refused and answered); the slot is released either way."""
         try:
             conn.settimeout(self.handshake_timeout)
@@ -220,7 +221,7 @@ class ControlServer:
             grant = None
             if header.get("op") == "hello" and not header.get("blobs"):
                 try:
-                    grant = self.auth.grant(header.get("job_id", ""), header.get("token", ""))
+                    grant = auth.grant(header.get("job_id", ""), header.get("token", ""))
                 except ConnectionError as e:  # who checks job tokens (the controller) does not answer: say so
                     self.refused["handshake"] += 1
                     _refuse(conn, f"cannot check the job's token: {e}")
@@ -243,7 +244,7 @@ class ControlServer:
         with conn:
             grant = None
             if self.auth is not None:
-                grant = self._handshake(conn)
+                grant = self._handshake(conn, self.auth)
                 if grant is None:
                     return
             while not self._stop:
@@ -327,7 +328,7 @@ class ControlClient:
                 self.sock.close()
                 raise
 
-    def call(self, header: dict, blobs: list = ()) -> dict:
+    def call(self, header: dict, blobs: Sequence[Any] = ()) -> dict:
         with self._lock:
             send_msg(self.sock, header, blobs)
             reply, _ = recv_msg(self.sock)

@@ -81,7 +81,8 @@ STEP, CAST = 0, 1  # row kinds of the compiled call (fused_numba.shard): step an
 def _split(plan: ShardPlan, lanes: int) -> tuple[np.ndarray, tuple[tuple[tuple[int, int], ...], ...]]:
     """The compiled call's rows (lo, hi, decay, kind) and the scalar remainders torch steps
     (ranges with weight decay, ranges without)."""
-    rows, tails = [], ([], [])
+    rows: list[tuple[int, int, int, int]] = []
+    tails: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], [])
     for lo, hi, decay in plan.runs:
         cut = hi - (hi - lo) % lanes
         if cut > lo:

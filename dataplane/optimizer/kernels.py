@@ -74,7 +74,7 @@ def step_shard(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tensor], 
     This is the readable reference. AdamW serving bf16 runs `fused.step_shard` instead when
     compiled kernels are on (`LUWU_KERNELS`, luwu.dataplane.kernels): the same results bit for
     bit, in one pass."""
-    if fused.usable(opt, served):
+    if served is not None and fused.usable(opt, served):  # usable() is False without one; said for mypy
         fused.step_shard(opt, plan, states, grad, step, grad_scale, served)
         return
     lr = opt.lr_at(step)

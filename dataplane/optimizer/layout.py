@@ -88,13 +88,13 @@ class ShardPlan:
 
     # -- header -------------------------------------------------------------------------------
     def write_header(self, buf: np.ndarray, step: int) -> None:
-        _HEADER.pack_into(buf, 0, MAGIC, RECORD_FORMAT, self.n_states, step, self.layer_id, self.index,
+        _HEADER.pack_into(buf.data, 0, MAGIC, RECORD_FORMAT, self.n_states, step, self.layer_id, self.index,
                           self.elem_lo, self.numel, self.stride, self.job_id.encode())
 
     def read_header(self, buf: np.ndarray, where: str) -> int:
         """Check that `buf` holds this shard's record; return its step count."""
         try:
-            magic, fmt, n_states, step, layer, index, lo, numel, stride, job = _HEADER.unpack_from(buf, 0)
+            magic, fmt, n_states, step, layer, index, lo, numel, stride, job = _HEADER.unpack_from(buf.data, 0)
         except struct.error as e:
             raise CheckpointError(f"{where}: shard header unreadable ({e})") from None
         if magic != MAGIC or fmt != RECORD_FORMAT:

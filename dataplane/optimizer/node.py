@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
 import torch
@@ -38,7 +39,7 @@ from .errors import (
     UnknownLayer,
 )
 from .initial import Filler, check_initial, fresh_filler, initial_master, record_filler
-from .layout import LayerPlan, plan_layer
+from .layout import LayerPlan, ShardPlan, plan_layer
 from .node_checkpoints import CheckpointMixin
 from .order import OrderTracker
 from .param_prefetch import ParamPrefetcher
@@ -48,10 +49,19 @@ from .shard_file import FileSet
 from .spec import JobSpec, NodeConfig
 from .store import StateStore
 
+if TYPE_CHECKING:
+    from luwu.dataplane.protocol import Dtype
+
 log = logging.getLogger("luwu.optimizer")
 WIRE_DTYPE_NAMES = {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32"}  # luwu.dataplane.protocol.Dtype member names
 _QUIESCE = object()  # in_flight marker while a caller reads a layer's state
 SKIP_HISTORY = 1024  # steps with a skipped layer remembered per job (skipped_steps())
+
+
+class ParamProvider(Protocol):
+    """The engine's ParamProvider shape (`OptimizerNode.provider`; this package never imports the engine)."""
+
+    def lookup(self, tensor: int, version: int) -> tuple[np.ndarray, Dtype] | None: ...
 
 
 @dataclass(eq=False)
@@ -59,7 +69,7 @@ class LayerRuntime:
     plan: LayerPlan
     version: int = 0
     next_step: int = 0
-    pending: collections.deque = field(default_factory=collections.deque)
+    pending: collections.deque[LayerStep] = field(default_factory=collections.deque)
     in_flight: object = None  # LayerStep, _QUIESCE or None
 
 
@@ -96,7 +106,8 @@ class OptimizerNode(CheckpointMixin):
         self._cv = threading.Condition()
         self._listeners: list[Callable[[str, int, int], None]] = []
         self._ckpt_listeners: list[Callable[[str, dict], None]] = []
-        self.counts = {"submitted": 0, "published": 0, "saturated_gradients": 0, "listener_errors": 0,
+        # ints, but "rejected": a Counter by reason
+        self.counts: dict[str, Any] = {"submitted": 0, "published": 0, "saturated_gradients": 0, "listener_errors": 0,
                        "skipped_steps": 0, "rejected": collections.Counter()}
         self.error: BaseException | None = None
         self.closed = False
@@ -163,7 +174,7 @@ class OptimizerNode(CheckpointMixin):
         if spec.optimizer.name == "adamw" and spec.served_dtype == "bf16":
             fused.warm_async()  # the compiled kernel loads while the workers start, not in the first step
 
-    def _with_served(self, plan: LayerPlan, shard, fill: Filler, served_buf: np.ndarray) -> Filler:
+    def _with_served(self, plan: LayerPlan, shard: ShardPlan, fill: Filler, served_buf: np.ndarray) -> Filler:
         def go(buf: np.ndarray) -> int:
             step = fill(buf)
             kernels.publish_copy(plan, served_buf, shard, torch.from_numpy(shard.state_views(buf)[0]))
@@ -171,7 +182,7 @@ class OptimizerNode(CheckpointMixin):
 
         return go
 
-    def _state_path(self, shard) -> Path:
+    def _state_path(self, shard: ShardPlan) -> Path:
         return self.config.state_dir / shard.job_id / f"{shard.name()}.state"
 
     def _set_budgets(self, extra: list[LayerPlan]) -> None:
@@ -212,8 +223,8 @@ class OptimizerNode(CheckpointMixin):
         return self.jobs[job_id].rank[layer_id]
 
     # -- gradients in ----------------------------------------------------------------------------
-    def submit_gradient(self, job_id: str, layer_id: int, step: int, grad, contributors: int = 1,
-                        saturated: bool = False, finite: bool = False) -> None:
+    def submit_gradient(self, job_id: str, layer_id: int, step: int, grad: np.ndarray | torch.Tensor,
+                        contributors: int = 1, saturated: bool = False, finite: bool = False) -> None:
         """Queue layer `layer_id`'s summed gradient for step `step`; the optimizer steps the layer
         in the background and publishes version `step + 1`.
 
@@ -249,8 +260,8 @@ class OptimizerNode(CheckpointMixin):
         except OptimizerInputError as e:
             self._reject(e)
 
-    def _submit(self, job_id, layer_id, step, grad, contributors, saturated, finite=False,
-                skip_non_finite: bool = False) -> None:
+    def _submit(self, job_id: str, layer_id: int, step: int, grad: np.ndarray | torch.Tensor, contributors: int,
+                saturated: bool, finite: bool = False, skip_non_finite: bool = False) -> None:
         job, lr = self._layer(job_id, layer_id)
         skip = False
         try:
@@ -287,7 +298,7 @@ class OptimizerNode(CheckpointMixin):
             else:
                 lr.pending.append(item)
 
-    def _check_gradient(self, job_id: str, plan: LayerPlan, grad, finite: bool = False) -> np.ndarray:
+    def _check_gradient(self, job_id: str, plan: LayerPlan, grad: object, finite: bool = False) -> np.ndarray:
         where = f"job {job_id!r} layer {plan.layer_id}"
         if isinstance(grad, torch.Tensor):
             if grad.device.type != "cpu" or grad.dtype != torch.float32:
@@ -369,14 +380,14 @@ class OptimizerNode(CheckpointMixin):
                 self._cv.wait(left if left is not None else 1.0)
             return lr.version
 
-    def lookup(self, job_id: str, layer_id: int, version: int):
+    def lookup(self, job_id: str, layer_id: int, version: int) -> tuple[np.ndarray, str] | None:
         """Non-blocking: (array, wire dtype name) once `version` is reached, else None."""
         _, lr = self._layer(job_id, layer_id)
         if lr.version < version:
             return None
         return self.served.get((job_id, layer_id))[0], WIRE_DTYPE_NAMES[self.jobs[job_id].spec.served_dtype]
 
-    def provider(self, job_id: str):
+    def provider(self, job_id: str) -> ParamProvider:
         """The engine's ParamProvider shape for one job: lookup(tensor, version) -> (array, Dtype) | None,
         KeyError for a tensor the job does not have."""
         from luwu.dataplane.protocol import Dtype
@@ -384,7 +395,7 @@ class OptimizerNode(CheckpointMixin):
         node = self
 
         class _Provider:
-            def lookup(self, tensor: int, version: int):
+            def lookup(self, tensor: int, version: int) -> tuple[np.ndarray, Dtype] | None:
                 try:
                     found = node.lookup(job_id, tensor, version)
                 except UnknownLayer as e:
@@ -426,6 +437,8 @@ class OptimizerNode(CheckpointMixin):
 
     def on_published(self, item: LayerStep) -> None:
         version = item.step + 1
+        if item.served_buf is None:  # _prepare gave every step its buffer
+            raise AssertionError(f"layer {item.plan.layer_id} step {item.step} published without a served copy")
         self.served.publish(item.plan, version, item.served_buf)
         item.served_buf = item.grad = item.grad_t = None
         lr = self._layer(item.job_id, item.plan.layer_id)[1]
@@ -448,8 +461,8 @@ class OptimizerNode(CheckpointMixin):
     def _release_layer(self, lr: LayerRuntime) -> None:
         lr.in_flight = None
         if lr.pending:
-            lr.in_flight = lr.pending.popleft()
-            self.pipeline.submit(lr.in_flight)
+            lr.in_flight = nxt = lr.pending.popleft()
+            self.pipeline.submit(nxt)
         self._cv.notify_all()
 
     def fail(self, exc: BaseException, where: str) -> None:
@@ -472,7 +485,7 @@ class OptimizerNode(CheckpointMixin):
         if self.closed:
             raise NodeFailed("the optimizer node is closed")
 
-    def _reject(self, e: OptimizerInputError):
+    def _reject(self, e: OptimizerInputError) -> NoReturn:
         self.counts["rejected"][e.reason] += 1
         raise e
 
@@ -510,10 +523,12 @@ class OptimizerNode(CheckpointMixin):
             lr.in_flight = _QUIESCE
         try:
             names = job.spec.optimizer.state_names
-            out = {n: np.empty(lr.plan.numel, dtype=np.float32) for n in names}
+            out: dict[str, Any] = {n: np.empty(lr.plan.numel, dtype=np.float32) for n in names}
             for shard in lr.plan.shards:
                 e = self.store.acquire(shard.key)
                 try:
+                    if e.buf is None:  # acquire() returns it pinned in memory
+                        raise AssertionError(f"shard {shard.name()} acquired but not in memory")
                     for n, v in zip(names, shard.state_views(e.buf)):
                         out[n][shard.elem_lo: shard.elem_lo + shard.numel] = v
                 finally:
@@ -560,5 +575,5 @@ class OptimizerNode(CheckpointMixin):
     def __enter__(self) -> OptimizerNode:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

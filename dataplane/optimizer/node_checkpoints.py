@@ -8,7 +8,9 @@ manifest, and expect the gradients of the steps after them.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, Self
 
 from .checkpoint import CheckpointHandle, CheckpointManager
 from .checkpoint_files import latest_checkpoint, read_manifest, verify_record
@@ -16,8 +18,27 @@ from .errors import CheckpointError, OptimizerInputError
 from .layout import plan_layer
 from .spec import JobSpec, NodeConfig
 
+if TYPE_CHECKING:
+    from .node import JobRuntime, LayerRuntime
+    from .store import StateStore
+
 
 class CheckpointMixin:
+    if TYPE_CHECKING:  # what the mixin uses of OptimizerNode (node.py), declared for the type checker
+        config: NodeConfig
+        store: StateStore
+        ckpt: CheckpointManager | None
+        jobs: dict[str, JobRuntime]
+        _cv: threading.Condition
+
+        def __init__(self, config: NodeConfig) -> None: ...
+        def _emit_ckpt(self, event: str, info: dict) -> None: ...
+        def _check_usable(self) -> None: ...
+        def _job(self, job_id: str) -> JobRuntime: ...
+        def _reject(self, e: OptimizerInputError) -> NoReturn: ...
+        def _add_job(self, spec: JobSpec, max_shard_elems: int, restore: dict | None) -> None: ...
+        def close(self, timeout: float = 30.0) -> None: ...
+
     def _make_checkpoints(self) -> None:
         cfg = self.config
         if cfg.checkpoint_dir is None:
@@ -31,7 +52,7 @@ class CheckpointMixin:
         job = self.jobs[job_id]
         return {**job.spec.to_json(), "max_shard_elems": job.max_shard_elems}
 
-    def _need_ckpt(self):
+    def _need_ckpt(self) -> CheckpointManager:
         if self.ckpt is None:
             e = OptimizerInputError("this node has no checkpoint_dir: set NodeConfig.checkpoint_dir to take "
                                     "checkpoints")
@@ -86,13 +107,13 @@ class CheckpointMixin:
         return CheckpointHandle(ck).wait(timeout)
 
     @staticmethod
-    def _busy(lr) -> bool:
+    def _busy(lr: LayerRuntime) -> bool:
         """A step of the layer is running (its state is about to change)."""
         item = lr.in_flight
         return item is not None and hasattr(item, "published") and not item.published
 
     @classmethod
-    def restore(cls, config: NodeConfig, checkpoint_path: Path | str) -> CheckpointMixin:
+    def restore(cls, config: NodeConfig, checkpoint_path: Path | str) -> Self:
         """A node holding exactly the checkpoint's state. Every file is verified (size, CRC-32,
         header) before anything is loaded; a bad one raises CheckpointError naming it."""
         path = Path(checkpoint_path)

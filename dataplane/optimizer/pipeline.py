@@ -43,7 +43,7 @@ class LayerStep:
     opt: OptimizerSpec
     plan: LayerPlan
     step: int
-    grad: np.ndarray
+    grad: np.ndarray | None  # None once published, or for a skipped step
     contributors: int
     num_layers: int  # of the job (for the global clipping gate)
     grad_t: torch.Tensor | None = None
@@ -79,7 +79,7 @@ class Pipeline:
         self.stopping = False
         self.threads: list[threading.Thread] = []
         if self.mode == "step":
-            self.queues = {s: queue.Queue(maxsize=cfg.queue_depth) for s in STAGES[1:]}
+            self.queues: dict[str, queue.Queue] = {s: queue.Queue(maxsize=cfg.queue_depth) for s in STAGES[1:]}
             self._spawn("receive", self._receive_loop)
             self._spawn("read", lambda: self._stage_loop("read", self._read, "optimize"))
             self._spawn("optimize", lambda: self._stage_loop("optimize", self._optimize, "write"))
@@ -124,6 +124,8 @@ class Pipeline:
             if opt.clip_grad_norm is None or opt.clip_scope == "layer":
                 return [item]
         else:
+            if item.grad is None:  # only a skipped step comes without one
+                raise AssertionError(f"layer {item.plan.layer_id} step {item.step} has no gradient")
             item.grad_t = torch.from_numpy(item.grad)
             if item.contributors > 1:
                 if opt.clip_grad_norm is None:
@@ -145,7 +147,11 @@ class Pipeline:
             del self.gates[gate_key]
         # every layer of the step is here: the norm over all of them, in the job's layer order
         ordered = sorted(gate, key=lambda it: self.node.layer_rank(it.job_id, it.plan.layer_id))
-        norms = [n for it in ordered for n in it.norms]  # none when every layer of the step was skipped
+        norms: list = []  # none when every layer of the step was skipped
+        for it in ordered:
+            if it.norms is None:  # every item is given its norms (maybe none) before its gate
+                raise AssertionError(f"layer {it.plan.layer_id} step {it.step} reached the clipping gate without norms")
+            norms += it.norms
         coef = kernels.clip_coefficient(norms, opt.clip_grad_norm) if norms else None
         for it in gate:
             it.coef = coef
@@ -169,7 +175,11 @@ class Pipeline:
 
     def _optimize(self, task: ShardTask) -> None:
         item, shard, e = task.item, task.shard, task.entry
+        if e is None or e.buf is None or e.views is None:  # _read pinned the shard in memory
+            raise AssertionError(f"shard {shard.name()} reached the optimizer while not in memory")
         if not item.skip:
+            if item.grad_t is None or item.served_buf is None:  # set by _receive and _prepare
+                raise AssertionError(f"layer {item.plan.layer_id} step {item.step} reached the optimizer unprepared")
             g = item.grad_t[shard.elem_lo: shard.elem_lo + shard.numel]
             kernels.apply_clip(g, item.coef)
             kernels.step_shard(item.opt, shard, e.views, g, item.step, item.grad_scale,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -40,7 +41,7 @@ def _typed(plan: LayerPlan, buf: np.ndarray) -> np.ndarray:
 
 
 class ServedCache:
-    def __init__(self, files: FileSet, fd_of, budget: int):
+    def __init__(self, files: FileSet, fd_of: Callable[[tuple], int], budget: int):
         self.files = files
         self.fd_of = fd_of  # shard key -> file descriptor
         self.budget = budget
@@ -74,8 +75,9 @@ class ServedCache:
             self.used -= plan.served_buffer_bytes
             self.pool.give(buf)
 
-    def publish(self, plan: LayerPlan, version: int, buf: np.ndarray) -> np.ndarray:
-        """Make `buf` (from `new_buffer`) the layer's current copy; returns its read-only array."""
+    def publish(self, plan: LayerPlan, version: int, buf: np.ndarray) -> np.ndarray | None:
+        """Make `buf` (from `new_buffer`) the layer's current copy; returns its read-only array, or
+        None when another thread's trim (run while `_evict` writes unlocked) already evicted it."""
         key = (plan.job_id, plan.layer_id)
         rec = ServedRecord(plan, version, buf)
         with self.cv:
@@ -102,7 +104,7 @@ class ServedCache:
                 if rec.busy:
                     self.cv.wait(WAIT_SLICE)
                     continue
-                if rec.buf is not None:
+                if rec.buf is not None and rec.arr is not None:  # set and cleared together
                     self.lru.move_to_end(key)
                     return rec.arr, rec.version
                 self._load(rec)
@@ -130,6 +132,8 @@ class ServedCache:
         return buf
 
     def _drop_buffer(self, rec: ServedRecord) -> None:
+        if rec.buf is None:  # callers drop resident copies only; no local names: they would count below
+            raise AssertionError(f"served copy of layer {rec.plan.layer_id} dropped while not in memory")
         self.used -= rec.buf.nbytes
         # ours: rec.buf and rec.arr's base reference the buffer; rec.arr is referenced by rec
         if extra_references(rec.arr, 1) == 0 and extra_references(rec.buf, 2) == 0:
@@ -152,6 +156,8 @@ class ServedCache:
     def _evict(self, rec: ServedRecord) -> None:
         key = (rec.plan.job_id, rec.plan.layer_id)
         if rec.dirty:
+            if rec.buf is None:  # dirty means "in memory, not yet in the files"
+                raise AssertionError(f"dirty served copy of layer {rec.plan.layer_id} is not in memory")
             rec.busy = True
             self.cv.release()
             try:

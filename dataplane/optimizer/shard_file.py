@@ -38,12 +38,13 @@ class IoCounters:
 
 
 def _buffers_of(arrays) -> list[memoryview]:
-    return [memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8)) for a in arrays]
+    # `.data` is memoryview(array); numpy's stubs type arrays as buffers only for Python 3.12+
+    return [np.ascontiguousarray(a).reshape(-1).view(np.uint8).data for a in arrays]
 
 
 def pread_full(fd: int, buf: np.ndarray, offset: int) -> int:
     """Read exactly buf.nbytes at `offset` into `buf` (looping over short reads)."""
-    mv = memoryview(buf.reshape(-1).view(np.uint8))
+    mv = buf.reshape(-1).view(np.uint8).data  # memoryview(...): see _buffers_of
     done = 0
     while done < len(mv):
         n = os.preadv(fd, [mv[done:]], offset + done)

@@ -23,7 +23,7 @@ from .errors import OptimizerInputError
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # same rule as the controller's job names
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("constant", "cosine", "linear")
-SERVED_DTYPES = {"bf16": np.dtype(np.uint16), "fp16": np.dtype(np.float16), "fp32": np.dtype(np.float32)}
+SERVED_DTYPES: dict[str, np.dtype] = {"bf16": np.dtype(np.uint16), "fp16": np.dtype(np.float16), "fp32": np.dtype(np.float32)}
 CLIP_SCOPES = ("global", "layer")
 PIPELINES = ("step", "layer")
 SHARD_ALIGN_ELEMS = 4096  # a tensor split across shards is cut on a multiple of this (the kernels' vector grid)

@@ -264,6 +264,8 @@ class StateStore:
             self._evict(victim)
 
     def _evict(self, e: Entry) -> None:
+        if e.buf is None:  # victims are evictable, i.e. resident
+            raise AssertionError(f"evicting shard {e.plan.name()} while it is not in memory")
         if e.dirty:
             e.state = WRITING
             step = e.step

@@ -113,6 +113,8 @@ def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q, switch
         if rank == 0 and switch_pid:
             report["switch_cpu_s"] = proc_cpu(switch_pid) - sw0
     if verify and rank == 0:
+        if result is None:  # iters + 1 >= 1 allreduces ran
+            raise AssertionError("no allreduce result to verify")
         report["verify"] = _verify(result, plan.workers, numel, dtype, plan.lanes)
     out_q.put(report)
 
@@ -131,7 +133,7 @@ def run_luwu(workers: int, numel: int, dtype: str, mode: str, iters: int, verify
              transport: str | None = None) -> dict:
     from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
 
-    plan = StarPlan(workers=workers, mode=mode, **({"transport": transport} if transport else {}))
+    plan = StarPlan(workers=workers, mode=mode, transport=transport) if transport else StarPlan(workers=workers, mode=mode)
     ctx = mp.get_context("spawn")
     drops = {"ingress": drop, "egress": drop} if drop else None
     with LoopbackSwitch(plan, process=True, drop=drops, seed=7) as sw:

@@ -28,7 +28,9 @@ def _open(path: Path, direct: bool) -> int:
 
 def measure(shards: list[tuple[Path, int, int, int]], direct: bool, repeat: int = 2) -> dict:
     """shards: (file, record bytes, served offset, served bytes) in access order. Returns the best
-    of `repeat` passes: seconds, bytes read, bytes written, GB/s (read + write)."""
+    of `repeat` (>= 1) passes: seconds, bytes read, bytes written, GB/s (read + write)."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
     fds = {p: _open(p, direct) for p, *_ in shards}
     biggest = max(r for _, r, _, _ in shards)
     bufs = [aligned_buffer(biggest) for _ in range(IN_FLIGHT + 1)]
@@ -36,7 +38,7 @@ def measure(shards: list[tuple[Path, int, int, int]], direct: bool, repeat: int 
     for path, _, served_off, served in shards:
         served_copies[path] = aligned_buffer(served)
         pread_full(fds[path], served_copies[path], served_off)
-    best = None
+    best: dict[str, float] | None = None
     try:
         for _ in range(repeat):
             free: queue.Queue = queue.Queue()
@@ -45,7 +47,8 @@ def measure(shards: list[tuple[Path, int, int, int]], direct: bool, repeat: int 
             full: queue.Queue = queue.Queue(maxsize=IN_FLIGHT)
             errors: list[BaseException] = []
 
-            def writer(full=full, free=free, errors=errors):
+            def writer(full: queue.Queue = full, free: queue.Queue = free,
+                       errors: list[BaseException] = errors) -> None:
                 try:
                     while True:
                         item = full.get()
@@ -79,4 +82,5 @@ def measure(shards: list[tuple[Path, int, int, int]], direct: bool, repeat: int 
     finally:
         for fd in fds.values():
             os.close(fd)
+    assert best is not None  # repeat >= 1 passes ran (checked above)
     return best

@@ -181,7 +181,7 @@ def fuzz(packets: int, workers: int = 3, seed: int = 1, mode="tofino", pool: int
         hello = live.get("live-jobs process")
         socks = [BatchSocket(udp_socket(HOST, 0), batch=64, max_len=65536, peers=topo.spare_port + 1)
                  for _ in (COMPROMISED, 1)]
-        peers = {topo.honest_port(j, r): tuple(hello["ranks"][j * workers + r])
+        peers: dict[int, tuple | None] = {topo.honest_port(j, r): tuple(hello["ranks"][j * workers + r])
                  for j in range(2) for r in range(workers)}
         peers[topo.compromised_port] = socks[COMPROMISED].sock.getsockname()[:2]
         peers[topo.idle_rank_port] = tuple(hello["sinks"]["idle_rank"])
@@ -411,7 +411,7 @@ def _plot(r: dict, path: Path) -> None:
 
     drops = {k: v for k, v in r["switch"]["drops"].items() if v}
     fig, ax = plt.subplots(figsize=(8, 3.6))
-    names = sorted(drops, key=drops.get, reverse=True)
+    names = sorted(drops, key=drops.__getitem__, reverse=True)
     ax.bar(names, [drops[n] for n in names], color="tab:red")
     pred = r["accounting"]["drops"]
     ax.plot([n for n in names if n in pred], [pred[n]["predicted"] for n in names if n in pred], "k_", ms=18,

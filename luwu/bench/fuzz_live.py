@@ -181,8 +181,8 @@ def live_main(conn, spec: dict) -> None:
     for r, addr in zip(ranks, ports):
         r.wire(addr)
     poller = select.poll()
-    for s in [r.sock for r in ranks] + [s.sock for s in sinks.values()]:
-        poller.register(s.fd, select.POLLIN)
+    for sock in [r.sock for r in ranks] + [s.sock for s in sinks.values()]:
+        poller.register(sock.fd, select.POLLIN)
     poller.register(conn.fileno(), select.POLLIN)
     conn.recv()  # "go"
     t0 = time.monotonic()

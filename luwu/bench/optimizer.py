@@ -129,7 +129,9 @@ class FusedAdamW:
         from luwu.dataplane.optimizer.layout import plan_layer
 
         spec = JobSpec("bench", _opt(), layers, "bf16", initial=1)
-        self.params, decay, no_decay, self.casts = [], [], [], []
+        self.params, self.casts = [], []
+        decay: list[torch.nn.Parameter] = []
+        no_decay: list[torch.nn.Parameter] = []
         for ly in layers:
             flat = initial_master(plan_layer(spec, ly, 1 << 22), 1)
             g = torch.from_numpy(grads[ly.layer_id])
@@ -170,8 +172,8 @@ def _blocks(runners: dict, steps: int, rounds: int) -> tuple[dict[str, float], d
     alternating blocks (the machine is shared: a slow spell then hits every runner alike)."""
     for r in runners.values():
         r.run(1)  # warm-up: first-touch allocations, lazy state
-    wall = {k: [] for k in runners}
-    cpu = {k: [] for k in runners}
+    wall: dict[str, list[float]] = {k: [] for k in runners}
+    cpu: dict[str, list[float]] = {k: [] for k in runners}
     for _ in range(rounds):
         for k, r in runners.items():
             c0 = _cpu_seconds()
@@ -188,21 +190,21 @@ def bench_ram(root: Path, args, status) -> dict:
     budget = 3 * 16 * n  # everything fits
     status.update(f"in RAM: node (step- and layer-centric, compiled and reference kernels) vs torch fused AdamW, "
                   f"{n / 1e6:.1f}M params")
-    runners = {"node": NodeRun(root, "ram-step", layers, grads, args.served, ram_budget=budget),
-               "node_layer": NodeRun(root, "ram-layer", layers, grads, args.served, ram_budget=budget,
-                                     pipeline="layer"),
-               "node_ref": NodeRun(root, "ram-ref", layers, grads, args.served, kernels="reference",
-                                   ram_budget=budget),
-               "node_2": NodeRun(root, "ram-step2", layers, grads, args.served, ram_budget=budget,
-                                 threads_per_step=2),
-               "fused": FusedAdamW(layers, grads, cast=False),
-               "fused_cast": FusedAdamW(layers, grads, cast=True)}
+    nodes = {"node": NodeRun(root, "ram-step", layers, grads, args.served, ram_budget=budget),
+             "node_layer": NodeRun(root, "ram-layer", layers, grads, args.served, ram_budget=budget,
+                                   pipeline="layer"),
+             "node_ref": NodeRun(root, "ram-ref", layers, grads, args.served, kernels="reference",
+                                 ram_budget=budget),
+             "node_2": NodeRun(root, "ram-step2", layers, grads, args.served, ram_budget=budget,
+                               threads_per_step=2)}
+    runners: dict[str, NodeRun | FusedAdamW] = {**nodes, "fused": FusedAdamW(layers, grads, cast=False),
+                                                "fused_cast": FusedAdamW(layers, grads, cast=True)}
     try:
         med, cpu = _blocks(runners, max(1, args.steps // 2), rounds=4)
-        io = runners["node"].node.stats()["io"]
+        io = nodes["node"].node.stats()["io"]
     finally:
-        for k in ("node", "node_layer", "node_ref", "node_2"):
-            runners[k].close()
+        for node_run in nodes.values():
+            node_run.close()
     rate = {k: n / v for k, v in med.items()}
     return {"params": n, "layers": len(layers), "node_params_per_s": rate["node"],
             "layer_centric_params_per_s": rate["node_layer"], "fused_adamw_params_per_s": rate["fused"],
@@ -247,8 +249,8 @@ def bench_checkpoint(root: Path, args, status) -> dict:
                   checkpoint_staging=16 * n)
     commits: list[float] = []
     fits: list[bool] = []
-    wall = {False: [], True: []}
-    cpu = {False: [], True: []}
+    wall: dict[bool, list[float]] = {False: [], True: []}
+    cpu: dict[bool, list[float]] = {False: [], True: []}
     try:
         run.run(1)
         run.node.request_checkpoint(run.step)

@@ -19,6 +19,7 @@ import multiprocessing as mp
 import os
 import select
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -92,7 +93,11 @@ def _switch_server(lanes: int, peers: list, pool: int, batch: int, conn, profile
 
         loop = EventLoop(sw)
         conn.send(ports)
-        threading.Thread(target=lambda: (control(), loop._stop.set()), daemon=True).start()
+        def control_then_stop() -> None:
+            control()
+            loop._stop.set()
+
+        threading.Thread(target=control_then_stop, daemon=True).start()
         prof = cProfile.Profile()
         prof.runcall(loop._run)
         prof.dump_stats(profile)
@@ -196,6 +201,8 @@ class _Server:
         self.kind = kind
         self.conn, child = ctx.Pipe()
         self.local = [(HOST, free_udp_port(HOST)) for _ in range(args.workers)]
+        target: Callable[..., None]
+        a: tuple
         if kind == "switch":
             target, a = _switch_server, (lanes, self.local, args.pool, args.batch, child, profile)
         else:

@@ -145,7 +145,7 @@ def _model_info(args) -> dict:
 def _train(name: str, spec: dict, workdir: Path, progress: DemoProgress, in_network: bool,
            console: Console | None = None) -> dict[int, dict]:
     on_step, _ = progress.run(name, spec["steps"] - spec.get("start_step", 0), spec["workers"], in_network)
-    said: set[str] = set()
+    said: set[str | None] = set()
 
     def on_message(msg: dict) -> None:
         if msg.get("event") == "warning" and console is not None and msg.get("state") not in said:
@@ -219,6 +219,7 @@ def _interrupt(signum, frame):
 def _start_fabric(args, console: Console, workdir: Path, info: dict, resume: dict | None = None):
     from .fabric import ControllerFabric, LocalFabric
 
+    fabric: ControllerFabric | LocalFabric
     layers = [(u["layer_id"], u["numel"]) for u in info["units"]]
     optimizer = {"name": "adamw", "params": {"lr": args.lr, "weight_decay": args.weight_decay}}
     kw = dict(workers=args.workers, nodes=args.nodes, lanes=args.packet_mode, drop=args.drop, seed=args.seed,
@@ -312,7 +313,8 @@ def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> No
                   f"{_median(ddp['tokens_per_second']):,.0f}" if ddp else "-")
     held = max(m["peak_bytes"] for m in mem.values())
     ddp_held = max(m["state_bytes"]["total"] for m in ddp["memory"].values()) if ddp else None
-    table.add_row("worker model state held (peak)", human_bytes(held), human_bytes(ddp_held) if ddp else "-")
+    table.add_row("worker model state held (peak)", human_bytes(held),
+                  human_bytes(ddp_held) if ddp_held is not None else "-")
     table.add_row("worker peak RSS", human_bytes(max(m["peak_rss_bytes"] for m in mem.values())),
                   human_bytes(max(m["peak_rss_bytes"] for m in ddp["memory"].values())) if ddp else "-")
     m, f = t["luwu_measured_per_step"], t["fsdp_per_step"]
@@ -322,7 +324,7 @@ def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> No
     console.print(f"model: {human_bytes(report['model']['bytes_fp32'])} fp32 in {luwu['units']} units. A luwu worker "
                   f"held at most {human_bytes(held)} of it at once (parameters in flight, gradients, staging; no "
                   "optimizer state)" + (f"; a DDP worker {human_bytes(ddp_held)} (parameters, gradients, AdamW "
-                                        "state)." if ddp else "."))
+                                        "state)." if ddp_held is not None else "."))
     if report["control_plane"]["kind"] != "controller":
         console.print(f"[yellow]control plane: embedded StarPlan ({report['control_plane'].get('reason')})[/]")
     for note in report["control_plane"].get("notes", []):

@@ -14,10 +14,14 @@ import secrets
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from luwu.dataplane.loopback import free_udp_port
 
 from .launch import Child, luwu_command
+
+if TYPE_CHECKING:  # imported where used: the embedded fabric runs without the controller's dependencies
+    from luwu.controller.client import ControllerClient
 
 READY_TIMEOUT = 60.0  # s a daemon may take to come up
 SWITCH_SLOTS = 1024  # aggregation slots per set of the demo's switch
@@ -43,7 +47,7 @@ class ControllerFabric:
         self.notes: list[str] = []  # what the report lacks or took from elsewhere, and why
         self.drop, self.seed, self.node_ram = drop, seed, node_ram
         self.children: list[Child] = []
-        self.admin = None
+        self.admin: ControllerClient | None = None  # set by start(), None again after stop()
         self.token = secrets.token_hex(16)
         self.address = ""
         self.job_id = ""
@@ -122,8 +126,10 @@ class ControllerFabric:
         """{node: {"dir": ..., "newest": path or None, "version": the job's version in it}}."""
         from luwu.dataplane.optimizer.checkpoint_files import latest_checkpoint
 
-        out = {}
-        for name in self.node_names if self.checkpoints is not None else []:
+        out: dict[str, dict] = {}
+        if self.checkpoints is None:
+            return out
+        for name in self.node_names:
             newest = latest_checkpoint(self.checkpoints / name)
             version = None
             if newest is not None:
@@ -136,13 +142,18 @@ class ControllerFabric:
                          "version": version}
         return out
 
+    def _client(self) -> ControllerClient:
+        if self.admin is None:
+            raise RuntimeError("the controller fabric is not started (or already stopped)")
+        return self.admin
+
     def _wait_controller(self, ctl: Child) -> None:
         from luwu.controller.client import ControllerUnreachable
 
         deadline = time.monotonic() + READY_TIMEOUT
         while True:
             try:
-                self.admin.status()
+                self._client().status()
                 return
             except ControllerUnreachable:
                 if not ctl.alive() or time.monotonic() > deadline:
@@ -165,7 +176,7 @@ class ControllerFabric:
 
         out: dict = {}
         try:
-            for sw in self.admin.counters():
+            for sw in self._client().counters():
                 for v in sw.values:
                     out.setdefault(v.counter, {})[v.label] = [int(v.packets), int(v.bytes)]
             return out
@@ -225,7 +236,7 @@ class LocalFabric:
                                 job_id="demo", seed=seed, node_ram=node_ram)
         self.workers = workers
 
-    def start(self, layers, optimizer, served_dtype) -> LocalFabric:
+    def start(self, layers: list[tuple[int, int]], optimizer: dict, served_dtype: str) -> LocalFabric:
         self.net.start()
         return self
 

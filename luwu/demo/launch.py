@@ -10,6 +10,7 @@ the caller's `__main__`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -44,7 +45,7 @@ class Child(children.LineChild):
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=child_env(),
                                     start_new_session=True, text=True)
         finally:
-            if log is not None:
+            if not isinstance(err, int):  # the log we opened, not DEVNULL
                 err.close()
         super().__init__(name, proc, log, on_message)
 
@@ -74,7 +75,7 @@ class WorkerGroup:
             log = self.workdir / f"{self.name}-worker{rank}.log"
             child = Child(f"{self.name} worker {rank}",
                           [sys.executable, "-m", "luwu.demo.worker", str(self.spec_path), str(rank)], log=log,
-                          on_message=lambda msg, rank=rank, log=log: self._message(rank, log, msg))
+                          on_message=functools.partial(self._message, rank, log))
             self.children.append(child)
         return self
 

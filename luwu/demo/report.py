@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,7 @@ def traffic(reports: dict[int, dict], steps: int, workers: int, model_bytes: int
 def build(args: dict, fabric: dict, mnn: dict[int, dict], ddp: dict[int, dict] | None, model_info: dict,
           switch_counters: dict, node_stats: list, tokens_per_step: int) -> dict:
     steps = len(mnn[0]["losses"])
+    out: dict[str, Any]
     out = {"settings": args, "control_plane": fabric, "model": model_info, "steps": steps,
            "luwu": {"losses": mean_losses(mnn), "tokens_per_second": step_throughput(mnn, tokens_per_step),
                     "final_loss": mean_losses(mnn)[-1],

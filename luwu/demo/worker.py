@@ -56,15 +56,17 @@ def train(spec: dict, rank: int) -> dict:
     model = build(cfg, int(spec["seed"]))
     steps, batch, seed = int(spec["steps"]), int(spec["batch"]), int(spec["seed"])
     start = int(spec.get("start_step", 0))  # > 0: resuming from optimizer nodes restored at that version
+    runner: torch.nn.Module  # the model as trained: ModelInNetwork (mode "mnn") or DDP around it
+    mnn: ModelInNetwork | None = None  # set in mode "mnn" only
+    opt: torch.optim.Optimizer | None = None  # set in mode "ddp" only
     if spec["mode"] == "mnn":
         from luwu.worker.model_in_network import AdamW, ModelInNetwork
 
         network, watch = _network(spec, rank)
-        runner = ModelInNetwork(model, AdamW(lr=spec["lr"], weight_decay=spec["weight_decay"]), network,
-                                served_dtype=spec.get("served_dtype", "bf16"), engine=spec.get("engine", "process"),
-                                keep_last=int(spec.get("keep_last", 1)), prefetch=int(spec.get("prefetch", 1)),
-                                start_version=start)
-        opt = None
+        runner = mnn = ModelInNetwork(model, AdamW(lr=spec["lr"], weight_decay=spec["weight_decay"]), network,
+                                      served_dtype=spec.get("served_dtype", "bf16"),
+                                      engine=spec.get("engine", "process"), keep_last=int(spec.get("keep_last", 1)),
+                                      prefetch=int(spec.get("prefetch", 1)), start_version=start)
     elif spec["mode"] == "ddp":
         watch = None
         import torch.distributed as dist
@@ -83,9 +85,9 @@ def train(spec: dict, rank: int) -> dict:
             t0 = time.perf_counter()
             loss = loss_fn(runner(x), y)
             loss.backward()
-            if opt is None:
-                runner.step()
-            else:
+            if mnn is not None:
+                mnn.step()
+            elif opt is not None:
                 opt.step()
                 if step == min(1, steps - 1):  # the optimizer state exists after the first step
                     ddp_state = _ddp_state_bytes(model, opt)
@@ -96,10 +98,10 @@ def train(spec: dict, rank: int) -> dict:
             _emit({"event": "step", "rank": rank, "step": step, "loss": loss.item(), "tokens": int(x.numel()),
                    "seconds": dt, "pushed_bytes": int(getattr(runner, "stats", {}).get("pushed_bytes", 0))
                    if spec["mode"] == "mnn" else 0})
-        if spec["mode"] == "mnn":
-            report["mnn"] = runner.report()
+        if mnn is not None:
+            report["mnn"] = mnn.report()
             if spec.get("gather"):
-                report["params"] = {k: v.reshape(-1).tolist() for k, v in runner.gather().items()}
+                report["params"] = {k: v.reshape(-1).tolist() for k, v in mnn.gather().items()}
         else:
             from luwu.worker.model_in_network.memory import peak_rss_bytes
 
@@ -110,8 +112,8 @@ def train(spec: dict, rank: int) -> dict:
         if watch is not None:
             watch.stop()
             report["controller_events"] = [{"time": t, "state": st, "message": m} for t, st, m in watch.events]
-        if spec["mode"] == "mnn":
-            runner.close()
+        if mnn is not None:
+            mnn.close()
         else:
             import torch.distributed as dist
 

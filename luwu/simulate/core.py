@@ -5,6 +5,7 @@ trainable model, and luwu's speedup over each alternative.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from luwu.simulate import systems
@@ -81,7 +82,7 @@ def _run(system: str, cfg: Config, b: int, mem: systems.Memory) -> SystemResult:
     tokens = b * cfg.model.seq
     busy = tl.busy(t0, t1)
     util = {r: busy.get(r, 0.0) / dt for r in RESOURCES if r in busy}
-    bottleneck = max(util, key=util.get)
+    bottleneck = max(util, key=util.__getitem__)
     hw = sum(c.hw_flops for c in costs)
     return SystemResult(
         system, True, micro_batch=b, iteration_s=dt, tokens_per_s_per_worker=tokens / dt,
@@ -100,7 +101,8 @@ def largest_trainable(system: str, cfg: Config) -> str | None:
     return best
 
 
-def simulate(cfg: Config, which: tuple[str, ...] = systems.SYSTEMS, progress=None) -> dict:
+def simulate(cfg: Config, which: tuple[str, ...] = systems.SYSTEMS,
+             progress: Callable[[str], object] | None = None) -> dict:
     """Simulate one steady-state training iteration of each system in `which`.
 
     Args:

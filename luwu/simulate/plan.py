@@ -54,6 +54,8 @@ def plan(cfg: Config) -> dict:
         return {"feasible": False, "reason": ideal.reason}
     P, nd, net = cfg.model.params, cfg.node, cfg.net
     t_iter = ideal.iteration_s
+    if ideal.timeline is None:  # run_system keeps the timeline of every feasible run
+        raise AssertionError("a feasible simulated run has no timeline")
     bwd = [t for t in ideal.timeline.tasks if t.iteration == ideal.timeline.tasks[-1].iteration - 1
            and t.label.startswith("bwd")]
     t_bwd = (max(t.end for t in bwd) - min(t.start for t in bwd)) if bwd else t_iter

@@ -5,6 +5,7 @@ iteration per system, and the comparison with the LuWu/DisDP paper's published f
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from luwu.simulate import acks, systems
 from luwu.simulate.core import RESOURCES, simulate
@@ -94,7 +95,8 @@ def plot(out: dict, path: Path, title: str) -> None:
 
 # The paper's figures (../shared/reference/paper-figures.md; arXiv 2409.00918), per worker where
 # the paper gives tokens/s (its ZeRO-Infinity "15% MFU" at 175B holds only per worker).
-PAPER = {
+# keys: a figure's name, or for "ack_gbps" a worker count
+PAPER: dict[str, dict[Any, float]] = {
     "175b": {"luwu_tokens_per_s_per_worker": 134, "speedup_over_zero_infinity": 3.98, "zero_infinity_mfu": 0.15},
     "opt-1.3b": {"luwu_tokens_per_s_per_worker": 14100, "speedup_over_zero_infinity": 2.90,
                  "speedup_over_zero_3": 2.33, "speedup_over_ddp_atp": 6.28},
@@ -108,9 +110,10 @@ def paper_comparison(cfg: Config | None = None) -> list[dict]:
     base = (cfg or PRESETS["paper-testbed"]).with_(workers=8)
     rows = []
 
-    def row(name, paper, sim):
+    def row(name: str, paper: float | str, sim: object) -> None:
         rows.append({"figure": name, "paper": paper, "simulated": sim,
-                     "ratio": (sim / paper) if isinstance(sim, (int, float)) and sim else None})
+                     "ratio": (sim / paper) if isinstance(sim, (int, float)) and isinstance(paper, (int, float)) and sim
+                     else None})  # no ratio of model names (the largest-trainable rows)
 
     for model, figs in (("175b", PAPER["175b"]), ("opt-1.3b", PAPER["opt-1.3b"])):
         out = simulate(base.with_(model=MODELS[model]))
@@ -124,8 +127,8 @@ def paper_comparison(cfg: Config | None = None) -> list[dict]:
                 sim = out[key]
             row(f"{model}: {key}", paper, sim)
         if model == "175b":
-            for s, paper in (("luwu", "1t"), ("zero_infinity", "175b"), ("ddp_atp", "opt-1.3b")):
-                row(f"largest trainable, 8 workers: {s}", paper, out["largest_trainable"][s])
+            for s, paper_model in (("luwu", "1t"), ("zero_infinity", "175b"), ("ddp_atp", "opt-1.3b")):
+                row(f"largest trainable, 8 workers: {s}", paper_model, out["largest_trainable"][s])
     big = simulate(base.with_(model=MODELS["1t"], workers=256), which=("luwu",))
     row("largest trainable, 256 workers: luwu", "1t", big["largest_trainable"]["luwu"])
     for n, paper in PAPER["ack_gbps"].items():

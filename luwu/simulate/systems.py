@@ -327,6 +327,7 @@ def schedule_ddp(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations: 
     packet efficiency); AdamW runs on the GPU after the backward pass."""
     n, B = cfg.workers, cfg.dtype_bytes
     starts, gpu_free = [], 0.0
+    nbytes: float  # an int count of bytes for ATP, a ring's fractional share for NCCL
     for it in range(iterations):
         tl.iteration = it
         starts.append(gpu_free)
