@@ -185,11 +185,12 @@ class LineChild:
         return "" if text.startswith("(") else " | ".join(text.splitlines()[-lines:])
 
     def log_hint(self) -> str:
-        """"; its log PATH ends with: ..." for error messages ("" without a log)."""
+        """"; its last output: ...; its log PATH ends with: ..." for error messages."""
+        out = f"; its last output: {' | '.join(line[:200] for line in self.lines[-3:])}" if self.lines else ""
         if self.log is None or not self.log.exists():
-            return ""
+            return out
         end = tail(self.log).splitlines()[-8:]
-        return f"; its log {self.log} ends with:\n  " + "\n  ".join(end)
+        return out + f"; its log {self.log} ends with:\n  " + "\n  ".join(end)
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -41,7 +42,8 @@ class RunOptions:
     switch: str = "software"  # "software" or "bmv2"
     elements: int = 65536  # int32 elements each worker allreduces
     push_pull: bool = False
-    workload: str = "allreduce"  # "allreduce" (engine checks) or "ddp" (torch DDP over the luwu backend)
+    workload: str = "allreduce"  # "allreduce" (engine checks), "ddp" (torch DDP over the luwu backend) or
+    # "train" (ModelInNetwork: AdamW on `luwu node` daemons, train_workload.py)
     steps: int = 20  # DDP training steps
     timeout: float = 120.0  # s for the workload, once released
     seed: int = 1
@@ -156,6 +158,9 @@ class Emulation:
         return self.children.start(name, [sys.executable, "-m", "luwu.mininet.workload", str(path)], ns_path)
 
     def _start_nodes(self, namespaces: dict[str, str]) -> list:
+        if self.opts.workload == "train":
+            self._start_optimizer_daemons(namespaces)
+            return []  # daemons: stopped with the rest at teardown, no result line
         if not self.opts.push_pull:
             return []
         started = []
@@ -168,6 +173,30 @@ class Emulation:
         for child in started:
             child.expect("ready", deadline)
         return started
+
+    def _start_optimizer_daemons(self, namespaces: dict[str, str]) -> None:
+        """--workload train: a `luwu node` daemon per optimizer node (AdamW, out of core), its
+        control channel a Unix socket in the run directory (every namespace sees it)."""
+        from . import train_workload
+
+        self.train_token = secrets.token_hex(16)
+        token_file = self.run_dir / "node-token"
+        token_file.write_text(self.train_token)
+        token_file.chmod(0o600)
+        ram = max(1 << 16, int(train_workload.state_bytes(self.opts.seed) * train_workload.NODE_RAM_FRACTION))
+        started = []
+        for node, plans in sorted(self.job.node_plans.items()):
+            if len(plans) != 1:
+                raise RuntimeError(f"optimizer node {node} has {len(plans)} attachments; --workload train runs a "
+                                   "node on one attachment (star, multi-rack)")
+            plan_file = self.run_dir / f"{node}-plan.json"
+            plan_file.write_text(plans[0].to_json())
+            self.progress(f"starting optimizer node {node} (AdamW, RAM budget {ram} bytes)")
+            started.append(self.children.start(f"node-{node}", train_workload.node_argv(
+                sys.executable, node, plan_file, self.run_dir, token_file, ram), namespaces[node]))
+        deadline = time.monotonic() + READY_TIMEOUT
+        for child in started:
+            child.expect("ready", deadline)
 
     def _start_workers(self, namespaces: dict[str, str]) -> list:
         plan, job = self.job.plan, self.job
@@ -194,6 +223,12 @@ class Emulation:
                         raise RuntimeError(f"server {host.server} holds ranks {mates}: the backend's rail-only "
                                            "allreduce needs ranks numbered server by server")
                     w["ddp"].update(p2p_host=host.nvlink, local_world_size=len(mates), local_rank=mates.index(rank))
+            if self.opts.workload == "train":
+                from . import train_workload
+
+                w["train"] = {"spec": train_workload.spec(len(all_ranks), self.opts.steps, self.opts.seed),
+                              "network": train_workload.network_json(job, rank, self.run_dir, self.train_token),
+                              "params_out": str(self.run_dir / "train-params-rank0.npz")}
             if self.opts.push_pull:
                 g = plan.group_of(rank)
                 w["pushpull"] = {"lanes": plan.lanes, "group": group,

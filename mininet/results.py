@@ -18,7 +18,8 @@ def _count(counters: dict, family: str, name: str) -> int:
     return int(v[0]) if v else 0
 
 
-def summary(args, spec, job, opts, result, run_dir: Path) -> dict:
+def summary(args, spec, job, opts, result, run_dir: Path, compared: dict | None = None) -> dict:
+    """`compared`: --workload train's comparison with the single-process reference (train_workload.compare)."""
     workers = sorted(result.workers, key=lambda w: w.get("rank", 0))
     secs = [w["seconds"] for w in workers if "seconds" in w]
     nbytes = 4 * opts.elements
@@ -43,6 +44,12 @@ def summary(args, spec, job, opts, result, run_dir: Path) -> dict:
                     matches_reference=len(done) == len(job.worker_host) and all(w["matches_reference"] for w in done),
                     ddp={"per_worker": workers, "seconds_max": max((w["seconds"] for w in done), default=None),
                          "init_seconds_max": max((w["init_seconds"] for w in done), default=None)})
+    elif opts.workload == "train":
+        from .train_workload import summary as train_summary
+
+        info.pop("allreduce")
+        info.update(workload="train", steps=opts.steps, **train_summary(workers, compared or {}))
+        info["passed"] = info["passed"] and bool(info.get("matches_reference"))
     else:
         info["workload"] = "allreduce"
     if opts.push_pull:
@@ -70,13 +77,15 @@ def summary_lines(info: dict) -> list[str]:
         f"drop: {info['drop']:g}",
         f"workload: {info['workload']}",
     ]
-    if info["workload"] == "ddp":
+    if info["workload"] in ("ddp", "train"):
         for key in ("steps", "loss", "reference_loss", "max_param_diff", "matches_reference"):
-            v = info[key]
+            v = info.get(key)
             lines.append(f"{key}: {v:.6g}" if isinstance(v, float) else f"{key}: {v}")
-        if info["ddp"]["seconds_max"] is not None:
-            lines.append(f"ddp_train_seconds_max: {info['ddp']['seconds_max']:.3f}")
-            lines.append(f"ddp_init_seconds_max: {info['ddp']['init_seconds_max']:.3f}")
+    if info["workload"] == "train" and info["train"]["seconds_max"] is not None:
+        lines.append(f"train_seconds_max: {info['train']['seconds_max']:.3f}")
+    if info["workload"] == "ddp" and info["ddp"]["seconds_max"] is not None:
+        lines.append(f"ddp_train_seconds_max: {info['ddp']['seconds_max']:.3f}")
+        lines.append(f"ddp_init_seconds_max: {info['ddp']['init_seconds_max']:.3f}")
     ar = info.get("allreduce")
     if ar is not None:
         lines.append(f"allreduce_verified: {ar['verified']}/{ar['of']}")

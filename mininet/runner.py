@@ -61,10 +61,11 @@ def add_arguments(p) -> None:
     p.add_argument("--size", default=DEFAULTS["size"], help="bytes of each worker's int32 tensor (default 256KiB)")
     p.add_argument("--drop", type=float, default=0.0, help="loss probability on every switch port's ingress")
     p.add_argument("--push-pull", action="store_true", help="also pull/push/pull through the optimizer nodes")
-    p.add_argument("--workload", choices=["allreduce", "ddp"], default="allreduce",
+    p.add_argument("--workload", choices=["allreduce", "ddp", "train"], default="allreduce",
                    help="allreduce: engine checks (int32 sums bit for bit, --push-pull); ddp: torch DDP over "
-                        "init_process_group('luwu') on every worker, compared with the same training without network")
-    p.add_argument("--steps", type=int, default=20, help="ddp: training steps (default 20)")
+                        "init_process_group('luwu') on every worker; train: a small GPT with ModelInNetwork, AdamW "
+                        "on `luwu node` daemons out of core; both compared with the same training without network")
+    p.add_argument("--steps", type=int, default=20, help="ddp, train: training steps (default 20)")
     p.add_argument("--packet-mode", default=None,
                    help="lanes per packet: jumbo (software default), tofino (bmv2, the only one it has) or a number")
     p.add_argument("--slots", type=int, default=1024, help="slots per set of every switch (default 1024)")
@@ -113,8 +114,16 @@ def _options(args) -> tuple[TopologyOptions, RunOptions]:
                          f"{4 * args.gpus} bytes")
     if args.pool is not None and (args.pool < 1 or args.pool & (args.pool - 1) or args.pool > args.slots):
         raise UsageError(f"--pool {args.pool} must be a power of two between 1 and --slots ({args.slots})")
-    if args.workload == "ddp":
+    if args.workload == "train":
+        if args.topo == "rail-only":
+            raise UsageError("--workload train on rail-only needs ModelInNetwork's hierarchical push/pull (each "
+                             "rail's node owning a slice of every unit), which is not built yet; use star or multi-rack")
+        if args.nodes < 1:
+            raise UsageError("--workload train needs an optimizer node (--nodes 1 or more)")
         if args.push_pull:
+            raise UsageError("--workload train already pushes and pulls through the optimizer nodes: drop --push-pull")
+    if args.workload in ("ddp", "train"):
+        if args.workload == "ddp" and args.push_pull:
             raise UsageError("--workload ddp trains with the torch backend's allreduce: drop --push-pull")
         if args.steps < 1:
             raise UsageError(f"--steps {args.steps} must be at least 1")
@@ -151,6 +160,10 @@ def prepare(args, run_id: str):
     topo = build_topology(topo_opts)
     spec = emulate(topo, run_id, args.mtu, args.bw)
     layers = [(0, max(1, run_opts.elements // 4)), (1, PUSH_PULL_SMALL_LAYER)] if run_opts.push_pull else None
+    if run_opts.workload == "train":  # the model's units are the job's layers
+        from .train_workload import layers as train_layers
+
+        layers = train_layers(args.seed)
     nodes = 1 if args.topo == "rail-only" else args.nodes  # rail-only: the node(s) on each rail serve it
     config = _planner_config(args.pool or (BMV2_POOL if args.switch == "bmv2" else None))
     if args.switch == "bmv2":
@@ -203,14 +216,20 @@ def run(args) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-    info = summary(args, spec, job, run_opts, result, run_dir)
+    compared = None
+    params = run_dir / "train-params-rank0.npz"
+    if run_opts.workload == "train" and params.exists():  # the same training without network, here
+        from .train_workload import compare
+
+        compared = compare(params, args.seed, run_opts.steps)
+    info = summary(args, spec, job, run_opts, result, run_dir, compared)
     if args.json:
         print(json.dumps(info))
     else:
         print("\n".join(summary_lines(info)))
-    if result.passed and args.run_dir is None:
+    if info["passed"] and args.run_dir is None:
         shutil.rmtree(run_dir, ignore_errors=True)
-    return 0 if result.passed else 1
+    return 0 if info["passed"] else 1
 
 
 def _execute(topo, spec, job, run_opts: RunOptions, run_dir: Path, quiet: bool) -> RunResult:

@@ -94,6 +94,10 @@ def run_worker(cfg: dict) -> int:
         from . import ddp_workload
 
         return ddp_workload.run(cfg, say, wait_line)
+    if w.get("train"):  # model-in-network training (ModelInNetwork, AdamW on the optimizer nodes)
+        from . import train_workload
+
+        return train_workload.run(cfg, say, wait_line)
     rank, numel = w["rank"], w["elements"]
     plan = EndpointPlan.from_json(json.dumps(w["plan"]))
     peers = None

@@ -177,3 +177,19 @@ def test_torch_ddp_on_rail_only_sums_across_the_rails():
             assert counters(info, rail, "COMPLETED") > 0, info["counters"]
     finally:
         check_clean(info)
+
+
+def test_model_in_network_training_across_the_emulated_network_matches_one_process():
+    """--workload train: a small GPT trained with ModelInNetwork on two emulated hosts, its
+    parameters and AdamW state on a `luwu node` daemon in a third (RAM budget below the state: out
+    of core), gradients summed by the emulated switch; the result matches one process training the
+    same model on the whole batch within the rounding tolerance (mininet/train_workload.py)."""
+    info = run_json("--topo", "star", "--workers", "2", "--backend", "netns", "--workload", "train", "--steps", "5")
+    try:
+        assert info["_returncode"] == 0 and info["passed"], (info["errors"], info["_logs"])
+        assert info["workload"] == "train" and info["matches_reference"] is True
+        assert info["max_param_diff"] <= info["tolerance"], (info["max_param_diff"], info["tolerance"])
+        assert abs(info["loss"] - info["reference_loss"]) < 0.05, (info["loss"], info["reference_loss"])
+        assert counters(info, "s1", "COMPLETED") > 0 and counters(info, "s1", "MULTICAST") > 0
+    finally:
+        check_clean(info)

@@ -1,6 +1,8 @@
 """Setting a model-in-network job up: rank 0 hands every optimizer node its units (the job's spec
 and rank 0's initial parameters) over the node's control channel; then every rank waits at a
-barrier before its first pull, so no worker asks a node for a layer it does not have yet.
+barrier before its first pull, so no worker asks a node for a layer it does not have yet; and at
+close, before any engine stops, so no worker's last pulls stall: a node paces its parameter stream
+by the heartbeats of all its workers (the switch takes their minimum), and a closed engine sends none.
 
 The barrier is the c10d store when one is given (`store.add` + `store.wait`), otherwise a
 one-element allreduce through the worker's engine (the job's collective session), which needs
@@ -16,7 +18,7 @@ from luwu.dataplane.optimizer.spec import JobSpec, OptimizerSpec
 
 from .units import Unit
 
-BARRIER_KEY = "luwu/mnn/{job}/ready"
+BARRIER_KEY = "luwu/mnn/{job}/{what}"
 
 
 def node_jobs(job_id: str, optimizer: OptimizerSpec, units: list[Unit], placement: dict[int, int],
@@ -48,18 +50,20 @@ def hand_over(jobs: dict[int, JobSpec], sessions: dict[int, int], controls: list
             client.close()
 
 
-def barrier(job_id: str, world_size: int, store=None, engine=None, timeout: float = 300.0) -> None:
+def barrier(job_id: str, world_size: int, store=None, engine=None, timeout: float = 300.0, what: str = "ready") -> None:
+    """Every rank of the job reaches `what` ("ready": before the first pull; "end": before any
+    engine closes) within `timeout` seconds."""
     if world_size <= 1:
         return
     if store is not None:
         import datetime
 
-        key = BARRIER_KEY.format(job=job_id)
+        key = BARRIER_KEY.format(job=job_id, what=what)
         done = key + "/all"
         if store.add(key + "/count", 1) == world_size:
             store.set(done, b"1")
         store.wait([done], datetime.timedelta(seconds=timeout))
         return
-    got = engine.allreduce(np.ones(1, dtype=np.int32)).wait()
+    got = engine.allreduce(np.ones(1, dtype=np.int32)).wait(timeout)
     if int(got[0]) != world_size:
-        raise RuntimeError(f"start barrier: {int(got[0])} workers answered, the plan has {world_size}")
+        raise RuntimeError(f"{what} barrier: {int(got[0])} workers answered, the plan has {world_size}")

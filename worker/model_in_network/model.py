@@ -18,6 +18,7 @@ import collections
 import re
 import tempfile
 import time
+import warnings
 
 import torch
 from torch import nn
@@ -38,6 +39,7 @@ from .staging import StagingPool
 from .units import split_units
 
 DEFAULT_TIMEOUT = 300.0  # s a pull or push may take before the worker gives up (shared, slow machines)
+END_BARRIER_TIMEOUT = 60.0  # s close() waits for the other workers to close too
 
 
 class ModelInNetwork(nn.Module):
@@ -122,6 +124,9 @@ class ModelInNetwork(nn.Module):
         self._observed: list[int] = []
         self._hooks = []
         self.closed = False
+        self._store = store
+        self._started = False  # past the start barrier: close() then waits for every rank (job.py)
+        self._failed = False  # a pull or push failed: close() does not wait for the others
         try:
             self._start(store)
         except BaseException:
@@ -148,6 +153,7 @@ class ModelInNetwork(nn.Module):
         for f in self.flats:
             f.free()
         barrier(self.network.job_id, self.world_size, store, self.engine, self.timeout)
+        self._started = True
         self.memory.reset_peak()  # the peak is over training; the caller built the whole model before
         self.schedule.prefetch_next_pass(self.version)
 
@@ -172,9 +178,11 @@ class ModelInNetwork(nn.Module):
         try:
             return handle.wait(self.timeout)
         except TimeoutError:
+            self._failed = True
             raise TimeoutError(f"rank {self.rank}: {what} did not complete within {self.timeout} s; check that the "
                                "switch and optimizer node(s) run and that every worker runs the same steps") from None
         except EngineError as e:  # LuwuPeerDead in process, its message from an engine daemon
+            self._failed = True
             found = re.search(r"optimizer node of session (\d+)", str(e))
             if found is not None:  # the engine knows the node by its session only: add index, control channel, job
                 named = f"optimizer node {self.network.describe_node(int(found.group(1)))}"
@@ -435,8 +443,17 @@ class ModelInNetwork(nn.Module):
             h.remove()
         self._hooks.clear()
         engine = getattr(self, "engine", None)
-        if engine is not None:
-            engine.close()
+        if engine is None:
+            return
+        if getattr(self, "_started", False) and not getattr(self, "_failed", True):
+            # leave together: a node paces its parameters by every worker's heartbeats, so a rank
+            # whose engine stopped early would stall another rank's last pulls (gather, say)
+            try:
+                barrier(self.network.job_id, self.world_size, self._store, engine, END_BARRIER_TIMEOUT, "end")
+            except Exception as e:  # noqa: BLE001 - closing anyway; say why the others may stall
+                warnings.warn(f"rank {self.rank}: the other workers did not reach close() within "
+                              f"{END_BARRIER_TIMEOUT:g} s ({e}); closing this engine anyway", stacklevel=2)
+        engine.close()
 
     def __enter__(self) -> ModelInNetwork:
         return self
