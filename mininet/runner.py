@@ -221,7 +221,7 @@ def run(args) -> int:
     if run_opts.workload == "train" and params.exists():  # the same training without network, here
         from .train_workload import compare
 
-        compared = compare(params, args.seed, run_opts.steps)
+        compared = compare(params, args.seed, run_opts.steps, len(job.worker_host))
     info = summary(args, spec, job, run_opts, result, run_dir, compared)
     if args.json:
         print(json.dumps(info))

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 MODEL: dict[str, Any] = {"d_model": 32, "n_layers": 4, "n_heads": 2, "context": 16, "attn_bias": False}
-BATCH = 8  # global batch (rows), split among the workers
+ROWS_PER_WORKER = 4  # the global batch is this many rows per worker
 LR, WEIGHT_DECAY = 1e-2, 0.1
 STEP_TOLERANCE = 0.02  # of lr per step: see the module docstring
 NODE_RAM_FRACTION = 0.5  # the node's RAM budget as a part of the job's optimizer state: out of core
@@ -40,7 +40,8 @@ def tolerance(steps: int) -> float:
 
 def spec(workers: int, steps: int, seed: int) -> dict:
     """The demo worker's spec (luwu.demo.worker.train) for this workload; `networks` is added per rank."""
-    return {"mode": "mnn", "workers": workers, "model": dict(MODEL), "steps": steps, "batch": BATCH, "lr": LR,
+    return {"mode": "mnn", "workers": workers, "model": dict(MODEL), "steps": steps, "batch": ROWS_PER_WORKER * workers,
+            "lr": LR,
             "weight_decay": WEIGHT_DECAY, "seed": seed, "served_dtype": "fp32", "engine": "embedded"}
 
 
@@ -65,7 +66,7 @@ def state_bytes(seed: int) -> int:
     return sum(n for _, n in layers(seed)) * 4 * 4
 
 
-def reference(seed: int, steps: int) -> tuple[dict, list[float]]:
+def reference(seed: int, steps: int, workers: int) -> tuple[dict, list[float]]:
     """The same training in one process, no network: (parameters by name, losses)."""
     import torch
 
@@ -77,7 +78,7 @@ def reference(seed: int, steps: int) -> tuple[dict, list[float]]:
     opt = torch.optim.AdamW(_optimizer_groups(model, WEIGHT_DECAY), lr=LR)
     losses = []
     for step in range(steps):
-        x, y = corpus.batch(step, BATCH, MODEL["context"], seed)  # the whole batch: shard(x, y, 0, 1)
+        x, y = corpus.batch(step, ROWS_PER_WORKER * workers, MODEL["context"], seed)  # every worker's rows
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()
@@ -86,12 +87,12 @@ def reference(seed: int, steps: int) -> tuple[dict, list[float]]:
     return {k: v.detach().clone() for k, v in model.named_parameters()}, losses
 
 
-def compare(params_file: Path, seed: int, steps: int) -> dict:
+def compare(params_file: Path, seed: int, steps: int, workers: int) -> dict:
     """Rank 0's final parameters against the reference: max_param_diff, reference_loss, matches_reference."""
     import numpy as np
 
     got = dict(np.load(params_file))
-    ref, ref_losses = reference(seed, steps)
+    ref, ref_losses = reference(seed, steps, workers)
     missing = sorted(set(ref) - set(got))
     if missing:
         return {"reference_loss": ref_losses[-1], "max_param_diff": None, "matches_reference": False,
