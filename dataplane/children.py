@@ -85,6 +85,16 @@ def stop(proc: subprocess.Popen, grace: float = STOP_GRACE, group: bool = False)
         return None
 
 
+def close_pipes(proc: subprocess.Popen) -> None:
+    """Close our ends of a child's stdin/stdout pipes (after it ended; a reader thread then sees EOF)."""
+    for f in (proc.stdin, proc.stdout):
+        try:
+            if f is not None:
+                f.close()
+        except (OSError, ValueError):
+            pass
+
+
 def tail(path: str | os.PathLike, chars: int = 2000) -> str:
     """The last `chars` characters of a log file, or why it cannot be read."""
     try:
@@ -201,10 +211,5 @@ class LineChild:
     def stop(self, grace: float = STOP_GRACE) -> int | None:
         """End it and whatever it started (its process group); returns its exit code."""
         code = stop(self.proc, grace, group=True)
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                if f is not None:
-                    f.close()
-            except (OSError, ValueError):
-                pass
+        close_pipes(self.proc)
         return code

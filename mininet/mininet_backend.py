@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from luwu.dataplane import children
+
 from .emulation import EmulationSpec
 
 SCRIPT = Path(__file__).with_name("mn_network.py")
@@ -147,12 +149,7 @@ class MininetNetwork:
             except (OSError, ValueError):
                 rest = []
             clean = any('"stopped": true' in line for line in self._lines + rest)
-            for f in (self.proc.stdin, self.proc.stdout):
-                try:
-                    if f is not None:
-                        f.close()
-                except (OSError, ValueError):
-                    pass
+            children.close_pipes(self.proc)
         if not clean:  # killed, hung or never up: net.stop() may not have run
             left += self._sweep()
         if self._spec_file is not None:

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from luwu.dataplane.net.framing import recv_exact
+from luwu.worker.backend.hierarchy import shard_bounds  # the backend's rail-only shards: the same cut
 
 FRAME = struct.Struct("!HHQ")  # sender index, tag, payload bytes
 HELLO = struct.Struct("!H")  # the connecting GPU's index
@@ -29,17 +30,6 @@ CONNECT_RETRY = 0.05  # s between connection attempts while a peer's listener is
 
 class NvlinkError(RuntimeError):
     """A peer GPU could not be reached, or did not send in time."""
-
-
-def shard_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
-    """Contiguous, nearly equal [start, end) shards (the first numel % parts are one longer)."""
-    base, extra = divmod(numel, parts)
-    out, start = [], 0
-    for k in range(parts):
-        end = start + base + (1 if k < extra else 0)
-        out.append((start, end))
-        start = end
-    return out
 
 
 class NvlinkPeers:
