@@ -139,6 +139,43 @@ class Emulation:
                     result.leftovers = self.network.stop()
         return result
 
+    def up(self, ready, wait) -> list[str]:
+        """`luwu mininet up`: the network and its programmed switches (and, with --workload train,
+        the optimizer node daemons) running; `ready(info)` gets how to reach them, `wait()` blocks
+        until the user is done (Ctrl-C, SIGTERM or a duration). Tears everything down after, on
+        any path; returns what teardown could not remove."""
+        leftovers: list[str] = []
+        try:
+            self.progress(f"building the network ({self.opts.backend})")
+            self.network = self._make_network()
+            namespaces = self.network.start()
+            self._start_switches()
+            self._start_nodes(namespaces)
+            plans = {}
+            for rank, plan in sorted(self.job.worker_plans.items()):
+                path = self.run_dir / f"plan-rank{rank}.json"
+                path.write_text(plan.to_json())
+                plans[rank] = str(path)
+            hosts = {h.name: {"namespace": namespaces.get(h.name, ""), "kind": h.kind, "server": h.server,
+                              "addresses": [i.ip for i in h.interfaces] + ([h.nvlink] if h.nvlink else []),
+                              "enter": f"nsenter --net={namespaces.get(h.name, '')} bash"}
+                     for h in self.spec.hosts}
+            for rank, host in self.job.worker_host.items():
+                hosts[host]["rank"] = rank
+                hosts[host]["plan"] = plans[rank]
+            ready({"ready": True, "run_dir": str(self.run_dir), "backend": self.opts.backend, "hosts": hosts,
+                   "switches": {s.spec.name: {"ports": len(s.spec.ports), "p4runtime": s.grpc_address or None,
+                                              "log": str(s.child.log)}
+                                for s in self.switches}})
+            wait()
+        finally:
+            with _shielded():
+                self.progress("tearing down")
+                self.children.close()
+                if self.network is not None:
+                    leftovers = self.network.stop()
+        return leftovers
+
     # -- switches -------------------------------------------------------------------------------------
     def _start_switches(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT

@@ -4,6 +4,7 @@
                       [--switch software|bmv2] [--size 256KiB] [--drop P] [--push-pull]
                       [--workload allreduce|ddp [--steps N]] [--json]
     luwu mininet show --topo ...      # the emulation spec and the plan, without building anything
+    luwu mininet up   --topo ...      # build it, program the switches, print how to reach each host, wait
 
 `run` plans the job with the controller's planner, builds the network (Mininet when it is
 installed, else plain namespaces), starts and programs one switch per switch node, runs an
@@ -23,12 +24,14 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from luwu.dataplane.protocol import DEFAULT_UDP_PORT, lanes_for_mode
 
 from .job import plan_job
 from .orchestrator import Emulation, RunOptions, RunResult
+from .processes import ChildError
 from .results import summary, summary_lines
 from .switches import SWITCH_KINDS, bmv2_missing, drop_entries
 from .topologies import JUMBO_MTU, NODE_MODES, TOPOLOGIES, TopologyError, TopologyOptions, build_topology, emulate
@@ -46,7 +49,10 @@ BMV2_POOL = 16
 
 
 def add_arguments(p) -> None:
-    p.add_argument("action", choices=["run", "show"], help="run: emulate and check; show: print spec and plan")
+    p.add_argument("action", choices=["run", "show", "up"],
+                   help="run: emulate and check; show: print spec and plan; up: build the network, start and "
+                        "program its switches, print how to reach every host, keep it up until Ctrl-C")
+    p.add_argument("--duration", type=float, default=0.0, help="up: tear down after this many seconds (0: at Ctrl-C)")
     p.add_argument("--topo", choices=TOPOLOGIES, default="star", help="topology (default star)")
     p.add_argument("--workers", type=int, default=3, help="workers in all (default 3)")
     p.add_argument("--nodes", type=int, default=1, help="optimizer nodes (star, multi-rack; default 1)")
@@ -209,6 +215,11 @@ def run(args) -> int:
     global _MAIN_PID
     _MAIN_PID = os.getpid()
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    if args.action == "up":
+        try:
+            return _up(args, topo, spec, job, run_opts, run_dir)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     try:
         result = _execute(topo, spec, job, run_opts, run_dir, args.json)
     except KeyboardInterrupt:
@@ -230,6 +241,57 @@ def run(args) -> int:
     if info["passed"] and args.run_dir is None:
         shutil.rmtree(run_dir, ignore_errors=True)
     return 0 if info["passed"] else 1
+
+
+def _up(args, topo, spec, job, run_opts: RunOptions, run_dir: Path) -> int:
+    """`luwu mininet up`: everything up until Ctrl-C / SIGTERM / --duration, then torn down."""
+    from rich.console import Console
+
+    console = Console(stderr=True, quiet=args.json)
+
+    def ready(info: dict) -> None:
+        if args.json:
+            print(json.dumps(info), flush=True)
+            return
+        print(f"luwu mininet up: {args.topo}, {len(job.worker_host)} worker(s), {run_opts.switch} switch(es) "
+              f"{' '.join(info['switches'])}, run directory {run_dir}")
+        for name, h in sorted(info["hosts"].items()):
+            role = f"rank {h['rank']}" if "rank" in h else h["kind"]
+            print(f"  {name} ({role}, {' '.join(h['addresses'])}): {h['enter']}"
+                  + (f"   LUWU_PLAN={h['plan']}" if "plan" in h else ""))
+        for name, sw in sorted(info["switches"].items()):
+            print(f"  switch {name}: {sw['ports']} ports, log {sw['log']}"
+                  + (f", P4Runtime {sw['p4runtime']}" if sw["p4runtime"] else ""))
+        print("  torch on a worker host: LUWU_PLAN=<its plan> LUWU_ENGINE=embedded LUWU_P2P_HOST=<its address> "
+              "python train.py  (init_process_group('luwu', ...); docs/mininet.md)")
+        print("Ctrl-C tears everything down.", flush=True)
+
+    def wait() -> None:
+        if args.duration > 0:
+            time.sleep(args.duration)
+        else:
+            while True:
+                time.sleep(3600)
+
+    try:
+        with console.status("luwu mininet up") as status:
+            def progress(msg: str) -> None:
+                status.update(f"luwu mininet: {msg}")
+                console.log(msg)
+
+            emu = Emulation(topo, spec, job, run_opts, run_dir, progress)
+            status.stop()  # the wait is the user's time: no spinner
+            leftovers = emu.up(ready, wait)
+    except KeyboardInterrupt:
+        leftovers = []  # the user ended it; teardown ran in up()'s finally
+    except (ChildError, RuntimeError, OSError) as e:
+        print(f"luwu mininet up: {e} (logs: {run_dir})", file=sys.stderr)
+        return 1
+    for left in leftovers:
+        print(f"leftover: {left}", file=sys.stderr)
+    print("luwu mininet up: torn down" if not args.json else json.dumps({"stopped": True, "leftovers": leftovers}),
+          flush=True)
+    return 0 if not leftovers else 1
 
 
 def _execute(topo, spec, job, run_opts: RunOptions, run_dir: Path, quiet: bool) -> RunResult:

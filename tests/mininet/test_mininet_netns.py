@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from mininet_helpers import ENV, check_clean, counters, leftovers, needs_root, remove_leftovers, run_json
@@ -193,3 +194,46 @@ def test_model_in_network_training_across_the_emulated_network_matches_one_proce
         assert counters(info, "s1", "COMPLETED") > 0 and counters(info, "s1", "MULTICAST") > 0
     finally:
         check_clean(info)
+
+
+ALLREDUCE_BY_HAND = """
+import os, sys, torch, torch.distributed as dist
+rank, world, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("luwu", init_method="file://" + store, rank=rank, world_size=world)
+t = torch.arange(4, dtype=torch.float32) * (rank + 1)
+dist.all_reduce(t)
+print("SUM", t.tolist(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_up_keeps_the_network_for_a_user_to_run_torch_by_hand(tmp_path):
+    """`luwu mininet up`: the network and its programmed switch stay up; a user enters each worker
+    host and runs a plain torch.distributed script with the printed plan; SIGTERM tears it down."""
+    up = subprocess.Popen([sys.executable, "-m", "luwu.cli", "mininet", "up", "--topo", "star", "--workers", "2",
+                           "--backend", "netns", "--json", "--duration", "120", "--run-dir", str(tmp_path / "run")],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    run_id = ""
+    try:
+        info = json.loads(up.stdout.readline())
+        assert info["ready"] is True and set(info["switches"]) == {"s1"}, info
+        workers = {h["rank"]: h for h in info["hosts"].values() if "rank" in h}
+        assert sorted(workers) == [0, 1]
+        run_id = Path(workers[0]["namespace"]).name.split("-")[0][len(NAME_PREFIX):]
+        env = {k: v for k, v in ENV.items() if k != "LUWU_NO_BACKEND"}
+        procs = []
+        for rank, h in sorted(workers.items()):
+            e = dict(env, LUWU_PLAN=h["plan"], LUWU_ENGINE="embedded", LUWU_P2P_HOST=h["addresses"][0],
+                     LUWU_WORKDIR=str(tmp_path / f"w{rank}"))
+            procs.append(popen_in(h["namespace"], [sys.executable, "-c", ALLREDUCE_BY_HAND, str(rank), "2",
+                                                   str(tmp_path / "store")], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=e))
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0 and "SUM [0.0, 3.0, 6.0, 9.0]" in out, (out, err[-2000:])
+    finally:
+        up.send_signal(signal.SIGTERM)
+        out, err = up.communicate(timeout=120)
+    assert up.returncode == 0, err[-2000:]
+    assert json.loads(out.strip().splitlines()[-1]) == {"stopped": True, "leftovers": []}
+    assert run_id and not leftovers(run_id), leftovers(run_id)
