@@ -45,6 +45,7 @@ class RunOptions:
     workload: str = "allreduce"  # "allreduce" (engine checks), "ddp" (torch DDP over the luwu backend) or
     # "train" (ModelInNetwork: AdamW on `luwu node` daemons, train_workload.py)
     steps: int = 20  # DDP training steps
+    port_drops: dict[str, dict[int, float]] = field(default_factory=dict)  # switch -> port -> ingress loss
     timeout: float = 120.0  # s for the workload, once released
     seed: int = 1
     nvlink_port: int = 19600  # TCP port of the emulated NVLink exchange (rail-only)

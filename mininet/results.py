@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import links
+
 EVENTS_SHOWN = ("COMPLETED", "ABSORBED", "RESENT", "FALLBACK", "MULTICAST")
 BITS_PER_BYTE = 8
 
@@ -57,6 +59,7 @@ def summary(args, spec, job, opts, result, run_dir: Path, compared: dict | None 
         info["pushpull"] = {"verified": sum(1 for p in pp if p.get("verified")), "of": len(job.worker_host),
                             "seconds_max": max((p.get("seconds", 0.0) for p in pp), default=None),
                             "node_gradients": sum(n.get("gradients", 0) for n in result.nodes)}
+    info["links"] = links.traffic(spec, opts.port_drops, result.switches)
     for name, c in result.switches.items():
         info["counters"][name] = {
             "events": {e: _count(c, "events", e) for e in EVENTS_SHOWN},
@@ -101,6 +104,11 @@ def summary_lines(info: dict) -> list[str]:
         drops = " ".join(f"{k.lower()}={v}" for k, v in c["drops"].items()) or "none"
         lines.append(f"switch_{name}_events: {ev or 'none'}")
         lines.append(f"switch_{name}_drops: {drops}")
+    for lk in info.get("links", []):
+        shaped = f" bw={lk['bw_mbit']:g}mbit" if lk["bw_mbit"] else ""
+        lossy = f" drop={lk['drop']:g}" if lk["drop"] else ""
+        seen = f" rx={lk['rx_packets']} tx={lk['tx_packets']}" if lk["rx_packets"] is not None else ""
+        lines.append(f"link_{lk['switch']}_{lk['port']}: peer={lk['peer'] or '-'}{shaped}{lossy}{seen}")
     for e in info["errors"]:
         lines.append(f"error: {e}")
     for left in info["leftovers"]:

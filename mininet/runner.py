@@ -29,6 +29,7 @@ from pathlib import Path
 
 from luwu.dataplane.protocol import DEFAULT_UDP_PORT, lanes_for_mode
 
+from . import links
 from .job import plan_job
 from .orchestrator import Emulation, RunOptions, RunResult
 from .processes import ChildError
@@ -78,6 +79,8 @@ def add_arguments(p) -> None:
     p.add_argument("--pool", type=int, default=None,
                    help=f"slots of every session's pool and packets of the PARAM window, a power of two (default: "
                         f"the planner's, meta 32 and data/node 256; bmv2: {BMV2_POOL}, what its queues hold)")
+    p.add_argument("--link", action="append", default=[], metavar="SWITCH:PORT=bw=MBIT,drop=P",
+                   help="one link's bandwidth and/or ingress loss, overriding --bw/--drop there (repeatable)")
     p.add_argument("--bw", type=float, default=DEFAULTS["bw"], help="link bandwidth in Mbit/s, 0 = unshaped "
                    "(tc htb; default 1000, Mininet's maximum)")
     p.add_argument("--mtu", type=int, default=JUMBO_MTU, help=f"MTU of every link (default {JUMBO_MTU})")
@@ -165,6 +168,9 @@ def prepare(args, run_id: str):
     topo_opts, run_opts = _options(args)
     topo = build_topology(topo_opts)
     spec = emulate(topo, run_id, args.mtu, args.bw)
+    link_settings = links.parse(args.link)
+    links.apply_bandwidth(spec, link_settings)
+    run_opts.port_drops = links.port_drops(spec, link_settings, args.drop)
     layers = [(0, max(1, run_opts.elements // 4)), (1, PUSH_PULL_SMALL_LAYER)] if run_opts.push_pull else None
     if run_opts.workload == "train":  # the model's units are the job's layers
         from .train_workload import layers as train_layers
@@ -181,7 +187,8 @@ def prepare(args, run_id: str):
         job = plan_job(topo, spec, layers, config=config, seed=args.seed, nodes=nodes)
     for sw in spec.switches:
         job.runtime.setdefault(sw.name, {"table_entries": [], "multicast_group_entries": []})
-        job.runtime[sw.name]["table_entries"] += drop_entries(list(sw.ports), args.drop)
+        for port, p in sorted(run_opts.port_drops[sw.name].items()):
+            job.runtime[sw.name]["table_entries"] += drop_entries([port], p)
     return topo, spec, job, run_opts
 
 

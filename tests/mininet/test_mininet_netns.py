@@ -237,3 +237,17 @@ def test_up_keeps_the_network_for_a_user_to_run_torch_by_hand(tmp_path):
     assert up.returncode == 0, err[-2000:]
     assert json.loads(out.strip().splitlines()[-1]) == {"stopped": True, "leftovers": []}
     assert run_id and not leftovers(run_id), leftovers(run_id)
+
+
+def test_per_link_loss_and_bandwidth_and_per_link_traffic():
+    info = run_json("--topo", "star", "--workers", "2", "--backend", "netns", "--size", "256KiB", "--bw", "0",
+                    "--link", "s1:1=bw=300,drop=0.3", "--seed", "3")  # 32 packets each way: some are lost
+    try:
+        assert info["_returncode"] == 0 and info["passed"], (info["errors"], info["_logs"])
+        by_port = {lk["port"]: lk for lk in info["links"]}
+        assert by_port[1]["drop"] == 0.3 and by_port[1]["bw_mbit"] == 300 and by_port[1]["peer"] == "w0"
+        assert by_port[2]["drop"] == 0.0 and by_port[2]["bw_mbit"] == 0.0 and by_port[2]["peer"] == "w1"
+        assert by_port[1]["rx_packets"] >= CHUNKS and by_port[2]["rx_packets"] >= CHUNKS
+        assert info["counters"]["s1"]["drops"].get("SIMULATED_LOSS", 0) > 0  # only port 1 loses, and it did
+    finally:
+        check_clean(info)

@@ -127,6 +127,9 @@ def test_show_prints_the_spec_and_the_plan_without_root():
     (["--size", "5"], "multiple of 4"),
     (["--drop", "1.5"], "probability"),
     (["--switch", "bmv2", "--packet-mode", "jumbo"], "64-lane"),
+    (["--link", "s9:1=bw=10"], "no switch 's9'"),
+    (["--link", "s1:7=drop=0.1"], "has ports"),
+    (["--link", "s1:1=drop=2"], "probability"),
 ])
 def test_bad_options_exit_2_with_a_message(args, words):
     r = luwu_mininet("show", *args, timeout=120)
