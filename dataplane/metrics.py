@@ -11,7 +11,8 @@ Optimizer node: `luwu_node_submitted_total`, `luwu_node_published_total`,
 `luwu_node_saturated_gradients_total`, `luwu_node_skipped_steps_total`,
 `luwu_node_rejected_total{reason}`, `luwu_node_stage_busy_seconds_total{stage}`,
 `luwu_node_queued{stage}`, `luwu_node_bytes{part,kind}` (store / served RAM), `luwu_node_io_total{kind}`,
-`luwu_node_up` (0 once the node failed). docs/observability.md lists them.
+`luwu_node_up` (0 once the node failed). Worker processes (LUWU_METRICS, luwu.worker.metrics):
+`luwu_engine_stat{engine,section,name}`. docs/observability.md lists them.
 """
 
 from __future__ import annotations
@@ -109,6 +110,35 @@ class NodeCollector:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 io.add_metric([kind], value)
         yield from (busy, queued, nbytes, io)
+
+
+class EngineCollector:
+    """The SmartNIC engines of a worker process (`Engine.session_stats()` of each) as Prometheus
+    gauges `luwu_engine_stat{engine, section, name}`: section "engine" (operations, packets,
+    retransmissions, ...), "socket" (datagrams and bytes each way) or "session N" (its windows,
+    streams and round-trip estimate, nested names joined with a dot)."""
+
+    def __init__(self, stats: Callable[[], dict[str, dict]]):
+        self.stats = stats  # engine name -> its session_stats() (None: not readable now)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        g = GaugeMetricFamily("luwu_engine_stat", "a SmartNIC engine's counters and estimates",
+                              labels=["engine", "section", "name"])
+        for engine, stats in sorted(self.stats().items()):
+            for section, values in sorted((stats or {}).items()):
+                for name, value in _flat(values):
+                    g.add_metric([engine, section, name], value)
+        yield g
+
+
+def _flat(values: object, prefix: str = "") -> Iterator[tuple[str, float]]:
+    if isinstance(values, dict):
+        for k, v in sorted(values.items(), key=lambda kv: str(kv[0])):
+            yield from _flat(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}")
+    elif isinstance(values, (int, float)) and not isinstance(values, bool) and prefix:
+        yield prefix, float(values)
 
 
 def serve(address: str, *collectors: Any) -> tuple[str, int]:

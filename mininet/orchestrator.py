@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from luwu.controller.topology import Topology
 
@@ -157,10 +157,11 @@ class Emulation:
                 path = self.run_dir / f"plan-rank{rank}.json"
                 path.write_text(plan.to_json())
                 plans[rank] = str(path)
-            hosts = {h.name: {"namespace": namespaces.get(h.name, ""), "kind": h.kind, "server": h.server,
-                              "addresses": [i.ip for i in h.interfaces] + ([h.nvlink] if h.nvlink else []),
-                              "enter": f"nsenter --net={namespaces.get(h.name, '')} bash"}
-                     for h in self.spec.hosts}
+            hosts: dict[str, dict[str, Any]] = {
+                h.name: {"namespace": namespaces.get(h.name, ""), "kind": h.kind, "server": h.server,
+                         "addresses": [i.ip for i in h.interfaces] + ([h.nvlink] if h.nvlink else []),
+                         "enter": f"nsenter --net={namespaces.get(h.name, '')} bash"}
+                for h in self.spec.hosts}
             for rank, host in self.job.worker_host.items():
                 hosts[host]["rank"] = rank
                 hosts[host]["plan"] = plans[rank]
