@@ -85,6 +85,9 @@ def start(process_name: str) -> bool:
     return True
 
 
+OpenSpan = _Nothing | _Span  # what `begin` returns and `end` takes: an event still open
+
+
 def span(name: str, cat: str = "luwu", **args: object) -> _Nothing | _Span:
     """A context manager timing its block as one event (a no-op when tracing is off)."""
     t = _tracer

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..kernels import mode as kernel_mode
+from ..net.shm_ring import ShmEndpoint
 from ..protocol import HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Flag, MsgType, header_view
 from ..session import EndpointPlan, SessionSpec
 from .collective import CollectiveSession
@@ -31,6 +32,8 @@ from .node_worker import WorkerNodeSession
 from .reductions import AllreduceOp, check_reduction
 from .send_stream import RtoEstimator, RtoPolicy
 from .transport import open_transport, switch_name
+
+Session = CollectiveSession | NodeServerSession | WorkerNodeSession  # what an endpoint's session id names
 
 
 @dataclass
@@ -58,10 +61,11 @@ class Engine:
         lanes = max([s.lanes for s in plan.sessions] or [64])
         # the transport seam (transport.py): a UDP BatchSocket or shared-memory rings, same interface
         self.sock = open_transport(w, cfg.batch, HEADER_LEN + 4 * lanes + 64, cfg.socket_buffer)
-        self._shm = w.transport == "shm"
+        # the shared-memory port (w.transport == "shm"), or None on UDP: its arm() and switch_gone()
+        self._shm: ShmEndpoint | None = self.sock if isinstance(self.sock, ShmEndpoint) else None
         now = time.monotonic()
         self.watch = PeerWatch(switch_name(w), cfg.peer_timeout, now)
-        self.sessions: dict[int, object] = {}
+        self.sessions: dict[int, Session] = {}
         self.meta: CollectiveSession | None = None
         self.data: CollectiveSession | None = None
         for spec in plan.sessions:
@@ -76,7 +80,8 @@ class Engine:
         self.stats = {"rx_bad": 0, "rx_unexpected": 0, "loop_turns": 0}
         self.error: BaseException | None = None
 
-    def _make_session(self, spec: SessionSpec, provider, on_gradient, now: float):
+    def _make_session(self, spec: SessionSpec, provider: ParamProvider | None, on_gradient: GradientSink | None,
+                      now: float) -> Session:
         cfg = self.config
         rto = RtoEstimator(cfg.rto)
         if spec.kind == "collective":
@@ -96,7 +101,9 @@ class Engine:
     @property
     def address(self) -> tuple[str, int]:
         """The local UDP address, or (ring prefix, 0) on a shared-memory port."""
-        return (self.sock.address, 0) if self._shm else self.sock.sock.getsockname()
+        if isinstance(self.sock, ShmEndpoint):
+            return (self.sock.address, 0)
+        return self.sock.sock.getsockname()
 
     def start(self) -> Engine:
         from ..quantize import warm_up  # compiled kernels load beside startup, not on the first sum
@@ -120,7 +127,7 @@ class Engine:
     def __enter__(self) -> Engine:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- API (any thread) -------------------------------------------------------------------------
@@ -158,11 +165,12 @@ class Engine:
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
         if self.meta is None:
             raise EngineError("push needs the job's meta session (exponent agreement); the plan has none")
+        meta = self.meta  # the narrowed session, for the command that runs later on the engine thread
         handle = Handle(f"push(layer {tensor}, {x.size})")
         from ..quantize import chunk_exponents
 
         exps = chunk_exponents(x, s.lanes) if x.size else None
-        self._submit(handle, lambda: s.push(tensor, x, self.meta, handle, exps))
+        self._submit(handle, lambda: s.push(tensor, x, meta, handle, exps))
         return handle
 
     def pull(self, session: int, tensor: int, version: int, out: np.ndarray | None = None) -> Handle:
@@ -253,7 +261,7 @@ class Engine:
         poller.register(self._wake_r, select.POLLIN)
         now = time.monotonic()
         for s in self.sessions.values():
-            if hasattr(s, "hello"):
+            if not isinstance(s, CollectiveSession):  # node sessions greet their peer; collectives have no hello
                 s.hello(now)
         next_timer = now
         sessions = list(self.sessions.values())
@@ -288,7 +296,7 @@ class Engine:
                                  now + cfg.timer_tick)
                 self.stats["loop_turns"] += 1
                 # a shm port rings its doorbell only once armed; arming may find packets: then do not sleep
-                if got == 0 and sent == 0 and not self._cmds and (not self._shm or self.sock.arm()):
+                if got == 0 and sent == 0 and not self._cmds and (self._shm is None or self._shm.arm()):
                     wait = max(0.0, next_timer - time.monotonic())
                     for _fd, ev in poller.poll(max(1, int(wait * 1000 + 0.5)) if wait > 0 else 0):
                         if ev & select.POLLERR:
@@ -303,7 +311,7 @@ class Engine:
                 h.set_error(EngineError(f"the engine loop failed: {e!r}"))
             raise
 
-    def _wake_at(self, s, now: float, busy: bool) -> float:
+    def _wake_at(self, s: Session, now: float, busy: bool) -> float:
         """When session `s` next needs the loop without a packet or a command arriving."""
         wake_at = getattr(s, "wake_at", None)
         if wake_at is not None:
@@ -313,16 +321,16 @@ class Engine:
     def _refused(self, now: float, certain: bool = True) -> None:
         """The kernel reported an error on the socket: drain its queue (else poll spins on POLLERR)
         and note the switch's port as unreachable when it says so (a refused recv says so itself)."""
-        if self._shm:
+        if isinstance(self.sock, ShmEndpoint):
             return
         if drain_error_reports(self.sock.sock) or certain:
             self.watch.refused(now)
 
-    def _check_peers(self, now: float, node_sessions) -> None:
+    def _check_peers(self, now: float, node_sessions: list[tuple[int, WorkerNodeSession]]) -> None:
         """Fail every pending operation with LuwuPeerDead once the switch or a node it waits on is dead."""
         self.watch.pending(bool(self._handles), now)
-        if self._shm:
-            gone = self.sock.switch_gone(now)
+        if self._shm is not None:
+            gone = self._shm.switch_gone(now)
             if gone:
                 self.watch.refused(now, gone)
         dead = self.watch.verdict(now, [(sid, s.node_heard, s.busy()) for sid, s in node_sessions])
@@ -349,7 +357,8 @@ class Engine:
             if s is None or not self._handle(s, t, idx, rows, lens, h, now):
                 self.stats["rx_unexpected"] += len(idx)
 
-    def _handle(self, s, t: int, idx, rows, lens, h, now: float) -> bool:
+    def _handle(self, s: Session, t: int, idx: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray,
+                now: float) -> bool:
         if t in (MsgType.RESULT, MsgType.AGG, MsgType.GRAD):
             good = lens[idx] == HEADER_LEN + 4 * s.lanes
             if not good.all():

@@ -40,7 +40,8 @@ def reduce_tensors(ctx: OpContext, tensors: list[torch.Tensor], encs: list[Encod
     groups: dict[Encoding, list[int]] = {}
     for i, enc in enumerate(encs):
         groups.setdefault(enc, []).append(i)
-    handles, plans = [], []
+    handles = []
+    plans: list[tuple[Encoding, list[int], ByteLayout | None]] = []  # layout: a host encoding's byte segments
     for enc, idx in groups.items():
         if enc.kind == "host":
             layout = ByteLayout([nbytes(tensors[i]) for i in idx for _ in range(world)])

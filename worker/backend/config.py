@@ -13,6 +13,7 @@
 | `LUWU_CONNECT_TIMEOUT` | `30` | seconds the first collective (a probe at group creation) may take before the switch is declared unreachable |
 | `LUWU_P2P_HOST` | `127.0.0.1` | address the point-to-point (send/recv) listener binds and advertises |
 | `LUWU_WORKDIR` | a new temp dir | where engine and switch logs go |
+| `LUWU_METRICS` | unset | `HOST:PORT`: serve this rank's engine statistics to Prometheus at PORT + LOCAL_RANK (or + rank) (luwu.worker.metrics) |
 
 Without `LUWU_CONTROLLER` or `LUWU_PLAN` the plan is embedded: rank 0 starts a software switch on
 loopback and publishes the plan through the c10d store.
@@ -21,6 +22,7 @@ loopback and publishes the plan through the c10d store.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 ENGINE_MODES = ("process", "embedded")
@@ -43,8 +45,9 @@ class BackendConfig:
     log_tail: int = 2000  # characters of an engine/switch log quoted in an error
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> BackendConfig:
-        env = os.environ if env is None else env
+    def from_env(cls, env: Mapping[str, str] | None = None) -> BackendConfig:
+        if env is None:
+            env = os.environ
         cfg = cls(
             engine=env.get("LUWU_ENGINE", cls.engine).strip().lower(),
             controller=env.get("LUWU_CONTROLLER", "").strip(),

@@ -89,13 +89,21 @@ class ExactFallback:
         self.stats["exchanges"] += 1
         self.stats["elements"] += int(idx.size)
 
-        def finish() -> None:
-            result[idx] = exact_sum(parts, op == "avg")
-            out.set_result(result)
-
         def failed(what: str, err: BaseException) -> None:
             out.set_error(LuwuError(f"luwu {out.name}: exact recomputation of {idx.size} saturated elements: "
                                     f"{what}: {err}"))
+
+        def finish() -> None:
+            arrived = [p for p in parts if p is not None]
+            if len(arrived) != len(parts):  # finish runs after every receive completed: a missing part is a bug
+                failed("a rank's values are missing", RuntimeError(f"{len(arrived)} of {len(parts)} ranks' values"))
+                return
+            result[idx] = exact_sum(arrived, op == "avg")
+            out.set_result(result)
+
+        def sent(peer: int, err: BaseException | None) -> None:
+            if err is not None:
+                failed(f"sending to rank {peer}", err)
 
         def received(err: BaseException | None) -> None:
             if err is not None:
@@ -119,6 +127,6 @@ class ExactFallback:
             return
         payload = mine.tobytes()
         for peer in peers:
-            self.p2p.send(peer, tag, payload, lambda err, p=peer: err is not None and failed(f"sending to rank {p}", err))
+            self.p2p.send(peer, tag, payload, lambda err, p=peer: sent(p, err))
         for peer in peers:
             self.p2p.recv(peer, tag, lambda b, p=peer: deliver(p, b), received)

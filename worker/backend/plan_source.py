@@ -19,12 +19,16 @@ import json
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from luwu.dataplane.engine.transport import switch_name
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan, free_udp_port, plan_from_json, plan_to_json
 from luwu.dataplane.session import EndpointPlan
 
 from .config import BackendConfig
+
+if TYPE_CHECKING:  # imported where used: the controller's client (grpc) is needed only in controller mode
+    from luwu.controller.watch import ControllerWatch
 
 PLAN_KEY = "luwu/plan"
 CLOSED_KEY = "luwu/closed/{rank}"
@@ -39,7 +43,7 @@ class PlanLease:
     hint: str  # what to check when the switch does not answer (a sentence, ending in . or ?)
     switch: LoopbackSwitch | None = None  # the switch this rank started (embedded rank 0)
     local_size: int = 1  # >1: a rail-only plan, allreduce hierarchical over this many ranks per server
-    watch: object | None = None  # controller mode: the ControllerWatch on the job's controller (controller/watch.py)
+    watch: ControllerWatch | None = None  # controller mode: the ControllerWatch on the job's controller (controller/watch.py)
 
     def controller_note(self) -> str:
         """' ' + a sentence on a lost controller, for error messages ('' when none is lost)."""

@@ -179,9 +179,11 @@ class Scheduler:
     def _watchdog(self) -> None:
         now = time.monotonic()
         with self._pending_lock:
-            late = [w for w in self._pending.values() if w.deadline is not None and now > w.deadline]
-        for w in late:
-            error = timeout_failure(w.name, w.timeout, self.link, self.lease, probe=w.probe)
+            # a work has a deadline exactly when it has a timeout (work.py): both are checked to narrow them
+            late = [(w, w.timeout) for w in self._pending.values()
+                    if w.timeout is not None and w.deadline is not None and now > w.deadline]
+        for w, timeout in late:
+            error = timeout_failure(w.name, timeout, self.link, self.lease, probe=w.probe)
             self.broken = self.broken or error
             self._forget(w)
             w._fail(error)

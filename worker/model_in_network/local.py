@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
 from luwu.dataplane.optimizer.control import ControlAuth
@@ -25,9 +26,12 @@ DEFAULT_NODE_RAM = 256 << 20  # bytes of optimizer-node RAM for state and served
 class LocalNetwork:
     def __init__(self, workers: int, nodes: int = 1, mode: str | int = "jumbo", drop: dict | None = None,
                  state_dir: str | Path | None = None, job_id: str = DEFAULT_JOB_ID, seed: int = 0,
-                 node_ram: int = DEFAULT_NODE_RAM, switch_process: bool = True, **plan_kw):
-        self._tmp = None if state_dir is not None else tempfile.TemporaryDirectory(prefix="luwu-mnn-")
-        self.dir = Path(state_dir if state_dir is not None else self._tmp.name)
+                 node_ram: int = DEFAULT_NODE_RAM, switch_process: bool = True, **plan_kw: Any) -> None:
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if state_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="luwu-mnn-")
+            state_dir = self._tmp.name
+        self.dir = Path(state_dir)
         self.plan = StarPlan(workers=workers, nodes=nodes, mode=mode, **plan_kw)
         self.switch = LoopbackSwitch(self.plan, process=switch_process, drop=drop, seed=seed)
         self.job_id = job_id
@@ -50,13 +54,22 @@ class LocalNetwork:
 
     @property
     def controls(self) -> list[str]:
-        return [s.control.address for s in self.services]
+        out: list[str] = []
+        for s in self.services:
+            if s.control is None:  # start() gives every node one; None would be a bug here, not a user error
+                raise RuntimeError("an optimizer node of this LocalNetwork has no control channel")
+            out.append(s.control.address)
+        return out
 
     def network(self, rank: int, placement: dict[int, int] | None = None) -> JobNetwork:
         return JobNetwork.from_star(self.plan, rank, self.controls, self.job_id, placement, self.control_token)
 
     def counters(self) -> dict:
-        return self.switch.counters()
+        """The switch's counters (drops, events, rx_types, ...); RuntimeError once the switch is gone."""
+        counters = self.switch.counters()
+        if counters is None:  # the switch process is gone: say so rather than hand back no counters
+            raise RuntimeError("the loopback switch is not running (stopped or exited): its counters cannot be read")
+        return counters
 
     def node_stats(self) -> list[dict]:
         return [{"node": s.node.stats(), "engine": s.engine.session_stats()} for s in self.services]
@@ -73,5 +86,5 @@ class LocalNetwork:
     def __enter__(self) -> LocalNetwork:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -19,24 +19,34 @@ import re
 import tempfile
 import time
 import warnings
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from luwu.dataplane import trace
-from luwu.dataplane.engine.handles import EngineError
+from luwu.dataplane.engine.handles import EngineError, Handle
 from luwu.dataplane.engine.liveness import LuwuPeerDead
-from luwu.worker.engine_link import open_engine
+from luwu.worker import metrics as worker_metrics
+from luwu.worker.engine_link import Staging, open_engine
 
 from .devices import HostStage
 from .flat import FlatParams, check_range
 from .job import barrier, hand_over, node_jobs
 from .memory import MemoryTracker
 from .network import JobNetwork, balance
-from .optimizers import as_optimizer_spec
+from .optimizers import OptimizerSpec, as_optimizer_spec
 from .schedule import BACKWARD, FORWARD, PullSchedule, Ticket
 from .staging import StagingPool
 from .units import split_units
+
+if TYPE_CHECKING:  # annotations only: torch.distributed and the engine client load where used
+    from torch.distributed import Store
+
+    from luwu.dataplane.engine import Engine
+    from luwu.dataplane.engine.client import EngineClient
 
 DEFAULT_TIMEOUT = 300.0  # s a pull or push may take before the worker gives up (shared, slow machines)
 END_BARRIER_TIMEOUT = 60.0  # s close() waits for the other workers to close too
@@ -82,9 +92,10 @@ class ModelInNetwork(nn.Module):
         >>> loss = loss_fn(mnn(x), y); loss.backward(); mnn.step()
     """
 
-    def __init__(self, model: nn.Module, optimizer, network: JobNetwork | str, *, units=None, keep_last: int = 1,
-                 keep_budget: int | None = None, prefetch: int = 1, served_dtype: str = "bf16", engine="process",
-                 store=None, max_inflight_pushes: int = 2, timeout: float = DEFAULT_TIMEOUT, start_version: int = 0):
+    def __init__(self, model: nn.Module, optimizer: OptimizerSpec | dict[str, Any], network: JobNetwork | str, *,
+                 units: list[Any] | None = None, keep_last: int = 1, keep_budget: int | None = None, prefetch: int = 1,
+                 served_dtype: str = "bf16", engine: str | Engine | EngineClient = "process", store: Store | None = None,
+                 max_inflight_pushes: int = 2, timeout: float = DEFAULT_TIMEOUT, start_version: int = 0) -> None:
         super().__init__()
         self.module = model
         self.optimizer = as_optimizer_spec(optimizer)
@@ -109,20 +120,22 @@ class ModelInNetwork(nn.Module):
         self.session_of = {u.index: sessions[placement[u.index]] for u in self.units}
         self.keep_last, self.keep_budget = keep_last, keep_budget
         self.keep = self._keep_set([u.index for u in self.units])
-        self.stats = collections.Counter()
-        self.wait_seconds = collections.Counter()
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.wait_seconds: collections.defaultdict[str, float] = collections.defaultdict(float)  # kind -> s waited
         self.engine = open_engine(engine, self.network.endpoint, tempfile.mkdtemp(prefix="luwu-mnn-"))
+        worker_metrics.track(f"rank{self.rank}-model_in_network", self.engine, self.rank)  # LUWU_METRICS
         self.pool = StagingPool(self.engine, max(u.numel for u in self.units), self.memory)
         self.max_inflight_pushes = max(1, max_inflight_pushes)
         self.schedule = PullSchedule([u.index for u in self.units], self.keep, prefetch, self._issue_pull)
-        self._pushes: collections.deque = collections.deque()  # (unit index, handle, staging) in push order
-        self._grad = {u.index: None for u in self.units}  # unit -> [staging, done flags] while gradients arrive
+        self._pushes: collections.deque[tuple[int, Handle, Staging]] = collections.deque()  # in push order
+        # unit -> (staging, done flag per parameter) while its gradients arrive
+        self._grad: dict[int, tuple[Staging, list[bool]] | None] = {u.index: None for u in self.units}
         self._pushed: dict[int, int] = {}  # unit -> version its gradient was pushed for
-        self._saving: dict[int, object] = {}  # unit -> active saved-tensor detector
-        self._spans: dict[tuple[str, int], object] = {}  # open timeline events (luwu.dataplane.trace)
+        self._saving: dict[int, torch.autograd.graph.saved_tensors_hooks] = {}  # unit -> active saved-tensor detector
+        self._spans: dict[tuple[str, int], trace.OpenSpan] = {}  # open timeline events (luwu.dataplane.trace)
         self._saw_saved: dict[int, bool] = {}
         self._observed: list[int] = []
-        self._hooks = []
+        self._hooks: list[RemovableHandle] = []
         self.closed = False
         self._store = store
         self._started = False  # past the start barrier: close() then waits for every rank (job.py)
@@ -145,7 +158,7 @@ class ModelInNetwork(nn.Module):
             used += self.units[uid].nbytes
         return keep
 
-    def _start(self, store) -> None:
+    def _start(self, store: Store | None) -> None:
         if self.rank == 0:
             jobs = node_jobs(self.network.job_id, self.optimizer, self.units, self.placement, self.served_dtype)
             hand_over(jobs, self.network.node_sessions, self.network.node_controls, self.world_size,
@@ -173,7 +186,7 @@ class ModelInNetwork(nn.Module):
         self.stats["pulled_bytes"] += 4 * numel
         return Ticket(unit, phase, version, handle, st)
 
-    def _wait(self, handle, what: str, kind: str):
+    def _wait(self, handle: Handle, what: str, kind: str) -> Any:
         t0 = time.perf_counter()
         try:
             return handle.wait(self.timeout)
@@ -196,17 +209,17 @@ class ModelInNetwork(nn.Module):
     def _take(self, ticket: Ticket | None, unit: int) -> None:
         if ticket is None:
             return
+        handle, staging = _issued(ticket)
         try:
             with trace.span("pull wait", "worker", unit=unit, version=ticket.version):
-                self._wait(ticket.handle, f"pull of unit {self.units[unit].label()} at version {ticket.version}",
-                           "pull")
-            self.flats[unit].materialise(ticket.staging.view(self.units[unit].numel), ticket.version)
+                self._wait(handle, f"pull of unit {self.units[unit].label()} at version {ticket.version}", "pull")
+            self.flats[unit].materialise(staging.view(self.units[unit].numel), ticket.version)
         finally:
-            self.pool.release(ticket.staging)
+            self.pool.release(staging)
 
     # -- forward ----------------------------------------------------------------------------------
-    def _make_pre_forward(self, unit: int):
-        def pre(module, args):
+    def _make_pre_forward(self, unit: int) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def pre(module: nn.Module, args: tuple[Any, ...]) -> None:
             grad = torch.is_grad_enabled()
             if unit == self.schedule.order[0]:
                 self.schedule.begin_pass(grad)
@@ -226,7 +239,7 @@ class ModelInNetwork(nn.Module):
         storage = self.flats[unit].storage
         self._saw_saved[unit] = False
 
-        def pack(t):
+        def pack(t: torch.Tensor) -> torch.Tensor:
             if not self._saw_saved[unit] and t.untyped_storage().data_ptr() == storage.data_ptr():
                 self._saw_saved[unit] = True
             return t
@@ -235,8 +248,8 @@ class ModelInNetwork(nn.Module):
         ctx.__enter__()
         self._saving[unit] = ctx
 
-    def _make_post_forward(self, unit: int):
-        def post(module, args, output):
+    def _make_post_forward(self, unit: int) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+        def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             trace.end(self._spans.pop(("forward", unit), None))
             ctx = self._saving.pop(unit, None)
             if ctx is not None:
@@ -248,14 +261,14 @@ class ModelInNetwork(nn.Module):
             return None
         return post
 
-    def _hook_outputs(self, unit: int, output) -> None:
+    def _hook_outputs(self, unit: int, output: object) -> None:
         for t in _tensors(output):
             if t.requires_grad:
                 t.register_hook(self._make_pre_backward(unit))
 
     # -- backward ---------------------------------------------------------------------------------
-    def _make_pre_backward(self, unit: int):
-        def hook(grad):
+    def _make_pre_backward(self, unit: int) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
             flat = self.flats[unit]
             if self._pushed.get(unit) == self.version or not self.schedule.saves_params[unit]:
                 return None
@@ -268,17 +281,19 @@ class ModelInNetwork(nn.Module):
             return None
         return hook
 
-    def _make_grad_hook(self, unit: int, index: int):
-        def hook(p: nn.Parameter) -> None:
+    def _make_grad_hook(self, unit: int, index: int) -> Callable[[torch.Tensor], None]:
+        def hook(p: torch.Tensor) -> None:
             if self._pushed.get(unit) == self.version:
                 raise RuntimeError(f"unit {self.units[unit].label()} got a second gradient before step(): "
                                    "ModelInNetwork pushes each unit's gradient once per step (call mnn.step() after "
                                    "every backward; gradient accumulation over micro-batches is not supported)")
             state = self._grad[unit]
             if state is None:
-                state = self._grad[unit] = [self._push_staging(), [False] * len(self.units[unit].params)]
+                state = self._grad[unit] = (self._push_staging(), [False] * len(self.units[unit].params))
             lo, hi = self.units[unit].offsets[index]
             g = p.grad
+            if g is None:  # torch calls this hook after accumulating into .grad: None would be torch's bug
+                raise RuntimeError(f"unit {self.units[unit].label()}: a gradient hook ran with no gradient")
             self.memory.add("grads", g.numel() * g.element_size())
             # widened to float32 on the host (exact from bf16/fp16): what the switch sums
             torch.from_numpy(state[0].array[lo:hi]).copy_(self._push_stage.to_host(g))
@@ -289,7 +304,7 @@ class ModelInNetwork(nn.Module):
                 self._push(unit)
         return hook
 
-    def _push_staging(self):
+    def _push_staging(self) -> Staging:
         while len(self._pushes) >= self.max_inflight_pushes:
             self._finish_oldest_push()
         return self.pool.acquire()
@@ -303,8 +318,11 @@ class ModelInNetwork(nn.Module):
             self.pool.release(st)
 
     def _push(self, unit: int) -> None:
-        st, done = self._grad[unit]
+        state = self._grad[unit]
         u = self.units[unit]
+        if state is None:  # the gradient hook and step() stage a buffer before pushing
+            raise RuntimeError(f"unit {u.label()}: pushed with no gradient staged")
+        st, done = state
         for ok, (lo, hi) in zip(done, u.offsets):
             if not ok:  # a parameter this step did not use: like torch's zero gradient, but the step still runs
                 st.array[lo:hi] = 0.0
@@ -326,17 +344,18 @@ class ModelInNetwork(nn.Module):
         for u in self.units:  # units backward never reached (unused this step): every rank pushes them in order
             if self._pushed.get(u.index) != self.version:
                 if self._grad[u.index] is None:
-                    self._grad[u.index] = [self._push_staging(), [False] * len(u.params)]
+                    self._grad[u.index] = (self._push_staging(), [False] * len(u.params))
                 self._push(u.index)
         while self._pushes:
             self._finish_oldest_push()
         for f in self.flats:
             f.free()
         for t in self.schedule.drain():
+            handle, staging = _issued(t)
             try:
-                self._wait(t.handle, f"prefetched pull of unit {self.units[t.unit].label()}", "pull")
+                self._wait(handle, f"prefetched pull of unit {self.units[t.unit].label()}", "pull")
             finally:
-                self.pool.release(t.staging)
+                self.pool.release(staging)
         self._learn_order()
         self.version += 1
         self.stats["steps"] += 1
@@ -356,7 +375,7 @@ class ModelInNetwork(nn.Module):
             self.stats["order_changes"] += 1
 
     # -- nn.Module surface --------------------------------------------------------------------------
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.closed:
             raise RuntimeError("this ModelInNetwork was closed")
         return self.module(*args, **kwargs)
@@ -365,7 +384,7 @@ class ModelInNetwork(nn.Module):
         """The model's trainable parameters at the current version, by name, in their dtype on
         their device (the node's served copies, rounded to the parameters' dtype as a pull is).
         A collective: every rank calls it at the same point, since pulls are matched across workers."""
-        out = {}
+        out: dict[str, torch.Tensor] = {}
         for u in self.units:
             st = self.pool.acquire()
             try:
@@ -445,6 +464,7 @@ class ModelInNetwork(nn.Module):
         engine = getattr(self, "engine", None)
         if engine is None:
             return
+        worker_metrics.untrack(f"rank{self.rank}-model_in_network")
         if getattr(self, "_started", False) and not getattr(self, "_failed", True):
             # leave together: a node paces its parameters by every worker's heartbeats, so a rank
             # whose engine stopped early would stall another rank's last pulls (gather, say)
@@ -458,17 +478,24 @@ class ModelInNetwork(nn.Module):
     def __enter__(self) -> ModelInNetwork:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):  # pragma: no cover - best effort when a caller forgets close()
+    def __del__(self) -> None:  # pragma: no cover - best effort when a caller forgets close()
         try:
             self.close()
         except Exception:
             pass
 
 
-def _tensors(obj):
+def _issued(ticket: Ticket) -> tuple[Handle, Staging]:
+    """A pull ticket's handle and staging buffer (`_issue_pull` fills both; only a bug leaves one out)."""
+    if ticket.handle is None or ticket.staging is None:
+        raise RuntimeError(f"the pull ticket of unit {ticket.unit} carries no engine handle or staging buffer")
+    return ticket.handle, ticket.staging
+
+
+def _tensors(obj: object) -> Iterator[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, (tuple, list)):

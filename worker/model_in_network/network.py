@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from luwu.controller.shards import ShardBalancer
 from luwu.dataplane.session import EndpointPlan
+
+if TYPE_CHECKING:  # for annotations only: the loopback switch's module is not needed to read a plan
+    from luwu.dataplane.loopback import StarPlan
 
 DEFAULT_JOB_ID = "mnn"
 
@@ -32,12 +36,15 @@ class JobNetwork:
     @property
     def node_sessions(self) -> dict[int, int]:
         """node index -> the node session's id, from the plan's node sessions."""
-        out = {s.node_rank: s.session for s in self.endpoint.sessions if s.kind == "node"}
-        if not out:
+        nodes = [s for s in self.endpoint.sessions if s.kind == "node"]
+        if not nodes:
             raise ValueError("the worker's plan has no node session: the job was planned without optimizer nodes "
                              "(ask for num_nodes >= 1)")
-        if None in out:
-            raise ValueError("a node session of the plan has no node_rank; cannot tell which node serves it")
+        out: dict[int, int] = {}
+        for s in nodes:
+            if s.node_rank is None:
+                raise ValueError("a node session of the plan has no node_rank; cannot tell which node serves it")
+            out[s.node_rank] = s.session
         return out
 
     def describe_node(self, session: int) -> str:
@@ -70,13 +77,13 @@ class JobNetwork:
 
     # -- sources ----------------------------------------------------------------------------------
     @classmethod
-    def from_star(cls, plan, rank: int, node_controls: list[str], job_id: str = DEFAULT_JOB_ID,
+    def from_star(cls, plan: StarPlan, rank: int, node_controls: list[str], job_id: str = DEFAULT_JOB_ID,
                   placement: dict[int, int] | None = None, control_token: str = "") -> JobNetwork:
         """From a loopback `StarPlan` whose switch is running (its ports are bound)."""
         return cls(plan.worker_plan(rank), list(node_controls), placement, job_id, control_token)
 
     @classmethod
-    def from_controller(cls, endpoint: EndpointPlan, job_info: dict, node_controls: list[str],
+    def from_controller(cls, endpoint: EndpointPlan, job_info: dict[str, Any], node_controls: list[str],
                         job_id: str | None = None, job_token: str = "") -> JobNetwork:
         """From JoinJob's answer: the endpoint plan and the job JSON with its shard map. The
         controller may cut a large layer into slices for several nodes; a unit travels whole, so

@@ -13,6 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the schedule decides, the engine link moves the data
+    from luwu.dataplane.engine.handles import Handle
+    from luwu.worker.engine_link import Staging
 
 FORWARD, BACKWARD = "f", "b"
 
@@ -22,8 +27,8 @@ class Ticket:
     unit: int
     phase: str
     version: int
-    handle: object = None  # the engine's Handle
-    staging: object = None  # where the values land
+    handle: Handle | None = None  # the engine's Handle
+    staging: Staging | None = None  # where the values land
 
 
 class PullSchedule:

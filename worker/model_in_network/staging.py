@@ -5,7 +5,7 @@ bytes count as the worker's resident memory."""
 
 from __future__ import annotations
 
-from luwu.worker.engine_link import EngineLink
+from luwu.worker.engine_link import EngineLink, Staging
 
 from .memory import MemoryTracker
 
@@ -15,11 +15,11 @@ class StagingPool:
         self.engine = engine
         self.capacity = capacity
         self.memory = memory
-        self._free: list = []
+        self._free: list[Staging] = []
         self.created = 0
         self.in_use = 0
 
-    def acquire(self):
+    def acquire(self) -> Staging:
         if self._free:
             st = self._free.pop()
         else:
@@ -29,6 +29,6 @@ class StagingPool:
         self.in_use += 1
         return st
 
-    def release(self, st) -> None:
+    def release(self, st: Staging) -> None:
         self.in_use -= 1
         self._free.append(st)
