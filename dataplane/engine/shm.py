@@ -11,12 +11,16 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import secrets
 import tempfile
 
 import numpy as np
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 _counter = itertools.count()
+# pids are reused, and a process killed before it unlinked its buffers leaves their names behind: a
+# random token per process keeps a new process's names clear of them (O_EXCL would refuse the clash)
+_TOKEN = secrets.token_hex(4)
 
 
 class ShmBuffer:
@@ -37,7 +41,7 @@ class ShmBuffer:
 
     @classmethod
     def create(cls, nbytes: int, prefix: str = "luwu") -> ShmBuffer:
-        path = os.path.join(SHM_DIR, f"{prefix}-{os.getpid()}-{next(_counter)}")
+        path = os.path.join(SHM_DIR, f"{prefix}-{os.getpid()}-{_TOKEN}-{next(_counter)}")
         return cls(path, nbytes, create=True)
 
     @classmethod

@@ -38,11 +38,11 @@ def timeout_failure(name: str, seconds: float, link, lease, probe: bool = False)
         return LuwuError(f"luwu {name} did not complete within {seconds:g} s because the engine is gone: {dead}. "
                          f"Check {link.describe()}.")
     seen = _results_seen(link.stats())
-    if probe or seen == 0:
-        what = (f"the switch at {lease.switch_address} is unreachable: no result came back from it within "
-                f"{seconds:g} s" + (" (or not every rank reached init_process_group in that time)" if probe else ""))
-    else:
-        what = (f"did not complete within {seconds:g} s: the switch at {lease.switch_address} has stopped "
-                "answering, or another rank is not issuing the same collectives in the same order")
+    # "timeout" as a word: the term c10d's other backends use, which callers match
+    what = (f"the switch at {lease.switch_address} is unreachable: no result came back from it within the timeout "
+            f"of {seconds:g} s" + (" (or not every rank reached init_process_group in that time)" if probe else ""))
+    if not probe and seen:
+        what = (f"did not complete within the group's timeout of {seconds:g} s: the switch at {lease.switch_address} "
+                "has stopped answering, or another rank is not issuing the same collectives in the same order")
     return LuwuError(f"luwu {name}: {what}. Check {lease.hint} Plan source: {lease.source}; this rank's engine: "
                      f"{link.describe()}." + ("" if probe else " The process group is unusable now.") + _controller(lease))

@@ -3,9 +3,12 @@ SmartNIC engine and the switch (docs/architecture.md).
 
 Through in-network aggregation: allreduce, reduce and reduce_scatter (SUM/AVG/MAX/MIN; float32,
 bfloat16, float16 via fixed point for sums and exact max/min; small ints exact; int64 SUM exact).
-Exact moves over the same engine: broadcast, allgather, all_gather_single, gather, scatter,
-all_to_all(_single) (bytes as int32, summed with zeros, codec.py), barrier (a 1-element allreduce).
-send/recv: TCP between ranks (luwu.worker.p2p), since the switch has no unicast path.
+Sparse COO allreduce (SUM): the ranks' entries exchanged exactly and summed on the hosts (sparse.py).
+Exact moves over the same engine: broadcast, allgather, all_gather_single (bytes as int32, summed
+with zeros that travel as header-only ZERO packets, codec.py), barrier (a 1-element allreduce).
+gather, scatter, all_to_all(_single) and send/recv: TCP between ranks (luwu.worker.p2p, direct.py),
+each block once, since the switch has no unicast path. On a rail-only plan every allreduce is
+hierarchical over the server's ranks (hierarchy.py).
 
 Every collective validates its arguments in the caller's thread (bad dtypes and ops raise at once),
 then returns a `LuwuWork`; the scheduler submits it to the engine in call order and completes it.
@@ -15,6 +18,7 @@ Tensors on CUDA (or any non-CPU device) go through host buffers (staging.py).
 from __future__ import annotations
 
 import atexit
+import itertools
 import threading
 import weakref
 from datetime import timedelta
@@ -23,19 +27,24 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from luwu.worker import metrics as worker_metrics
+from luwu.worker.engine_link import EngineHost, open_engine
+
 from . import collectives as C
 from .codec import UnsupportedCollective, nbytes, reduction_encoding, tensor_bytes, write_bytes
 from .config import BackendConfig
 from .diagnostics import LuwuError
 from .direct import DirectMoves
-from luwu.worker.engine_link import EngineHost, open_engine
 from .fallback import ExactFallback
+from .hierarchy import RailHierarchy
 from .plan_source import default_workdir, obtain_plan, release_plan
 from .scheduler import Scheduler
+from .sparse import sparse_allreduce
 from .staging import staged
 from .work import LuwuWork
 
 BACKEND_NAME = "luwu"
+_GROUP_IDS = itertools.count()  # names the process's groups in its metrics
 _REDUCE_OPS = ("SUM", "AVG", "MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR", "PREMUL_SUM")
 
 
@@ -94,8 +103,11 @@ class LuwuProcessGroup(dist.ProcessGroup):
 
             self._p2p = P2PChannel(store, rank, world_size, cfg.p2p_host, self._timeout)
             self._sched = Scheduler(self._link, self._lease, f"r{rank}", cfg.watchdog_tick,
-                                    ExactFallback(self._p2p, rank, world_size), DirectMoves(self._p2p, rank, world_size))
+                                    ExactFallback(self._p2p, rank, world_size), DirectMoves(self._p2p, rank, world_size),
+                                    self._rail_hierarchy(rank, world_size))
             self._probe()
+            self._metrics_name = f"rank{rank}-group{next(_GROUP_IDS)}"
+            worker_metrics.track(self._metrics_name, self._link, rank)  # LUWU_METRICS: serve its engine's stats
         except ConnectionRefusedError as e:  # a shared-memory switch port whose rings are gone (UDP: the probe)
             self.shutdown()
             raise LuwuError(f"the switch at {self._lease.switch_address} is unreachable: {e.strerror}. "
@@ -105,6 +117,10 @@ class LuwuProcessGroup(dist.ProcessGroup):
             raise
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().shutdown())
+
+    def _rail_hierarchy(self, rank: int, world_size: int) -> RailHierarchy | None:
+        k = self._lease.local_size
+        return RailHierarchy(self._p2p, rank, world_size, k, self._timeout.total_seconds()) if k > 1 else None
 
     # -- identity ----------------------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -149,8 +165,13 @@ class LuwuProcessGroup(dist.ProcessGroup):
     # -- reductions through the switch ------------------------------------------------------------------
     @staged(outputs=(0,))
     def allreduce(self, tensors, opts=None):
-        tensors = _check_tensors(tensors, "allreduce")
+        tensors = list(tensors)
         op = op_name(opts.reduceOp) if opts is not None else "sum"
+        if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
+            if len(tensors) != 1:
+                raise ValueError(f"luwu allreduce: a sparse tensor is reduced alone, got {len(tensors)} tensors")
+            return sparse_allreduce(self, tensors[0], op)  # an exact exchange summed on the hosts (sparse.py)
+        tensors = _check_tensors(tensors, "allreduce")
         encs = [reduction_encoding(t.dtype, op, "allreduce") for t in tensors]
         name = f"allreduce({', '.join(_describe(t) for t in tensors)}, {op.upper()})"
         return self._work(name, tensors, lambda ctx: C.reduce_tensors(ctx, tensors, encs, op, True, self.size(),
@@ -363,6 +384,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
+        worker_metrics.untrack(getattr(self, "_metrics_name", ""))
         for part in (self._sched, self._p2p, self._link):
             if part is not None:
                 try:

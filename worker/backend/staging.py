@@ -21,7 +21,8 @@ from .work import LuwuWork
 
 
 def _needs_staging(t: torch.Tensor) -> bool:
-    return t.device.type != "cpu"
+    # dense only: a host buffer is a dense copy; sparse tensors reach the collective, which says what it takes
+    return t.device.type != "cpu" and t.layout == torch.strided
 
 
 def _walk(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
