@@ -80,9 +80,18 @@ def stop(proc: subprocess.Popen, grace: float = STOP_GRACE, group: bool = False)
     if group or proc.poll() is None:  # a group may outlive its leader (e.g. an engine daemon)
         send(signal.SIGKILL)
     try:
-        return proc.wait(KILL_WAIT)
+        code = proc.wait(KILL_WAIT)
     except subprocess.TimeoutExpired:
         return None
+    if group:  # SIGKILL is delivered, not yet done: wait (bounded) until the group's last member is gone
+        deadline = time.monotonic() + KILL_WAIT
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.01)
+    return code
 
 
 def close_pipes(proc: subprocess.Popen) -> None:

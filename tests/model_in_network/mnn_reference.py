@@ -3,6 +3,9 @@ trained in one process on the whole global batch with torch.optim.AdamW."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import torch
 
 from luwu.demo.data import CharCorpus
@@ -67,3 +70,12 @@ def mixed_precision(spec: dict, dtype: torch.dtype, workers: int, device: str = 
         opt.zero_grad(set_to_none=True)
     params = {k: v.detach().clone() for k, v in master.named_parameters()}
     return {"losses": losses, "params": params, "cast": {k: v.to(dtype) for k, v in params.items()}}
+
+
+def run_ranks_in_threads(work: Callable[[int], None], workers: int, timeout: float) -> None:
+    """`work(rank)` for every rank, each in its own thread (embedded engines), joined within `timeout` s each."""
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)

@@ -22,12 +22,10 @@ bf16 CPU reductions round differently when split over threads.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
-from mnn_reference import mixed_precision
+from mnn_reference import mixed_precision, run_ranks_in_threads
 
 from luwu.demo.data import CharCorpus, shard
 from luwu.demo.model import GPTConfig, build, loss_fn
@@ -85,11 +83,7 @@ def _train(tmp_path, dtype, workers=2, steps=SPEC["steps"], device="cpu", served
                 if mnn is not None:
                     mnn.close()
 
-        threads = [threading.Thread(target=work, args=(r,)) for r in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(WAIT)
+        run_ranks_in_threads(work, workers, WAIT)
     torch.set_num_threads(threads_before)
     for r in range(workers):
         assert not isinstance(results.get(r), BaseException), results.get(r)

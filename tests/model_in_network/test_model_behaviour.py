@@ -5,12 +5,10 @@ optimizer nodes train like one process."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
-from mnn_reference import single_process
+from mnn_reference import run_ranks_in_threads, single_process
 
 from luwu.demo.data import CharCorpus, shard
 from luwu.demo.model import GPTConfig, build, loss_fn
@@ -118,11 +116,7 @@ def test_units_spread_over_two_optimizer_nodes_train_like_one_process(tmp_path):
             finally:
                 mnn.close()
 
-        threads = [threading.Thread(target=work, args=(r,)) for r in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(WAIT)
+        run_ranks_in_threads(work, workers, WAIT)
         published = [s["node"]["node"]["published"] for s in net.node_stats()]
     for r in range(workers):
         assert not isinstance(results[r], BaseException), results[r]
