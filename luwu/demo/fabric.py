@@ -56,6 +56,7 @@ class ControllerFabric:
         self.stats_file = self.dir / "switch-stats.json"  # the switch's own counters: the report needs no controller
         self.restart: list[str] = []  # per node: the command that restarts it from its newest checkpoint
         self.node_controls: list[str] = []
+        self.metrics: dict[str, str] = {}  # component -> HOST:PORT of its /metrics (Prometheus)
 
     def start(self, layers: list[tuple[int, int]], optimizer: dict, served_dtype: str) -> ControllerFabric:
         from luwu.controller.client import ControllerClient
@@ -83,10 +84,13 @@ class ControllerFabric:
         switch = Child("the software switch", luwu_command() + [
             "switch", "--lanes", str(self.lanes), "--slots", str(SWITCH_SLOTS), "--seed", str(self.seed), *ports,
             "--p4runtime", "127.0.0.1:0", "--controller", self.address, "--token-file", str(token_file),
-            "--name", "demo-switch", *node_ports, *drop, "--stats-file", str(self.stats_file)],
+            "--name", "demo-switch", *node_ports, *drop, "--stats-file", str(self.stats_file),
+            "--metrics", "127.0.0.1:0"],
             log=self.dir / "switch.log")
         self.children.append(switch)
         self.switch_info = switch.read_json_line(READY_TIMEOUT)
+        if self.switch_info.get("metrics"):
+            self.metrics["switch"] = str(self.switch_info["metrics"])
         job = pb.Job(name="demo", num_workers=self.workers, packet_mode=str(self.lanes), num_nodes=self.nodes,
                      layers=[pb.LayerSpec(layer_id=lid, numel=n) for lid, n in layers],
                      optimizer=pb.OptimizerSpec(name=optimizer["name"], params=optimizer["params"],
@@ -103,7 +107,8 @@ class ControllerFabric:
             control = f"unix:{self.dir / (name + '.sock')}"
             argv = ["node", "--plan", str(plan_path), "--state-dir", str(self.dir / f"{name}-state"), "--control",
                     control, "--ram-budget", str(self.node_ram), "--controller", self.address, "--token-file",
-                    str(token_file), "--name", name, "--params-per-second", str(NODE_PARAMS_PER_SECOND)]
+                    str(token_file), "--name", name, "--params-per-second", str(NODE_PARAMS_PER_SECOND),
+                    "--metrics", "127.0.0.1:0"]
             if self.checkpoints is not None:
                 ckpt = self.checkpoints / name
                 ckpt.mkdir(parents=True, exist_ok=True)
@@ -120,6 +125,8 @@ class ControllerFabric:
             self.children.append(node)
             ready = node.read_json_line(READY_TIMEOUT)
             self.node_controls.append(ready.get("control") or control)
+            if ready.get("metrics"):
+                self.metrics[f"node {name}"] = str(ready["metrics"])
         return self
 
     def checkpoint_summary(self) -> dict:
@@ -165,8 +172,9 @@ class ControllerFabric:
                                "node_controls": self.node_controls}}
 
     def inspect_hint(self) -> str:
+        scrape = "".join(f"\n  curl http://{addr}/metrics   # {who}" for who, addr in sorted(self.metrics.items()))
         return (f"LUWU_CONTROLLER={self.address} LUWU_TOKEN={self.token} luwu-ctl status   "
-                f"(also: jobs, plan {self.job_id} --explain, counters)")
+                f"(also: jobs, plan {self.job_id} --explain, counters){scrape}")
 
     def counters(self) -> dict:
         """Switch counters over P4Runtime, through the controller: {counter: {label: [packets, bytes]}}.
