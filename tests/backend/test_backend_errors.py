@@ -246,3 +246,26 @@ def test_a_per_rank_endpoint_plan_file_must_be_this_ranks_and_span_the_group(tmp
     write(0, 1)  # a session of one rank in a group of two: a partial sum
     with pytest.raises(RuntimeError, match="sums 1 of the group's 2 ranks"):
         plan_from_file(0, 2, str(tmp_path / "plan-{rank}.json"))
+
+
+def test_rail_hierarchy_refuses_ranks_not_numbered_server_by_server():
+    """Rail-only plan, 2 servers x 2 GPUs: rank = server * 2 + rail. If the launcher numbered them
+    otherwise, a rail session would sum shards of different positions; the group refuses instead."""
+    import json
+
+    from luwu.worker.backend.hierarchy import RAIL_KEY, check_rails
+
+    def store_with(rails: list[list[int]]):
+        store = dist.HashStore()
+        for r, sessions in enumerate(rails):
+            store.set(RAIL_KEY.format(rank=r), json.dumps(sessions))
+        return store
+
+    good = [[1], [2], [1], [2]]  # rail 0 = session 1, rail 1 = session 2
+    check_rails(store_with(good), 3, 4, 2, good[3], timeout=5)
+    swapped = [[1], [1], [2], [2]]  # ranks 0 and 1 on one rail: numbered rail by rail
+    with pytest.raises(LuwuError, match="not numbered server by server"):
+        check_rails(store_with(swapped), 2, 4, 2, swapped[2], timeout=5)
+    same = [[1], [1], [1], [1]]  # one rail for all: LOCAL_WORLD_SIZE does not match the plan
+    with pytest.raises(LuwuError, match="share a rail session"):
+        check_rails(store_with(same), 0, 4, 2, same[0], timeout=5)

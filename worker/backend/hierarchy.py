@@ -15,7 +15,8 @@ Each shard's final value is computed once (by its rail) and copied, so every ran
 result. A float sum sees the server's partial sums as contributions: its error stays within the
 fixed-point bound of docs/protocol.md 5 for world_size / K contributors of those partials.
 
-Ranks are numbered server by server (torchrun's order): server s holds ranks [s*K, (s+1)*K).
+Ranks are numbered server by server (torchrun's order): server s holds ranks [s*K, (s+1)*K); `check_rails`
+refuses a plan whose rail sessions say otherwise.
 The intra-server exchanges are matched by tags drawn in submission order; the engine operation
 of step 2 is submitted on the scheduler's submit thread after step 1 completes (step 1 blocks
 that thread, bounded by the group's timeout), so every rail sees its operations in one order.
@@ -36,6 +37,32 @@ from luwu.dataplane.engine import Handle
 from .diagnostics import LuwuError
 
 HIERARCHY_TAG_BASE = -(2**60)  # p2p tags of the intra-server steps (direct.py: -2^61, fallback.py: -2^62)
+
+
+RAIL_KEY = "luwu/rail/{rank}"  # c10d store: a rank's collective session ids (each group has its own prefix)
+
+
+def check_rails(store, rank: int, world_size: int, local_size: int, sessions: list[int], timeout: float) -> None:
+    """Refuse a plan whose rails do not follow the server-by-server rank order this module
+    assumes: every rank's collective sessions equal those of the rank with the same local index on
+    server 0 (one rail), and differ from the other ranks' of its server (one rail each). Otherwise
+    a rail session would sum shards of different positions: a plausible, wrong number."""
+    import datetime
+    import json
+
+    store.set(RAIL_KEY.format(rank=rank), json.dumps(sorted(sessions)))
+    keys = [RAIL_KEY.format(rank=r) for r in range(world_size)]
+    store.wait(keys, datetime.timedelta(seconds=timeout))
+    rails = [tuple(json.loads(store.get(key))) for key in keys]
+    for r, rail in enumerate(rails):
+        if rail != rails[r % local_size]:
+            raise LuwuError(f"rank {r} sums on sessions {list(rail)}, rank {r % local_size} (the same local rank on "
+                            f"server 0) on {list(rails[r % local_size])}: the ranks are not numbered server by server "
+                            f"with LOCAL_WORLD_SIZE={local_size} GPUs each (rank = server * {local_size} + rail); "
+                            "fix the launcher's rank order or LOCAL_WORLD_SIZE")
+    if len(set(rails[:local_size])) != local_size:
+        raise LuwuError(f"the {local_size} ranks of server 0 share a rail session ({[list(r) for r in rails[:local_size]]})"
+                        f": LOCAL_WORLD_SIZE={local_size} is not the number of rails of this plan")
 
 
 def shard_bounds(numel: int, parts: int) -> list[tuple[int, int]]:

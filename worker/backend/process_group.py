@@ -36,7 +36,7 @@ from .config import BackendConfig
 from .diagnostics import LuwuError
 from .direct import DirectMoves
 from .fallback import ExactFallback
-from .hierarchy import RailHierarchy
+from .hierarchy import RailHierarchy, check_rails
 from .plan_source import default_workdir, obtain_plan, release_plan
 from .scheduler import Scheduler
 from .sparse import sparse_allreduce
@@ -120,7 +120,12 @@ class LuwuProcessGroup(dist.ProcessGroup):
 
     def _rail_hierarchy(self, rank: int, world_size: int) -> RailHierarchy | None:
         k = self._lease.local_size
-        return RailHierarchy(self._p2p, rank, world_size, k, self._timeout.total_seconds()) if k > 1 else None
+        if k <= 1:
+            return None
+        check_rails(self._store, rank, world_size, k,
+                    [s.session for s in self._lease.plan.sessions if s.kind == "collective"],
+                    self._timeout.total_seconds())
+        return RailHierarchy(self._p2p, rank, world_size, k, self._timeout.total_seconds())
 
     # -- identity ----------------------------------------------------------------------------------------
     def getBackendName(self) -> str:
