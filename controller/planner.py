@@ -10,14 +10,16 @@ child's up_worker -> address; 0xFFFF -> the node at the root, the parent elsewhe
 multicast group (id = session id) with one replica per contributor (docs/protocol.md 6.1).
 A non-root switch contributes to its parent as worker `up_worker` = N + its index among the
 tree's non-root switches (sorted by name): above every rank, below 0xFFFF, unique in the job.
+`predict_iteration` gives a planned job's iteration time and bottleneck (`luwu-ctl plan --explain`).
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from luwu.dataplane.protocol import DEFAULT_UDP_PORT, NODE, NextStep
+from luwu.dataplane.protocol import DEFAULT_UDP_PORT, DTYPE_ITEMSIZE, HEADER_LEN, NODE, Dtype, NextStep
 from luwu.dataplane.session import SessionSpec, Wiring
 from luwu.p4.runtime_config import (
     TableEntry,
@@ -246,3 +248,100 @@ def _split(address: str, default: tuple[str, int]) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise PlanError(f"address {address!r} must look like HOST:PORT")
     return host, int(port)
+
+
+# -- predicted iteration time (`luwu-ctl plan JOB --explain`) ----------------------------------------
+# The closed form of what docs/simulator.md simulates event by event: per layer, forward streams the
+# pull beside the GPU's forward; backward streams the pull, the GPU's backward, the push and the
+# node's step; each pass takes, per layer, its slowest. `luwu simulate` checks it against its timeline.
+
+FRAME_OVERHEAD = 14 + 20 + 8 + 24  # Ethernet/IPv4/UDP headers, then preamble, FCS and inter-frame gap
+
+
+def wire_efficiency(payload: int, frame_overhead: int = FRAME_OVERHEAD) -> float:
+    """Payload bytes per byte on the wire for luwu packets of `payload` bytes (luwu header + framing)."""
+    return payload / (payload + HEADER_LEN + frame_overhead)
+
+
+@dataclass(frozen=True)
+class LayerLoad:
+    """One layer's work in one iteration, in seconds of each resource it uses."""
+
+    pull: float  # a worker's link in, per pull (forward and backward each pull once)
+    push: float  # a worker's link out (the gradient)
+    step: float  # the slowest optimizer node's step of its shards of the layer
+    node_out: float  # the busiest node's link out (its shards' parameters, once per pass)
+    node_in: float  # the busiest node's link in (its shards' summed gradient)
+    fwd: float = 0.0  # GPU forward
+    bwd: float = 0.0  # GPU backward (recompute included)
+
+
+def iteration_bound(layers: list[LayerLoad]) -> tuple[float, dict[str, float]]:
+    """Seconds of one steady-state iteration of layers streamed in order (forward) and in reverse
+    (backward): per layer the slowest of its resources in each pass, plus the last layer's step
+    (the next forward waits for it). Returns (seconds, busy seconds per resource)."""
+    fwd = sum(max(x.pull, x.fwd, x.node_out) for x in layers)
+    bwd = sum(max(x.pull, x.bwd, x.push, x.step, x.node_out, x.node_in) for x in layers)
+    tail = layers[0].step if layers else 0.0  # the first layer is stepped last
+    busy = {"worker link in": sum(2 * x.pull for x in layers), "worker link out": sum(x.push for x in layers),
+            "worker GPU": sum(x.fwd + x.bwd for x in layers), "optimizer node": sum(x.step for x in layers),
+            "optimizer node link out": sum(2 * x.node_out for x in layers),
+            "optimizer node link in": sum(x.node_in for x in layers)}
+    return fwd + bwd + tail, busy
+
+
+def predict_iteration(plan: JobPlan, capacities: dict[str, float], link_bytes_per_s: float,
+                      param_bytes: int = 2, compute_s: float = 0.0) -> dict:
+    """Predict one training iteration of a planned model-in-network job.
+
+    Each worker pulls every layer twice (forward and backward) and pushes its gradient once,
+    over its own link (a worker group, e.g. a rail, carries its share of each layer); the switch
+    sums the gradients, so each optimizer node receives one gradient stream and sends one
+    parameter stream for the shards it holds, and steps them at its registered params/s.
+
+    Args:
+        plan: the job's plan (its shards, worker groups, lanes per packet).
+        capacities: params/s of each optimizer node (`luwu-ctl nodes`); a node missing or at 0
+            is left out of the step time (and named in `unknown_nodes`).
+        link_bytes_per_s: each worker's and node's link, each direction, in bytes/s.
+        param_bytes: bytes per parameter the workers pull (2 for bf16/fp16, 4 for fp32).
+        compute_s: the worker GPU's forward + backward seconds per iteration (0: not known),
+            spread over layers by parameters, a quarter forward and three quarters backward
+            (backward is twice the forward plus the recompute of activation checkpointing).
+
+    Returns:
+        A dict: `iteration_s`, `bottleneck` (the busiest resource), `busy_s` (seconds per resource),
+        `layers`, `link_gbps`, `wire_efficiency`, `unknown_nodes`.
+
+    Examples::
+
+        >>> p = predict_iteration(plan, {"n0": 5e9}, 100e9 / 8, compute_s=0.5)
+        >>> p["iteration_s"] > 0
+        True
+    """
+    rate = link_bytes_per_s * wire_efficiency(4 * plan.lanes)
+    grad_bytes = DTYPE_ITEMSIZE[Dtype.FIXED32]  # GRAD/AGG lanes are 32-bit fixed point
+    numel: dict[int, int] = {}
+    share: dict[tuple[int, str], int] = {}
+    for s in plan.shards:
+        numel[s.layer_id] = numel.get(s.layer_id, 0) + s.numel
+        share[(s.layer_id, s.node)] = share.get((s.layer_id, s.node), 0) + s.numel
+    total, groups = sum(numel.values()) or 1, max(1, len(plan.groups))
+    unknown = sorted({n for _, n in share if not capacities.get(n, 0.0) > 0})
+    loads = []
+    for lid in sorted(numel):
+        per_worker = numel[lid] / groups
+        mine = [(n, k) for (layer, n), k in share.items() if layer == lid]
+        frac = numel[lid] / total
+        loads.append(LayerLoad(
+            pull=per_worker * param_bytes / rate, push=per_worker * grad_bytes / rate,
+            step=max((k / capacities[n] for n, k in mine if n not in unknown), default=0.0),
+            node_out=max((k * param_bytes / rate for _, k in mine), default=0.0),
+            node_in=max((k * grad_bytes / rate for _, k in mine), default=0.0),
+            fwd=compute_s / 4 * frac, bwd=compute_s * 3 / 4 * frac))
+    seconds, busy = iteration_bound(loads)
+    if compute_s <= 0:
+        busy.pop("worker GPU")
+    return {"iteration_s": seconds, "bottleneck": max(busy, key=busy.__getitem__) if busy else "",
+            "busy_s": busy, "layers": len(loads), "link_gbps": link_bytes_per_s * 8 / 1e9,
+            "wire_efficiency": wire_efficiency(4 * plan.lanes), "unknown_nodes": unknown}

@@ -30,7 +30,10 @@ def add_arguments(p) -> None:
     p.add_argument("--workers", type=positive_int, help="data-parallel workers (one GPU each)")
     p.add_argument("--micro-batch", type=positive_int, help="sequences per worker per iteration "
                                                              "(the largest that fits, up to this)")
-    p.add_argument("--no-checkpointing", action="store_true", help="keep all activations (no recompute)")
+    p.add_argument("--recompute", choices=["auto", "full", "selective", "none"], default=None,
+                   help="activation recomputation: full (checkpoint each block's input), selective (recompute "
+                        "only attention's core), none; auto (default): the least that fits each system's memory")
+    p.add_argument("--no-checkpointing", action="store_true", help="keep all activations (= --recompute none)")
     p.add_argument("--gpu-tflops", type=positive_float, help="GPU peak dense bf16 TFLOP/s")
     p.add_argument("--gpu-memory", type=size, help="GPU memory (e.g. 80GiB)")
     p.add_argument("--gemm-efficiency", type=positive_float, help="fraction of peak a large GEMM reaches")
@@ -104,8 +107,10 @@ def build_config(args) -> Config:
         kw["workers"] = args.workers
     if args.micro_batch:
         kw["micro_batch"] = args.micro_batch
-    if args.no_checkpointing:
-        kw["checkpointing"] = False
+    if args.no_checkpointing and args.recompute not in (None, "none"):
+        raise UserError(f"--no-checkpointing contradicts --recompute {args.recompute}: give one of them")
+    if args.recompute or args.no_checkpointing:
+        kw["recompute"] = args.recompute or "none"
     if args.grad_bytes:
         kw["grad_wire_bytes"] = args.grad_bytes
     return cfg.with_(**kw)

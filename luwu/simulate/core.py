@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from luwu.simulate import systems
 from luwu.simulate.events import Timeline
 from luwu.simulate.hardware import MODELS, Config
-from luwu.simulate.workload import layer_costs, model_flops_per_token
+from luwu.simulate.workload import RECOMPUTE, layer_costs, model_flops_per_token
 
 RESOURCES = {  # resource -> what it is, for the report
     "gpu": "worker GPU", "nic_rx": "worker NIC in", "nic_tx": "worker NIC out", "nvlink": "NVLink",
@@ -37,33 +37,48 @@ class SystemResult:
     bottleneck: str = ""
     memory_gib_per_worker: float = 0.0
     prefetch: bool = True
+    recompute: str = ""  # workload.RECOMPUTE: the mode of the fastest layout that fits
     timeline: Timeline | None = None
     window: tuple[float, float] = (0.0, 0.0)
 
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in ("feasible", "reason", "micro_batch", "iteration_s",
                                               "tokens_per_s_per_worker", "tokens_per_s", "mfu", "hfu",
-                                              "utilisation", "bottleneck", "memory_gib_per_worker", "prefetch")}
+                                              "utilisation", "bottleneck", "memory_gib_per_worker", "prefetch",
+                                              "recompute")}
         return out
+
+
+def recompute_modes(cfg: Config) -> tuple[str, ...]:
+    """The recomputation modes to try: all of them, cheapest first ("auto"), or the configured one."""
+    if cfg.recompute == "auto":
+        return RECOMPUTE
+    if cfg.recompute not in RECOMPUTE:
+        raise ValueError(f"recompute {cfg.recompute!r}: one of auto, {', '.join(RECOMPUTE)}")
+    return (cfg.recompute,)
 
 
 def candidates(system: str, cfg: Config) -> tuple[list[tuple[int, systems.Memory]], str]:
     """What may run: the largest fitting micro-batch (up to the configured one) for each memory
-    layout (luwu: with and without the prefetch buffer). Empty with the reason when nothing fits."""
+    layout (luwu: with and without the prefetch buffer) and recomputation mode, leaving out a
+    mode when a cheaper one fits the same micro-batch. Empty with the reason when nothing fits."""
     out, why = [], ""
     for prefetch in ((True, False) if system == "luwu" else (True,)):
-        for b in range(cfg.micro_batch or 1, 0, -1):
-            mem = systems.memory(system, cfg, b, prefetch)
-            ok, why = mem.fits(cfg)
-            if ok:
-                out.append((b, mem))
-                break
+        best = 0  # the largest micro-batch a cheaper recomputation mode fitted
+        for recompute in recompute_modes(cfg):
+            for b in range(cfg.micro_batch or 1, best, -1):
+                mem = systems.memory(system, cfg, b, prefetch, recompute)
+                ok, why = mem.fits(cfg)
+                if ok:
+                    out.append((b, mem))
+                    best = b
+                    break
     return out, why
 
 
 def run_system(system: str, cfg: Config) -> SystemResult:
-    """The fastest fitting layout of `system` (luwu: prefetching at a smaller micro-batch or not
-    prefetching at a larger one, whichever gives more tokens/s)."""
+    """The fastest fitting layout of `system`: the micro-batch, recomputation mode and (luwu)
+    prefetch buffer that give the most tokens/s."""
     options, why = candidates(system, cfg)
     if not options:
         return SystemResult(system, False, reason=f"does not fit at micro-batch 1: {why}")
@@ -72,7 +87,7 @@ def run_system(system: str, cfg: Config) -> SystemResult:
 
 
 def _run(system: str, cfg: Config, b: int, mem: systems.Memory) -> SystemResult:
-    costs = layer_costs(cfg, b)
+    costs = layer_costs(cfg, b, mem.recompute)
     tl = Timeline()
     starts = systems.schedule(system, tl, cfg, costs, mem)
     t0, t1 = starts[-2], starts[-1]
@@ -89,7 +104,8 @@ def _run(system: str, cfg: Config, b: int, mem: systems.Memory) -> SystemResult:
         tokens_per_s=tokens / dt * cfg.workers,
         mfu=model_flops_per_token(cfg) * tokens / dt / cfg.gpu.peak_flops,
         hfu=hw / dt / cfg.gpu.peak_flops, utilisation=util, bottleneck=RESOURCES[bottleneck],
-        memory_gib_per_worker=mem.gpu / 2**30, prefetch=mem.prefetch, timeline=tl, window=(t0, t1))
+        memory_gib_per_worker=mem.gpu / 2**30, prefetch=mem.prefetch, recompute=mem.recompute, timeline=tl,
+        window=(t0, t1))
 
 
 def largest_trainable(system: str, cfg: Config) -> str | None:

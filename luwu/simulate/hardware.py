@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from luwu.controller.planner import FRAME_OVERHEAD
+
 GB = 1e9
 
 
@@ -56,7 +58,7 @@ class Network:
     link: float  # bytes/s per worker NIC, each direction
     latency: float  # seconds, one way through one switch
     payload: int  # bytes of luwu payload per packet (the packet size a deployment uses)
-    frame_overhead: int = 14 + 20 + 8 + 24  # Ethernet/IPv4/UDP headers + preamble, FCS, inter-frame gap
+    frame_overhead: int = FRAME_OVERHEAD  # Ethernet/IPv4/UDP headers + preamble, FCS, inter-frame gap
     ack_frame: int = 84  # a minimum Ethernet frame on the wire (64 B + 20 B preamble and gap)
     switch_slots: int = 16384  # aggregation slots (SwitchML's register size)
     nccl_contention: tuple = ((2, 1.02), (4, 1.35), (8, 1.44))  # luwu/NCCL collective bandwidth next to a GEMM
@@ -80,6 +82,9 @@ class OptimizerNode:
     adam_bytes_per_param: float = 60.0  # memory traffic of one AdamW step per parameter (paper: 349 GB/s / 5.8 G/s)
     adam_flops_per_param: float = 17.0  # paper
     nodes: int = 1
+    # fraction of the RAM that caches served copies when the state does not fit in RAM: luwu's
+    # node default (dataplane/optimizer/spec.py NodeConfig.served_fraction; a test checks they agree)
+    served_fraction: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,9 @@ class Config:
     host: Host
     workers: int = 8
     micro_batch: int | None = None  # sequences per worker per iteration; None = the preset's
-    checkpointing: bool = True
+    # activation recomputation: "auto" runs each system with the least recomputation that fits its
+    # memory (none, selective, full: workload.RECOMPUTE), or one of those for all
+    recompute: str = "auto"
     dtype_bytes: int = 2  # bf16 training
     grad_wire_bytes: int | None = None  # bytes per gradient element a worker pushes; None = luwu's wire format
     iterations: int = 3  # simulated back to back; the last is reported (steady state)

@@ -59,7 +59,8 @@ def plan(cfg: Config) -> dict:
     bwd = [t for t in ideal.timeline.tasks if t.iteration == ideal.timeline.tasks[-1].iteration - 1
            and t.label.startswith("bwd")]
     t_bwd = (max(t.end for t in bwd) - min(t.start for t in bwd)) if bwd else t_iter
-    served_in_ram_bytes = systems.PARAM_BYTES * P  # RAM that spares the SSDs the served-copy reads
+    # RAM that spares the SSDs the served-copy reads: the node caches them in served_fraction of its RAM
+    served_in_ram_bytes = systems.PARAM_BYTES * P / nd.served_fraction
     adam_need = P / t_bwd
     disk_r_need = 12 * P / t_bwd + 2 * systems.PARAM_BYTES * P / t_iter  # state, and served copies if on disk
     disk_w_need = (12 + systems.PARAM_BYTES) * P / t_bwd
@@ -80,7 +81,7 @@ def plan(cfg: Config) -> dict:
     nodes = max(1, math.ceil(max(counts.values()) - 1e-9))
     ssds = max(1, math.ceil(max(ssd_bw, 2 * state / nd.ssd_capacity) / nodes - 1e-9))
     ram_min = READ_AHEAD_LAYERS * 12 * cfg.model.block_params / nodes
-    ram = state / nodes if state <= nd.ram else max(ram_min, min(nd.ram, served_in_ram_bytes / nodes))
+    ram = state / nodes if state <= nd.ram else min(nd.ram, max(ram_min, served_in_ram_bytes / nodes))
     planned = cfg.with_(node=replace(nd, nodes=nodes, ssds=ssds, ram=ram))
     got = run_system("luwu", planned)
     rtt = 2 * systems.hops(cfg) * net.latency + 2 * net.payload / net.link  # base RTT plus one packet each way
@@ -92,7 +93,7 @@ def plan(cfg: Config) -> dict:
         "ssds_per_node": ssds,
         "ssd_tb_per_node": 2 * state / nodes / 1e12,
         "ram_gb_per_node": ram_min / 1e9,
-        "ram_gb_per_node_served_in_ram": (ram_min + served_in_ram_bytes / nodes) / 1e9,
+        "ram_gb_per_node_served_in_ram": max(ram_min, served_in_ram_bytes / nodes) / 1e9,
         "ram_gb_per_node_all_in_ram": state / nodes / 1e9,
         "ram_gb_per_node_simulated": ram / 1e9,
         "adam_params_per_s_needed": adam_need,

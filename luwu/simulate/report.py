@@ -24,7 +24,7 @@ def to_json(cfg: Config, out: dict, preset: str | None) -> dict:
         "preset": preset,
         "model": {"name": m.name, "params": m.params, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
                   "seq": m.seq, "vocab": m.vocab},
-        "workers": cfg.workers, "micro_batch": cfg.micro_batch, "checkpointing": cfg.checkpointing,
+        "workers": cfg.workers, "micro_batch": cfg.micro_batch, "recompute": cfg.recompute,
         "topology": cfg.net.topology, "link_gbps": cfg.net.link * 8 / 1e9, "payload_bytes": cfg.net.payload,
         "grad_wire_bytes": systems.grad_bytes(cfg), "gpu": cfg.gpu.name,
         "optimizer_nodes": cfg.node.nodes, "node_ssds": cfg.node.ssds,
@@ -47,7 +47,8 @@ def lines(doc: dict) -> list[str]:
     for s, r in doc["systems"].items():
         if r["feasible"]:
             out.append(f"{s}: {r['tokens_per_s']:.4g} tokens/s ({r['tokens_per_s_per_worker']:.4g} per worker), "
-                       f"MFU {r['mfu']:.3f}, micro-batch {r['micro_batch']}, {r['memory_gib_per_worker']:.1f} GiB "
+                       f"MFU {r['mfu']:.3f}, micro-batch {r['micro_batch']}, {r['recompute']} recompute, "
+                       f"{r['memory_gib_per_worker']:.1f} GiB "
                        f"per GPU, bottleneck: {r['bottleneck']}")
         else:
             out.append(f"{s}: cannot run: {r['reason']}")

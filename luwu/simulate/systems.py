@@ -1,8 +1,8 @@
 """One training iteration of each system, layer by layer, on the event timeline (events.py).
 
 Each `schedule_*` issues work in the order the system's runtime does: luwu (model in network:
-pull, forward, pull again, recompute + backward, push; the optimizer node's step-centric
-pipeline per shard), ZeRO-3/FSDP, ZeRO-Offload, ZeRO-Infinity (CPU and NVMe), DDP with NCCL
+pull, forward, pull again unless kept, recompute + backward, push; the optimizer node's
+step-centric pipeline per shard and its served-copy cache), ZeRO-3/FSDP, ZeRO-Offload, ZeRO-Infinity (CPU and NVMe), DDP with NCCL
 ring allreduce and DDP with ATP/SwitchML-style in-network allreduce. `memory_*` gives each
 system's bytes per worker GPU (and per host where it offloads). docs/simulator.md derives
 every duration.
@@ -14,6 +14,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from luwu.controller.planner import wire_efficiency
 from luwu.dataplane import protocol
 from luwu.simulate.events import Timeline
 from luwu.simulate.hardware import Config
@@ -35,13 +36,14 @@ NODE_CHUNKS = 8  # shards per layer in the node's pipeline (enough to show the p
 
 def luwu_wire_efficiency(cfg: Config) -> float:
     """Payload bytes per byte on the wire for luwu packets of `cfg.net.payload` bytes."""
-    p = cfg.net.payload
-    return p / (p + protocol.HEADER_LEN + cfg.net.frame_overhead)
+    return wire_efficiency(cfg.net.payload, cfg.net.frame_overhead)
 
 
 def nccl_bandwidth(cfg: Config) -> float:
-    """Bytes/s a NCCL ring moves per worker and direction while GEMMs run beside it: the wire rate
-    over RoCE (4 KiB MTU) divided by the paper's measured luwu/NCCL ratio next to a GEMM."""
+    """Bytes/s a NCCL ring moves per worker and direction while GEMMs run beside it: luwu's own
+    collective bandwidth (the link at luwu's wire efficiency) divided by the paper's measured
+    ratio of LuWu's to NCCL's collective bandwidth next to a GEMM. The ratio is to LuWu's
+    bandwidth, not to the line rate, so NCCL's own framing is already inside it."""
     pts = cfg.net.nccl_contention
     n = cfg.workers
     if n <= pts[0][0]:
@@ -53,7 +55,7 @@ def nccl_bandwidth(cfg: Config) -> float:
             if n0 <= n <= n1:
                 ratio = r0 + (r1 - r0) * (math.log2(n) - math.log2(n0)) / (math.log2(n1) - math.log2(n0))
                 break
-    return cfg.net.link * 4096 / (4096 + 58 + 24) / ratio
+    return cfg.net.link * luwu_wire_efficiency(cfg) / ratio
 
 
 def grad_bytes(cfg: Config) -> int:
@@ -91,6 +93,8 @@ class Memory:
     node_ram: float = 0.0
     node_disk: float = 0.0
     prefetch: bool = True
+    recompute: str = "full"  # workload.RECOMPUTE
+    keep: int = 0  # luwu: blocks kept on the GPU from forward to backward besides the last (never pulled twice)
 
     def fits(self, cfg: Config) -> tuple[bool, str]:
         if self.gpu > cfg.gpu.memory:
@@ -104,28 +108,33 @@ class Memory:
         return True, ""
 
 
-def memory(system: str, cfg: Config, b: int, prefetch: bool = True) -> Memory:
+def memory(system: str, cfg: Config, b: int, prefetch: bool = True, recompute: str = "full") -> Memory:
     m, B = cfg.model, cfg.dtype_bytes
     P, layer, n = m.params, m.block_params, cfg.workers
-    kept, working = activation_bytes(cfg, b)
+    kept, working = activation_bytes(cfg, b, recompute)
     act = kept + working + cfg.gpu.reserved
     if system == "luwu":
         unit = max(layer, m.embed_params)  # the tied embedding is pulled like a block, not kept
         bufs = (2 if prefetch else 1) * unit * PARAM_BYTES + unit * B  # params (+ the prefetched next), grads
         state = NODE_STATE_BYTES * P
-        return Memory(gpu=bufs + act, node_ram=min(state, cfg.node.ram),
-                      node_disk=max(0.0, state - cfg.node.ram * cfg.node.nodes), prefetch=prefetch)
+        # what memory is left keeps the blocks before the last for backward (ModelInNetwork's
+        # keep_last / keep_budget): the design pulls a layer again only when it was dropped
+        keep = int(min(m.layers - 1, max(0.0, cfg.gpu.memory - bufs - act) // (layer * PARAM_BYTES)))
+        return Memory(gpu=bufs + act + keep * layer * PARAM_BYTES, node_ram=min(state, cfg.node.ram),
+                      node_disk=max(0.0, state - cfg.node.ram * cfg.node.nodes), prefetch=prefetch,
+                      recompute=recompute, keep=keep)
     gathered = 2 * layer * B + layer * B  # a gathered layer, the prefetched next, its gradient
     if system == "zero_3":
-        return Memory(gpu=16 * P / n + gathered + act)
+        return Memory(gpu=16 * P / n + gathered + act, recompute=recompute)
     if system == "zero_offload":
-        return Memory(gpu=B * P + 2 * layer * B + act, host=16 * P / n)
+        return Memory(gpu=B * P + 2 * layer * B + act, host=16 * P / n, recompute=recompute)
     if system == "zero_infinity_cpu":
-        return Memory(gpu=gathered + act, host=(B + 12 + 4) * P / n)
+        return Memory(gpu=gathered + act, host=(B + 12 + 4) * P / n, recompute=recompute)
     if system == "zero_infinity":
-        return Memory(gpu=gathered + act, host=4 * P / n + 8 * layer * 4, nvme=(B + 12 + B) * P / n)
+        return Memory(gpu=gathered + act, host=4 * P / n + 8 * layer * 4, nvme=(B + 12 + B) * P / n,
+                      recompute=recompute)
     if system in ("ddp_ring", "ddp_atp"):
-        return Memory(gpu=16 * P + 2 * 25e6 + act)
+        return Memory(gpu=16 * P + 2 * 25e6 + act, recompute=recompute)
     raise ValueError(system)
 
 
@@ -138,7 +147,7 @@ def schedule_luwu(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations:
     lat = 2 * hops(cfg) * cfg.net.latency  # a pull's request and first packet
     state = NODE_STATE_BYTES * cfg.model.params
     on_disk = state > nd.ram * nd.nodes
-    served_in_ram = PARAM_BYTES * cfg.model.params <= 0.5 * nd.ram * nd.nodes
+    cached = served_cached(cfg, costs)
     disk_r = nd.ssds * nd.ssd_read * nd.disk_efficiency * nd.nodes
     disk_w = nd.ssds * nd.ssd_write * nd.disk_efficiency * nd.nodes
     adam = node_adam_rate(cfg) * nd.nodes
@@ -150,7 +159,7 @@ def schedule_luwu(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations:
 
     last_start = {"pull": 0.0, "push": 0.0}  # when the latest transfer of each kind began
 
-    def transfer(kind: str, u: int, nbytes: float, after: float) -> float:
+    def transfer(kind: str, u: int, nbytes: float, after: float, from_ram: bool = True) -> float:
         # a worker NIC carries 1/K of the layer when K GPUs share it over NVLink (rail-only)
         res = {"nic_rx" if kind == "pull" else "nic_tx": nbytes / K / net,
                "node_tx" if kind == "pull" else "node_rx": nbytes / node_link}
@@ -158,7 +167,7 @@ def schedule_luwu(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations:
         nvlink = {"nvlink": nbytes * (K - 1) / K / cfg.net.nvlink}
         if kind == "push" and K > 1:  # reduce-scatter inside the server first, then 1/K per rail
             after = tl.run(nvlink, after, f"nvlink {u}")
-        if kind == "pull" and on_disk and not served_in_ram:  # read the served copy, stream it out
+        if kind == "pull" and not from_ram:  # read the served copy from the SSDs, stream it out
             read_end = tl.run({"node_disk_r": nbytes / disk_r}, after, f"read served {u}")
             after = tl.tasks[-1].start
         end = max(tl.run(res, after, f"{kind} {u}"), read_end) + lat
@@ -175,15 +184,21 @@ def schedule_luwu(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations:
         steps = ([(0, 0.0, False)] + [(u, costs[u].fwd, False) for u in range(1, L + 1)]
                  + [(0, costs[0].fwd + costs[0].bwd, True)] + [(u, costs[u].bwd, True) for u in range(L, 0, -1)])
         buffers: list[tuple[int, float]] = []  # (unit held, when its last use ends), oldest first
+        keep = set(range(L - mem.keep, L))  # kept in their own memory from forward to backward
+        kept: dict[int, float] = {}  # unit -> when its forward ended
         reads: dict[int, list[float]] = {}  # step -> when each shard of its state is in the node's RAM
         for n_step, (u, secs, push) in enumerate(steps):
             held = [k for k, (v, _) in enumerate(buffers) if v == u]
-            if held:  # still in a buffer (the last block between forward and backward)
+            if push and u in kept:  # kept since its forward: no second pull
+                got = kept.pop(u)
+                last_start["pull"] = got
+            elif held:  # still in a buffer (the last block between forward and backward)
                 got = buffers.pop(held[0])[1]
                 last_start["pull"] = got
             else:
                 free_at = buffers.pop(0)[1] if len(buffers) >= depth else 0.0
-                got = transfer("pull", u, PARAM_BYTES * costs[u].params, max(ready[u], free_at))
+                got = transfer("pull", u, PARAM_BYTES * costs[u].params, max(ready[u], free_at),
+                               u in cached["bwd" if push else "fwd"])
             if n_step == 0:
                 starts.append(max(gpu_free, got))
             if push and n_step not in reads:
@@ -195,12 +210,33 @@ def schedule_luwu(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations:
                 reads[n_step + 1] = _read_state(tl, nu, costs[nu].params, last_start["pull"], on_disk, disk_r)
             state_in = reads.pop(n_step, None)
             gpu_free = tl.run({"gpu": secs}, got, ("bwd " if push else "fwd ") + str(u))
-            buffers.append((u, gpu_free))
+            if not push and u in keep:
+                kept[u] = gpu_free  # its own memory: the rotating buffer is free again
+            else:
+                buffers.append((u, gpu_free))
             if push:  # the embedding's own lookup gradient (b*s rows) is left out: see docs
                 ready[u] = _node_step(tl, cfg, u, costs[u].params,
                                       transfer("push", u, grad_bytes(cfg) * costs[u].params, gpu_free),
-                                      on_disk, served_in_ram, disk_w, adam, state_in)
+                                      on_disk, cached["all"], disk_w, adam, state_in)
     return starts
+
+
+def served_cached(cfg: Config, costs: list[LayerCost]) -> dict:
+    """Which units' served copies a pull finds in the node's RAM, as luwu's node keeps them: all
+    of them when the whole state fits in RAM; else `served_fraction` of the RAM holds the k most
+    recently used (LRU). Forward pulls run 1..L and backward pulls L..1, and each new version
+    replaces its old one, so the forward finds the k blocks stepped last (1..k) and the backward
+    the k pulled last (L-k+1..L); the embedding, used first in both, only when all fit.
+    Returns {"fwd": units, "bwd": units, "all": every copy stays in RAM (none is written)}."""
+    nd, L = cfg.node, len(costs) - 1
+    units = set(range(L + 1))
+    if NODE_STATE_BYTES * cfg.model.params <= nd.ram * nd.nodes:
+        return {"fwd": units, "bwd": units, "all": True}
+    cache = nd.served_fraction * nd.ram * nd.nodes
+    if cache >= PARAM_BYTES * cfg.model.params:
+        return {"fwd": units, "bwd": units, "all": True}
+    k = min(L, int(cache // (PARAM_BYTES * costs[-1].params)))  # blocks whose copies fit
+    return {"fwd": set(range(1, k + 1)), "bwd": set(range(L - k + 1, L + 1)), "all": False}
 
 
 def _read_state(tl, u, params, after, on_disk, disk_r) -> list[float]:
@@ -213,15 +249,16 @@ def _read_state(tl, u, params, after, on_disk, disk_r) -> list[float]:
 
 def _node_step(tl, cfg, u, params, grad_at, on_disk, served_in_ram, disk_w, adam, state_in) -> float:
     """The node's step-centric pipeline for one layer, shard by shard: AdamW once the shard's state
-    is in RAM and the summed gradient has arrived, then write the state back. Returns when the new
-    version can be served (after the AdamW when the served copy lives in RAM, else once written)."""
+    is in RAM and the summed gradient has arrived, then write the state back (with the served copy
+    unless every served copy stays in RAM: a copy evicted later is written back once). Returns when
+    the new version can be served: after the AdamW, which publishes it in RAM."""
     share = params / NODE_CHUNKS
     served = 0.0
     for r in state_in:
         a = tl.run({"node_cpu": share / adam}, max(r, grad_at), f"adam {u}")
-        w = tl.run({"node_disk_w": share * (12 + (0 if served_in_ram else PARAM_BYTES)) / disk_w}, a,
-                   f"write {u}") if on_disk else a
-        served = max(served, a if served_in_ram or not on_disk else w)
+        if on_disk:  # written behind the AdamW: the new version is served from RAM meanwhile
+            tl.run({"node_disk_w": share * (12 + (0 if served_in_ram else PARAM_BYTES)) / disk_w}, a, f"write {u}")
+        served = max(served, a)
     return served
 
 

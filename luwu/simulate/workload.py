@@ -1,8 +1,9 @@
 """Computation and memory of one training iteration, layer by layer (after Kundu et al. 2024,
 arXiv 2407.14645): each operator of a transformer block is a roofline, the larger of its FLOPs at
 the GPU's achievable GEMM rate and its HBM bytes at the achievable memory rate; backward costs
-twice the forward; activation checkpointing adds one forward (the recompute). Activation memory
-follows Korthikanti et al. 2022 (arXiv 2205.05198). docs/simulator.md explains every term.
+twice the forward; recomputation adds the forward work it redoes: all of it (full checkpointing)
+or only the attention core (selective, Korthikanti et al. 2022, arXiv 2205.05198, whose activation
+memory formulas this follows). docs/simulator.md explains every term.
 """
 
 from __future__ import annotations
@@ -10,6 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from luwu.simulate.hardware import Config
+
+# Activation recomputation (Korthikanti et al. 2022, section 4): "full" keeps each block's input
+# and recomputes the whole block in backward; "selective" keeps everything but the attention core
+# (QK^T, softmax, dropout, x V: the 5as/h part of the activations) and recomputes only that;
+# "none" keeps everything. Cheapest first: what a system runs when its memory allows.
+RECOMPUTE = ("none", "selective", "full")
+ATTENTION_CORE = slice(2, 5)  # the operators of `_ops` that selective recomputation redoes
 
 
 @dataclass(frozen=True)
@@ -19,7 +27,7 @@ class LayerCost:
     name: str
     params: int
     fwd: float
-    bwd: float  # including the recompute when checkpointing
+    bwd: float  # including the recompute
     hw_flops: float  # FLOPs the GPU executes for this unit in one iteration (fwd + recompute + bwd)
 
 
@@ -48,14 +56,16 @@ def _roofline(ops, cfg: Config) -> tuple[float, float]:
     return secs, sum(f for f, _ in ops)
 
 
-def layer_costs(cfg: Config, micro_batch: int) -> list[LayerCost]:
+def layer_costs(cfg: Config, micro_batch: int, recompute: str = "full") -> list[LayerCost]:
     """The embedding (index 0, whose tied output head runs last in forward and first in backward)
-    followed by the blocks in forward order."""
+    followed by the blocks in forward order. `recompute`: one of RECOMPUTE."""
     m, B = cfg.model, cfg.dtype_bytes
     b, s, h = micro_batch, m.seq, m.hidden
-    recompute = 1 if cfg.checkpointing else 0
-    fwd, flops = _roofline(_ops(b, s, h, m.heads, B), cfg)
-    block = LayerCost("block", m.block_params, fwd, (2 + recompute) * fwd, (3 + recompute) * flops)
+    ops = _ops(b, s, h, m.heads, B)
+    fwd, flops = _roofline(ops, cfg)
+    redo, redo_flops = {"none": (0.0, 0.0), "full": (fwd, flops),
+                        "selective": _roofline(ops[ATTENTION_CORE], cfg)}[recompute]
+    block = LayerCost("block", m.block_params, fwd, 2 * fwd + redo, 3 * flops + redo_flops)
     t = b * s
     head_ops = [(2 * t * h * m.vocab, B * (t * h + h * m.vocab + t * m.vocab)), (0, 6 * t * m.vocab)]
     hf, hfl = _roofline(head_ops, cfg)
@@ -69,15 +79,18 @@ def model_flops_per_token(cfg: Config) -> float:
     return 6 * m.params + 12 * m.layers * m.hidden * m.seq
 
 
-def activation_bytes(cfg: Config, micro_batch: int) -> tuple[float, float]:
-    """(bytes kept across the iteration, peak bytes of the one block being back-propagated).
-    Kept: each block's input (2 s h bytes per sequence) with checkpointing, else everything
-    (s h (34 + 5 a s / h) per block, Korthikanti et al. table 2). Plus the logits and their fp32
-    softmax for the loss."""
+def activation_bytes(cfg: Config, micro_batch: int, recompute: str = "full") -> tuple[float, float]:
+    """(bytes kept across the iteration, peak transient bytes on top of them), after Korthikanti
+    et al. table 2 (no tensor parallelism): a block's activations are s b h (34 + 5 a s / h) bytes.
+    Kept per block: its input, 2 s b h (full recomputation); all but the attention core, 34 s b h
+    (selective); everything (none). Transient: the recomputed part of the one block being
+    back-propagated, or the logits and their fp32 softmax while the head runs (b s V (2 + 4)),
+    whichever is larger: the head's forward and backward finish, and free the logits, before
+    the first block's backward starts."""
     m = cfg.model
     b, s, h, a = micro_batch, m.seq, m.hidden, m.heads
     full = s * b * h * (34 + 5 * a * s / h)
+    kept, redo = {"full": (2 * s * b * h, full), "selective": (34 * s * b * h, 5 * a * s * s * b),
+                  "none": (full, 0.0)}[recompute]
     logits = b * s * m.vocab * (cfg.dtype_bytes + 4)
-    if cfg.checkpointing:
-        return m.layers * 2 * s * b * h + logits, full
-    return m.layers * full + logits, 0.0
+    return m.layers * kept, max(redo, logits)
