@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from luwu.p4.runtime_config import StarSession, star_program
 
 from . import children
+from .heap import retain_freed_memory
 from .protocol import NODE, aggregation_packet_len, lanes_for_mode
 from .session import EndpointPlan, SessionSpec, Wiring
 
@@ -380,6 +381,10 @@ def _serve_stdin() -> int:
         return 1
     req = json.loads(first)
     plan = plan_from_json(req["plan"])
+    from luwu.dataplane import trace
+
+    trace.start("switch (loopback)")  # with LUWU_TRACE_DIR, like `luwu switch` (docs/observability.md)
+    retain_freed_memory()  # a process of its own: keep the turns' temporaries mapped (heap.py)
     sw = _build_switch(plan, req.get("drop") or {}, int(req.get("seed", 0)), req.get("runtime"))
     sw.start()
     print(json.dumps({"switch_ports": {str(k): list(v) for k, v in plan.switch_ports.items()}}), flush=True)
@@ -390,6 +395,7 @@ def _serve_stdin() -> int:
             if cmd == "counters":
                 print(json.dumps(sw.counters(), default=str), flush=True)
             elif cmd == "stop":
+                trace.flush()  # before answering: the parent may SIGTERM this process as soon as it reads it
                 print(json.dumps({"stopped": True}), flush=True)
                 break
             elif cmd.startswith("{"):

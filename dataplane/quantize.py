@@ -26,9 +26,15 @@ def num_chunks(numel: int, lanes: int) -> int:
 
 
 def _chunked_absmax(x: np.ndarray, lanes: int) -> np.ndarray:
+    """max |x| per chunk of `lanes` (NaN where a chunk holds one): compiled, or numpy's two passes."""
     n = x.size
-    full = n // lanes
     out = np.empty(num_chunks(n, lanes), dtype=np.float32)
+    if n and _compiled():
+        from .kernels.fixed_point import chunk_absmax
+
+        chunk_absmax(np.ascontiguousarray(x).view(np.uint32), lanes, out.view(np.uint32))
+        return out
+    full = n // lanes
     if full:
         out[:full] = np.abs(x[: full * lanes].reshape(full, lanes)).max(axis=1)
     if n > full * lanes:
@@ -227,6 +233,7 @@ def warm_up() -> None:
             return
     except UserError:
         return  # a bad LUWU_KERNELS: the first operation reports it, in one line, to its caller
+    chunk_exponents(np.ones(1, np.float32), 1)
     rows = np.zeros((1, 8), dtype=np.uint8)
     quantize_into_rows(np.ones(1, np.float32), np.ones(1, np.int32), 1, 1, rows, 4)
     dequantize_rows_into(rows, np.zeros(1, np.int64), 4, 1, np.zeros(1, np.int64), np.zeros(1, np.int64),

@@ -1,7 +1,8 @@
 """The engine's transport seam: how an endpoint's packets reach its switch port.
 
 Both transports have the shape the engine and its sessions use: `recv()` fills `rx[:k]` and
-`rx_len[:k]`; `send_rows(buf, idx, lengths)` sends rows of a buffer; `fd` is what the engine's
+`rx_len[:k]`, valid until the next `recv()` (the shm endpoint's `rx` is the ring's own rows,
+lent until then or until `arm()`); `send_rows(buf, idx, lengths)` sends rows of a buffer; `fd` is what the engine's
 poll() waits on; `stats` counts packets; `close()`. The window, retransmission and session logic
 above never sees which one it has.
 

@@ -78,3 +78,21 @@ def dequantize_rows(words, row_words, col, lanes, sel, s1, s2, chunk, out):
         for j in range(lanes):
             u = np.int32(_bswap32(src[j]))
             dst[j] = (np.float32(u) * a) * b
+
+
+@njit(cache=True, nogil=True)
+def chunk_absmax(words, lanes, out):
+    """out[r] = the bits of max |x[r * lanes:(r + 1) * lanes]| for float32 x given as its uint32
+    `words` (the last chunk may be short), in one read of x and without numpy's `abs` temporary.
+    With the sign bit cleared, IEEE bit patterns order as the magnitudes do and every NaN lies
+    above inf, so an integer maximum (which vectorises; a float one does not without fastmath)
+    is the largest magnitude, or a NaN where the chunk holds one: what `np.abs(chunk).max()` gives."""
+    n = words.size
+    for r in range(out.size):
+        src = words[r * lanes:min(n, (r + 1) * lanes)]
+        m = np.uint32(0)
+        for j in range(src.size):
+            v = src[j] & np.uint32(0x7FFFFFFF)
+            m = v if v > m else m
+        out[r] = m
+    return out

@@ -11,9 +11,25 @@ import select
 import sys
 import threading
 
+from ..kernels import use_numba
 from ..protocol import aggregation_packet_len
 from .attach_shm import shm_row_bytes
 from .receiver import GroupReceiver
+
+_WARMING = threading.Lock()
+
+
+def _warm_kernels() -> None:
+    """Load the lane kernels (dataplane/kernels/switch_lanes.py) on a background thread, once per
+    process, so the first aggregation batch does not stall on numba while endpoints' timers run."""
+    if _WARMING.acquire(blocking=False):  # never released: once per process
+        def warm() -> None:
+            from ..kernels.switch_lanes import warm_up
+
+            warm_up()
+
+        threading.Thread(target=warm, name="luwu-switch-kernels", daemon=True).start()
+
 
 MAX_TURN_ROWS = 2048  # rows of a shared receive buffer: ports beyond it wait for the next turn
 KINDS = ("udp", "raw", "shm")
@@ -27,6 +43,8 @@ class EventLoop:
         self._receivers: dict[str, GroupReceiver] = {}
 
     def start(self) -> None:
+        if use_numba():  # a bad LUWU_KERNELS fails here, once, instead of on every batch
+            _warm_kernels()
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:

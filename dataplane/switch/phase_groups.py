@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels import use_numba
+
 
 class GroupPlan:
     """Which aggregation packets (positions in the batch's aggregation list) form qualifying groups."""
@@ -114,6 +116,27 @@ def apply(p: GroupPlan, a, regs, payload: np.ndarray, agg) -> None:
     sat = np.where(first, sat, sat | (regs.slot_flags[g_s] != 0))
     regs.exponents[g_s] = e
     regs.slot_flags[g_s] = sat
+    done = remaining[st + p.sizes - 1] == 0
+    if use_numba():  # one compiled pass per group (dataplane/kernels/switch_lanes.py), same bits
+        from ..kernels.switch_lanes import fold_groups
+
+        fold_groups(regs.lanes.view(np.uint32), payload.view(np.uint32), g_s, first, a.is_max[heads], done,
+                    st.astype(np.int64), p.sizes.astype(np.int64), a.rows[o].astype(np.int64))
+    else:
+        _fold(p, a, regs, payload, g_s, first, heads, done)
+    # outcome per packet, for the next step selector (exponent/flags matter only where emitted)
+    agg.dup[a.ai[o]] = False
+    agg.remaining[a.ai[o]] = remaining
+    agg.exponent[a.ai[last]] = e
+    agg.saturated[a.ai[last]] = sat
+
+
+def _fold(p: GroupPlan, a, regs, payload: np.ndarray, g_s: np.ndarray, first: np.ndarray, heads: np.ndarray,
+          done: np.ndarray) -> None:
+    """The readable lane arithmetic of `apply` (the reference of the compiled fold_groups)."""
+    st = p.starts
+    last = p.order[st + p.sizes - 1]
+    o = p.order
     # aggregation_lanes: fold the group position by position (one vectorised op per position;
     # gathers of whole rows are fast, reductions across rows are not)
     rows_o = a.rows[o]
@@ -142,14 +165,8 @@ def apply(p: GroupPlan, a, regs, payload: np.ndarray, agg) -> None:
             _combine(total, x, np.ones(len(st), dtype=bool) if uniform else gsel, is_max, any_max, all_max)
     if not in_place:
         regs.lanes[g_s] = total
-    done = remaining[st + p.sizes - 1] == 0
     if done.any():
         if done.all():
             payload[_rows(a.rows[last])] = total
         else:
             payload[a.rows[last[done]]] = total[done]
-    # outcome per packet, for the next step selector (exponent/flags matter only where emitted)
-    agg.dup[a.ai[o]] = False
-    agg.remaining[a.ai[o]] = remaining
-    agg.exponent[a.ai[last]] = e
-    agg.saturated[a.ai[last]] = sat

@@ -28,6 +28,7 @@ import numpy as np
 from luwu.dataplane.engine.engine import Engine, EngineConfig
 from luwu.dataplane.engine.handles import Handle
 from luwu.dataplane.engine.shm import ShmCache
+from luwu.dataplane.heap import retain_freed_memory
 from luwu.dataplane.net.framing import FrameError, recv_msg, send_msg
 from luwu.dataplane.session import EndpointPlan
 from luwu.dataplane.usage import positive_int
@@ -160,6 +161,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    retain_freed_memory()  # the engine's batch temporaries stay mapped (dataplane/heap.py)
     config = EngineConfig(batch=args.batch)
     engine = None
     if args.plan:

@@ -4,7 +4,8 @@
   every shift the protocol can produce, on any float32 (subnormals, inf, NaN included).
 * The numpy `quantize` is exactly the ldexp formulation it replaced (kept here as the oracle).
 * The numba kernels (dataplane/kernels/fixed_point.py) write the same packet bytes and saturated
-  flags as the numpy path (`LUWU_KERNELS=reference`), and decode the same float32 bits.
+  flags as the numpy path (`LUWU_KERNELS=reference`), decode the same float32 bits, and find the
+  same per-chunk maxima (hence exponents).
 """
 
 from __future__ import annotations
@@ -131,6 +132,19 @@ def test_dequantize_rows_kernel_matches_reference(lanes, k, data, monkeypatch_mo
     with np.errstate(over="ignore"):
         want = np.ldexp(lanes_of, shift[:, None].astype(np.int32))
     assert _same_bits(outs["numba"], want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=_float32s(1, 200), lanes=st.integers(1, 24))
+def test_chunk_absmax_kernel_matches_reference(x, lanes, monkeypatch_module):
+    got = {}
+    for mode in ("reference", "numba"):
+        monkeypatch_module.setenv("LUWU_KERNELS", mode)
+        got[mode] = (Q._chunked_absmax(x, lanes), Q.chunk_exponents(x, lanes))
+    (a0, e0), (a1, e1) = got["reference"], got["numba"]
+    nan = np.isnan(a0)
+    assert np.array_equal(nan, np.isnan(a1)) and _same_bits(a0[~nan], a1[~nan])  # NaN: any NaN
+    assert np.array_equal(e0, e1)
 
 
 def test_kernel_mode_switch(monkeypatch):

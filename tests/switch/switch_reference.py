@@ -104,7 +104,9 @@ class ReferenceSwitch:
             self._count(self.drops, DropReason.BAD_DIRECTION, n)
             return []
         up = (s["up_port"], NODE)
-        if pkt.flags & Flag.ZERO:  # stands for `lanes` zero lanes from here on
+        if pkt.flags & Flag.ZERO and t in (MsgType.GRAD, MsgType.ALLREDUCE):
+            # stands for `lanes` zero lanes from here on (aggregate or fallback: zero_lanes.p4); other
+            # types keep the flag, which means nothing to them, and go on as they came
             pkt.flags &= ~Flag.ZERO & 0xFF
             pkt.payload = bytes(4 * self.lanes)
         if t in (MsgType.GRAD, MsgType.ALLREDUCE):

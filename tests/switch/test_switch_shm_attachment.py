@@ -1,6 +1,7 @@
 """Shared-memory attachment end to end: the switch's event loop in a thread (or a child process)
 with ring pairs in /dev/shm, endpoints on `ShmEndpoint` (the engine's side of the rings):
-the ring itself (wrap-around, full ring, doorbell, oversize), exact sums, counters equal to the
+the ring itself (wrap-around, full ring, doorbell, oversize, the row copy, rows lent to the
+endpoint until its next receive), exact sums, counters equal to the
 UDP attachment's for the same traffic, simulated loss, a dead switch or endpoint named, and no
 files left behind."""
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 from switch_setup import LANES, NODE_PORT, SLOTS, agg_packet, heartbeat, param, runtime
 
-from luwu.dataplane.net.shm_ring import RingBusy, ShmEndpoint, ShmRing, supported
+from luwu.dataplane.net.shm_ring import RingBusy, ShmEndpoint, ShmRing, copy_rows, supported
 from luwu.dataplane.protocol import NODE, DropReason, Event, Flag, MsgType, Packet
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
 
@@ -147,6 +148,47 @@ def test_ring_wraps_fills_and_rings_its_doorbell(tmp_path):
         cons.close()
         prod.close()
     assert not os.path.exists(path) and not os.path.exists(path + ".bell")
+
+
+def test_copy_rows_is_a_row_gather():
+    """shm_ring.copy_rows (slices per run of consecutive rows) copies exactly what a fancy-index
+    gather does, for scattered, consecutive and repeated rows and part-width copies."""
+    rng = np.random.default_rng(5)
+    src = rng.integers(0, 256, (40, 96), dtype=np.uint8)
+    for idx in (np.arange(7, 19), np.array([3, 4, 5, 9, 10, 2, 2, 39]), np.array([0]), np.array([], dtype=np.int64),
+                rng.integers(0, 40, 25)):
+        for off, used in ((0, 96), (8, 64), (32, 1)):
+            dst = np.full((30, 96), 0xA5, dtype=np.uint8)
+            want = dst.copy()
+            want[4:4 + len(idx), :used] = src[idx, off:off + used]
+            copy_rows(dst, 4, src, idx, off, used)
+            assert np.array_equal(dst, want), (idx, off, used)
+
+
+def test_endpoint_lends_rows_until_its_next_receive(tmp_path):
+    """ShmEndpoint.recv() hands out the ring's own rows (no copy): the switch cannot overwrite them
+    until the endpoint's next recv() or arm() gives them back, and then it can."""
+    prefix = f"/dev/shm/luwu-test-{os.getpid()}-{time.monotonic_ns()}"
+    down = ShmRing(prefix + ".down", "producer", slots=8, row_bytes=64, create=True)
+    up = ShmRing(prefix + ".up", "consumer", slots=8, row_bytes=64, create=True)
+    ep = ShmEndpoint(prefix, batch=4)
+    try:
+        rows = np.arange(16 * 64, dtype=np.uint32).astype(np.uint8).reshape(16, 64)
+        assert down.push_rows(rows, np.arange(8), np.full(8, 64))[0] == 8
+        assert ep.recv() == 4 and np.array_equal(ep.rx[:4], rows[:4]) and (ep.rx_len[:4] == 64).all()
+        assert down.push_rows(rows, np.arange(8, 12), np.full(4, 64))[0] == 0, "lent rows are not free"
+        assert ep.recv() == 4 and np.array_equal(ep.rx[:4], rows[4:8])  # gives the first four back
+        assert down.push_rows(rows, np.arange(8, 12), np.full(4, 64))[0] == 4
+        assert not ep.arm(), "arming gives the lent rows back and sees the new packets"
+        assert ep.recv() == 4 and np.array_equal(ep.rx[:4], rows[8:12])
+        assert down.push_rows(rows, np.arange(12, 16), np.full(4, 64))[0] == 4
+        assert ep.recv() == 4 and np.array_equal(ep.rx[:4], rows[12:16])
+        assert ep.recv() == 0 and ep.arm() and down.pending() == 0
+        assert ep.stats["rx_packets"] == 16
+    finally:
+        ep.close()
+        up.close()
+        down.close()
 
 
 PRODUCER = """

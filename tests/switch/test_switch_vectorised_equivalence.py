@@ -1,11 +1,13 @@
 """Property tests: the vectorised pipeline processes a batch exactly as a one-packet-at-a-time run
 of the same controls does, and both agree with an independent plain-Python model of the spec,
 on random sequences of packets (duplicates, retransmissions, several sessions, both sets,
-resends, heartbeats across the serial wrap-around, malformed and foreign packets)."""
+resends, heartbeats across the serial wrap-around, malformed and foreign packets), with the
+numba lane kernel and with the numpy reference (LUWU_KERNELS)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from switch_reference import ReferenceSwitch
@@ -90,9 +92,18 @@ def core(c: dict) -> dict:
     return {k: c[k] for k in ("drops", "events", "rx_types", "session_packets")}
 
 
+@pytest.fixture(scope="module", params=["numba", "reference"])
+def kernels(request):
+    """Both lane paths of the fold (phase_groups.py): the numba kernel and the numpy reference."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LUWU_KERNELS", request.param)
+    yield request.param
+    mp.undo()
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(packets(), min_size=1, max_size=25).map(flat), st.randoms(use_true_random=False))
-def test_batch_equals_one_at_a_time_and_reference(items, rnd):
+def test_batch_equals_one_at_a_time_and_reference(kernels, items, rnd):
     batched, single, chunked = make_switch(), make_switch(), make_switch()
     ref = ReferenceSwitch(LANES, SLOTS)
     ref.load(runtime())
@@ -118,7 +129,7 @@ def _phase(session: int, seq: int, ranks, rng, mtype=MsgType.ALLREDUCE):
     return [(r + 1, agg_packet(session, r, seq, rng.integers(-2**31, 2**31, LANES), mtype=mtype)) for r in ranks]
 
 
-def test_many_phases_in_one_batch_need_rounds():
+def test_many_phases_in_one_batch_need_rounds(kernels):
     """Several phases of one slot and both sets in a single batch: rounds keep them exact."""
     rng = np.random.default_rng(3)
     items = []
