@@ -17,7 +17,7 @@ import grpc
 from .store import token_hash
 
 TOKEN_BYTES = 32  # entropy of generated tokens
-JOB_SCOPED = ("JoinJob", "EndJob", "GetPlan", "GetJob", "WatchJob")
+JOB_SCOPED = ("JoinJob", "EndJob", "GetPlan", "GetJob", "WatchJob", "GetTop")
 
 
 class AuthError(Exception):
@@ -42,6 +42,12 @@ class Authenticator:
         if not admin_token:
             raise ValueError("the controller needs an admin token: pass --token-file FILE or set LUWU_TOKEN")
         self._admin = admin_token
+        self.refusals: dict[tuple[str, str], int] = {}  # (method, status code name) -> calls refused
+
+    def refused(self, method: str, code: grpc.StatusCode) -> None:
+        """Count a refusal (the controller's metrics export it as luwu_controller_auth_refusals_total)."""
+        key = (method, code.name)
+        self.refusals[key] = self.refusals.get(key, 0) + 1
 
     def caller(self, metadata) -> Caller:
         """Who is calling, from the invocation metadata; AuthError(UNAUTHENTICATED) if nobody."""

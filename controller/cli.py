@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from rich.console import Console
 from rich.table import Table
 
-from luwu.dataplane.usage import USAGE_EXIT, OneLineParser, UserError
+from luwu.dataplane.usage import USAGE_EXIT, OneLineParser, UserError, positive_float
 from luwu.proto import controller_pb2 as pb
 
 from .client import ControllerClient, ControllerRefused, ControllerUnreachable
@@ -40,7 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     jobs.add_argument("--all", action="store_true", help="include ended jobs")
     plan = sub.add_parser("plan", help="a job's plan")
     plan.add_argument("job")
-    plan.add_argument("--explain", action="store_true", help="say why: pools, tree, shard balance")
+    plan.add_argument("--explain", action="store_true", help="say why: pools, tree, shard balance, and the "
+                                                             "predicted iteration time and bottleneck")
+    plan.add_argument("--link-gbps", type=positive_float, default=100.0,
+                      help="each worker's and node's link for the prediction, Gbit/s each way (default 100)")
+    plan.add_argument("--compute-s", type=positive_float, default=None,
+                      help="the worker GPU's forward + backward seconds per iteration for the prediction "
+                           "(e.g. from `luwu simulate`; default: network and optimizer nodes only)")
     plan.add_argument("--runtime-dir", default="", help="also write each switch's p4lang/tutorials runtime JSON "
                                                         "(SWITCH-runtime.json) into this folder")
     counters = sub.add_parser("counters", help="switch counters read over P4Runtime")
@@ -49,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     drain.add_argument("node")
     end = sub.add_parser("end", help="end a job and free its switch resources")
     end.add_argument("job")
+    top = sub.add_parser("top", help="live per-worker lag, throughput and drops; names a straggler "
+                                     "(controller/top_view.py)")
+    top.add_argument("job", nargs="?", default="", help="one job (default: every live job; needs the admin token)")
+    top.add_argument("--interval", type=positive_float, default=2.0,
+                     help="seconds each frame covers (default 2.0)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
     return p
 
 
@@ -57,6 +69,42 @@ def _dump(messages) -> object:
         return [_dump(m) for m in messages]
     return json_format.MessageToDict(messages, preserving_proto_field_name=True,
                                      always_print_fields_with_no_presence=True)
+
+
+def _prediction(args, client: ControllerClient, plan_json: str) -> dict | None:
+    """planner.predict_iteration for the job's plan, with the nodes' registered params/s and the
+    job's served dtype; {"unavailable": why} when the token may not read them."""
+    from .plan import JobPlan
+    from .planner import predict_iteration
+
+    try:
+        capacities = {n.name: n.capacity.params_per_second for n in client.nodes()}
+        job = next((j for j in client.jobs(include_ended=True) if j.job_id == args.job), None)
+    except ControllerRefused as exc:
+        return {"unavailable": f"node capacities need the admin token ({exc})"}
+    dtype = (job.optimizer.param_dtype if job is not None else "") or "bf16"
+    out = predict_iteration(JobPlan.from_json(plan_json), capacities, args.link_gbps * 1e9 / 8,
+                            param_bytes=4 if dtype == "fp32" else 2, compute_s=args.compute_s or 0.0)
+    out["param_dtype"], out["compute_s"] = dtype, args.compute_s or 0.0
+    return out
+
+
+def _prediction_lines(p: dict | None) -> list[str]:
+    if not p:
+        return []
+    if "unavailable" in p:
+        return [p["unavailable"]]
+    if not p["layers"]:
+        return ["no layers are sharded to optimizer nodes (an allreduce-only job): nothing to predict"]
+    gpu = (f"worker GPU {p['compute_s']:.3g} s" if p["compute_s"] > 0
+           else "no GPU time given (--compute-s): network and optimizer nodes only")
+    lines = [f"{p['iteration_s']:.4g} s per iteration, bottleneck: {p['bottleneck']} "
+             f"({p['layers']} layers, {p['param_dtype']} pulls, {p['link_gbps']:.4g} Gbit/s links at "
+             f"{100 * p['wire_efficiency']:.1f}% wire efficiency; {gpu})",
+             "busy per iteration: " + ", ".join(f"{k} {v:.3g} s" for k, v in p["busy_s"].items())]
+    if p["unknown_nodes"]:
+        lines.append(f"no params/s registered for {', '.join(p['unknown_nodes'])}: their steps are not counted")
+    return lines
 
 
 def _ago(t: float) -> str:
@@ -150,8 +198,9 @@ def _run(args, client: ControllerClient, console: Console) -> int:
             folder.mkdir(parents=True, exist_ok=True)
             for name, program in JobPlan.from_json(resp.plan_json).programs.items():
                 (folder / f"{name}-runtime.json").write_text(json.dumps(program.runtime_json(), indent=2) + "\n")
+        prediction = _prediction(args, client, resp.plan_json) if args.explain or args.json else None
         if args.json:
-            print(json.dumps({"plan": plan, "explanation": resp.explanation.splitlines()}))
+            print(json.dumps({"plan": plan, "explanation": resp.explanation.splitlines(), "prediction": prediction}))
             return 0
         t = Table(title=f"plan of {args.job}")
         for col in ("session", "kind", "purpose", "group", "tree", "pool", "epoch", "node"):
@@ -165,6 +214,9 @@ def _run(args, client: ControllerClient, console: Console) -> int:
         if args.explain:
             console.print("[bold]why[/bold]")
             for line in resp.explanation.splitlines():
+                console.print(f"  {line}")
+            console.print("[bold]predicted iteration[/bold]")
+            for line in _prediction_lines(prediction):
                 console.print(f"  {line}")
     elif cmd == "counters":
         switches = client.counters(args.switch)
@@ -187,6 +239,8 @@ def _run(args, client: ControllerClient, console: Console) -> int:
             print(json.dumps(_dump(resp)))
             return 0
         console.print(f"node {args.node} drained; jobs still using it: {', '.join(resp.affected_jobs) or 'none'}")
+    elif cmd == "top":
+        return _top(args, client, console)
     elif cmd == "end":
         job = client.end_job(args.job)
         if args.json:
@@ -194,6 +248,32 @@ def _run(args, client: ControllerClient, console: Console) -> int:
             return 0
         console.print(f"job {job.job_id} is {STATES.get(job.state, '?').lower()}")
     return 0
+
+
+def _top(args, client: ControllerClient, console: Console) -> int:
+    """Frames of `--interval` seconds each (two GetTop snapshots apart) until Ctrl-C, or one with --once."""
+    from .top_view import frame, render
+
+    def snap() -> dict:
+        return json.loads(client.call("GetTop", pb.GetTopRequest(job_id=args.job)).top_json)
+
+    before = snap()
+    try:
+        while True:
+            time.sleep(args.interval)
+            after = snap()
+            view = frame(before, after)
+            if args.json:
+                print(json.dumps(view), flush=True)
+            else:
+                if not args.once:
+                    console.clear()
+                render(view, console)
+            if args.once:
+                return 0
+            before = after
+    except KeyboardInterrupt:
+        return 0
 
 
 if __name__ == "__main__":

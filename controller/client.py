@@ -228,16 +228,21 @@ class Heartbeat:
 
 def software_switch_record(switch: SoftwareSwitch, name: str, p4runtime_address: str, role: pb.SwitchRole = pb.STAR, rail: int = 0,
                            peers: dict[int, tuple[str, int]] | None = None, nodes: dict[int, str] | None = None,
-                           device_id: int = 0) -> pb.Switch:
+                           device_id: int = 0, macs: dict[int, str] | None = None) -> pb.Switch:
     """The registration of a running `SoftwareSwitch`: its lanes, slots and UDP-attached ports.
 
     `peers` maps a port to the (switch, port) at its other end, `nodes` a port to the optimizer
-    node on it; every other port is a worker port. The drop simulators' entries the switch holds
-    now are declared as the port's simulated loss (the controller keeps exactly those)."""
-    peers, nodes = peers or {}, nodes or {}
+    node on it; every other port is a worker port. `macs` maps a port to the MAC of what is at
+    its other end (raw Ethernet ports: the switch writes it into the frames it sends there). A
+    switch with raw Ethernet ports declares its service address (the IPv4 endpoints send to).
+    The drop simulators' entries the switch holds now are declared as the port's simulated loss
+    (the controller keeps exactly those)."""
+    peers, nodes, macs = peers or {}, nodes or {}, macs or {}
     rec = pb.Switch(name=name, p4runtime_address=p4runtime_address, device_id=device_id, target="software",
                     lanes=switch.lanes, slots=switch.config.slots, role=role, rail=rail,
                     udp_port=switch.config.udp_port)
+    if any(getattr(a, "kind", "") != "udp" for a in switch.ports.values()):
+        rec.service_address = switch.config.service_ip
     for number, attachment in sorted(switch.ports.items()):
         port = rec.ports.add(number=number)
         if getattr(attachment, "kind", "") == "udp":
@@ -250,6 +255,8 @@ def software_switch_record(switch: SoftwareSwitch, name: str, p4runtime_address:
             port.peer_kind, port.peer = pb.PEER_NODE, nodes[number]
         else:
             port.peer_kind = pb.PEER_WORKER
+        if number in macs:
+            port.mac = macs[number]
         for table, field in (("ingress_drop_sim", "ingress_drop_threshold"), ("egress_drop_sim", "egress_drop_threshold")):
             entry = switch.tables.lookup(table, {"port": number})
             if entry is not None:

@@ -43,6 +43,7 @@ class ControllerConfig:
     switch_tls_cert: str = ""  # PEM client certificate for switches that require one (mutual TLS)
     switch_tls_key: str = ""
     reconcile_interval: float = 10.0  # seconds between read-backs of every switch (drift repair); 0: off
+    metrics: str = ""  # HOST:PORT to serve Prometheus /metrics on ("": none); port 0 picks one
 
     def validate(self) -> None:
         for name in ("meta_pool", "data_pool", "node_pool", "min_pool"):

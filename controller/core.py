@@ -59,6 +59,7 @@ class ControllerCore:
         self.lock = asyncio.Lock()
         self.programmed: dict[str, str] = {}
         self.drift: dict[str, str] = {}  # switch -> "none" or the last drift found and repaired
+        self.drift_repairs: dict[str, int] = {}  # switch -> read-back rounds that found and repaired drift
         # switch -> its tables held what the controller last wrote when it last looked; a read-back
         # round that fails (the switch busy, another client primary for a moment) leaves it as it was
         self.in_sync: dict[str, bool] = {}
@@ -167,6 +168,7 @@ class ControllerCore:
                 self.drift.setdefault(name, "none")
                 if was_ok and any(res.values()):
                     found[name] = self.drift[name] = _drift_text(reports[name])
+                    self.drift_repairs[name] = self.drift_repairs.get(name, 0) + 1
                     for row in self.jobs_on("switch", name):
                         self.events.emit(row.job_id, "drift", name, f"switch {name}: {found[name]}")
         return found

@@ -8,10 +8,14 @@
    shortens any run of more than `MAX_ECHO` characters without whitespace (an id, an address, a
    token-sized blob) and caps the whole detail at `MAX_DETAIL` characters. Messages keep their
    advice; a 1 MB job id comes back as its first few dozen characters and "...".
+
+It also counts every call by method and status code (`RpcCounts`, exported by the controller's
+metrics as luwu_controller_rpcs_total).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import grpc
@@ -62,49 +66,99 @@ class _ClippingContext:
         self._context.set_details(clip(details))
 
 
+class RpcCounts:
+    """Calls answered, by (method, status code name): updated on the server's event loop, read by the
+    metrics thread (a dict copy under the GIL)."""
+
+    def __init__(self):
+        self.calls: dict[tuple[str, str], int] = {}
+
+    def count(self, method: str, code: str) -> None:
+        key = (method, code)
+        self.calls[key] = self.calls.get(key, 0) + 1
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        return dict(self.calls)
+
+
+_CODES = {c.value[0]: c.name for c in grpc.StatusCode}
+
+
+def _code_name(context, default: str) -> str:
+    """The status the call ended with (`context.code()`: a StatusCode, its number, or None if never set)."""
+    try:
+        code = context.code()
+    except Exception:  # noqa: BLE001 - an implementation without code(): keep the default, never fail the call
+        return default
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if isinstance(code, int):
+        return _CODES.get(code, str(code))
+    return default
+
+
 def _refuse_text(bad: _Undecodable, method: str) -> str:
     return (f"{method}: the request is not a valid {bad.type_name} message ({clip(bad.reason)}): send the "
             "serialized protobuf of proto/controller.proto")
 
 
-def _unary(method: str, impl):
+def _unary(method: str, impl, counts: RpcCounts):
     async def handler(request, context):
-        if isinstance(request, _Undecodable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refuse_text(request, method))
-        return await impl(request, _ClippingContext(context))
+        try:
+            if isinstance(request, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refuse_text(request, method))
+            reply = await impl(request, _ClippingContext(context))
+        except asyncio.CancelledError:
+            counts.count(method, "CANCELLED")
+            raise
+        except BaseException:
+            counts.count(method, _code_name(context, "UNKNOWN"))
+            raise
+        counts.count(method, _code_name(context, "OK"))
+        return reply
     return handler
 
 
-def _stream(method: str, impl):
+def _stream(method: str, impl, counts: RpcCounts):
     async def handler(request, context):
-        if isinstance(request, _Undecodable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refuse_text(request, method))
-        async for item in impl(request, _ClippingContext(context)):
-            yield item
+        try:
+            if isinstance(request, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refuse_text(request, method))
+            async for item in impl(request, _ClippingContext(context)):
+                yield item
+        except (asyncio.CancelledError, GeneratorExit):
+            counts.count(method, "CANCELLED")
+            raise
+        except BaseException:
+            counts.count(method, _code_name(context, "UNKNOWN"))
+            raise
+        counts.count(method, _code_name(context, "OK"))
     return handler
 
 
-def add_controller_service(servicer, server: grpc.aio.Server) -> None:
+def add_controller_service(servicer, server: grpc.aio.Server, counts: RpcCounts | None = None) -> None:
     """Serve `servicer` (a `ControllerServicer`) on `server` as `luwu.v1.Controller`.
 
     Args:
         servicer: the implementation; every method of the service must exist on it.
         server: a `grpc.aio.Server` not yet started.
+        counts: where to count the calls by method and status (default: not kept).
 
     Example:
         >>> add_controller_service(ControllerService(core, auth), server)
     """
     handlers = {}
+    counts = counts if counts is not None else RpcCounts()
     for m in pb.DESCRIPTOR.services_by_name["Controller"].methods:
         request = pb.__dict__[m.input_type.name]
         response = pb.__dict__[m.output_type.name]
         impl = getattr(servicer, m.name)
         if m.server_streaming:
             handlers[m.name] = grpc.unary_stream_rpc_method_handler(
-                _stream(m.name, impl), request_deserializer=_deserializer(request),
+                _stream(m.name, impl, counts), request_deserializer=_deserializer(request),
                 response_serializer=response.SerializeToString)
         else:
             handlers[m.name] = grpc.unary_unary_rpc_method_handler(
-                _unary(m.name, impl), request_deserializer=_deserializer(request),
+                _unary(m.name, impl, counts), request_deserializer=_deserializer(request),
                 response_serializer=response.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

@@ -37,6 +37,8 @@ def check_name(name: str, what: str) -> None:
 def validate_switch(sw: pb.Switch) -> None:
     check_name(sw.name, "switch")
     check_address(sw.p4runtime_address, f"switch {sw.name}: p4runtime_address")
+    if sw.metrics_address:
+        check_address(sw.metrics_address, f"switch {sw.name}: metrics_address")
     if sw.target not in TARGETS:
         raise ValueError(f"switch {sw.name}: target {sw.target!r} must be one of {', '.join(TARGETS)}")
     try:

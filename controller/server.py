@@ -3,7 +3,7 @@
 Options: --listen HOST:PORT, --db FILE (sqlite state), --token-file FILE (else LUWU_TOKEN),
 --tls-cert/--tls-key (PEM; both or neither), --health-timeout SECONDS, pool sizes, --p4info,
 --bmv2-json, --switch-tls-ca/--switch-tls-cert/--switch-tls-key (P4Runtime to the switches over
-TLS), --reconcile-interval SECONDS. On start it loads the state, re-programs every registered
+TLS), --reconcile-interval SECONDS, --metrics HOST:PORT (Prometheus, controller/metrics.py). On start it loads the state, re-programs every registered
 switch from the live jobs in the background (idempotent), watches heartbeats, and reads every
 switch back periodically to find and repair drift.
 """
@@ -15,21 +15,26 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
 from luwu.dataplane.usage import UserError, existing_file_or_error, host_port, nonnegative_int, positive_float
+from luwu.proto import controller_pb2 as pb
 
 from .auth import Authenticator
 from .config import DEFAULT_DB, DEFAULT_LISTEN, ControllerConfig, read_token
 from .core import ControllerCore
-from .grpc_surface import add_controller_service
+from .grpc_surface import RpcCounts, add_controller_service
+from .metrics import ControllerCollector
 from .service import ControllerService
 from .store import StateStore
 
 log = logging.getLogger("luwu.controller")
 STOP_GRACE = 1.0  # seconds in-flight RPCs get at shutdown
+JOB_STATES = {number: name for name, number in pb.JobState.items() if number}  # 2 -> "RUNNING", ...
+METRICS_WAIT = 10.0  # seconds a scrape waits for the controller's event loop
 # Workers keep an idle WatchJob stream open and ping it every few seconds (watch.py), so that a
 # controller host that dies silently is noticed; gRPC's default would answer such pings with GOAWAY.
 KEEPALIVE_SERVER_OPTIONS = [("grpc.http2.min_ping_interval_without_data_ms", 1000),
@@ -47,12 +52,16 @@ class ControllerServer:
         self.address = ""
         self.reconciled: asyncio.Task | None = None
         self._tasks: list[asyncio.Task] = []
+        self.rpcs = RpcCounts()
+        self.metrics_address = ""  # HOST:PORT of /metrics once serving (config.metrics)
+        self._stop_metrics: Callable[[], None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> str:
         store = StateStore(self.config.db)
         self.core = ControllerCore(self.config, store, self._programmer)
         self.server = grpc.aio.server(options=KEEPALIVE_SERVER_OPTIONS)
-        add_controller_service(ControllerService(self.core, self.auth), self.server)
+        add_controller_service(ControllerService(self.core, self.auth), self.server, self.rpcs)
         if self.config.tls_cert:
             creds = grpc.ssl_server_credentials([(Path(self.config.tls_key).read_bytes(),
                                                   Path(self.config.tls_cert).read_bytes())])
@@ -63,12 +72,47 @@ class ControllerServer:
             raise OSError(f"cannot listen on {self.config.listen}: is another controller running there?")
         await self.server.start()
         self.address = f"{self.config.listen.rpartition(':')[0]}:{port}"
+        self._loop = asyncio.get_running_loop()
+        if self.config.metrics:
+            from luwu.dataplane.metrics import serve_stoppable
+
+            try:
+                (host, mport), self._stop_metrics = serve_stoppable(self.config.metrics,
+                                                                    ControllerCollector(self.metrics_snapshot))
+            except OSError as exc:
+                await self.server.stop(None)
+                raise OSError(f"--metrics {self.config.metrics}: cannot serve there: {exc.strerror}") from None
+            self.metrics_address = f"{host}:{mport}"
         self.reconciled = asyncio.create_task(self.core.reconcile_all())
         self._tasks = [self.reconciled, asyncio.create_task(self.core.health_loop()),
                        asyncio.create_task(self.core.drift_loop())]
         return self.address
 
+    def metrics_snapshot(self) -> dict:
+        """What ControllerCollector exports, read on the controller's event loop (called from the
+        metrics server's thread; waits at most METRICS_WAIT seconds)."""
+        if self._loop is None:
+            raise RuntimeError("the controller is not running")
+        return asyncio.run_coroutine_threadsafe(self._snapshot(), self._loop).result(METRICS_WAIT)
+
+    async def _snapshot(self) -> dict:
+        core = self.core
+        assert core is not None, "metrics before start"
+        jobs: dict[str, int] = dict.fromkeys(JOB_STATES.values(), 0)
+        for row in core.store.jobs(include_ended=True):
+            name = JOB_STATES.get(row.state, str(row.state))
+            jobs[name] = jobs.get(name, 0) + 1
+        switches = {n: {"target": sw.target, "health": core.health.health("switch", n),
+                        "programmed": core.programmed.get(n, ""), "jobs": len(core.jobs_on("switch", n)),
+                        "drift_repairs": core.drift_repairs.get(n, 0)} for n, sw in core.switches.items()}
+        nodes = {n: {"health": core.health.health("node", n), "drained": core.drained(n)} for n in core.nodes}
+        return {"jobs": jobs, "switches": switches, "nodes": nodes, "rpcs": self.rpcs.snapshot(),
+                "refusals": dict(self.auth.refusals), "uptime": core.health.clock() - core.started}
+
     async def stop(self) -> None:
+        if self._stop_metrics is not None:
+            await asyncio.to_thread(self._stop_metrics)
+            self._stop_metrics = None
         for t in self._tasks:
             t.cancel()
         if self.server is not None:
@@ -114,6 +158,9 @@ def add_arguments(p) -> None:
     p.add_argument("--health-timeout", type=positive_float, default=d.health_timeout,
                    help=f"seconds without a heartbeat before a switch or node is down (default {d.health_timeout})")
     p.add_argument("--meta-pool", type=nonnegative_int, default=d.meta_pool, help=f"meta session slots (default {d.meta_pool})")
+    p.add_argument("--param-window", type=nonnegative_int, default=d.param_window,
+                   help=f"PARAM stream window of node sessions, packets (default {d.param_window}; BMv2's queues "
+                        "hold 16, docs/mininet.md)")
     p.add_argument("--data-pool", type=nonnegative_int, default=d.data_pool, help=f"data session slots (default {d.data_pool})")
     p.add_argument("--node-pool", type=nonnegative_int, default=d.node_pool, help=f"node session slots (default {d.node_pool})")
     p.add_argument("--min-pool", type=nonnegative_int, default=d.min_pool,
@@ -135,6 +182,9 @@ def add_arguments(p) -> None:
                    help="seconds between read-backs of every switch's tables; drift (entries changed, missing or "
                         f"not written by the controller) is reported and repaired (default {d.reconcile_interval}; "
                         "0: off)")
+    p.add_argument("--metrics", metavar="HOST:PORT", type=host_port, default=None,
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics: jobs by state, switch and node "
+                        "health, drift repairs, RPCs by method and result, auth refusals (docs/observability.md)")
 
 
 def config_from_args(args) -> ControllerConfig:
@@ -146,10 +196,11 @@ def config_from_args(args) -> ControllerConfig:
     return ControllerConfig(listen=args.listen, db=args.db, admin_token=read_token("", args.token_file),
                             tls_cert=args.tls_cert, tls_key=args.tls_key, health_timeout=args.health_timeout,
                             meta_pool=args.meta_pool, data_pool=args.data_pool, node_pool=args.node_pool,
-                            min_pool=args.min_pool, allow_fallback=args.allow_fallback, p4info=args.p4info,
+                            param_window=args.param_window, min_pool=args.min_pool, allow_fallback=args.allow_fallback, p4info=args.p4info,
                             bmv2_json=args.bmv2_json, program_timeout=args.program_timeout,
                             switch_tls_ca=args.switch_tls_ca, switch_tls_cert=args.switch_tls_cert,
-                            switch_tls_key=args.switch_tls_key, reconcile_interval=args.reconcile_interval)
+                            switch_tls_key=args.switch_tls_key, reconcile_interval=args.reconcile_interval,
+                            metrics=args.metrics or "")
 
 
 def run(args) -> int:
@@ -171,8 +222,9 @@ def run(args) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        metrics = f", metrics http://{server.metrics_address}/metrics" if server.metrics_address else ""
         print(f"luwu controller listening on {address} (db {config.db}, "
-              f"{'TLS' if config.tls_cert else 'plaintext'})", flush=True)
+              f"{'TLS' if config.tls_cert else 'plaintext'}{metrics})", flush=True)
         await stop.wait()
         await server.stop()
         return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import json
 from typing import NoReturn
 
 import grpc
@@ -22,6 +23,7 @@ from .core import ControllerCore, ControllerError
 from .job_spec import JobSpec
 from .plan import JobPlan
 from .store import JobRow, token_hash
+from .top import snapshot as top_snapshot
 
 # the installed distribution's version (one source: pyproject.toml); `luwu.__version__` is the
 # application package's, and imports point down
@@ -54,6 +56,7 @@ class ControllerService(pb_grpc.ControllerServicer):
                     self.auth.require_admin(caller, method)
             return caller
         except AuthError as exc:
+            self.auth.refused(method, exc.code)
             await _abort(context, exc.code, exc.message)
 
     async def _job(self, context, method: str, job_id: str) -> JobRow:
@@ -66,10 +69,13 @@ class ControllerService(pb_grpc.ControllerServicer):
         row = self.core.store.job(job_id)
         if row is None:
             code = grpc.StatusCode.NOT_FOUND if caller.admin else grpc.StatusCode.PERMISSION_DENIED
+            if not caller.admin:
+                self.auth.refused(method, code)
             await _abort(context, code, f"{method}: no job {job_id!r} visible to this token")
         try:
             self.auth.require_job(caller, method, row.token_sha256)
         except AuthError as exc:
+            self.auth.refused(method, exc.code)
             await _abort(context, exc.code, exc.message)
         return row, caller
 
@@ -210,6 +216,18 @@ class ControllerService(pb_grpc.ControllerServicer):
         await self._caller(context, "GetCounters")
         switches = await self._run(context, self.core.counters(request.switch_name))
         return pb.GetCountersResponse(switches=switches)
+
+    async def GetTop(self, request, context):
+        """Every (or one) live job's per-rank counters, scraped now from its switches' metrics (top.py)."""
+        if request.job_id:
+            rows = [await self._job(context, "GetTop", request.job_id)]
+        else:
+            await self._caller(context, "GetTop")
+            rows = self.core.live_jobs()
+        plans = {r.job_id: JobPlan.from_json(r.plan) for r in rows}
+        addresses = {n: s.metrics_address for n, s in self.core.switches.items()}
+        result = await asyncio.to_thread(top_snapshot, plans, addresses)
+        return pb.GetTopResponse(top_json=json.dumps(result, sort_keys=True))
 
     async def Status(self, request, context):
         await self._caller(context, "Status")

@@ -6,7 +6,10 @@ the component keeps anyway: between scrapes they cost nothing.
 
 Switch: `luwu_switch_drops_total{reason}` and `luwu_switch_drop_bytes_total{reason}` (names
 from protocol.DropReason), `luwu_switch_events_total{event}`, `luwu_switch_rx_packets_total{type}`,
-`luwu_switch_session_packets_total{session}`, `luwu_switch_port_packets_total{port,counter}`.
+`luwu_switch_session_packets_total{session}`, `luwu_switch_port_packets_total{port,counter}`, and
+per (session, worker) from the straggler bookkeeping: `luwu_switch_contributions_total`,
+`luwu_switch_duplicates_total`, `luwu_switch_last_arrivals_total` (slots the worker completed) and
+the histogram `luwu_switch_last_arrival_lag_seconds` (first contribution to that last one).
 Optimizer node: `luwu_node_submitted_total`, `luwu_node_published_total`,
 `luwu_node_saturated_gradients_total`, `luwu_node_skipped_steps_total`,
 `luwu_node_rejected_total{reason}`, `luwu_node_stage_busy_seconds_total{stage}`,
@@ -68,6 +71,34 @@ class SwitchCollector:
                 if isinstance(value, (int, float)):
                     ports.add_metric([str(port), key], value)
         yield from (drops, drop_bytes, events, rx, sessions, ports)
+        yield from _straggler_metrics(c.get("stragglers") or {})
+
+
+def _straggler_metrics(stragglers: dict) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+    from .switch.stragglers import LAG_BUCKETS
+
+    labels = ["session", "worker"]
+    fams = {f: CounterMetricFamily(f"luwu_switch_{name}", text, labels=labels) for f, name, text in (
+        ("contributions", "contributions", "aggregation packets accepted, by session and worker"),
+        ("duplicates", "duplicates", "retransmitted contributions the slot already held"),
+        ("last", "last_arrivals", "slots whose last contribution (the one completing the sum) came from the worker"))}
+    lag = HistogramMetricFamily("luwu_switch_last_arrival_lag_seconds", "when the worker completed a slot: seconds "
+                                "since the slot's first contribution", labels=labels)
+    bounds = [str(b) for b in LAG_BUCKETS] + ["+Inf"]
+    for session, workers in sorted(stragglers.items(), key=lambda kv: int(kv[0])):
+        for worker, st in sorted(workers.items(), key=lambda kv: int(kv[0])):
+            key = [str(session), str(worker)]
+            for f, fam in fams.items():
+                fam.add_metric(key, st[f])
+            running, buckets = 0, []
+            for bound, n in zip(bounds, st["lag_buckets"]):
+                running += n
+                buckets.append((bound, running))
+            lag.add_metric(key, buckets, sum_value=st["lag_seconds"])
+    yield from fams.values()
+    yield lag
 
 
 class NodeCollector:
@@ -143,7 +174,13 @@ def _flat(values: object, prefix: str = "") -> Iterator[tuple[str, float]]:
 
 def serve(address: str, *collectors: Any) -> tuple[str, int]:
     """Serve /metrics for `collectors` (and the process's CPU/memory) on `address` (HOST:PORT;
-    port 0 picks one). Returns the (host, port) it listens on."""
+    port 0 picks one) for the rest of the process. Returns the (host, port) it listens on."""
+    return serve_stoppable(address, *collectors)[0]
+
+
+def serve_stoppable(address: str, *collectors: Any) -> tuple[tuple[str, int], Callable[[], None]]:
+    """`serve`, also returning a function that stops the endpoint and closes its socket (for
+    servers that live inside a longer process, e.g. an in-process controller)."""
     from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 
     host, port = check_host_port(address, "--metrics")
@@ -151,5 +188,11 @@ def serve(address: str, *collectors: Any) -> tuple[str, int]:
     ProcessCollector(registry=registry)
     for c in collectors:
         registry.register(c)
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return host, server.server_address[1]
+    server, thread = start_http_server(port, addr=host, registry=registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+    return (host, server.server_address[1]), stop

@@ -109,8 +109,13 @@ def flush() -> None:
         _tracer.flush()
 
 
-def merge(directory: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+def merge(directory: str | os.PathLike, out: str | os.PathLike | None = None,
+          labels: dict[int, str] | None = None) -> Path:
     """Every process's events in `directory` as one Chrome trace, `out` (default `directory/trace.json`).
+
+    Args:
+        labels: {pid: label} the caller knows its children by (e.g. the emulation's `switch-s1`),
+            added to those processes' track names: "switch (switch-s1)".
 
     Returns:
         The path written (lines that are not JSON, e.g. a file cut by a killed process, are skipped).
@@ -123,6 +128,10 @@ def merge(directory: str | os.PathLike, out: str | os.PathLike | None = None) ->
                 events.append(json.loads(line))
             except ValueError:
                 continue
+    for e in events:
+        label = (labels or {}).get(e.get("pid", -1))
+        if label and e.get("ph") == "M" and label not in e["args"].get("name", ""):
+            e["args"]["name"] = f"{e['args'].get('name', '')} ({label})"
     target = Path(out) if out is not None else directory / "trace.json"
     target.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     return target

@@ -29,6 +29,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "optimizer": ("luwu.bench.optimizer", "optimizer node vs torch fused AdamW and the disk"),
     "switch": ("luwu.bench.switch", "the software switch alone vs a do-nothing UDP relay"),
     "fuzz": ("luwu.bench.fuzz", "hostile packets against a running switch with live jobs: exact sums, every drop accounted"),
+    "observability": ("luwu.bench.observability", "what tracing and metrics cost: the allreduce with them off and on"),
 }
 
 

@@ -69,7 +69,7 @@ class SwitchPort(_message.Message):
     def __init__(self, number: _Optional[int] = ..., udp_address: _Optional[str] = ..., interface: _Optional[str] = ..., peer_kind: _Optional[_Union[PeerKind, str]] = ..., peer: _Optional[str] = ..., peer_port: _Optional[int] = ..., mac: _Optional[str] = ..., ip: _Optional[str] = ..., ingress_drop_threshold: _Optional[int] = ..., egress_drop_threshold: _Optional[int] = ...) -> None: ...
 
 class Switch(_message.Message):
-    __slots__ = ("name", "p4runtime_address", "device_id", "target", "lanes", "slots", "role", "rail", "ports", "service_address", "udp_port", "health", "last_seen", "jobs", "programmed", "drift")
+    __slots__ = ("name", "p4runtime_address", "device_id", "target", "lanes", "slots", "role", "rail", "ports", "service_address", "udp_port", "metrics_address", "health", "last_seen", "jobs", "programmed", "drift")
     NAME_FIELD_NUMBER: _ClassVar[int]
     P4RUNTIME_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,7 @@ class Switch(_message.Message):
     PORTS_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     UDP_PORT_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
@@ -97,12 +98,13 @@ class Switch(_message.Message):
     ports: _containers.RepeatedCompositeFieldContainer[SwitchPort]
     service_address: str
     udp_port: int
+    metrics_address: str
     health: str
     last_seen: float
     jobs: _containers.RepeatedScalarFieldContainer[str]
     programmed: str
     drift: str
-    def __init__(self, name: _Optional[str] = ..., p4runtime_address: _Optional[str] = ..., device_id: _Optional[int] = ..., target: _Optional[str] = ..., lanes: _Optional[int] = ..., slots: _Optional[int] = ..., role: _Optional[_Union[SwitchRole, str]] = ..., rail: _Optional[int] = ..., ports: _Optional[_Iterable[_Union[SwitchPort, _Mapping]]] = ..., service_address: _Optional[str] = ..., udp_port: _Optional[int] = ..., health: _Optional[str] = ..., last_seen: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., programmed: _Optional[str] = ..., drift: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., p4runtime_address: _Optional[str] = ..., device_id: _Optional[int] = ..., target: _Optional[str] = ..., lanes: _Optional[int] = ..., slots: _Optional[int] = ..., role: _Optional[_Union[SwitchRole, str]] = ..., rail: _Optional[int] = ..., ports: _Optional[_Iterable[_Union[SwitchPort, _Mapping]]] = ..., service_address: _Optional[str] = ..., udp_port: _Optional[int] = ..., metrics_address: _Optional[str] = ..., health: _Optional[str] = ..., last_seen: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., programmed: _Optional[str] = ..., drift: _Optional[str] = ...) -> None: ...
 
 class RegisterSwitchRequest(_message.Message):
     __slots__ = ("switch",)
@@ -425,6 +427,18 @@ class GetCountersResponse(_message.Message):
     SWITCHES_FIELD_NUMBER: _ClassVar[int]
     switches: _containers.RepeatedCompositeFieldContainer[SwitchCounters]
     def __init__(self, switches: _Optional[_Iterable[_Union[SwitchCounters, _Mapping]]] = ...) -> None: ...
+
+class GetTopRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetTopResponse(_message.Message):
+    __slots__ = ("top_json",)
+    TOP_JSON_FIELD_NUMBER: _ClassVar[int]
+    top_json: str
+    def __init__(self, top_json: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

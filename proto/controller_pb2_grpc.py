@@ -114,6 +114,11 @@ class ControllerStub:
                 request_serializer=luwu_dot_proto_dot_controller__pb2.StatusRequest.SerializeToString,
                 response_deserializer=luwu_dot_proto_dot_controller__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.GetTop = channel.unary_unary(
+                '/luwu.v1.Controller/GetTop',
+                request_serializer=luwu_dot_proto_dot_controller__pb2.GetTopRequest.SerializeToString,
+                response_deserializer=luwu_dot_proto_dot_controller__pb2.GetTopResponse.FromString,
+                _registered_method=True)
         self.WatchJob = channel.unary_stream(
                 '/luwu.v1.Controller/WatchJob',
                 request_serializer=luwu_dot_proto_dot_controller__pb2.WatchJobRequest.SerializeToString,
@@ -220,6 +225,14 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTop(self, request, context):
+        """Per-worker straggler, throughput and drop counters of a job's switches, scraped from their
+        registered Prometheus endpoints now (`luwu-ctl top` diffs two of these).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchJob(self, request, context):
         """Server stream of a job's events ("created", "joined", "node_down", "switch_down", ...).
         """
@@ -309,6 +322,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=luwu_dot_proto_dot_controller__pb2.StatusRequest.FromString,
                     response_serializer=luwu_dot_proto_dot_controller__pb2.StatusResponse.SerializeToString,
+            ),
+            'GetTop': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTop,
+                    request_deserializer=luwu_dot_proto_dot_controller__pb2.GetTopRequest.FromString,
+                    response_serializer=luwu_dot_proto_dot_controller__pb2.GetTopResponse.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
@@ -748,6 +766,33 @@ class Controller:
             '/luwu.v1.Controller/Status',
             luwu_dot_proto_dot_controller__pb2.StatusRequest.SerializeToString,
             luwu_dot_proto_dot_controller__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/luwu.v1.Controller/GetTop',
+            luwu_dot_proto_dot_controller__pb2.GetTopRequest.SerializeToString,
+            luwu_dot_proto_dot_controller__pb2.GetTopResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,3 +46,14 @@ def test_off_without_the_variable(tmp_path):
     env["HOME"] = str(tmp_path)
     _run("quiet", env)
     assert not list(tmp_path.rglob("trace-*.jsonl"))
+
+
+def test_merge_labels_the_processes_a_caller_names(tmp_path):
+    env = dict(os.environ, **{trace.ENV: str(tmp_path)})
+    _run("switch", env)
+    _run("worker 0 (w0)", env)
+    pids = {json.loads(f.read_text().splitlines()[0])["args"]["name"]: int(f.stem.split("-")[1])
+            for f in tmp_path.glob("trace-*.jsonl")}
+    out = trace.merge(tmp_path, tmp_path / "labelled.json", labels={pids["switch"]: "switch-s1"})
+    names = {e["args"]["name"] for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "M"}
+    assert names == {"switch (switch-s1)", "worker 0 (w0)"}

@@ -134,7 +134,10 @@ class SendStream:
         self._head = 0  # index of the oldest unacknowledged segment
         self.last_progress = now  # the retransmission timer runs from here
         self._last_fast = -1e9
-        self.stats = {"packets": 0, "retransmitted": 0, "timeouts": 0, "fast_retransmits": 0, "rtt_samples": 0}
+        # rtt_seconds: summed send-to-acknowledgement times of the rtt samples (rtt_seconds / rtt_samples: the
+        # mean wait, which includes the slowest worker's lag where the ack waits for every worker)
+        self.stats = {"packets": 0, "retransmitted": 0, "timeouts": 0, "fast_retransmits": 0, "rtt_samples": 0,
+                      "rtt_seconds": 0.0}
 
     # -- reservation ---------------------------------------------------------------------------
     def reserve(self, count: int, on_acked: Callable[[], None] | None = None) -> Segment:
@@ -228,8 +231,10 @@ class SendStream:
         self.rto.backoff = 1.0
         newest = (ack - 1) & self._mask  # its row is intact: nothing is refilled before pump runs again
         if not self.ring[newest, 1] & int(Flag.RETX):  # Karn: a retransmitted row's ack is ambiguous
-            self.rto.sample(now - self.sent_at[newest])
+            rtt = now - float(self.sent_at[newest])
+            self.rto.sample(rtt)
             self.stats["rtt_samples"] += 1
+            self.stats["rtt_seconds"] += rtt
         if self.recover_to is not None:
             if sdiff(ack, self.recover_to) >= 0:
                 self.recover_to = None  # everything outstanding at the timeout got through

@@ -214,7 +214,9 @@ class Pipeline:
             item = got[1]
             try:
                 t0 = time.perf_counter()
-                ready = self._receive(item)
+                # when the summed gradient reached the pipeline: the critical path's hand-over from the workers
+                with trace.span("receive", "optimizer", layer=item.plan.layer_id, step=item.step):
+                    ready = self._receive(item)
                 self._account("receive", t0)
                 for it in ready:
                     for task in self._prepare(it):

@@ -36,6 +36,9 @@ class SwitchConfig:
     max_register_bytes: int = 4 << 30  # refuse slot/lane combinations whose lane registers exceed this
     service_ip: str = "10.255.255.254"  # source IPv4 of frames synthesised for packets that came in over UDP
     service_mac: str = "02:00:00:00:00:fe"  # source MAC of those frames
+    # record last arrivals per worker (stragglers.py): ~20 us per batch, so off unless someone reads
+    # them (`luwu switch` turns it on with --metrics or --stats-file)
+    stragglers: bool = False
 
     def __post_init__(self):
         try:

@@ -49,6 +49,12 @@ class Counters:
         stats = self.ports.setdefault(port, {})
         stats[key] = stats.get(key, 0) + n
 
+    def ports_add(self, ports: np.ndarray, key: str) -> None:
+        """Count one `key` per entry of `ports` (a batch's worth: one update per distinct port)."""
+        uniq, n = np.unique(ports, return_counts=True)
+        for port, k in zip(uniq.tolist(), n.tolist()):
+            self.port(port, key, k)
+
     def snapshot(self) -> dict:
         """{"drops": {code: (packets, bytes)}, "events": ..., "rx_types": ..., "session_packets": ..., "ports": ...}.
 
@@ -80,4 +86,5 @@ def named(snapshot: dict) -> dict:
         "rx_types": {name(MsgType, c): list(v) for c, v in snapshot["rx_types"].items() if v[0]},
         "session_packets": {str(s): list(v) for s, v in snapshot["session_packets"].items()},
         "ports": {str(p): s for p, s in snapshot.get("ports", {}).items()},
+        "stragglers": {str(s): {str(w): v for w, v in ws.items()} for s, ws in snapshot.get("stragglers", {}).items()},
     }

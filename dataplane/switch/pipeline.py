@@ -38,6 +38,7 @@ from .controls.parser import parse
 from .controls.sender import FrameTemplate, deparse_frames, expand
 from .counters import Counters
 from .registers import Registers
+from .stragglers import Stragglers
 from .tables import Tables
 
 INGRESS, EGRESS, LINK_IN, LINK_OUT = range(4)  # random streams spawned from the seed
@@ -115,6 +116,8 @@ class Pipeline:
         self.rng_ingress = Random32(streams[INGRESS])
         self.rng_egress = Random32(streams[EGRESS])
         self.template = FrameTemplate(config.service_mac, config.service_ip, config.udp_port)
+        # host-side bookkeeping, not part of the P4 twin; None when not asked for (config.stragglers)
+        self.stragglers = Stragglers(config.slots) if config.stragglers else None
 
     def link_stream(self, port: int, direction: int) -> Random32:
         """An independent seeded stream for one direction of one port's link impairments."""
@@ -135,6 +138,7 @@ class Pipeline:
         n = len(c.idx)
         agg, hb = AggregationResult(n), HeartbeatResult(n)
         self._registers(b, c, agg, hb)
+        self._observe(c, agg)
         routes = Routes(len(b))
         events, drops = select(b, c, agg, hb, routes)
         for code, idx in drops:
@@ -149,10 +153,12 @@ class Pipeline:
             lost = drop_simulator.simulate(em.port, np.ones(len(em), dtype=bool), t.egress_threshold, self.rng_egress)
             if lost.any():
                 self.count_copy_drops(b, DropReason.SIMULATED_LOSS, em.pkt[lost])
+                cnt.ports_add(em.port[lost], "tx_sim_lost")
                 em = em.select(~lost)
         dropped = b.drop != 0
         if dropped.any():
             cnt.drop(b.drop[dropped], b.length[dropped])
+            cnt.ports_add(b.port[dropped], "rx_dropped")
         if events:
             codes = np.concatenate([np.full(len(i), int(code), dtype=np.int64) for code, i in events])
             idx = np.concatenate([i for _, i in events])
@@ -179,6 +185,16 @@ class Pipeline:
         for code, idx in drops:
             self.count_copy_drops(b, code, idx)
         return out
+
+    def _observe(self, c: Classified, agg: AggregationResult) -> None:
+        """Hand the batch's aggregation outcome to the straggler bookkeeping (stragglers.py)."""
+        if self.stragglers is None:
+            return
+        ai = np.flatnonzero(c.path == PATH_AGGREGATE)
+        if len(ai):
+            index = (c.flags[ai] & SET).astype(np.int64) * self.registers.slots + c.h["slot"][ai].astype(np.int64)
+            self.stragglers.record(c.session[ai], c.worker[ai], c.bit[ai], index, c.num_workers[ai], agg.dup[ai],
+                                   agg.remaining[ai])
 
     # -- register controls, in rounds -----------------------------------------------------------
     def _registers(self, b: Batch, c: Classified, agg: AggregationResult, hb: HeartbeatResult) -> None:

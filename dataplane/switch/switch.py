@@ -63,6 +63,8 @@ class SoftwareSwitch:
     def counters(self) -> dict:
         with self.lock:
             snap = self._counters.snapshot()
+            if self.pipeline.stragglers is not None:
+                snap["stragglers"] = self.pipeline.stragglers.snapshot()
             for port, link in self.links_in.items():
                 for k, v in link.stats.items():
                     if v:
@@ -76,6 +78,8 @@ class SoftwareSwitch:
     def reset_counters(self) -> None:
         with self.lock:
             self._counters.reset()
+            if self.pipeline.stragglers is not None:
+                self.pipeline.stragglers.reset()
 
     def load_runtime(self, source, replace: bool = False) -> dict:
         """Apply a p4lang/tutorials runtime JSON (a path or a dict); see runtime_json.py."""

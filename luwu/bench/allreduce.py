@@ -100,6 +100,7 @@ def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q, switch
     x = _inputs(rank, numel, dtype)
     times, result = [], None
     with Engine(plan.worker_plan(rank)) as eng:
+        _observe(eng, rank)
         for i in range(iters + 1):
             barrier.wait()
             if i == 1:  # CPU of the timed iterations only (the warm-up maps pages, fills caches)
@@ -117,6 +118,23 @@ def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q, switch
             raise AssertionError("no allreduce result to verify")
         report["verify"] = _verify(result, plan.workers, numel, dtype, plan.lanes)
     out_q.put(report)
+
+
+def _observe(engine, rank: int) -> None:
+    """With LUWU_METRICS (`luwu bench observability` sets it), serve the engine's statistics as a
+    torch worker's do (worker/metrics.py); with LUWU_TRACE_DIR, trace this worker."""
+    from luwu.dataplane import trace
+
+    trace.start(f"worker {rank} (bench)")
+    if os.environ.get("LUWU_METRICS"):
+        from luwu.worker import metrics
+
+        class _Link:  # what worker/metrics.py reads: the engine's statistics at scrape time
+            def stats(self) -> dict:
+                return engine.session_stats()
+
+        _observe.link = _Link()  # type: ignore[attr-defined] # held for the process's life (tracked weakly)
+        metrics.track(f"rank{rank}-bench", _observe.link, rank)  # type: ignore[attr-defined]
 
 
 def retransmits(engine_stats: dict) -> dict:

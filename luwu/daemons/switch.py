@@ -79,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "to workers unless --peer-port says another switch")
     p.add_argument("--peer-port", action="append", default=[], metavar="N=SWITCH:PORT",
                    help="with --controller: port N is wired to port PORT of switch SWITCH (repeatable)")
+    p.add_argument("--port-mac", action="append", default=[], metavar="N=MAC",
+                   help="with --controller: the MAC of what is at the other end of raw port N (repeatable); the "
+                        "controller plans the frames the switch sends there with it")
     p.add_argument("--role", choices=["star", "tor", "cluster", "rail"], default="star",
                    help="with --controller: this switch's place in the topology")
     p.add_argument("--rail", type=int, default=0, help="with --role rail: the rail number")
@@ -95,6 +98,8 @@ def config_from_args(args) -> DaemonConfig:
     for key in ("slots", "udp_port", "seed"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
+    if getattr(args, "metrics", None) or args.stats_file or cfg.stats_file:
+        overrides["stragglers"] = True  # someone reads them (/metrics, the stats file, `luwu-ctl top`)
     if overrides:
         fields = {k: getattr(sw, k) for k in sw.__dataclass_fields__}
         fields.update(overrides)
@@ -220,9 +225,10 @@ def _p4runtime_tls(args):
     return server_credentials(cert, key, ca or "")
 
 
-def _join_controller(args, sw, p4rt):
+def _join_controller(args, sw, p4rt, metrics: str | None = None):
     """Register with the controller (which then installs the pipeline and programs the tables over
-    P4Runtime) and report health with the switch's counters; None without --controller."""
+    P4Runtime; `metrics`, the /metrics address, is where it scrapes `luwu-ctl top`'s counters) and
+    report health with the switch's counters; None without --controller."""
     from luwu.controller.daemon_link import HEARTBEAT_INTERVAL, connect
 
     client = connect(args)
@@ -241,9 +247,17 @@ def _join_controller(args, sw, p4rt):
         if not other or not port.isdigit():
             raise ConfigError(f"--peer-port {spec!r}: expected N=SWITCH:PORT")
         peers[switch_port_number(num, f"--peer-port {spec!r}")] = (other, int(port))
+    macs = {}
+    for spec in args.port_mac:
+        num, _, mac = spec.partition("=")
+        if len(mac.split(":")) != 6:
+            raise ConfigError(f"--port-mac {spec!r}: expected N=aa:bb:cc:dd:ee:ff")
+        macs[switch_port_number(num, f"--port-mac {spec!r}")] = mac
     role = {"star": pb.STAR, "tor": pb.TOR, "cluster": pb.CLUSTER, "rail": pb.RAIL}[args.role]
-    client.register_switch(software_switch_record(sw, args.name, p4rt.address, role=role, rail=args.rail,
-                                                  peers=peers, nodes=nodes))
+    record = software_switch_record(sw, args.name, p4rt.address, role=role, rail=args.rail,
+                                     peers=peers, nodes=nodes, macs=macs)
+    record.metrics_address = metrics or ""  # where the controller scrapes what `luwu-ctl top` shows
+    client.register_switch(record)
 
     def counters() -> dict[str, int]:
         snap = named(sw.counters())
@@ -262,14 +276,17 @@ def _apply_drop(sw, cfg: DaemonConfig) -> None:
 
 def run(args) -> int:
     from luwu.dataplane import trace
+    from luwu.dataplane.heap import retain_freed_memory
     from luwu.dataplane.switch.switch import SoftwareSwitch
 
     trace.start("switch")
+    retain_freed_memory()  # the event loop's batch temporaries stay mapped (dataplane/heap.py)
 
     stop = threading.Event()
     p4rt = None
     sw = None
     beat = None
+    metrics = None
     try:
         cfg = config_from_args(args)
         sw = SoftwareSwitch(cfg.switch)
@@ -290,7 +307,14 @@ def run(args) -> int:
         # before registration, so that the record declares the simulated loss (the controller keeps it and
         # removes any other drop_sim entry), and again after: the controller's pipeline install clears the tables
         _apply_drop(sw, cfg)
-        beat = _join_controller(args, sw, p4rt)
+        if getattr(args, "metrics", None):  # before registering: the registration says where it is
+            from luwu.dataplane.metrics import SwitchCollector, serve
+
+            try:
+                metrics = "{}:{}".format(*serve(args.metrics, SwitchCollector(sw.counters)))
+            except OSError as e:
+                raise ConfigError(f"--metrics {args.metrics}: cannot serve there: {e.strerror}") from None
+        beat = _join_controller(args, sw, p4rt, metrics)
         if beat is not None:
             _apply_drop(sw, cfg)
     except (ConfigError, TableError, FileNotFoundError, ConnectionError, RuntimeError, UserError) as e:
@@ -302,11 +326,6 @@ def run(args) -> int:
         signal.signal(sig, lambda *_: stop.set())
     started = time.monotonic()
     sw.start()
-    metrics = None
-    if getattr(args, "metrics", None):
-        from luwu.dataplane.metrics import SwitchCollector, serve
-
-        metrics = "{}:{}".format(*serve(args.metrics, SwitchCollector(sw.counters)))
     # one JSON line, like every luwu daemon's ready line
     print(json.dumps({"ready": True, "lanes": sw.lanes, "slots": sw.config.slots, "udp_port": sw.config.udp_port,
                       "ports": {str(p): _show(a) for p, a in sw.port_addresses().items()},

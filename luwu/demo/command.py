@@ -295,10 +295,30 @@ def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int
             ddp = _train("DDP + Gloo baseline", spec, workdir, progress, False)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     report = rep.build(settings, control, mnn, ddp, info, counters, nodes, tokens_per_step)
-    report["_paths"] = rep.write({k: v for k, v in report.items() if k != "_paths"}, args.out)
     # one Chrome trace (Perfetto) of the run, every process on one clock (docs/observability.md)
-    report["_paths"].append(trace.merge(workdir / "trace", Path(args.out) / "trace.json"))
+    trace_path = trace.merge(workdir / "trace", Path(args.out) / "trace.json")
+    timeline_png = _critical_path(report, trace_path, Path(args.out))
+    report["_paths"] = rep.write({k: v for k, v in report.items() if k != "_paths"}, args.out)
+    report["_paths"] += [*timeline_png, trace_path]
     return report
+
+
+def _critical_path(report: dict, trace_path: Path, out: Path) -> list[Path]:
+    """report["critical_path"] and critical_path.png for one steady-state iteration of the trace
+    (dataplane/critical_path.py); a trace that cannot say is a note in the report, not a failure."""
+    import json
+
+    from luwu.dataplane import critical_path
+
+    from . import timeline
+
+    events = json.loads(trace_path.read_text())["traceEvents"]
+    try:
+        report["critical_path"] = critical_path.analyse(events)
+    except ValueError as exc:
+        report["control_plane"].setdefault("notes", []).append(f"critical_path missing: {exc}")
+        return []
+    return [timeline.plot(events, report["critical_path"], out / "critical_path.png")]
 
 
 def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> None:
@@ -335,6 +355,11 @@ def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> No
                       "from that version on (docs/optimizer.md):")
     for command in report["control_plane"].get("restart", []):
         console.print(f"  {command}", soft_wrap=True)
+    cp = report.get("critical_path")
+    if cp:
+        top = sorted(cp["share"].items(), key=lambda kv: -kv[1])[:4]
+        console.print(f"critical path of step {cp['iteration']} ({cp['seconds'] * 1000:.0f} ms): "
+                      + ", ".join(f"{k} {v:.0%}" for k, v in top) + " (critical_path.png)")
     console.print(f"wrote {out / 'report.json'} and " + ", ".join(p.name for p in paths))
 
 

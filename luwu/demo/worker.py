@@ -63,10 +63,16 @@ def train(spec: dict, rank: int) -> dict:
         from luwu.worker.model_in_network import AdamW, ModelInNetwork
 
         network, watch = _network(spec, rank)
+        store = None
+        if spec.get("store"):  # rail-only: the NVLink channel's ranks meet in this file (and the barriers use it)
+            from torch.distributed import FileStore
+
+            store = FileStore(spec["store"], world)
         runner = mnn = ModelInNetwork(model, AdamW(lr=spec["lr"], weight_decay=spec["weight_decay"]), network,
                                       served_dtype=spec.get("served_dtype", "bf16"),
                                       engine=spec.get("engine", "process"), keep_last=int(spec.get("keep_last", 1)),
-                                      prefetch=int(spec.get("prefetch", 1)), start_version=start)
+                                      prefetch=int(spec.get("prefetch", 1)), start_version=start, store=store,
+                                      p2p_host=spec.get("p2p_host", "127.0.0.1"))
     elif spec["mode"] == "ddp":
         watch = None
         import torch.distributed as dist

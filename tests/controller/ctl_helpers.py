@@ -62,14 +62,15 @@ def job(name: str, workers: int, layers: list[int], nodes: int = 1, **kw) -> pb.
 
 
 @contextlib.contextmanager
-def controller_process(db: Path, token_file: Path, p4info: Path, port: int | None = None):
-    """`luwu controller` as a subprocess; yields (Popen, address). Killed (SIGKILL) at exit if alive."""
+def controller_process(db: Path, token_file: Path, p4info: Path, port: int | None = None, extra: tuple = ()):
+    """`luwu controller` (plus `extra` options) as a subprocess; yields (Popen, address). Killed (SIGKILL) at exit
+    if alive."""
     port = port or free_port()
     address = f"127.0.0.1:{port}"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     luwu = Path(sys.executable).parent / "luwu"  # the installed entry point (never `python -m` from the repo)
     proc = subprocess.Popen([str(luwu), "controller", "--listen", address, "--db", str(db), "--token-file",
-                             str(token_file), "--p4info", str(p4info), "--health-timeout", "60"],
+                             str(token_file), "--p4info", str(p4info), "--health-timeout", "60", *extra],
                             env=env, cwd=db.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         client = ControllerClient(address, token_file.read_text().strip(), timeout=5)

@@ -9,6 +9,7 @@ import dataclasses
 import shutil
 import subprocess
 import threading
+import urllib.request
 
 import grpc
 import pytest
@@ -134,7 +135,7 @@ async def operator_mistake(address: str, p4info) -> None:
 
 def test_drift_is_reported_and_repaired(controller_config, guarded, p4info):
     sw, address = guarded()
-    bc = BackgroundController(dataclasses.replace(controller_config, reconcile_interval=0.2))
+    bc = BackgroundController(dataclasses.replace(controller_config, reconcile_interval=0.2, metrics="127.0.0.1:0"))
     admin = ControllerClient(bc.address, ADMIN)
     try:
         deploy(bc, admin, address)
@@ -153,6 +154,12 @@ def test_drift_is_reported_and_repaired(controller_config, guarded, p4info):
         assert "1 missing entry re-inserted (sessions)" in drift
         assert table_rows(sw) == programmed
         assert admin.switches()[0].programmed == "ok"
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urllib.request.urlopen(f"http://{bc.server.metrics_address}/metrics", timeout=10).read().decode()
+        repairs = {s.labels["switch"]: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                   if s.name == "luwu_controller_drift_repairs_total"}
+        assert repairs[admin.switches()[0].name] >= 1  # luwu controller --metrics counts the repair
     finally:
         admin.close()
         bc.stop()

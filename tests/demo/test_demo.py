@@ -62,6 +62,13 @@ def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     for want in [("worker", "forward"), ("worker", "backward"), ("worker", "push"), ("switch", "pipeline turn"),
                  ("optimizer", "optimize"), ("optimizer", "publish")]:
         assert want in spans, (want, sorted(spans))
+    # its critical path: one steady-state iteration, every instant charged to one component
+    cp = report["critical_path"]
+    assert cp["iteration"] in (1, 2) and cp["seconds"] > 0 and (out / "critical_path.png").stat().st_size > 1000
+    assert sum(cp["components"].values()) == pytest.approx(cp["seconds"], rel=1e-6)
+    assert {"worker forward", "worker backward"} <= set(cp["components"]), cp["components"]
+    assert cp["critical_worker"] in names.values()
+    assert "critical path of step" in " ".join(proc.stdout.split())
 
 
 def test_five_percent_loss_gives_bit_identical_losses(tmp_path):

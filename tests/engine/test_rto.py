@@ -72,6 +72,7 @@ def test_samples_rtt_from_send_times_and_applies_karns_rule(stream):
     assert [p[4] for p in _received(rx, 4)] == [0, 1, 2, 3]
     s.on_ack(2, 9, now=1.03)  # packets 0 and 1: the newest acked was sent at 1.0
     assert s.rto.srtt == pytest.approx(0.03) and s.stats["rtt_samples"] == 1
+    assert s.stats["rtt_seconds"] == pytest.approx(0.03)  # the mean wait luwu_engine_stat exports
     assert not s.check_timeout(now=1.03 + 0.05)  # progress at 1.03 and RTO 0.09: not yet
     assert s.check_timeout(now=1.03 + 0.2)  # stalled past the RTO: go back to the ack
     assert s.stats["timeouts"] == 1 and s.rto.backoff == 2

@@ -66,6 +66,8 @@ CASES = {
     "node controller nonsense": (["luwu", "node", "--plan", "PLAN", "--state-dir", "s", "--controller", "x:y"],
                                  ["HOST:PORT"]),
     "switch metrics nonsense": (["luwu", "switch", "--metrics", "nonsense"], ["--metrics", "HOST:PORT"]),
+    "controller metrics nonsense": (["luwu", "controller", "--metrics", "nonsense"], ["--metrics", "HOST:PORT"]),
+    "ctl top zero interval": (["luwu-ctl", "top", "--interval", "0"], ["--interval", "positive"]),
     # family: bad sizes and counts
     "bench allreduce size banana": (["luwu", "bench", "allreduce", "--size", "banana"], ["--size", "banana"]),
     "bench switch negative size": (["luwu", "bench", "switch", "--size", "-3"], ["--size"]),
