@@ -35,6 +35,11 @@ class EmuHost:
     neighbors: list[tuple[str, str, str]] = field(default_factory=list)  # (ip, mac, dev): static, permanent
     routes: list[tuple[str, str]] = field(default_factory=list)  # (dst/prefix, dev)
     nvlink: str = ""  # the GPU's address on its server's NVLink bridge
+    # rail-only: how GPUs reach GPUs of other servers and rails (topologies._cross_rail):
+    # (dst/prefix, gateway, dev, preferred source address)
+    via_routes: list[tuple[str, str, str, str]] = field(default_factory=list)
+    sysctls: dict[str, str] = field(default_factory=dict)  # set once the interfaces are up (ip_forward, ...)
+    tx_checksum_off: list[str] = field(default_factory=list)  # interfaces that send forwarded TCP (nsexec)
 
     def iface(self, name: str) -> HostIface:
         for i in self.interfaces:
@@ -59,6 +64,8 @@ class EmuSwitch:
     udp_port: int
     lanes: int
     slots: int
+    # plain IPv4 the switch forwards (`ipv4_lpm` entries): (prefix, prefix length, port, next hop's MAC)
+    ipv4_routes: list[tuple[str, int, int, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -122,10 +129,13 @@ class EmulationSpec:
     @classmethod
     def from_dict(cls, raw: dict) -> EmulationSpec:
         spec = cls(raw["run_id"], raw["mtu"], raw["subnet"])
-        spec.switches = [EmuSwitch(**dict(s, ports={int(k): v for k, v in s["ports"].items()}))
+        spec.switches = [EmuSwitch(**dict(s, ports={int(k): v for k, v in s["ports"].items()},
+                                          ipv4_routes=[tuple(r) for r in s.get("ipv4_routes", [])]))
                          for s in raw["switches"]]
         spec.hosts = [EmuHost(h["name"], h["kind"], h["server"], [HostIface(**i) for i in h["interfaces"]],
-                              [tuple(n) for n in h["neighbors"]], [tuple(r) for r in h["routes"]], h["nvlink"])
+                              [tuple(n) for n in h["neighbors"]], [tuple(r) for r in h["routes"]], h["nvlink"],
+                              [tuple(r) for r in h.get("via_routes", [])], dict(h.get("sysctls", {})),
+                              list(h.get("tx_checksum_off", [])))
                       for h in raw["hosts"]]
         spec.bridges = [Bridge(**b) for b in raw["bridges"]]
         spec.links = [EmuLink(**lk) for lk in raw["links"]]

@@ -24,6 +24,7 @@ from typing import IO
 from luwu.dataplane import children
 
 from .emulation import EmulationSpec
+from .nsexec import tx_checksum_off
 
 SCRIPT = Path(__file__).with_name("mn_network.py")
 PYTHON_CANDIDATES = ("/usr/bin/python3", "python3")
@@ -100,7 +101,14 @@ class MininetNetwork:
             self.stop()
             raise
         self.pids = {str(n): int(p) for n, p in msg.get("pids", {}).items()}
-        return {host: f"/proc/{pid}/ns/net" for host, pid in msg["namespaces"].items()}
+        namespaces = {host: f"/proc/{pid}/ns/net" for host, pid in msg["namespaces"].items()}
+        try:  # from here: mn_network.py runs under a python that need not have what this takes
+            for h in self.spec.hosts:
+                tx_checksum_off(namespaces[h.name], h.tx_checksum_off)
+        except Exception:
+            self.stop()
+            raise
+        return namespaces
 
     def _read_line(self, timeout: float) -> dict:
         box: list[str] = []

@@ -154,6 +154,10 @@ def build(net, spec, PortsOnly, NvlinkBridge, Link, TCLink, run):
             run(node, f"ip route replace {dst} dev {dev}")
         for ip, mac, dev in h["neighbors"]:
             run(node, f"ip neigh replace {ip} lladdr {mac} dev {dev} nud permanent")
+        for dst, via, dev, src in h.get("via_routes", []):  # rail-only: other GPUs via the rail or a mate's NVLink
+            run(node, f"ip route replace {dst} via {via} dev {dev} src {src}")
+        for key, value in h.get("sysctls", {}).items():
+            run(node, f"echo {value} > /proc/sys/{key.replace('.', '/')}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from .emulation import EmuHost, EmulationSpec
-from .nsexec import write_sysctls
+from .nsexec import tx_checksum_off, write_sysctls
 from .topologies import NAME_PREFIX
 
 NETNS_DIR = "/run/netns"
@@ -157,6 +157,11 @@ class NetnsNetwork:
                 ns.route("add", dst=dst, oif=ns.link_lookup(ifname=dev)[0])
             for ip_, mac, dev in h.neighbors:
                 ns.neigh("replace", dst=ip_, lladdr=mac, ifindex=ns.link_lookup(ifname=dev)[0], state=NUD_PERMANENT)
+            for dst, via, dev, src in h.via_routes:  # rail-only: other GPUs through the rail or a mate's NVLink
+                ns.route("add", dst=dst, gateway=via, oif=ns.link_lookup(ifname=dev)[0], prefsrc=src)
+        if h.sysctls:  # after the interfaces exist: some are per interface
+            write_sysctls(f"{NETNS_DIR}/{self.ns_name(h.name)}", h.sysctls)
+        tx_checksum_off(f"{NETNS_DIR}/{self.ns_name(h.name)}", h.tx_checksum_off)
 
     def alive(self) -> bool:
         return bool(self._namespaces)

@@ -13,6 +13,7 @@ import ctypes.util
 import os
 import shutil
 import subprocess
+import sys
 
 CLONE_NEWNET = 0x40000000
 NSENTER = shutil.which("nsenter")
@@ -63,3 +64,25 @@ def write_sysctls(ns_path: str | None, values: dict[str, str], timeout: float = 
         return
     script = "; ".join(f"printf %s {v} > /proc/sys/{k.replace('.', '/')}" for k, v in values.items())
     run_in(ns_path, ["/bin/sh", "-c", f"set -e; {script}"], timeout)
+
+
+# ETHTOOL_STXCSUM through SIOCETHTOOL (linux/sockios.h, linux/ethtool.h), run inside the namespace:
+# struct ifreq {char name[16]; void *data} (padded to its 40 bytes) -> struct ethtool_value {cmd, data}
+_TX_CSUM_OFF = """
+import array, fcntl, socket, struct, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for name in sys.argv[1:]:
+    value = array.array("I", [0x17, 0])
+    fcntl.ioctl(s.fileno(), 0x8946, struct.pack("16sP", name.encode(), value.buffer_info()[0]).ljust(40, b"\\0"))
+"""
+
+
+def tx_checksum_off(ns_path: str | None, ifnames: list[str], timeout: float = 10.0) -> None:
+    """Turn off transmit checksum offload (`ethtool -K IF tx off`) on interfaces inside the namespace.
+
+    A veth hands a TCP segment on with its checksum still to be filled in (CHECKSUM_PARTIAL); a host
+    that forwards it, and a switch program that reads it from a raw socket and writes it to another
+    port, pass that unfinished checksum on, and the receiving host drops the segment. With the
+    offload off the sender's kernel computes the checksum, as a NIC would on real links."""
+    if ifnames:
+        run_in(ns_path, [sys.executable, "-c", _TX_CSUM_OFF, *ifnames], timeout)

@@ -1,7 +1,9 @@
 """One emulation run, start to finish: network, switches, optimizer nodes, workers, results, teardown.
 
-`Emulation.run()` builds the network with the chosen backend, starts and programs one switch per
-switch node, starts the optimizer nodes (push/pull only) and the workers inside their hosts
+`Emulation.run()` builds the network with the chosen backend, (with a controller) a management
+network and `luwu controller` on it (control.py), starts one switch per switch node -- programmed
+by the controller over P4Runtime, or from a runtime file when the runner planned in process --,
+has the controller create the job, starts the optimizer nodes (push/pull only) and the workers inside their hosts
 (workload.py, the venv's python), releases them together, collects every result within the
 deadline and tears everything down in reverse order -- on success, on failure and on Ctrl-C /
 SIGTERM alike (the runner turns SIGTERM into KeyboardInterrupt).
@@ -22,9 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from luwu.controller.topology import Topology
+from luwu.dataplane import trace
 
+from .control import EmulatedController
 from .emulation import EmulationSpec
 from .job import EmulatedJob
+from .mgmt import MGMT_SUBNET, MgmtNetwork
 from .processes import ChildError, ChildGroup
 from .switches import RunningSwitch, start_bmv2, start_software
 
@@ -45,11 +50,18 @@ class RunOptions:
     workload: str = "allreduce"  # "allreduce" (engine checks), "ddp" (torch DDP over the luwu backend) or
     # "train" (ModelInNetwork: AdamW on `luwu node` daemons, train_workload.py)
     steps: int = 20  # DDP training steps
+    collectives: bool = False  # ddp: also all_to_all, gather and send/recv between every pair of ranks
     port_drops: dict[str, dict[int, float]] = field(default_factory=dict)  # switch -> port -> ingress loss
     timeout: float = 120.0  # s for the workload, once released
     seed: int = 1
     nvlink_port: int = 19600  # TCP port of the emulated NVLink exchange (rail-only)
     mininet_python: str | None = None
+    trace_out: Path | None = None  # where the run's trace.json goes (default: in the run directory)
+    # a `luwu controller` process on a management network plans the job and programs the switches
+    # (control.py); False: the runner plans in process and hands each switch a runtime file
+    controller: bool = False
+    mgmt_subnet: str = MGMT_SUBNET
+    pool: int | None = None  # every session's pool (None: the planner's defaults)
 
 
 @dataclass
@@ -59,6 +71,8 @@ class RunResult:
     switches: dict[str, dict] = field(default_factory=dict)  # name -> counters
     errors: list[str] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)  # what teardown could not remove
+    trace: str | None = None  # the run's merged timeline (Chrome trace), when its processes wrote one
+    controller: dict = field(default_factory=dict)  # the controller's address and view of the switches
 
     @property
     def passed(self) -> bool:
@@ -73,9 +87,14 @@ class Emulation:
         self.topo, self.spec, self.job, self.opts, self.run_dir = topo, spec, job, opts, run_dir
         self.progress = progress or (lambda msg: None)
         env = dict(os.environ, LUWU_NO_BACKEND="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        # every process it starts writes its timeline here; the namespaces share the host's clock, so
+        # merge_trace() makes one trace of the run (docs/observability.md)
+        env[trace.ENV] = str(run_dir / "trace")
         self.children = ChildGroup(run_dir, env)
         self.network: MininetNetwork | NetnsNetwork | None = None
         self.switches: list[RunningSwitch] = []
+        self.mgmt: MgmtNetwork | None = None
+        self.ctl: EmulatedController | None = None
 
     # -- the network --------------------------------------------------------------------------------
     def _make_network(self) -> MininetNetwork | NetnsNetwork:
@@ -93,7 +112,9 @@ class Emulation:
             self.progress(f"building the network ({self.opts.backend})")
             self.network = self._make_network()
             namespaces = self.network.start()
+            self._start_controller(namespaces)
             self._start_switches()
+            self._controller_job()
             nodes = self._start_nodes(namespaces)
             workers = self._start_workers(namespaces)
             self.progress(f"running: {len(workers)} worker(s), {len(nodes)} optimizer node(s)")
@@ -132,13 +153,35 @@ class Emulation:
             with _shielded():  # a second Ctrl-C must not cut the teardown short
                 self.progress("tearing down")
                 switch_procs = {s.child for s in self.switches}
-                self.children.close(lambda c: c not in switch_procs)  # workers and nodes first
-                live = {s.spec.name: s.counters() for s in self.switches if s.grpc_address}  # BMv2: read while up
+                self.children.close(lambda c: c not in switch_procs and c is not getattr(self.ctl, "child", None))
+                if self.ctl is not None:  # its view of the switches, while both are up
+                    result.controller = self.ctl.report()
+                    self.ctl.close()
+                    if not any(self.ctl.address in e for e in result.errors):  # named once is enough
+                        result.errors += _unprogrammed(result.controller, [sw.name for sw in self.spec.switches])
+                live = {s.spec.name: s.counters() for s in self.switches  # BMv2: read while up
+                        if s.grpc_address and s.stats_file is None}
                 self.children.close()  # the software switch writes its last counters as it stops
                 result.switches = {s.spec.name: live.get(s.spec.name) or s.counters() for s in self.switches}
+                if self.mgmt is not None:
+                    result.leftovers = self.mgmt.stop()
                 if self.network is not None:
-                    result.leftovers = self.network.stop()
+                    result.leftovers += self.network.stop()
+                try:
+                    out = self.merge_trace(self.opts.trace_out or self.run_dir / "trace.json")
+                    result.trace = str(out) if out is not None else None
+                except OSError as e:
+                    result.errors.append(f"cannot write the trace: {e}")
         return result
+
+    def merge_trace(self, out: Path) -> Path | None:
+        """The run's processes' timelines as one Chrome trace at `out`; None when no process wrote one.
+        Hosts name their tracks themselves ("worker 0 (w0)"); a switch daemon does not know which
+        switch it is, so its track gets the child's name: "switch (switch-s1)"."""
+        if not list((self.run_dir / "trace").glob("trace-*.jsonl")):
+            return None
+        switches = {pid: name for pid, name in self.children.started.items() if name.startswith("switch-")}
+        return trace.merge(self.run_dir / "trace", out, labels=switches)
 
     def up(self, ready, wait) -> list[str]:
         """`luwu mininet up`: the network and its programmed switches (and, with --workload train,
@@ -146,17 +189,16 @@ class Emulation:
         until the user is done (Ctrl-C, SIGTERM or a duration). Tears everything down after, on
         any path; returns what teardown could not remove."""
         leftovers: list[str] = []
+        if self.children.env is not None:  # open-ended: no timeline growing until Ctrl-C
+            self.children.env = {k: v for k, v in self.children.env.items() if k != trace.ENV}
         try:
             self.progress(f"building the network ({self.opts.backend})")
             self.network = self._make_network()
             namespaces = self.network.start()
+            self._start_controller(namespaces)
             self._start_switches()
+            self._controller_job()
             self._start_nodes(namespaces)
-            plans = {}
-            for rank, plan in sorted(self.job.worker_plans.items()):
-                path = self.run_dir / f"plan-rank{rank}.json"
-                path.write_text(plan.to_json())
-                plans[rank] = str(path)
             hosts: dict[str, dict[str, Any]] = {
                 h.name: {"namespace": namespaces.get(h.name, ""), "kind": h.kind, "server": h.server,
                          "addresses": [i.ip for i in h.interfaces] + ([h.nvlink] if h.nvlink else []),
@@ -164,18 +206,40 @@ class Emulation:
                 for h in self.spec.hosts}
             for rank, host in self.job.worker_host.items():
                 hosts[host]["rank"] = rank
-                hosts[host]["plan"] = plans[rank]
-            ready({"ready": True, "run_dir": str(self.run_dir), "backend": self.opts.backend, "hosts": hosts,
-                   "switches": {s.spec.name: {"ports": len(s.spec.ports), "p4runtime": s.grpc_address or None,
-                                              "log": str(s.child.log)}
-                                for s in self.switches}})
+                if self.ctl is not None:  # a rank joins the controller's job itself (the backend's JoinJob)
+                    ip = self._rank_ip(rank)
+                    hosts[host]["join"] = (f"LUWU_CONTROLLER={self.ctl.address} LUWU_JOB={self.ctl.job_id} "
+                                           f"LUWU_TOKEN={self.ctl.job_token} LUWU_ENDPOINT_HOST={ip}")
+                else:
+                    path = self.run_dir / f"plan-rank{rank}.json"
+                    path.write_text(self.job.worker_plans[rank].to_json())
+                    hosts[host]["plan"] = str(path)
+            if self.mgmt is not None:
+                for name, address in self.mgmt.addresses.items():
+                    hosts[name]["management"] = address
+            info: dict[str, Any] = {
+                "ready": True, "run_dir": str(self.run_dir), "backend": self.opts.backend, "hosts": hosts,
+                "switches": {s.spec.name: {"ports": len(s.spec.ports), "p4runtime": s.grpc_address or None,
+                                           "metrics": s.metrics or None, "log": str(s.child.log)}
+                             for s in self.switches}}
+            if self.ctl is not None:
+                info["controller"] = {"address": self.ctl.address, "token_file": str(self.ctl.token_file),
+                                      "job": self.ctl.job_id, "log": str(self.ctl.child.log) if self.ctl.child else "",
+                                      "metrics": self.ctl.metrics or None,
+                                      "luwu_ctl": f"LUWU_CONTROLLER={self.ctl.address} LUWU_TOKEN=$(cat "
+                                                  f"{self.ctl.token_file}) luwu-ctl switches"}
+            ready(info)
             wait()
         finally:
             with _shielded():
                 self.progress("tearing down")
+                if self.ctl is not None:
+                    self.ctl.close()
                 self.children.close()
+                if self.mgmt is not None:
+                    leftovers = self.mgmt.stop()
                 if self.network is not None:
-                    leftovers = self.network.stop()
+                    leftovers += self.network.stop()
         return leftovers
 
     # -- switches -------------------------------------------------------------------------------------
@@ -184,11 +248,63 @@ class Emulation:
         for i, sw in enumerate(self.spec.switches):
             runtime = self.job.runtime[sw.name] if sw.name in self.job.runtime else _empty_runtime()
             self.progress(f"starting {self.opts.switch} switch {sw.name} on {len(sw.ports)} port(s)")
+            drops = self.opts.port_drops.get(sw.name, {})
             if self.opts.switch == "bmv2":
-                self.switches.append(start_bmv2(self.children, sw, runtime, self.run_dir, deadline))
+                running = start_bmv2(self.children, sw, None if self.ctl else runtime, self.run_dir, deadline)
+                if self.ctl is not None:  # no agent on BMv2: registered as an operator would
+                    from luwu.dataplane.switch.controls.drop_simulator import threshold_for
+
+                    self.ctl.register_bmv2(self.topo, sw, running.grpc_address,
+                                           {p: threshold_for(v) for p, v in drops.items() if v}, deadline)
+                    self.ctl.watch_agentless(sw.name, running.child.alive)
+                self.switches.append(running)
+            elif self.ctl is not None:  # registers itself; the controller programs it over P4Runtime
+                args = self.ctl.switch_args(self.topo, sw)
+                args += [a for p, v in sorted(drops.items()) if v for a in ("--drop", f"{p}:ingress={v!r}")]
+                self.switches.append(start_software(self.children, sw, None, self.run_dir, self.opts.seed + i,
+                                                    deadline, args))
             else:
                 self.switches.append(start_software(self.children, sw, runtime, self.run_dir, self.opts.seed + i,
                                                     deadline))
+
+    # -- the controller -------------------------------------------------------------------------------
+    def _start_controller(self, namespaces: dict[str, str]) -> None:
+        """The management network and `luwu controller` on it (with RunOptions.controller)."""
+        if not self.opts.controller:
+            return
+        self.progress("building the management network")
+        self.mgmt = MgmtNetwork(self.spec.run_id, namespaces, self.opts.mgmt_subnet)
+        gateway = self.mgmt.start()
+        self.progress(f"starting the controller on {gateway}")
+        self.ctl = EmulatedController(self.children, self.run_dir, gateway, self.opts.pool)
+        self.ctl.start(time.monotonic() + READY_TIMEOUT)
+
+    def _controller_job(self) -> None:
+        """Wait until every switch is registered and programmed, register the nodes, create the
+        job; from here on `self.job` is the controller's."""
+        if self.ctl is None:
+            return
+        names = [sw.name for sw in self.spec.switches]
+
+        def alive() -> None:
+            for s in self.switches:
+                if not s.child.alive():
+                    raise ChildError(f"{s.child.name} exited ({s.child.proc.returncode}): {s.child.tail()}")
+
+        self.progress("waiting for the switches to register with the controller")
+        self.ctl.wait_switches(names, time.monotonic() + READY_TIMEOUT, alive)
+        preview = self.job
+        nodes = len(preview.plan.nodes) if preview.layers else 0
+        if nodes:
+            self.ctl.register_nodes(self.spec)
+        self.progress("creating the job at the controller")
+        self.job = self.ctl.create_job(self.spec, len(preview.worker_host), preview.plan.lanes, preview.layers,
+                                       max(1, nodes // max(1, len(preview.plan.groups))))
+
+    def _rank_ip(self, rank: int) -> str:
+        """The address rank `rank` joins from: its host's interface toward the switch it was placed on."""
+        placement = next(p for p in self.job.plan.placements if p.rank == rank)
+        return self.spec.host(self.job.worker_host[rank]).iface_to(placement.switch).ip
 
     # -- hosts ----------------------------------------------------------------------------------------
     def _workload(self, name: str, cfg: dict, ns_path: str):
@@ -211,6 +327,9 @@ class Emulation:
         deadline = time.monotonic() + READY_TIMEOUT
         for child in started:
             child.expect("ready", deadline)
+        if self.ctl is not None:  # registered by the emulation (register_nodes): it reports their health too
+            for node, child in zip(sorted(self.job.node_plans), started, strict=True):
+                self.ctl.watch_agentless(node, child.alive, kind="node")
         return started
 
     def _start_optimizer_daemons(self, namespaces: dict[str, str]) -> None:
@@ -231,8 +350,10 @@ class Emulation:
             plan_file = self.run_dir / f"{node}-plan.json"
             plan_file.write_text(plans[0].to_json())
             self.progress(f"starting optimizer node {node} (AdamW, RAM budget {ram} bytes)")
-            started.append(self.children.start(f"node-{node}", train_workload.node_argv(
-                sys.executable, node, plan_file, self.run_dir, token_file, ram), namespaces[node]))
+            argv = train_workload.node_argv(sys.executable, node, plan_file, self.run_dir, token_file, ram)
+            if self.ctl is not None:  # re-registers itself, heartbeats, checks the workers' job token with it
+                argv += ["--controller", self.ctl.address, "--token-file", str(self.ctl.token_file), "--name", node]
+            started.append(self.children.start(f"node-{node}", argv, namespaces[node]))
         deadline = time.monotonic() + READY_TIMEOUT
         for child in started:
             child.expect("ready", deadline)
@@ -250,18 +371,23 @@ class Emulation:
             mates = servers.get(host.server, []) if host.server else []
             w = {"rank": rank, "plan": json.loads(job.worker_plans[rank].to_json()), "elements": self.opts.elements,
                  "group": group, "all_ranks": all_ranks, "nvlink": None, "pushpull": None}
+            if self.ctl is not None:  # the worker joins the job itself (its plan above is the controller's draft)
+                placed = next(p for p in job.plan.placements if p.rank == rank)
+                w["controller"] = self.ctl.worker_config(self._rank_ip(rank), self.spec.switch(placed.switch).udp_port)
+                w["controller"]["controls"] = [f"unix:{self.run_dir / (n + '.sock')}" for n in job.plan.nodes]
             if len(mates) > 1:
                 w["nvlink"] = {"index": mates.index(rank), "port": self.opts.nvlink_port,
                                "addresses": [self.spec.host(job.worker_host[r]).nvlink for r in mates]}
             if self.opts.workload == "ddp":
                 w["ddp"] = {"world": len(all_ranks), "steps": self.opts.steps, "dir": str(self.run_dir),
                             "store": str(self.run_dir / "ddp-store"), "p2p_host": host.interfaces[0].ip,
-                            "local_world_size": 1, "local_rank": 0}
+                            "local_world_size": 1, "local_rank": 0, "collectives": self.opts.collectives}
                 if len(mates) > 1:  # rail-only: the backend goes hierarchical over the server's NVLink
                     if mates != list(range(mates[0], mates[0] + len(mates))) or mates[0] % len(mates):
                         raise RuntimeError(f"server {host.server} holds ranks {mates}: the backend's rail-only "
                                            "allreduce needs ranks numbered server by server")
-                    w["ddp"].update(p2p_host=host.nvlink, local_world_size=len(mates), local_rank=mates.index(rank))
+                    # p2p stays on the rail address: every GPU reaches it, mates over NVLink (topologies._cross_rail)
+                    w["ddp"].update(local_world_size=len(mates), local_rank=mates.index(rank))
             if self.opts.workload == "train":
                 from . import train_workload
 
@@ -298,6 +424,16 @@ def _shielded():
 def _shard(job: EmulatedJob, s) -> dict:
     numel = dict(job.layers)[s.layer_id]
     return {"layer": s.layer_id, "offset": s.offset, "numel": s.numel, "session": s.session, "layer_numel": numel}
+
+
+def _unprogrammed(report: dict, names: list[str]) -> list[str]:
+    """Errors for the switches the controller does not report as programmed by it."""
+    if report.get("error"):
+        return [f"controller {report.get('address')}: {report['error']}"]
+    seen = report.get("switches", {})
+    return [f"controller {report.get('address')}: switch {n} " + (f"not programmed: {seen[n]['programmed']}"
+                                                                  if n in seen else "never registered")
+            for n in names if seen.get(n, {}).get("programmed") != "ok"]
 
 
 def _empty_runtime() -> dict:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from luwu.dataplane import trace
 from luwu.dataplane.protocol import Dtype
 
 if TYPE_CHECKING:
@@ -42,6 +43,12 @@ class SgdParamStore:
         return p, Dtype.FP32
 
     def on_gradient(self, tensor: int, grad: np.ndarray, saturated: bool) -> None:
+        with trace.span("optimize", "optimizer", layer=tensor, step=self.version.get(tensor, -1)):
+            self._apply(tensor, grad, saturated)
+        if self.engine is not None:
+            self.engine.notify_params()
+
+    def _apply(self, tensor: int, grad: np.ndarray, saturated: bool) -> None:
         with self.lock:
             if tensor not in self.params:
                 self.unknown += 1
@@ -50,5 +57,3 @@ class SgdParamStore:
             self.version[tensor] += 1
             self.gradients += 1
             self.saturated |= bool(saturated)
-        if self.engine is not None:
-            self.engine.notify_params()

@@ -45,10 +45,12 @@ class ChildGroup:
         self.log_dir = log_dir
         self.env = env
         self.children: list[Child] = []
+        self.started: dict[int, str] = {}  # pid -> name of every child ever started (the trace's labels)
 
     def start(self, name: str, argv: list[str], ns_path: str | None = None) -> Child:
         child = Child(name, argv, ns_path, self.log_dir, self.env)
         self.children.append(child)
+        self.started[child.proc.pid] = name
         return child
 
     def close(self, which: Callable[[Child], bool] | None = None) -> dict[str, int | None]:

@@ -2,7 +2,8 @@
 
 Per worker the allreduce is checked bit for bit; goodput is the tensor's bytes over the slowest
 worker's time (one tensor per worker in, the sum out). Switch counters come from each switch's
-last report: COMPLETED / ABSORBED / RESENT events and every non-zero drop reason.
+last report: COMPLETED / ABSORBED / RESENT events, FORWARDED (plain IPv4 routed by `ipv4_lpm`: rail-only
+GPU-to-GPU TCP) and every non-zero drop reason.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from . import links
 
-EVENTS_SHOWN = ("COMPLETED", "ABSORBED", "RESENT", "FALLBACK", "MULTICAST")
+EVENTS_SHOWN = ("COMPLETED", "ABSORBED", "RESENT", "FALLBACK", "MULTICAST", "FORWARDED")
 BITS_PER_BYTE = 8
 
 
@@ -115,5 +116,7 @@ def summary_lines(info: dict) -> list[str]:
         lines.append(f"leftover: {left}")
     if not info["passed"]:
         lines.append(f"logs: {info['run_dir']}")
+    if info.get("trace"):
+        lines.append(f"trace: {info['trace']}")
     lines.append(f"result: {'PASS' if info['passed'] else 'FAIL'}")
     return lines

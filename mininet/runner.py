@@ -2,12 +2,14 @@
 
     luwu mininet run  --topo star|multi-rack|rail-only [--workers N] [--backend auto|mininet|netns]
                       [--switch software|bmv2] [--size 256KiB] [--drop P] [--push-pull]
-                      [--workload allreduce|ddp [--steps N]] [--json]
+                      [--workload allreduce|ddp|train [--steps N]] [--controller auto|process|in-process] [--json]
     luwu mininet show --topo ...      # the emulation spec and the plan, without building anything
     luwu mininet up   --topo ...      # build it, program the switches, print how to reach each host, wait
 
-`run` plans the job with the controller's planner, builds the network (Mininet when it is
-installed, else plain namespaces), starts and programs one switch per switch node, runs an
+`run` builds the network (Mininet when it is installed, else plain namespaces) and a management
+network to every host, starts `luwu controller` on it and one switch per switch node, which
+register with it and are programmed by it over P4Runtime (control.py; --controller in-process:
+the runner plans with the same planner and hands each switch a runtime file), runs an
 in-network allreduce of int32 tensors between the workers (hierarchical over NVLink on
 rail-only) and, with --push-pull, a pull/push/pull through the optimizer nodes (or, with
 --workload ddp, torch DDP over the luwu backend against the same training without network), checks every
@@ -17,6 +19,7 @@ status 0 when every check passed, 1 when one failed, 2 for bad options or a miss
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -31,13 +34,15 @@ from luwu.dataplane.protocol import DEFAULT_UDP_PORT, lanes_for_mode
 
 from . import links
 from .job import plan_job
+from .mgmt import MGMT_SUBNET
 from .orchestrator import Emulation, RunOptions, RunResult
 from .processes import ChildError
 from .results import summary, summary_lines
-from .switches import SWITCH_KINDS, bmv2_missing, drop_entries
+from .switches import SWITCH_KINDS, bmv2_missing, drop_entries, route_entries
 from .topologies import JUMBO_MTU, NODE_MODES, TOPOLOGIES, TopologyError, TopologyOptions, build_topology, emulate
 
 BACKENDS = ("auto", "mininet", "netns")
+CONTROLLER_MODES = ("auto", "process", "in-process")
 DEFAULTS = {"size": "256KiB", "bw": 1000.0, "timeout": 120.0, "nvlink_port": 19600}
 MININET_MAX_BW = 1000.0  # Mbit/s: Mininet's TCLink refuses more
 _MAIN_PID = 0  # the runner's process: the only one whose SIGTERM unwinds into teardown
@@ -55,12 +60,14 @@ def add_arguments(p) -> None:
                         "program its switches, print how to reach every host, keep it up until Ctrl-C")
     p.add_argument("--duration", type=float, default=0.0, help="up: tear down after this many seconds (0: at Ctrl-C)")
     p.add_argument("--topo", choices=TOPOLOGIES, default="star", help="topology (default star)")
-    p.add_argument("--workers", type=int, default=3, help="workers in all (default 3)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="workers in all (default: 3 on a star, two per rack on multi-rack, two servers on rail-only)")
     p.add_argument("--nodes", type=int, default=1, help="optimizer nodes (star, multi-rack; default 1)")
     p.add_argument("--racks", type=int, default=2, help="multi-rack: racks, workers split evenly (default 2)")
     p.add_argument("--gpus", type=int, default=2, help="rail-only: GPUs per server = rails (default 2)")
-    p.add_argument("--node-mode", choices=NODE_MODES, default="port_per_rail",
-                   help="rail-only: one node with a port per rail, or a node per rail")
+    p.add_argument("--node-mode", choices=NODE_MODES, default=None,
+                   help="rail-only: one node with a port per rail, or a node per rail (default: port_per_rail; "
+                        "node_per_rail with --workload train, whose `luwu node` daemons serve one attachment each)")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="mininet, netns (plain namespaces, pyroute2), or auto: mininet when installed")
     p.add_argument("--switch", choices=SWITCH_KINDS, default="software",
@@ -73,6 +80,9 @@ def add_arguments(p) -> None:
                         "init_process_group('luwu') on every worker; train: a small GPT with ModelInNetwork, AdamW "
                         "on `luwu node` daemons out of core; both compared with the same training without network")
     p.add_argument("--steps", type=int, default=20, help="ddp, train: training steps (default 20)")
+    p.add_argument("--collectives", action="store_true",
+                   help="ddp on rail-only: after training, all_to_all, gather and send/recv between every pair of "
+                        "GPUs, checked exactly; cross-rail pairs go through a mate GPU's NVLink (docs/mininet.md)")
     p.add_argument("--packet-mode", default=None,
                    help="lanes per packet: jumbo (software default), tofino (bmv2, the only one it has) or a number")
     p.add_argument("--slots", type=int, default=1024, help="slots per set of every switch (default 1024)")
@@ -91,6 +101,16 @@ def add_arguments(p) -> None:
     p.add_argument("--mininet-python", default=None, help="python that imports mininet (default /usr/bin/python3)")
     p.add_argument("--run-dir", type=Path, default=None, help="where configs and logs go (default: a temp dir, "
                    "removed after a passing run)")
+    p.add_argument("--trace", type=Path, default=None, metavar="FILE",
+                   help="run: where the timeline of every process goes, a Chrome trace (default: trace.json in "
+                        "--run-dir, or luwu-mininet-ID-trace.json in the temp dir; docs/observability.md)")
+    p.add_argument("--controller", choices=CONTROLLER_MODES, default="auto",
+                   help="process: `luwu controller` runs on a management network, the switches register with it "
+                        "and are programmed by it over P4Runtime, workers join its job; in-process: the runner plans "
+                        "and hands each switch a runtime file; auto (default): process where supported (not yet "
+                        "for rail-only nodes with a port per rail), else in-process")
+    p.add_argument("--mgmt-subnet", default=MGMT_SUBNET,
+                   help=f"where the management network's /24 comes from (default {MGMT_SUBNET})")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of key: value lines")
 
 
@@ -99,6 +119,10 @@ class UsageError(ValueError):
 
 
 def _options(args) -> tuple[TopologyOptions, RunOptions]:
+    if args.workers is None:  # a count every topology can hold with its other defaults
+        args.workers = {"multi-rack": 2 * args.racks, "rail-only": 2 * args.gpus}.get(args.topo, 3)
+    if args.node_mode is None:  # train: a node daemon per rail (hierarchical push/pull); else one node on every rail
+        args.node_mode = "node_per_rail" if args.workload == "train" else "port_per_rail"
     from luwu.bench.sizes import parse_size
 
     mode = args.packet_mode or ("tofino" if args.switch == "bmv2" else "jumbo")
@@ -124,9 +148,9 @@ def _options(args) -> tuple[TopologyOptions, RunOptions]:
     if args.pool is not None and (args.pool < 1 or args.pool & (args.pool - 1) or args.pool > args.slots):
         raise UsageError(f"--pool {args.pool} must be a power of two between 1 and --slots ({args.slots})")
     if args.workload == "train":
-        if args.topo == "rail-only":
-            raise UsageError("--workload train on rail-only needs ModelInNetwork's hierarchical push/pull (each "
-                             "rail's node owning a slice of every unit), which is not built yet; use star or multi-rack")
+        if args.topo == "rail-only" and args.node_mode == "port_per_rail":
+            raise UsageError("--workload train on rail-only runs a `luwu node` daemon per rail, each owning its rail's "
+                             "slice of every unit (a daemon serves one attachment): use --node-mode node_per_rail")
         if args.nodes < 1:
             raise UsageError("--workload train needs an optimizer node (--nodes 1 or more)")
         if args.push_pull:
@@ -136,13 +160,37 @@ def _options(args) -> tuple[TopologyOptions, RunOptions]:
             raise UsageError("--workload ddp trains with the torch backend's allreduce: drop --push-pull")
         if args.steps < 1:
             raise UsageError(f"--steps {args.steps} must be at least 1")
+    if args.collectives and (args.workload != "ddp" or args.topo != "rail-only"):
+        raise UsageError("--collectives runs with --workload ddp --topo rail-only (only rail-only hosts route "
+                         "GPU to GPU)")
     if args.push_pull and args.topo != "rail-only" and args.nodes < 1:
         raise UsageError("--push-pull needs an optimizer node (--nodes 1 or more)")
+    try:
+        mgmt = ipaddress.ip_network(args.mgmt_subnet)
+    except ValueError as e:
+        raise UsageError(f"--mgmt-subnet {args.mgmt_subnet}: {e}") from None
+    if mgmt.prefixlen > 24 or mgmt.version != 4:
+        raise UsageError(f"--mgmt-subnet {args.mgmt_subnet}: give an IPv4 /24 or larger (each run takes a /24)")
+    in_process_why = _in_process_why(args)
+    if args.controller == "process" and in_process_why:
+        raise UsageError(f"--controller process: {in_process_why}; use --controller in-process")
     run = RunOptions(backend=args.backend, switch=args.switch, elements=size // 4, push_pull=args.push_pull,
-                     workload=args.workload, steps=args.steps,
+                     workload=args.workload, steps=args.steps, collectives=args.collectives,
                      timeout=args.timeout, seed=args.seed, nvlink_port=args.nvlink_port,
-                     mininet_python=args.mininet_python)
+                     mininet_python=args.mininet_python, controller=args.controller != "in-process" and not in_process_why,
+                     mgmt_subnet=args.mgmt_subnet, pool=args.pool or (BMV2_POOL if args.switch == "bmv2" else None))
     return topo, run
+
+
+def _in_process_why(args) -> str:
+    """Why this run cannot have its controller as a process ('' when it can)."""
+    if args.topo == "rail-only" and args.push_pull and args.node_mode == "port_per_rail":
+        return ("a rail-only node with a port per rail has an address per rail, and a controller node "
+                "registration holds one (use --node-mode node_per_rail)")
+    if args.collectives:
+        return ("--collectives needs the rail switches' ipv4_lpm routes, which the runner loads from a runtime "
+                "file (a controller's pipeline load clears them)")
+    return ""
 
 
 def _backend(args) -> str:
@@ -189,6 +237,7 @@ def prepare(args, run_id: str):
         job.runtime.setdefault(sw.name, {"table_entries": [], "multicast_group_entries": []})
         for port, p in sorted(run_opts.port_drops[sw.name].items()):
             job.runtime[sw.name]["table_entries"] += drop_entries([port], p)
+        job.runtime[sw.name]["table_entries"] += route_entries(sw)  # GPU-to-GPU TCP on a rail (cross-rail p2p)
     return topo, spec, job, run_opts
 
 
@@ -214,11 +263,16 @@ def run(args) -> int:
         if args.switch == "bmv2" and bmv2_missing():
             raise UsageError(bmv2_missing())
         run_opts.backend = _backend(args)
+        if args.trace is not None and not args.trace.resolve().parent.is_dir():
+            raise UsageError(f"--trace {args.trace}: directory {args.trace.resolve().parent} does not exist")
     except (UsageError, TopologyError, ValueError) as e:
         print(f"luwu mininet: {e}", file=sys.stderr)
         return 2
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix=f"luwu-mininet-{run_id}-"))
     run_dir.mkdir(parents=True, exist_ok=True)
+    # the trace outlives a passing run's temporary run directory
+    run_opts.trace_out = args.trace or (run_dir / "trace.json" if args.run_dir else
+                                        Path(tempfile.gettempdir()) / f"luwu-mininet-{run_id}-trace.json")
     global _MAIN_PID
     _MAIN_PID = os.getpid()
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -241,6 +295,9 @@ def run(args) -> int:
 
         compared = compare(params, args.seed, run_opts.steps, len(job.worker_host))
     info = summary(args, spec, job, run_opts, result, run_dir, compared)
+    info["trace"] = result.trace
+    info["controller"] = ({"mode": "process", **result.controller} if run_opts.controller else
+                          {"mode": "in-process", "why": _in_process_why(args) or "--controller in-process"})
     if args.json:
         print(json.dumps(info))
     else:
@@ -264,13 +321,23 @@ def _up(args, topo, spec, job, run_opts: RunOptions, run_dir: Path) -> int:
               f"{' '.join(info['switches'])}, run directory {run_dir}")
         for name, h in sorted(info["hosts"].items()):
             role = f"rank {h['rank']}" if "rank" in h else h["kind"]
-            print(f"  {name} ({role}, {' '.join(h['addresses'])}): {h['enter']}"
-                  + (f"   LUWU_PLAN={h['plan']}" if "plan" in h else ""))
+            print(f"  {name} ({role}, {' '.join(h['addresses'])}"
+                  + (f", management {h['management']}" if "management" in h else "") + f"): {h['enter']}"
+                  + (f"   LUWU_PLAN={h['plan']}" if "plan" in h else "") + (f"   {h['join']}" if "join" in h else ""))
         for name, sw in sorted(info["switches"].items()):
             print(f"  switch {name}: {sw['ports']} ports, log {sw['log']}"
-                  + (f", P4Runtime {sw['p4runtime']}" if sw["p4runtime"] else ""))
-        print("  torch on a worker host: LUWU_PLAN=<its plan> LUWU_ENGINE=embedded LUWU_P2P_HOST=<its address> "
-              "python train.py  (init_process_group('luwu', ...); docs/mininet.md)")
+                  + (f", P4Runtime {sw['p4runtime']}" if sw["p4runtime"] else "")
+                  + (f", metrics: curl -s {sw['metrics']}" if sw.get("metrics") else ""))
+        ctl = info.get("controller")
+        if ctl:
+            print(f"  controller {ctl['address']} (job {ctl['job']}, admin token in {ctl['token_file']}, log "
+                  f"{ctl['log']}): {ctl['luwu_ctl']}"
+                  + (f"; metrics: curl -s {ctl['metrics']}" if ctl.get("metrics") else ""))
+            print("  torch on a worker host: <its LUWU_CONTROLLER=... line above> LUWU_ENGINE=embedded "
+                  "python train.py  (init_process_group('luwu', ...) joins the job; docs/mininet.md)")
+        else:
+            print("  torch on a worker host: LUWU_PLAN=<its plan> LUWU_ENGINE=embedded LUWU_P2P_HOST=<its address> "
+                  "python train.py  (init_process_group('luwu', ...); docs/mininet.md)")
         print("Ctrl-C tears everything down.", flush=True)
 
     def wait() -> None:

@@ -43,6 +43,14 @@ def drop_entries(ports: list[int], probability: float) -> list[dict]:
     return [drop_rate_entry("ingress", p, threshold=threshold_for(probability)).to_dict() for p in sorted(ports)]
 
 
+def route_entries(sw: EmuSwitch) -> list[dict]:
+    """Runtime `ipv4_lpm` entries for the plain IPv4 the emulation routes through `sw` (rail-only:
+    GPU to GPU on one rail, topologies._cross_rail)."""
+    from luwu.p4.runtime_config import route_entry
+
+    return [route_entry(prefix, plen, port=port, dst_mac=mac).to_dict() for prefix, plen, port, mac in sw.ipv4_routes]
+
+
 def luwu_command() -> list[str]:
     """The installed `luwu` entry point beside this python, or the module behind it."""
     exe = Path(sys.executable).parent / "luwu"
@@ -55,6 +63,7 @@ class RunningSwitch:
     child: Child
     stats_file: Path | None = None
     grpc_address: str = ""
+    metrics: str = ""  # http://HOST:PORT/metrics of a software switch (Prometheus, docs/observability.md)
 
     def counters(self) -> dict:
         """{"events": {NAME: [packets, bytes]}, "drops": {...}} as last reported ({} if unknown)."""
@@ -69,19 +78,31 @@ class RunningSwitch:
         return {}
 
 
-def start_software(group: ChildGroup, sw: EmuSwitch, runtime: dict, run_dir: Path, seed: int,
-                   deadline: float) -> RunningSwitch:
-    runtime_path = run_dir / f"{sw.name}.runtime.json"
-    runtime_path.write_text(json.dumps(runtime, indent=1))
+def start_software(group: ChildGroup, sw: EmuSwitch, runtime: dict | None, run_dir: Path, seed: int,
+                   deadline: float, controller_args: list[str] | None = None) -> RunningSwitch:
+    """`luwu switch` on the node's interfaces: loaded from `runtime`, or (runtime None) serving
+    P4Runtime on loopback and registering itself with the controller (`controller_args`), which
+    then programs it."""
     stats = run_dir / f"{sw.name}.stats.json"
     config = {"lanes": sw.lanes, "slots": sw.slots, "udp_port": sw.udp_port, "seed": seed,
               "service_ip": sw.service_ip, "service_mac": sw.service_mac,
-              "ifaces": {str(p): i for p, i in sorted(sw.ports.items())}, "runtime": str(runtime_path),
+              "ifaces": {str(p): i for p, i in sorted(sw.ports.items())},
               "stats_file": str(stats), "stats_interval": STATS_INTERVAL}
+    p4runtime = ""
+    if runtime is not None:
+        runtime_path = run_dir / f"{sw.name}.runtime.json"
+        runtime_path.write_text(json.dumps(runtime, indent=1))
+        config["runtime"] = str(runtime_path)
+    else:
+        p4runtime = config["p4runtime"] = f"127.0.0.1:{_free_tcp_port()}"
     config_path = run_dir / f"{sw.name}.switch.json"
     config_path.write_text(json.dumps(config, indent=1))
-    child = group.start(f"switch-{sw.name}", luwu_command() + ["switch", "--config", str(config_path)])
-    running = RunningSwitch(sw, child, stats_file=stats)
+    # /metrics on the root namespace's loopback (where the user is); a free port, named in the ready line
+    child = group.start(f"switch-{sw.name}", luwu_command() + ["switch", "--config", str(config_path),
+                                                              "--metrics", "127.0.0.1:0"] + list(controller_args or []))
+    ready = child.expect("ready", deadline)
+    running = RunningSwitch(sw, child, stats_file=stats, grpc_address=p4runtime,
+                            metrics=f"http://{ready['metrics']}/metrics" if ready.get("metrics") else "")
     _wait_file(child, stats, deadline)  # written once the switch serves
     return running
 
@@ -111,7 +132,10 @@ def _free_tcp_port() -> int:
         return s.getsockname()[1]
 
 
-def start_bmv2(group: ChildGroup, sw: EmuSwitch, runtime: dict, run_dir: Path, deadline: float) -> RunningSwitch:
+def start_bmv2(group: ChildGroup, sw: EmuSwitch, runtime: dict | None, run_dir: Path,
+               deadline: float) -> RunningSwitch:
+    """simple_switch_grpc on the node's interfaces, given the pipeline and `runtime` over P4Runtime
+    (runtime None: started bare, for the controller to program)."""
     why = bmv2_missing()
     if why:
         raise SwitchError(why)
@@ -120,6 +144,8 @@ def start_bmv2(group: ChildGroup, sw: EmuSwitch, runtime: dict, run_dir: Path, d
     address = f"127.0.0.1:{_free_tcp_port()}"
     child = group.start(f"switch-{sw.name}", bmv2_switch.command(sw.ports, address, _free_tcp_port(),
                                                                  cpu_port=BMV2_CPU_PORT))
+    if runtime is None:
+        return RunningSwitch(sw, child, grpc_address=address)
     runtime_path = run_dir / f"{sw.name}.runtime.json"
     runtime_path.write_text(json.dumps(runtime, indent=1))
     try:

@@ -153,6 +153,7 @@ def emulate(topo: T.Topology, run_id: str, mtu: int = JUMBO_MTU, bw_mbit: float 
         topo.switches[sw_name].port_mac[port] = mac
         spec.links.append(EmuLink(sw_name, sw.ports[port], host_name, iface.name, bw_mbit))
     _nvlink(topo, spec, hosts, run_id, nvlink_subnet)
+    _cross_rail(spec, hosts)
     spec.hosts = [hosts[n] for n in topo.hosts]
     spec.validate()
     return spec
@@ -181,6 +182,46 @@ def _nvlink(topo: T.Topology, spec: EmulationSpec, hosts: dict[str, EmuHost], ru
             hosts[name].nvlink = str(ip)
             spec.links.append(EmuLink(bridge.name, _ifname(f"{NAME_PREFIX}{run_id}-n{s_index}k{k}"), name, "nv0", 0.0,
                                       kind="nvlink"))
+
+
+def _cross_rail(spec: EmulationSpec, hosts: dict[str, EmuHost]) -> None:
+    """Rail-only unicast between any two GPUs, as the Rail-only paper routes it: every GPU is reached
+    at its rail address (eth0), from every other GPU, with that GPU's own rail address as source.
+
+    GPU i of server A to GPU j of server B: same server (A == B): over the NVLink bridge straight to
+    it; same rail (i == j): through rail i's switch (its `ipv4_lpm` forwards to the port of the
+    destination); otherwise over the NVLink bridge to A's GPU j, which forwards (ip_forward) over
+    rail j. The reply takes the mirror path (through B's GPU i and rail i), so rp_filter is off.
+    Only the rail switches' own hosts are in their `ipv4_lpm`: the rails stay unconnected.
+    """
+    gpus = [h for h in hosts.values() if h.nvlink and h.interfaces and h.interfaces[0].switch]
+    if not gpus:
+        return
+    services = {s.name: s for s in spec.switches}
+    for h in gpus:  # the rail switch forwards plain IPv4 to the GPUs on its ports
+        rail = h.interfaces[0]
+        services[rail.switch].ipv4_routes.append((rail.ip, 32, rail.port, rail.mac))
+    on = {(h.server, h.interfaces[0].switch): h for h in gpus}
+    for x in gpus:
+        me = x.interfaces[0]
+        for y in gpus:
+            if y is x:
+                continue
+            dst = y.interfaces[0]
+            if y.server == x.server:
+                x.via_routes.append((f"{dst.ip}/32", y.nvlink, "nv0", me.ip))
+            elif dst.switch == me.switch:
+                x.via_routes.append((f"{dst.ip}/32", services[me.switch].service_ip, me.name, me.ip))
+            else:
+                hop = on.get((x.server, dst.switch))
+                if hop is None:
+                    raise TopologyError(f"server {x.server} has no GPU on {dst.switch}: {x.name} cannot reach "
+                                        f"{y.name}")
+                x.via_routes.append((f"{dst.ip}/32", hop.nvlink, "nv0", me.ip))
+        x.sysctls.update({"net.ipv4.ip_forward": "1", "net.ipv4.conf.all.rp_filter": "0",
+                          "net.ipv4.conf.default.rp_filter": "0"})
+        x.sysctls.update({f"net.ipv4.conf.{i.name}.rp_filter": "0" for i in x.interfaces})
+        x.tx_checksum_off = [i.name for i in x.interfaces]  # TCP crosses raw-socket switches and forwarding GPUs
 
 
 def _ifname(name: str) -> str:

@@ -10,6 +10,12 @@ directory, which every namespace sees -- and the unit placement from the plan's 
 afterwards trains the same model on the same data with the same seed in one process without any
 network (torch.optim.AdamW on the whole batch: what the workers' averaged gradients are) to compare.
 
+Rail-only: a node daemon per rail owns its rail's slice of every unit; a worker's `JobNetwork`
+carries its rail's slices, the job's size and its rail's ranks, and the worker gets its NVLink
+address and a FileStore in the run directory, so ModelInNetwork reduce-scatters each gradient and
+all-gathers each pull among the server's GPUs (worker/model_in_network/hierarchy.py); every rank
+then gathers the final parameters together (an all-gather per unit), rank 0 writes them.
+
 Tolerance. The node serves fp32 here and the model has no attention biases. The fixed-point sums
 differ from the single process's full-batch gradient by a few quanta (2^-30 of each chunk's largest
 magnitude, docs/protocol.md 5). AdamW divides each gradient by its running RMS plus eps (1e-8), so
@@ -31,6 +37,7 @@ ROWS_PER_WORKER = 4  # the global batch is this many rows per worker
 LR, WEIGHT_DECAY = 1e-2, 0.1
 STEP_TOLERANCE = 0.02  # of lr per step: see the module docstring
 NODE_RAM_FRACTION = 0.5  # the node's RAM budget as a part of the job's optimizer state: out of core
+STORE_FILE = "train-store"  # rail-only: the c10d FileStore the NVLink channel's ranks meet in (run directory)
 
 
 def tolerance(steps: int) -> float:
@@ -114,6 +121,10 @@ def run(cfg: dict, say, wait_line) -> int:
     if wait_line(("go",), timeout) != "go":
         return 1
     spec_r = dict(t["spec"], networks={rank: t["network"]}, gather=rank == 0)
+    nvlink = w.get("nvlink")
+    if nvlink:  # rail-only: the server's ranks reduce-scatter and all-gather over NVLink, and gather together
+        spec_r.update(gather=True, p2p_host=nvlink["addresses"][nvlink["index"]],
+                      store=str(Path(t["params_out"]).with_name(STORE_FILE)))  # in the run directory
     t0 = time.monotonic()
     report = train(spec_r, rank)
     seconds = time.monotonic() - t0
@@ -129,11 +140,15 @@ def run(cfg: dict, say, wait_line) -> int:
 
 
 def network_json(job, rank: int, run_dir: Path, token: str) -> str:
-    """Worker `rank`'s JobNetwork: its endpoint plan, the nodes' control sockets, the unit placement."""
+    """Worker `rank`'s JobNetwork: its endpoint plan, the nodes' control sockets and what JoinJob
+    would tell it of the job (controller/core.py job_info): its group's shards (sliced layers
+    included; on rail-only its rail's slice of every unit), the job's size and its group's ranks."""
     from luwu.worker.model_in_network.network import JobNetwork
 
-    info = {"job_id": "mininet-train", "shards": [{"layer_id": s.layer_id, "node_rank": s.node_rank,
-                                                    "offset": s.offset} for s in job.plan.shards]}
+    plan = job.plan
+    group = plan.group_of(rank)
+    info = {"job_id": "mininet-train", "num_workers": plan.num_workers, "group": group,
+            "group_ranks": plan.groups[group], "shards": [vars(s) for s in plan.shards if s.group == group]}
     controls = [f"unix:{run_dir / (node + '.sock')}" for node in job.plan.nodes]
     return JobNetwork.from_controller(job.worker_plans[rank], info, controls, job_token=token).to_json()
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from luwu.dataplane import trace
+
 LR = 0.5  # the node's SGD step in the push/pull check
 GRAD_SCALE = 0.01  # gradients are N(0, 1) * this
 
@@ -53,6 +55,8 @@ def gradient(seed: int, rank: int, layer: int, numel: int) -> np.ndarray:
 
 
 def say(event: str, **fields) -> None:
+    if event == "result":  # the timeline so far is on disk before the runner may stop this process
+        trace.flush()
     print(json.dumps({"event": event, **fields}), flush=True)
 
 
@@ -97,9 +101,15 @@ def run_worker(cfg: dict) -> int:
     if w.get("train"):  # model-in-network training (ModelInNetwork, AdamW on the optimizer nodes)
         from . import train_workload
 
+        if w.get("controller"):  # its JobNetwork from the controller's JoinJob instead of the runner
+            w["train"] = dict(w["train"], network=join_for_training(w))
+
         return train_workload.run(cfg, say, wait_line)
     rank, numel = w["rank"], w["elements"]
-    plan = EndpointPlan.from_json(json.dumps(w["plan"]))
+    if w.get("controller"):  # join the controller's job from this host, over the management network
+        plan, w = join_controller(w)
+    else:
+        plan = EndpointPlan.from_json(json.dumps(w["plan"]))
     peers = None
     if w.get("nvlink"):
         from .nvlink import NvlinkPeers
@@ -117,10 +127,12 @@ def run_worker(cfg: dict) -> int:
             peers.connect()
             from .nvlink import hierarchical_allreduce
 
-            got, phases = hierarchical_allreduce(peers, x, lambda part: engine.allreduce(part).wait(timeout))
+            with trace.span("allreduce", "worker", elements=numel, hierarchical=True):
+                got, phases = hierarchical_allreduce(peers, x, lambda part: engine.allreduce(part).wait(timeout))
             ranks = w["all_ranks"]
         else:
-            got, phases = engine.allreduce(x).wait(timeout), {}
+            with trace.span("allreduce", "worker", elements=numel):
+                got, phases = engine.allreduce(x).wait(timeout), {}
             ranks = w["group"]
         seconds = time.monotonic() - t0
         want = expected_sum(seed, ranks, numel)
@@ -141,6 +153,37 @@ def run_worker(cfg: dict) -> int:
             peers.close()
 
 
+def join_controller(w: dict):
+    """JoinJob as `w["rank"]` from `w["controller"]["endpoint"]`: this rank's plan, and `w` with its
+    group and (push/pull) its group's shards as the controller's job says."""
+    from luwu.controller.client import ControllerClient
+
+    ctl = w["controller"]
+    with ControllerClient(ctl["address"], ctl["token"]) as client:
+        plan, info = client.join_job(ctl["job"], w["rank"], ctl["endpoint"])
+    w = dict(w, group=info["group_ranks"])
+    if w.get("pushpull"):
+        numel = dict((layer["layer_id"], layer["numel"]) if isinstance(layer, dict) else tuple(layer)
+                     for layer in info["layers"])
+        shards = [{"layer": s["layer_id"], "offset": s["offset"], "numel": s["numel"], "session": s["session"],
+                   "layer_numel": numel[s["layer_id"]]} for s in info["shards"]]
+        w["pushpull"] = dict(w["pushpull"], lanes=info["lanes"], group=info["group_ranks"], shards=shards)
+    return plan, w
+
+
+def join_for_training(w: dict) -> str:
+    """JoinJob as `w["rank"]`; the JobNetwork (JSON) ModelInNetwork trains over: the controller's
+    endpoint plan and shard map, the nodes' control sockets, the job token (which the node daemons
+    check with the controller)."""
+    from luwu.controller.client import ControllerClient
+    from luwu.worker.model_in_network.network import JobNetwork
+
+    ctl = w["controller"]
+    with ControllerClient(ctl["address"], ctl["token"]) as client:
+        plan, info = client.join_job(ctl["job"], w["rank"], ctl["endpoint"])
+    return JobNetwork.from_controller(plan, info, ctl["controls"], job_token=ctl["token"]).to_json()
+
+
 def push_pull(engine, pp: dict, seed: int, rank: int, timeout: float) -> dict:
     """Pull version 0 of every slice, push this rank's gradient, pull version 1; check both."""
     from luwu.dataplane.quantize import chunk_exponents, error_bound
@@ -149,13 +192,16 @@ def push_pull(engine, pp: dict, seed: int, rank: int, timeout: float) -> dict:
     lanes, group = pp["lanes"], pp["group"]
     layers = {s["layer"]: s["layer_numel"] for s in shards}
     t0 = time.monotonic()
-    first = [engine.pull(s["session"], s["layer"], 0) for s in shards]
-    first = [h.wait(timeout) for h in first]
-    pushes = [engine.push(s["session"], s["layer"], _slice(gradient(seed, rank, s["layer"], layers[s["layer"]]), s))
-              for s in shards]
-    for h in pushes:
-        h.wait(timeout)
-    second = [h.wait(timeout) for h in [engine.pull(s["session"], s["layer"], 1) for s in shards]]
+    with trace.span("pull wait", "worker", version=0, slices=len(shards)):
+        first = [engine.pull(s["session"], s["layer"], 0) for s in shards]
+        first = [h.wait(timeout) for h in first]
+    with trace.span("push wait", "worker", version=0, slices=len(shards)):
+        pushes = [engine.push(s["session"], s["layer"], _slice(gradient(seed, rank, s["layer"], layers[s["layer"]]),
+                                                               s)) for s in shards]
+        for h in pushes:
+            h.wait(timeout)
+    with trace.span("pull wait", "worker", version=1, slices=len(shards)):
+        second = [h.wait(timeout) for h in [engine.pull(s["session"], s["layer"], 1) for s in shards]]
     seconds = time.monotonic() - t0
     bad_v0 = bad_v1 = 0
     for s, p0, p1 in zip(shards, first, second):
@@ -217,7 +263,10 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         cfg = json.loads(Path(argv[0]).read_text())
-        return run_worker(cfg) if cfg["role"] == "worker" else run_node(cfg)
+        worker = cfg["role"] == "worker"
+        # with LUWU_TRACE_DIR (the runner sets it) this host's spans join the run's trace.json
+        trace.start(f"worker {cfg['worker']['rank']} ({cfg['host']})" if worker else f"optimizer node ({cfg['host']})")
+        return run_worker(cfg) if worker else run_node(cfg)
     except Exception as e:  # the runner reads this line; the traceback goes to the host's log
         traceback.print_exc(file=sys.stderr)
         say("error", error=f"{type(e).__name__}: {e}")

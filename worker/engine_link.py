@@ -41,8 +41,8 @@ class Staging:
         self.buf = buf  # the ShmBuffer behind `array` (engine daemon) or None
         self.capacity = array.size
 
-    def view(self, numel: int) -> np.ndarray:
-        return self.array[:numel]
+    def view(self, numel: int, offset: int = 0) -> np.ndarray:
+        return self.array[offset:offset + numel]
 
 
 def _shared(st: Staging) -> ShmBuffer:
@@ -60,10 +60,12 @@ class EngineLink:
     def staging(self, numel: int) -> Staging:
         raise NotImplementedError
 
-    def push(self, st: Staging, numel: int, session: int, tensor: int) -> Handle:
+    def push(self, st: Staging, numel: int, session: int, tensor: int, offset: int = 0) -> Handle:
+        """Push st[offset:offset+numel] as layer `tensor`'s gradient (a slice of a unit: offset > 0)."""
         raise NotImplementedError
 
-    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int) -> Handle:
+    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int, offset: int = 0) -> Handle:
+        """Pull layer `tensor` at `version` into st[offset:offset+numel]."""
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -98,11 +100,11 @@ class EmbeddedLink(EngineLink):
     def staging(self, numel: int) -> Staging:
         return Staging(np.zeros(numel, dtype=np.float32))
 
-    def push(self, st: Staging, numel: int, session: int, tensor: int) -> Handle:
-        return self.engine.push(session, tensor, st.view(numel))
+    def push(self, st: Staging, numel: int, session: int, tensor: int, offset: int = 0) -> Handle:
+        return self.engine.push(session, tensor, st.view(numel, offset))
 
-    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int) -> Handle:
-        return self.engine.pull(session, tensor, version, out=st.view(numel))
+    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int, offset: int = 0) -> Handle:
+        return self.engine.pull(session, tensor, version, out=st.view(numel, offset))
 
     def describe(self) -> str:
         host, port = self.engine.address
@@ -172,11 +174,11 @@ class DaemonLink(EngineLink):
         buf = self.client.buffer(4 * max(numel, 1))
         return Staging(buf.view(np.float32, max(numel, 1)), buf)
 
-    def push(self, st: Staging, numel: int, session: int, tensor: int) -> Handle:
-        return self.client.push(_shared(st), st.view(numel), session, tensor)
+    def push(self, st: Staging, numel: int, session: int, tensor: int, offset: int = 0) -> Handle:
+        return self.client.push(_shared(st), st.view(numel, offset), session, tensor)
 
-    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int) -> Handle:
-        return self.client.pull(_shared(st), st.view(numel), session, tensor, version)
+    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int, offset: int = 0) -> Handle:
+        return self.client.pull(_shared(st), st.view(numel, offset), session, tensor, version)
 
     def allreduce(self, x: np.ndarray, op: str = "sum") -> Handle:
         buf = self.pool.take(x.nbytes)

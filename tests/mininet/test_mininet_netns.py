@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,33 @@ def test_torch_ddp_on_rail_only_sums_across_the_rails():
         check_clean(info)
 
 
+def test_rail_only_cross_rail_collectives_are_forwarded_over_nvlink():
+    """--collectives: after DDP, all_to_all_single, gather to every root and send/recv between every
+    pair of the 2 x 2 GPUs over init_process_group("luwu"), each block compared bit for bit. The rails
+    are not connected, so s0g0 <-> s1g1 and s0g1 <-> s1g0 reach each other only through a mate GPU:
+    over its NVLink bridge, forwarded by its kernel, then over its rail's switch."""
+    from luwu.mininet.ddp_workload import BLOCK
+
+    info = run_json("--topo", "rail-only", "--workers", "4", "--gpus", "2", "--backend", "netns", "--workload", "ddp",
+                    "--steps", "2", "--seed", "3", "--collectives")
+    try:
+        assert info["_returncode"] == 0 and info["passed"], (info["errors"], info["_logs"])
+        assert info["matches_reference"] is True
+        workers = info["ddp"]["per_worker"]
+        assert len(workers) == 4
+        block_bytes = BLOCK * 4
+        for w in workers:
+            assert w["collective_mismatches"] == 0 and w["verified"] is True, w
+            # every GPU forwarded its mate's traffic to (or from) the other server's GPU on its own rail
+            assert w["forwarded_packets"] > 0, w
+            # 3 blocks (all_to_all, gather, send) to the mate and 3 to the cross-rail peer leave on nv0
+            assert w["nvlink_tx_bytes"] >= 2 * 3 * block_bytes, w
+        for rail in ("rail0", "rail1"):  # the TCP crossed each rail switch by its ipv4_lpm routes
+            assert counters(info, rail, "FORWARDED") > 0, info["counters"]
+    finally:
+        check_clean(info)
+
+
 def test_model_in_network_training_across_the_emulated_network_matches_one_process():
     """--workload train: a small GPT trained with ModelInNetwork on two emulated hosts, its
     parameters and AdamW state on a `luwu node` daemon in a third (RAM budget below the state: out
@@ -192,6 +220,24 @@ def test_model_in_network_training_across_the_emulated_network_matches_one_proce
         assert info["max_param_diff"] <= info["tolerance"], (info["max_param_diff"], info["tolerance"])
         assert abs(info["loss"] - info["reference_loss"]) < 0.05, (info["loss"], info["reference_loss"])
         assert counters(info, "s1", "COMPLETED") > 0 and counters(info, "s1", "MULTICAST") > 0
+    finally:
+        check_clean(info)
+
+
+def test_model_in_network_on_rail_only_sums_every_rank_through_each_rails_node():
+    """--workload train on rail-only: a `luwu node` per rail owns its rail's slice of every unit; each
+    server's GPUs reduce-scatter gradients over NVLink before the push and all-gather parameters
+    after the pull, so each node steps with every rank's gradient. A per-rail sum would train on
+    half the batch and miss the reference by far more than the tolerance."""
+    info = run_json("--topo", "rail-only", "--workers", "4", "--gpus", "2", "--backend", "netns", "--workload", "train",
+                    "--steps", "5", "--seed", "3")
+    try:
+        assert info["_returncode"] == 0 and info["passed"], (info["errors"], info["_logs"])
+        assert info["workload"] == "train" and info["topology"] == "rail-only" and info["matches_reference"] is True
+        assert info["max_param_diff"] <= info["tolerance"], (info["max_param_diff"], info["tolerance"])
+        assert abs(info["loss"] - info["reference_loss"]) < 0.05, (info["loss"], info["reference_loss"])
+        for rail in ("rail0", "rail1"):  # each rail's switch summed and multicast its slice of the units
+            assert counters(info, rail, "COMPLETED") > 0 and counters(info, rail, "MULTICAST") > 0, info["counters"]
     finally:
         check_clean(info)
 
@@ -219,11 +265,15 @@ def test_up_keeps_the_network_for_a_user_to_run_torch_by_hand(tmp_path):
         assert info["ready"] is True and set(info["switches"]) == {"s1"}, info
         workers = {h["rank"]: h for h in info["hosts"].values() if "rank" in h}
         assert sorted(workers) == [0, 1]
+        assert info["controller"]["address"] and "luwu-ctl" in info["controller"]["luwu_ctl"], info
         run_id = Path(workers[0]["namespace"]).name.split("-")[0][len(NAME_PREFIX):]
         env = {k: v for k, v in ENV.items() if k != "LUWU_NO_BACKEND"}
         procs = []
         for rank, h in sorted(workers.items()):
-            e = dict(env, LUWU_PLAN=h["plan"], LUWU_ENGINE="embedded", LUWU_P2P_HOST=h["addresses"][0],
+            # the printed settings: the controller's job to join (LUWU_CONTROLLER=... over the management
+            # network), or a plan file with --controller in-process
+            joins = dict(kv.split("=", 1) for kv in h["join"].split()) if "join" in h else {"LUWU_PLAN": h["plan"]}
+            e = dict(env, **joins, LUWU_ENGINE="embedded", LUWU_P2P_HOST=h["addresses"][0],
                      LUWU_WORKDIR=str(tmp_path / f"w{rank}"))
             procs.append(popen_in(h["namespace"], [sys.executable, "-c", ALLREDUCE_BY_HAND, str(rank), "2",
                                                    str(tmp_path / "store")], stdout=subprocess.PIPE,
@@ -231,6 +281,11 @@ def test_up_keeps_the_network_for_a_user_to_run_torch_by_hand(tmp_path):
         for p in procs:
             out, err = p.communicate(timeout=120)
             assert p.returncode == 0 and "SUM [0.0, 3.0, 6.0, 9.0]" in out, (out, err[-2000:])
+        # where to scrape, as printed: the switch counted the users' sums, the controller its job
+        switch_metrics = urllib.request.urlopen(info["switches"]["s1"]["metrics"], timeout=10).read().decode()
+        assert 'luwu_switch_events_total{event="COMPLETED"}' in switch_metrics, switch_metrics[:2000]
+        controller_metrics = urllib.request.urlopen(info["controller"]["metrics"], timeout=10).read().decode()
+        assert 'luwu_controller_switch_programmed{switch="s1"} 1.0' in controller_metrics, controller_metrics[:2000]
     finally:
         up.send_signal(signal.SIGTERM)
         out, err = up.communicate(timeout=120)

@@ -66,6 +66,53 @@ def test_rail_only_servers_get_one_nvlink_bridge_with_every_gpu():
     assert len({i.ip for i in n0.interfaces}) == 3
 
 
+def _walk(spec: EmulationSpec, src: str, dst_ip: str) -> list[str]:
+    """Follow the spec's routes hop by hop from host `src` to the host owning `dst_ip`: the nodes passed."""
+    by_nvlink = {h.nvlink: h for h in spec.hosts if h.nvlink}
+    services = {s.service_ip: s for s in spec.switches}
+    here, path = spec.host(src), [src]
+    for _ in range(8):  # a loop would never end
+        if here.interfaces[0].ip == dst_ip:
+            return path
+        (via,) = [r[1] for r in here.via_routes if r[0] == f"{dst_ip}/32"]
+        if via in by_nvlink:
+            here = by_nvlink[via]
+            path += ["nvlink", here.name]
+        else:
+            sw = services[via]
+            (port,) = [r[2] for r in sw.ipv4_routes if r[0] == dst_ip and r[1] == 32]
+            here = next(h for h in spec.hosts if h.interfaces and (h.interfaces[0].switch, h.interfaces[0].port)
+                        == (sw.name, port))
+            path += [sw.name, here.name]
+    raise AssertionError(f"no route from {src} to {dst_ip}: {path}")
+
+
+def test_rail_only_routes_cross_rails_through_a_mates_nvlink_only():
+    """Every GPU reaches every other GPU's rail address: a mate over NVLink, the same rail through its
+    switch, another rail over NVLink to the mate on that rail and then through that rail (the Rail-only
+    paper's path), never from one rail to another; every GPU forwards, the node does not."""
+    _topo, spec = _spec(TopologyOptions("rail-only", workers=6, gpus=3))
+    gpus = [h for h in spec.hosts if h.nvlink]
+    assert len(gpus) == 6 and not spec.host("n0").via_routes and "net.ipv4.ip_forward" not in spec.host("n0").sysctls
+    for x in gpus:
+        assert x.sysctls["net.ipv4.ip_forward"] == "1" and x.tx_checksum_off == ["eth0", "nv0"]
+        assert {r[3] for r in x.via_routes} == {x.interfaces[0].ip}  # one source address: replies find it
+        for y in gpus:
+            if y is x:
+                continue
+            path = _walk(spec, x.name, y.interfaces[0].ip)
+            rail_x, rail_y = x.interfaces[0].switch, y.interfaces[0].switch
+            if x.server == y.server:
+                assert path == [x.name, "nvlink", y.name]
+            elif rail_x == rail_y:
+                assert path == [x.name, rail_x, y.name]
+            else:
+                mate = next(h for h in gpus if h.server == x.server and h.interfaces[0].switch == rail_y)
+                assert path == [x.name, "nvlink", mate.name, rail_y, y.name]
+    for sw in spec.switches:  # a rail switch routes only to its own GPUs
+        assert sorted(r[2] for r in sw.ipv4_routes) == [1, 2]
+
+
 def test_spec_round_trips_through_json():
     _, spec = _spec(TopologyOptions("rail-only", workers=4, gpus=2))
     again = EmulationSpec.from_dict(json.loads(spec.to_json()))

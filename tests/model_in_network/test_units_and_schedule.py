@@ -87,19 +87,50 @@ def test_units_are_balanced_over_nodes_deterministically():
     assert abs(load[0] - load[1]) <= 50
 
 
-def test_controller_shard_maps_become_placements_and_slices_are_refused():
+def test_controller_shard_maps_become_slices_and_routes_refuse_what_cannot_be_honoured():
     from luwu.dataplane.session import EndpointPlan, SessionSpec, Wiring
+    from luwu.worker.model_in_network.network import Slice
+    from luwu.worker.model_in_network.routes import PlanError, plan_routes
 
+    units = split_units(nn.Sequential(nn.Linear(3, 3), nn.Linear(2, 3, bias=False)))  # 12 and 6 elements
     plan = EndpointPlan(Wiring(1), [SessionSpec(5, "node", 1, 0, 64, 2, 64, node_rank=0),
                                     SessionSpec(6, "node", 1, 64, 64, 2, 64, node_rank=1)])
-    info = {"job_id": "j-1", "shards": [{"layer_id": 0, "offset": 0, "numel": 9, "node_rank": 1},
-                                        {"layer_id": 1, "offset": 0, "numel": 9, "node_rank": 0}]}
+    info = {"job_id": "j-1", "shards": [{"layer_id": 0, "offset": 0, "numel": 12, "node_rank": 1, "session": 6},
+                                        {"layer_id": 1, "offset": 0, "numel": 4, "node_rank": 0, "session": 5},
+                                        {"layer_id": 1, "offset": 4, "numel": 2, "node_rank": 1, "session": 6}]}
     net = JobNetwork.from_controller(plan, info, ["unix:/a", "unix:/b"])
-    assert net.placement == {0: 1, 1: 0} and net.node_sessions == {0: 5, 1: 6} and net.world_size == 2
+    assert net.slices == {0: [Slice(0, 12, 1, 6)], 1: [Slice(0, 4, 0, 5), Slice(4, 2, 1, 6)]}
+    assert net.node_sessions == {0: 5, 1: 6} and net.world_size == 2 and net.local_size == 1
     assert JobNetwork.from_json(net.to_json()) == net
-    info["shards"].append({"layer_id": 1, "offset": 4, "numel": 5, "node_rank": 1})
-    with pytest.raises(ValueError, match="split layer 1"):
-        JobNetwork.from_controller(plan, info, [])
+    routes = plan_routes(units, net)  # a sliced layer goes per slice to each slice's node
+    assert [(p.offset, p.numel, p.session) for p in routes[1].pieces] == [(0, 4, 5), (4, 2, 6)]
+    assert routes[0].whole and not routes[1].whole
+
+    def refused(shards, match):
+        with pytest.raises(PlanError, match=match):
+            plan_routes(units, JobNetwork.from_controller(plan, dict(info, shards=shards), []))
+
+    whole0 = info["shards"][:1]
+    refused(whole0 + [{"layer_id": 1, "offset": 0, "numel": 4, "node_rank": 0}], "do not cover")  # a gap
+    refused(whole0 + [{"layer_id": 1, "offset": 0, "numel": 4, "node_rank": 0},
+                      {"layer_id": 1, "offset": 3, "numel": 3, "node_rank": 1}], "do not tile")  # an overlap
+    refused(whole0 + [{"layer_id": 1, "offset": 0, "numel": 4, "node_rank": 0},
+                      {"layer_id": 1, "offset": 4, "numel": 2, "node_rank": 0}], "two slices of layer 1")
+    refused(whole0 + [{"layer_id": 1, "offset": 0, "numel": 6, "node_rank": 2}], "does not reach")
+    refused(whole0, "no slice of layer 1")
+    # rail-only: rank 1 of 4 in rail group [1, 3] owns shard 1 of every layer (the planner's cut)
+    rail = dict(info, num_workers=4, group_ranks=[1, 3], group=1,
+                shards=[{"layer_id": 0, "offset": 6, "numel": 6, "node_rank": 1, "session": 6, "group": 1},
+                        {"layer_id": 1, "offset": 3, "numel": 3, "node_rank": 1, "session": 6, "group": 1},
+                        {"layer_id": 1, "offset": 0, "numel": 3, "node_rank": 0, "session": 5, "group": 0}])
+    net = JobNetwork.from_controller(plan, rail, [])
+    assert net.local_size == 2 and net.world_size == 4 and sorted(net.slices) == [0, 1]  # rail 0's slice left out
+    assert {u: (r.lo, r.hi) for u, r in plan_routes(units, net).items()} == {0: (6, 12), 1: (3, 6)}
+    with pytest.raises(PlanError, match="numbered server by server"):
+        plan_routes(units, JobNetwork.from_controller(plan, dict(rail, group_ranks=[1, 2]), []))
+    rail["shards"][0] = dict(rail["shards"][0], offset=5, numel=7)  # not the rail cut: rank 1 reduces [6, 12)
+    with pytest.raises(PlanError, match="do not tile"):
+        plan_routes(units, JobNetwork.from_controller(plan, rail, []))
 
 
 def _schedule(order, keep, prefetch):

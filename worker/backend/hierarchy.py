@@ -15,6 +15,9 @@ Each shard's final value is computed once (by its rail) and copied, so every ran
 result. A float sum sees the server's partial sums as contributions: its error stays within the
 fixed-point bound of docs/protocol.md 5 for world_size / K contributors of those partials.
 
+The cut (`shard_bounds`), the partial sum (`local_reduce`) and the exchange inside the server are
+worker/rails.py's, shared with ModelInNetwork's hierarchical push/pull.
+
 Ranks are numbered server by server (torchrun's order): server s holds ranks [s*K, (s+1)*K); `check_rails`
 refuses a plan whose rail sessions say otherwise.
 The intra-server exchanges are matched by tags drawn in submission order; the engine operation
@@ -33,8 +36,11 @@ import threading
 import numpy as np
 
 from luwu.dataplane.engine import Handle
+from luwu.worker.rails import ServerExchange, local_reduce, shard_bounds
 
 from .diagnostics import LuwuError
+
+__all__ = ["RailHierarchy", "check_rails", "local_reduce", "shard_bounds"]  # the last two: worker/rails.py
 
 HIERARCHY_TAG_BASE = -(2**60)  # p2p tags of the intra-server steps (direct.py: -2^61, fallback.py: -2^62)
 
@@ -65,40 +71,14 @@ def check_rails(store, rank: int, world_size: int, local_size: int, sessions: li
                         f": LOCAL_WORLD_SIZE={local_size} is not the number of rails of this plan")
 
 
-def shard_bounds(numel: int, parts: int) -> list[tuple[int, int]]:
-    """Contiguous, nearly equal [start, end) shards (the first numel % parts are one longer)."""
-    base, extra = divmod(numel, parts)
-    out, start = [], 0
-    for k in range(parts):
-        end = start + base + (1 if k < extra else 0)
-        out.append((start, end))
-        start = end
-    return out
-
-
-def local_reduce(parts: list[np.ndarray], op: str) -> np.ndarray:
-    """The server's partial of one shard, parts in local rank order."""
-    if op in ("sum", "avg"):
-        if parts[0].dtype == np.float32:
-            with np.errstate(over="ignore", invalid="ignore"):
-                return np.sum(np.stack(parts).astype(np.float64), axis=0).astype(np.float32)
-        return np.add.reduce(np.stack(parts), axis=0, dtype=parts[0].dtype)  # int32 wraps, as the switch adds
-    fn = np.maximum if op == "max" else np.minimum
-    out = parts[0].copy()
-    for p in parts[1:]:
-        fn(out, p, out=out)
-    return out
-
-
 class RailHierarchy:
     """The intra-server steps of one process group (use `allreduce` from the submit thread)."""
 
     def __init__(self, p2p, rank: int, world_size: int, local_size: int, timeout: float):
         self.p2p = p2p
         self.rank, self.world_size, self.k = rank, world_size, local_size
-        self.index = rank % local_size  # local rank = rail
-        first = rank - self.index
-        self.local = list(range(first, first + local_size))
+        self.server = ServerExchange(p2p, rank, local_size)
+        self.index, self.local = self.server.index, self.server.local  # local rank = rail
         self.timeout = timeout
         self._next = 0
 
@@ -162,36 +142,5 @@ class RailHierarchy:
         return got
 
     def _exchange(self, tag: int, mine: dict[int, np.ndarray], done) -> None:
-        """Send mine[j] to local rank j and receive what each local rank sends this one; then
-        `done({local index: array}, None)` (this rank's own part included) or `done(None, error)`,
-        once, from whichever thread finishes it."""
-        me, dtype = self.index, mine[self.index].dtype
-        got: dict[int, np.ndarray] = {me: mine[me]}
-        state = {"finished": False}
-        lock = threading.Lock()
-
-        def finish(err: BaseException | None) -> None:
-            with lock:
-                if state["finished"] or (err is None and len(got) < self.k):
-                    return
-                state["finished"] = True
-            if err is not None:
-                done(None, err)
-            else:
-                done(got, None)
-
-        def deliver(j: int, payload: bytes) -> None:
-            with lock:
-                got[j] = np.frombuffer(payload, dtype=dtype)
-
-        def finish_on_error(err: BaseException | None) -> None:  # a send: only its failure matters
-            if err is not None:
-                finish(err)
-
-        for j, peer in enumerate(self.local):
-            if j != me:
-                self.p2p.send(peer, tag, np.ascontiguousarray(mine[j]).view(np.uint8), finish_on_error)
-        for j, peer in enumerate(self.local):
-            if j != me:
-                self.p2p.recv(peer, tag, lambda b, j=j: deliver(j, b), finish)
-        finish(None)  # K == 1, or everything already arrived
+        """worker/rails.py `ServerExchange.exchange` on this group's channel."""
+        self.server.exchange(tag, mine, done)

@@ -1,5 +1,7 @@
-"""Setting a model-in-network job up: rank 0 hands every optimizer node its units (the job's spec
-and rank 0's initial parameters) over the node's control channel; then every rank waits at a
+"""Setting a model-in-network job up: the first rank of each group (rank 0 on a flat plan, rank k
+of server 0 for rail k on rail-only) hands the optimizer nodes its routes reach their layers (the
+job's spec and that rank's initial parameters, sliced as routes.py says) over the nodes' control
+channels; then every rank waits at a
 barrier before its first pull, so no worker asks a node for a layer it does not have yet; and at
 close, before any engine stops, so no worker's last pulls stall: a node paces its parameter stream
 by the heartbeats of all its workers (the switch takes their minimum), and a closed engine sends none.
@@ -11,41 +13,53 @@ nothing beyond the network itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from luwu.dataplane.optimizer.control import ControlClient
-from luwu.dataplane.optimizer.spec import JobSpec, OptimizerSpec
+from luwu.dataplane.optimizer.spec import JobSpec, LayerSpec, OptimizerSpec
 
+from .routes import Route, piece_initial, piece_spec
 from .units import Unit
 
 BARRIER_KEY = "luwu/mnn/{job}/{what}"
 
 
-def node_jobs(job_id: str, optimizer: OptimizerSpec, units: list[Unit], placement: dict[int, int],
-              served_dtype: str) -> dict[int, JobSpec]:
-    """One JobSpec per node index that serves at least one unit."""
-    by_node: dict[int, list[Unit]] = {}
+def node_jobs(job_id: str, optimizer: OptimizerSpec, units: list[Unit], routes: dict[int, Route],
+              initial: Callable[[int], np.ndarray], served_dtype: str) -> dict[int, tuple[JobSpec, dict]]:
+    """node index -> (its JobSpec, {layer: {tensor: initial values}}) for every node this rank's
+    routes reach: a whole unit as the unit's LayerSpec, a slice as routes.piece_spec names it.
+    `initial(unit)` is the unit's flat fp32 values."""
+    layers: dict[int, list[LayerSpec]] = {}
+    values: dict[int, dict[int, dict[str, np.ndarray]]] = {}
     for u in units:
-        by_node.setdefault(placement[u.index], []).append(u)
-    return {node: JobSpec(job_id, optimizer, [u.layer_spec() for u in us], served_dtype=served_dtype)
-            for node, us in sorted(by_node.items())}
+        route = routes[u.index]
+        if not route.pieces:  # an empty rail shard (a unit smaller than the rails): nothing on a node
+            continue
+        flat = initial(u.index)
+        for piece in route.pieces:
+            spec, spans = piece_spec(u, piece, route.whole)
+            layers.setdefault(piece.node, []).append(spec)
+            values.setdefault(piece.node, {})[u.index] = piece_initial(flat, spans, spec.shapes)
+    return {node: (JobSpec(job_id, optimizer, specs, served_dtype=served_dtype), values[node])
+            for node, specs in sorted(layers.items())}
 
 
-def hand_over(jobs: dict[int, JobSpec], sessions: dict[int, int], controls: list[str], contributors: int,
-              initial: dict[int, dict[str, np.ndarray]], timeout: float, token: str = "") -> None:
-    """Rank 0: give each node its job and the initial values of its units (`token`: the job's, for
-    the nodes' control channels)."""
-    for node, spec in jobs.items():
+def hand_over(jobs: dict[int, tuple[JobSpec, dict]], sessions: dict[int, int], controls: list[str],
+              contributors: int, timeout: float, token: str = "") -> None:
+    """Give each node its job and the initial values of its layers (`token`: the job's, for the
+    nodes' control channels; `contributors`: the job's ranks, whose mean the node steps with)."""
+    for node, (spec, initial) in jobs.items():
         if node >= len(controls) or not controls[node]:
-            raise ValueError(f"rank 0 must reach optimizer node {node} to hand it the job: the network description "
+            raise ValueError(f"this rank must reach optimizer node {node} to hand it the job: the network description "
                              f"lists control addresses for nodes 0..{len(controls) - 1} only")
         if node not in sessions:
             raise ValueError(f"optimizer node {node} has no node session in this worker's plan "
                              f"(sessions for nodes {sorted(sessions)})")
-        mine = {ly.layer_id: initial[ly.layer_id] for ly in spec.layers}
         client = ControlClient(controls[node], timeout=timeout, token=token, job_id=spec.job_id)
         try:
-            client.add_job(sessions[node], contributors, spec.to_json(), initial=mine)
+            client.add_job(sessions[node], contributors, spec.to_json(), initial=initial)
         finally:
             client.close()
 

@@ -6,8 +6,10 @@
 FSDP-like, but the shards are on optimizer nodes: the model is cut into units (units.py); a
 unit's parameters are pulled just before its forward (prefetched one or more units ahead) and
 freed after it; before its backward they are pulled again (unless kept, or unless its backward
-needs no parameters); as soon as its gradients are accumulated they are pushed whole, summed by
-the switch into the node, and freed. `step()` waits for the pushes and advances the version:
+needs no parameters); as soon as its gradients are accumulated they are pushed (whole, or per
+slice where the controller cut the layer for several nodes: routes.py), summed by the switch into
+the node, and freed. On a rail-only plan the server's ranks reduce-scatter each gradient over
+NVLink before the push and all-gather each pulled unit after the pull (hierarchy.py). `step()` waits for the pushes and advances the version:
 the node's optimizer has already run, layer by layer, while backward went on. A worker holds
 no optimizer state and only the units in flight.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import collections
 import re
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -34,10 +37,12 @@ from luwu.worker.engine_link import Staging, open_engine
 
 from .devices import HostStage
 from .flat import FlatParams, check_range
+from .hierarchy import ServerSteps
 from .job import barrier, hand_over, node_jobs
 from .memory import MemoryTracker
-from .network import JobNetwork, balance
+from .network import JobNetwork
 from .optimizers import OptimizerSpec, as_optimizer_spec
+from .routes import PlanError, Route, plan_routes
 from .schedule import BACKWARD, FORWARD, PullSchedule, Ticket
 from .staging import StagingPool
 from .units import split_units
@@ -80,6 +85,9 @@ class ModelInNetwork(nn.Module):
         engine: "process" (an engine daemon beside this process), "embedded", or a running
             Engine / EngineClient.
         store (optional): a c10d Store for the start barrier (else an allreduce through the engine).
+            Required on a rail-only plan: the NVLink channel's ranks find each other through it.
+        p2p_host (str): the address this rank's NVLink channel listens on (rail-only plans only: the
+            server's ranks reduce-scatter gradients and all-gather parameters over it).
         max_inflight_pushes (int): gradient pushes in flight before backward waits.
         timeout (float): seconds a pull or push may take before this raises.
         start_version (int): the version training starts at (0; k to resume from optimizer nodes
@@ -95,7 +103,8 @@ class ModelInNetwork(nn.Module):
     def __init__(self, model: nn.Module, optimizer: OptimizerSpec | dict[str, Any], network: JobNetwork | str, *,
                  units: list[Any] | None = None, keep_last: int = 1, keep_budget: int | None = None, prefetch: int = 1,
                  served_dtype: str = "bf16", engine: str | Engine | EngineClient = "process", store: Store | None = None,
-                 max_inflight_pushes: int = 2, timeout: float = DEFAULT_TIMEOUT, start_version: int = 0) -> None:
+                 max_inflight_pushes: int = 2, timeout: float = DEFAULT_TIMEOUT, start_version: int = 0,
+                 p2p_host: str = "127.0.0.1") -> None:
         super().__init__()
         self.module = model
         self.optimizer = as_optimizer_spec(optimizer)
@@ -111,17 +120,25 @@ class ModelInNetwork(nn.Module):
         self.units = split_units(model, units)
         self._pull_stage, self._push_stage = HostStage(self.memory), HostStage(self.memory)  # non-CPU devices
         self.flats = [FlatParams(u, self.memory, self._pull_stage) for u in self.units]
-        sessions = self.network.node_sessions
-        placement = self.network.placement or balance({u.index: u.numel for u in self.units}, sorted(sessions))
-        unplaced = [u.label() for u in self.units if u.index not in placement]
-        if unplaced:
-            raise ValueError(f"the network's placement names no optimizer node for units {unplaced}")
-        self.placement = {u.index: placement[u.index] for u in self.units}  # unit -> node index
-        self.session_of = {u.index: sessions[placement[u.index]] for u in self.units}
+        self.local_size = self.network.local_size  # > 1: rail-only, hierarchical push/pull
+        self.routes: dict[int, Route] = plan_routes(self.units, self.network)  # PlanError: cannot be honoured
+        if self.local_size > 1 and store is None:
+            raise PlanError(f"this job sums its {self.world_size} ranks in {self.local_size} rails: ModelInNetwork "
+                            "reduce-scatters and all-gathers over the server's NVLink, whose ranks find each other "
+                            "through a c10d store; pass store=")
+        sliced = [self.units[i].label() for i, r in self.routes.items() if not r.whole]
+        if sliced and self.optimizer.clip_grad_norm is not None:  # a node would clip by the norm of its slices only
+            raise PlanError(f"units {sliced[:4]} are cut into slices for several optimizer nodes (a controller's "
+                            "shard map or rail-only), so no node sees their whole gradient: clip_grad_norm cannot be "
+                            "computed there; train without gradient clipping, or with one node and no rails")
+        self.placement = {i: r.pieces[0].node for i, r in self.routes.items() if r.pieces}  # unit -> (first) node
+        self.session_of = {i: r.pieces[0].session for i, r in self.routes.items() if r.pieces}
+        self.server: ServerSteps | None = None
         self.keep_last, self.keep_budget = keep_last, keep_budget
         self.keep = self._keep_set([u.index for u in self.units])
         self.stats: collections.Counter[str] = collections.Counter()
         self.wait_seconds: collections.defaultdict[str, float] = collections.defaultdict(float)  # kind -> s waited
+        self._p2p_host = p2p_host
         self.engine = open_engine(engine, self.network.endpoint, tempfile.mkdtemp(prefix="luwu-mnn-"))
         worker_metrics.track(f"rank{self.rank}-model_in_network", self.engine, self.rank)  # LUWU_METRICS
         self.pool = StagingPool(self.engine, max(u.numel for u in self.units), self.memory)
@@ -159,10 +176,15 @@ class ModelInNetwork(nn.Module):
         return keep
 
     def _start(self, store: Store | None) -> None:
-        if self.rank == 0:
-            jobs = node_jobs(self.network.job_id, self.optimizer, self.units, self.placement, self.served_dtype)
-            hand_over(jobs, self.network.node_sessions, self.network.node_controls, self.world_size,
-                      {f.unit.index: f.initial() for f in self.flats}, self.timeout, self.network.control_token)
+        if self.local_size > 1:  # the server's NVLink channel, before anything moves
+            self.server = ServerSteps(store, self.network.job_id, self.rank, self.world_size, self.local_size,
+                                      self._p2p_host, self.timeout)
+        if self.rank < self.local_size:  # the first rank of its group (rail) hands that group's nodes their layers
+            jobs = node_jobs(self.network.job_id, self.optimizer, self.units, self.routes,
+                             lambda i: self.flats[i].flat.detach().to("cpu", torch.float32, copy=True).numpy(),
+                             self.served_dtype)
+            hand_over(jobs, self.network.node_sessions, self.network.node_controls, self.world_size, self.timeout,
+                      self.network.control_token)
         for f in self.flats:
             f.free()
         barrier(self.network.job_id, self.world_size, store, self.engine, self.timeout)
@@ -180,11 +202,16 @@ class ModelInNetwork(nn.Module):
     # -- pulls ----------------------------------------------------------------------------------
     def _issue_pull(self, unit: int, phase: str, version: int) -> Ticket:
         st = self.pool.acquire()
-        numel = self.units[unit].numel
-        handle = self.engine.pull(st, numel, self.session_of[unit], unit, version)
+        handle = self._pull_pieces(st, unit, version)
         self.stats["pulls"] += 1
-        self.stats["pulled_bytes"] += 4 * numel
         return Ticket(unit, phase, version, handle, st)
+
+    def _pull_pieces(self, st: Staging, unit: int, version: int) -> Handle:
+        """Pull this rank's pieces of `unit` into their places in `st` (all of it on a flat plan)."""
+        pieces = self.routes[unit].pieces
+        self.stats["pulled_bytes"] += 4 * sum(p.numel for p in pieces)
+        return _joined([self.engine.pull(st, p.numel, p.session, unit, version, p.offset) for p in pieces],
+                       f"pull of unit {self.units[unit].label()} at version {version}")
 
     def _wait(self, handle: Handle, what: str, kind: str) -> Any:
         t0 = time.perf_counter()
@@ -211,8 +238,11 @@ class ModelInNetwork(nn.Module):
             return
         handle, staging = _issued(ticket)
         try:
+            what = f"pull of unit {self.units[unit].label()} at version {ticket.version}"
             with trace.span("pull wait", "worker", unit=unit, version=ticket.version):
-                self._wait(handle, f"pull of unit {self.units[unit].label()} at version {ticket.version}", "pull")
+                self._wait(handle, what, "pull")
+            if self.server is not None:
+                self._server_step("all_gather", unit, ticket.version, staging.view(self.units[unit].numel), what)
             self.flats[unit].materialise(staging.view(self.units[unit].numel), ticket.version)
         finally:
             self.pool.release(staging)
@@ -328,12 +358,16 @@ class ModelInNetwork(nn.Module):
                 st.array[lo:hi] = 0.0
         self._grad[unit] = None
         trace.end(self._spans.pop(("backward", unit), None))
+        if self.server is not None:  # rail-only: this rank pushes the server's sum of its shard
+            self._server_step("reduce_scatter", unit, self.version, st.view(u.numel),
+                              f"unit {u.label()}'s gradient for step {self.version}")
         with trace.span("push", "worker", unit=unit, version=self.version, bytes=u.wire_nbytes):
-            handle = self.engine.push(st, u.numel, self.session_of[unit], unit)
+            handle = _joined([self.engine.push(st, p.numel, p.session, unit, p.offset)
+                              for p in self.routes[unit].pieces], f"push of unit {u.label()}")
         self._pushes.append((unit, handle, st))
         self._pushed[unit] = self.version
         self.stats["pushes"] += 1
-        self.stats["pushed_bytes"] += u.wire_nbytes
+        self.stats["pushed_bytes"] += 4 * sum(p.numel for p in self.routes[unit].pieces)
         self.flats[unit].free()
 
     # -- the step -----------------------------------------------------------------------------------
@@ -388,10 +422,12 @@ class ModelInNetwork(nn.Module):
         for u in self.units:
             st = self.pool.acquire()
             try:
-                h = self.engine.pull(st, u.numel, self.session_of[u.index], u.index, self.version)
+                h = self._pull_pieces(st, u.index, self.version)
                 self.stats["pulls"] += 1
-                self.stats["pulled_bytes"] += u.wire_nbytes
                 self._wait(h, f"gather of unit {u.label()}", "pull")
+                if self.server is not None:
+                    self._server_step("all_gather", u.index, self.version, st.view(u.numel),
+                                      f"gather of unit {u.label()}", "gather")
                 flat = torch.from_numpy(st.view(u.numel).copy())
             finally:
                 self.pool.release(st)
@@ -425,15 +461,20 @@ class ModelInNetwork(nn.Module):
         from luwu.dataplane.optimizer.control import ControlClient
 
         out: dict[int, list[str]] = {}
-        for node in sorted(set(self.placement.values())):
+        for node in self._nodes():
             client = ControlClient(self.network.node_controls[node], timeout=self.timeout,
                                    token=self.network.control_token, job_id=self.network.job_id)
             try:
                 for step, ids in client.skipped_steps(self.network.job_id).items():
-                    out.setdefault(step, []).extend(self.units[i].label() for i in ids)
+                    labels = out.setdefault(step, [])  # a sliced unit is skipped on each of its nodes: named once
+                    labels.extend(x for x in dict.fromkeys(self.units[i].label() for i in ids) if x not in labels)
             finally:
                 client.close()
         return dict(sorted(out.items()))
+
+    def _nodes(self) -> list[int]:
+        """The optimizer nodes this rank's pieces are on."""
+        return sorted({p.node for r in self.routes.values() for p in r.pieces})
 
     def report(self) -> dict:
         """Counters, time spent waiting on the network, memory, the engine's traffic, and the
@@ -443,7 +484,7 @@ class ModelInNetwork(nn.Module):
 
         controls = self.network.node_controls
         skipped = None  # unknown: this rank cannot ask the nodes
-        if all(n < len(controls) and controls[n] for n in set(self.placement.values())):
+        if all(n < len(controls) and controls[n] for n in self._nodes()):
             try:
                 skipped = self.skipped_steps()
             except (ControlError, OSError):
@@ -474,6 +515,24 @@ class ModelInNetwork(nn.Module):
                 warnings.warn(f"rank {self.rank}: the other workers did not reach close() within "
                               f"{END_BARRIER_TIMEOUT:g} s ({e}); closing this engine anyway", stacklevel=2)
         engine.close()
+        server = getattr(self, "server", None)
+        if server is not None:
+            server.close()
+
+    def _server_step(self, step: str, *args: Any) -> None:
+        """`ServerSteps.<step>(*args)`: a reduce-scatter or all-gather inside the server; a failure
+        stops this rank's training (close() then does not wait for the others)."""
+        if self.server is None:
+            raise RuntimeError("a step inside the server on a plan without rails")
+        t0 = time.perf_counter()
+        try:
+            with trace.span("nvlink", "worker", step=step, unit=args[0], version=args[1]):
+                getattr(self.server, step)(*args)
+        except Exception:
+            self._failed = True
+            raise
+        finally:
+            self.wait_seconds["nvlink"] += time.perf_counter() - t0
 
     def __enter__(self) -> ModelInNetwork:
         return self
@@ -486,6 +545,33 @@ class ModelInNetwork(nn.Module):
             self.close()
         except Exception:
             pass
+
+
+def _joined(handles: list[Handle], name: str) -> Handle:
+    """One handle for a unit's pieces: done when every piece is (the first error fails it)."""
+    if len(handles) == 1:
+        return handles[0]
+    out = Handle(name)
+    left = [len(handles)]
+    lock = threading.Lock()
+
+    def one(h: Handle) -> None:
+        with lock:
+            if out.done() or left[0] == 0:
+                return
+            left[0] = 0 if h.error is not None else left[0] - 1
+            finished = left[0] == 0
+        if finished:
+            if h.error is not None:
+                out.set_error(h.error)
+            else:
+                out.set_result(None)
+
+    if not handles:  # an empty shard (a unit smaller than the rails): nothing to move
+        out.set_result(None)
+    for h in handles:
+        h.add_done_callback(one)
+    return out
 
 
 def _issued(ticket: Ticket) -> tuple[Handle, Staging]:
