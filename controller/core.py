@@ -19,7 +19,7 @@ import grpc
 from luwu.dataplane.protocol import DropReason, Event, MsgType
 from luwu.dataplane.switch.p4runtime_auth import switch_token
 from luwu.dataplane.switch.p4runtime_server import device_config_marker
-from luwu.p4.runtime_config import drop_rate_entry
+from luwu.p4.runtime_config import TableEntry, drop_rate_entry, route_entry
 from luwu.proto import controller_pb2 as pb
 
 from .auth import new_token
@@ -30,7 +30,7 @@ from .job_spec import JobSpec
 from .plan import JobPlan, SwitchProgram
 from .planner import PlanError, Planner, ip_to_int
 from .programmer import ProgramError, SwitchProgrammer, SwitchTarget
-from .registry import build_topology, check_address, validate_node, validate_switch
+from .registry import build_topology, check_address, declared_routes, validate_node, validate_switch
 from .store import JobRow, StateStore, token_hash
 from .switch_credentials import SwitchTls
 from .usage import SwitchUsage
@@ -108,12 +108,8 @@ class ControllerCore:
     def desired(self, switch: str) -> SwitchProgram:
         merged = SwitchProgram(switch)
         record = self.switches.get(switch)
-        for port in record.ports if record is not None else ():
-            # the loss the switch declared it simulates; any other drop_sim entry is drift
-            for direction, threshold in (("ingress", port.ingress_drop_threshold),
-                                         ("egress", port.egress_drop_threshold)):
-                if threshold:
-                    merged.entries.append(drop_rate_entry(direction, port.number, threshold=threshold))
+        if record is not None:
+            merged.entries += declared_entries(record)
         for row in self.live_jobs():
             prog = JobPlan.from_json(row.plan).programs.get(switch)
             if prog:
@@ -193,6 +189,11 @@ class ControllerCore:
                 raise ControllerError(grpc.StatusCode.FAILED_PRECONDITION,
                                       f"switch {sw.name} carries jobs planned for {old.lanes} lanes / {old.slots} "
                                       "slots: end them before changing its program")
+            for row in self.jobs_on("switch", sw.name):
+                prog = JobPlan.from_json(row.plan).programs[sw.name]
+                clash = _collision(sw.name, declared_entries(sw), prog.entries)
+                if clash:
+                    raise ControllerError(grpc.StatusCode.FAILED_PRECONDITION, f"{clash} (job {row.job_id})")
             record = pb.Switch()
             record.CopyFrom(sw)
             for f in ("health", "last_seen", "jobs", "programmed"):
@@ -271,6 +272,11 @@ class ControllerCore:
                                          eligible, load, {n: v.data_address for n, v in self.nodes.items()})
             except PlanError as exc:
                 raise ControllerError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
+            for name, prog in sorted(plan.programs.items()):
+                clash = _collision(name, declared_entries(self.switches[name]), prog.entries) \
+                    if name in self.switches else ""
+                if clash:
+                    raise ControllerError(grpc.StatusCode.FAILED_PRECONDITION, f"job {spec.name}: {clash}")
             token = new_token()
             row = JobRow(job_id, spec.name, spec.to_dict(), plan.to_json(), pb.PLANNED, token_hash(token), time.time())
             self.store.put_job(row)  # persisted first: the switches' desired state includes it from now on
@@ -405,6 +411,34 @@ class ControllerCore:
                                       bytes=nbytes)
             out.append(sc)
         return out
+
+
+def declared_entries(record: pb.Switch) -> list[TableEntry]:
+    """What the switch declared at registration, as the entries the controller keeps on it: the
+    loss it simulates (drop_sim) and its static IPv4 routes (ipv4_lpm). Any other entry in those
+    tables is drift."""
+    entries = []
+    for port in record.ports:
+        for direction, threshold in (("ingress", port.ingress_drop_threshold),
+                                     ("egress", port.egress_drop_threshold)):
+            if threshold:
+                entries.append(drop_rate_entry(direction, port.number, threshold=threshold))
+    for net, port_number, mac in declared_routes(record):
+        entries.append(route_entry(int(net.network_address), net.prefixlen, port=port_number,
+                                   dst_mac=int(mac.replace(":", ""), 16)))
+    return entries
+
+
+def _collision(switch: str, declared: list[TableEntry], planned: list[TableEntry]) -> str:
+    """'' or what a job's planned entries would overwrite of the switch's declared ones (a
+    planned entry with the same table and match would silently replace a route or a drop rule)."""
+    keys = {e.key(): e for e in declared}
+    hits = [keys[e.key()] for e in planned if e.key() in keys]
+    if not hits:
+        return ""
+    first = hits[0]
+    return (f"switch {switch}: {len(hits)} planned entr{'y' if len(hits) == 1 else 'ies'} would replace what the "
+            f"switch declared at registration ({first.table} {first.match})")
 
 
 def _drift_text(report: dict[str, list[str]]) -> str:

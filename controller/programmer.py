@@ -8,9 +8,9 @@ multicast groups with the desired program by reading them first and writing only
 difference (delete, modify, insert), then reads everything back and checks it. So the same
 call creates, updates and idempotently re-applies a switch's state, and, run periodically
 (ControllerCore.check_drift), finds and repairs drift: entries someone else changed, deleted or
-added. The drop simulators are managed too (their desired entries are the loss the switch
-declared at registration), so a stray 100% drop rule does not survive; `ipv4_lpm` (plain L3
-forwarding the controller does not plan, loaded by the switch's --runtime) is never touched.
+added. The drop simulators and `ipv4_lpm` are managed too (their desired entries are the loss
+and the static IPv4 routes the switch declared at registration), so a stray 100% drop rule or a
+stray route does not survive, and a declared route deleted by someone else comes back.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from luwu.p4.runtime_config import TableEntry, multicast_group
 from .plan import SwitchProgram
 from .switch_credentials import SwitchTls, switch_credentials
 
-MANAGED_TABLES = ("sessions", "workers", "child_ports", "endpoints", "ingress_drop_sim", "egress_drop_sim")
+MANAGED_TABLES = ("sessions", "workers", "child_ports", "endpoints", "ingress_drop_sim", "egress_drop_sim", "ipv4_lpm")
 WRITE_BATCH = 500  # updates per WriteRequest
 COUNTER_NAMES = ("drops", "events", "rx_types", "session_packets")
 

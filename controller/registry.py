@@ -1,8 +1,9 @@
 """Validates registrations (switches, optimizer nodes) and turns them into the planner's `Topology`.
 
 A switch registration lists its ports with what is on the other end: a free/worker port, an
-optimizer node (by name) or another switch (by name and port). A link appears in the topology
-once both ends are registered. Validation errors are ValueErrors that name the field to fix.
+optimizer node (by name) or another switch (by name and port), and the static IPv4 routes it
+declares (`declared_routes`). A link appears in the topology once both ends are registered.
+Validation errors are ValueErrors that name the field to fix.
 """
 
 from __future__ import annotations
@@ -74,6 +75,41 @@ def validate_switch(sw: pb.Switch) -> None:
                 raise ValueError(f"{where}: ip {p.ip!r} must be an IPv4 address") from None
         if p.peer_kind in (pb.PEER_NODE, pb.PEER_SWITCH) and not p.peer:
             raise ValueError(f"{where}: a node or switch port needs `peer` (its name)")
+    declared_routes(sw)
+
+
+def declared_routes(sw: pb.Switch) -> list[tuple[ipaddress.IPv4Network, int, str]]:
+    """The static IPv4 routes `sw` declares, as (network, egress port, next hop MAC).
+
+    Raises a ValueError naming the route and what to fix: a prefix that is not A.B.C.D/LEN with
+    LEN 1..32 and its host bits zero (a /0 default route has no P4Runtime table entry: the
+    table's default action is not the controller's), a port the registration does not list, a
+    MAC that is malformed or missing (neither `mac` nor the port's `mac`), a prefix twice."""
+    ports = {p.number: p for p in sw.ports}
+    out: list[tuple[ipaddress.IPv4Network, int, str]] = []
+    seen: set[ipaddress.IPv4Network] = set()
+    for r in sw.routes:
+        where = f"switch {sw.name} route {r.prefix}={r.port}"
+        _address, slash, length = r.prefix.partition("/")
+        if not slash or not length.isdigit() or not 1 <= int(length) <= 32:
+            raise ValueError(f"{where}: prefix {r.prefix!r} must be A.B.C.D/LEN with LEN 1..32")
+        try:
+            net = ipaddress.IPv4Network(r.prefix)
+        except ValueError as exc:
+            raise ValueError(f"{where}: prefix {r.prefix!r} is not an IPv4 network ({exc})") from None
+        if net in seen:
+            raise ValueError(f"{where}: prefix {net} is declared twice")
+        seen.add(net)
+        if r.port not in ports:
+            raise ValueError(f"{where}: port {r.port} is not one of the switch's ports "
+                             f"({', '.join(str(n) for n in sorted(ports)) or 'none registered'})")
+        mac = r.mac or ports[r.port].mac
+        if not mac:
+            raise ValueError(f"{where}: no next-hop MAC: give mac=aa:bb:cc:dd:ee:ff or the port's MAC")
+        if not MAC_RE.match(mac):
+            raise ValueError(f"{where}: mac {mac!r} must look like aa:bb:cc:dd:ee:ff")
+        out.append((net, r.port, mac))
+    return out
 
 
 def validate_node(node: pb.Node) -> None:

@@ -5,11 +5,13 @@ management bridge's address (mgmt.py), with an admin token in a file of the run 
 registers what, as on a real cluster:
 
 * a software switch (`luwu switch --controller`) registers itself, declaring its raw ports, what
-  is behind each (worker, optimizer node, another switch and its port), the MACs there and its
-  service address (`switch_args`), and heartbeats; the controller installs its pipeline and
-  entries over the switch's P4Runtime server (loopback, with the switch's derived token);
+  is behind each (worker, optimizer node, another switch and its port), the MACs there, its
+  service address and its static IPv4 routes (`switch_args`: `--route`, the spec's `ipv4_routes`,
+  rail-only's GPU-to-GPU TCP), and heartbeats; the controller installs its pipeline and
+  entries over the switch's P4Runtime server (loopback, with the switch's derived token) and keeps
+  the routes in `ipv4_lpm`;
 * a BMv2 has no luwu agent, so the emulation registers it as an operator would
-  (`register_bmv2`: RegisterSwitch with its P4Runtime address) and reports its health while its
+  (`register_bmv2`: RegisterSwitch with its P4Runtime address and routes) and reports its health while its
   process lives; the controller programs it over P4Runtime like any switch;
 * optimizer nodes are registered with their data address (`register_nodes`) before the job is
   created, because the planner places layers on registered nodes (a `luwu node` daemon, started
@@ -150,6 +152,8 @@ class EmulatedController:
             mac = topo.switches[sw.name].port_mac.get(port)
             if mac:
                 args += ["--port-mac", f"{port}={mac}"]
+        for prefix, plen, port, mac in sw.ipv4_routes:  # kept in ipv4_lpm by the controller
+            args += ["--route", f"{prefix}/{plen}={port},mac={mac}"]
         return args
 
     def register_bmv2(self, topo: Topology, sw: EmuSwitch, p4runtime: str, port_drops: dict[int, int],
@@ -169,6 +173,8 @@ class EmulatedController:
                 p.peer_kind, p.peer = pb.PEER_NODE, peer[0]
             else:
                 p.peer_kind = pb.PEER_WORKER
+        for prefix, plen, port, mac in sw.ipv4_routes:  # the routes an agent would declare (`luwu switch --route`)
+            rec.routes.add(prefix=f"{prefix}/{plen}", port=port, mac=mac)
         while True:  # BMv2's gRPC server comes up a moment after its process
             resp = self._call(f"registering BMv2 {sw.name}", self.client.register_switch, rec)  # type: ignore[union-attr]
             if resp.message == "registered and programmed":
@@ -254,6 +260,7 @@ class EmulatedController:
         return {"address": self.address, "job": self.job_id, "token_file": str(self.token_file),
                 "registered_by_emulation": self.registered_by_emulation,
                 "switches": {s.name: {"programmed": s.programmed, "health": s.health, "target": s.target,
-                                      "p4runtime": s.p4runtime_address, "jobs": list(s.jobs)} for s in switches},
+                                      "p4runtime": s.p4runtime_address, "jobs": list(s.jobs),
+                                      "routes": [f"{r.prefix}={r.port}" for r in s.routes]} for s in switches},
                 "nodes": {n.name: {"health": n.health, "data_address": n.data_address, "jobs": list(n.jobs)}
                           for n in nodes}}

@@ -187,9 +187,6 @@ def _in_process_why(args) -> str:
     if args.topo == "rail-only" and args.push_pull and args.node_mode == "port_per_rail":
         return ("a rail-only node with a port per rail has an address per rail, and a controller node "
                 "registration holds one (use --node-mode node_per_rail)")
-    if args.collectives:
-        return ("--collectives needs the rail switches' ipv4_lpm routes, which the runner loads from a runtime "
-                "file (a controller's pipeline load clears them)")
     return ""
 
 

@@ -68,8 +68,18 @@ class SwitchPort(_message.Message):
     egress_drop_threshold: int
     def __init__(self, number: _Optional[int] = ..., udp_address: _Optional[str] = ..., interface: _Optional[str] = ..., peer_kind: _Optional[_Union[PeerKind, str]] = ..., peer: _Optional[str] = ..., peer_port: _Optional[int] = ..., mac: _Optional[str] = ..., ip: _Optional[str] = ..., ingress_drop_threshold: _Optional[int] = ..., egress_drop_threshold: _Optional[int] = ...) -> None: ...
 
+class Ipv4Route(_message.Message):
+    __slots__ = ("prefix", "port", "mac")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    port: int
+    mac: str
+    def __init__(self, prefix: _Optional[str] = ..., port: _Optional[int] = ..., mac: _Optional[str] = ...) -> None: ...
+
 class Switch(_message.Message):
-    __slots__ = ("name", "p4runtime_address", "device_id", "target", "lanes", "slots", "role", "rail", "ports", "service_address", "udp_port", "metrics_address", "health", "last_seen", "jobs", "programmed", "drift")
+    __slots__ = ("name", "p4runtime_address", "device_id", "target", "lanes", "slots", "role", "rail", "ports", "service_address", "udp_port", "metrics_address", "routes", "health", "last_seen", "jobs", "programmed", "drift")
     NAME_FIELD_NUMBER: _ClassVar[int]
     P4RUNTIME_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +92,7 @@ class Switch(_message.Message):
     SERVICE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     UDP_PORT_FIELD_NUMBER: _ClassVar[int]
     METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
@@ -99,12 +110,13 @@ class Switch(_message.Message):
     service_address: str
     udp_port: int
     metrics_address: str
+    routes: _containers.RepeatedCompositeFieldContainer[Ipv4Route]
     health: str
     last_seen: float
     jobs: _containers.RepeatedScalarFieldContainer[str]
     programmed: str
     drift: str
-    def __init__(self, name: _Optional[str] = ..., p4runtime_address: _Optional[str] = ..., device_id: _Optional[int] = ..., target: _Optional[str] = ..., lanes: _Optional[int] = ..., slots: _Optional[int] = ..., role: _Optional[_Union[SwitchRole, str]] = ..., rail: _Optional[int] = ..., ports: _Optional[_Iterable[_Union[SwitchPort, _Mapping]]] = ..., service_address: _Optional[str] = ..., udp_port: _Optional[int] = ..., metrics_address: _Optional[str] = ..., health: _Optional[str] = ..., last_seen: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., programmed: _Optional[str] = ..., drift: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., p4runtime_address: _Optional[str] = ..., device_id: _Optional[int] = ..., target: _Optional[str] = ..., lanes: _Optional[int] = ..., slots: _Optional[int] = ..., role: _Optional[_Union[SwitchRole, str]] = ..., rail: _Optional[int] = ..., ports: _Optional[_Iterable[_Union[SwitchPort, _Mapping]]] = ..., service_address: _Optional[str] = ..., udp_port: _Optional[int] = ..., metrics_address: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[Ipv4Route, _Mapping]]] = ..., health: _Optional[str] = ..., last_seen: _Optional[float] = ..., jobs: _Optional[_Iterable[str]] = ..., programmed: _Optional[str] = ..., drift: _Optional[str] = ...) -> None: ...
 
 class RegisterSwitchRequest(_message.Message):
     __slots__ = ("switch",)

@@ -82,6 +82,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port-mac", action="append", default=[], metavar="N=MAC",
                    help="with --controller: the MAC of what is at the other end of raw port N (repeatable); the "
                         "controller plans the frames the switch sends there with it")
+    p.add_argument("--route", action="append", default=[], metavar="PREFIX/LEN=PORT[,mac=MAC]",
+                   help="with --controller: a static IPv4 route (repeatable), e.g. 10.0.1.2/32=3,mac=02:00:00:00:01:02: "
+                        "plain IPv4 to PREFIX/LEN leaves by port PORT with destination MAC MAC (default: the port's "
+                        "--port-mac). Declared in the registration; the controller keeps exactly these in ipv4_lpm")
     p.add_argument("--role", choices=["star", "tor", "cluster", "rail"], default="star",
                    help="with --controller: this switch's place in the topology")
     p.add_argument("--rail", type=int, default=0, help="with --role rail: the rail number")
@@ -256,6 +260,7 @@ def _join_controller(args, sw, p4rt, metrics: str | None = None):
     role = {"star": pb.STAR, "tor": pb.TOR, "cluster": pb.CLUSTER, "rail": pb.RAIL}[args.role]
     record = software_switch_record(sw, args.name, p4rt.address, role=role, rail=args.rail,
                                      peers=peers, nodes=nodes, macs=macs)
+    record.routes.extend(parse_route(spec) for spec in args.route)  # the controller checks ports, prefixes, MACs
     record.metrics_address = metrics or ""  # where the controller scrapes what `luwu-ctl top` shows
     client.register_switch(record)
 
@@ -265,6 +270,23 @@ def _join_controller(args, sw, p4rt, metrics: str | None = None):
                 for label, v in table.items() if isinstance(v, (list, tuple)) and v and v[0]}
 
     return client.heartbeat_loop("switch", args.name, HEARTBEAT_INTERVAL, counters=counters)
+
+
+def parse_route(spec: str):
+    """`--route PREFIX/LEN=PORT[,mac=MAC]` as the registration's Ipv4Route (the form only: the
+    controller checks the prefix, that the port is the switch's and the MAC)."""
+    from luwu.proto import controller_pb2 as pb
+
+    prefix, sep, rest = spec.partition("=")
+    port, _, extra = rest.partition(",")
+    if not sep or "/" not in prefix or not port:
+        raise ConfigError(f"--route {spec!r}: expected PREFIX/LEN=PORT[,mac=MAC], e.g. 10.0.1.2/32=3")
+    mac = ""
+    if extra:
+        if not extra.startswith("mac="):
+            raise ConfigError(f"--route {spec!r}: after the port only mac=aa:bb:cc:dd:ee:ff is allowed")
+        mac = extra[len("mac="):]
+    return pb.Ipv4Route(prefix=prefix, port=switch_port_number(port, f"--route {spec!r}"), mac=mac)
 
 
 def _apply_drop(sw, cfg: DaemonConfig) -> None:
@@ -289,6 +311,11 @@ def run(args) -> int:
     metrics = None
     try:
         cfg = config_from_args(args)
+        if getattr(args, "route", None) and not args.controller:
+            raise ConfigError("--route is declared to the controller: add --controller (without one, put ipv4_lpm "
+                              "entries in --runtime)")
+        for spec in getattr(args, "route", []):  # the form, before any port or connection is opened
+            parse_route(spec)
         sw = SoftwareSwitch(cfg.switch)
         for n, spec in sorted(cfg.ports.items()):
             try:

@@ -73,6 +73,26 @@ def test_star_of_two_workers_sums_exactly_through_bmv2_and_reports_like_the_soft
     assert set(info["counters"]["s1"]) == set(soft["counters"]["s1"])
 
 
+@needs_bmv2
+def test_rail_only_cross_rail_collectives_through_bmv2_routes_the_controller_keeps():
+    """--collectives on BMv2 with the controller process: each BMv2 is registered with its GPUs'
+    /32 routes (agent-less, by the emulation), the controller installs them in `ipv4_lpm` over
+    P4Runtime, and the cross-rail TCP (all_to_all, gather, send/recv) crosses both rails exactly."""
+    info = run_json("--topo", "rail-only", "--workers", "4", "--gpus", "2", "--backend", "netns", "--switch", "bmv2",
+                    "--workload", "ddp", "--steps", "2", "--seed", "3", "--collectives")
+    try:
+        assert info["_returncode"] == 0 and info["passed"], (info["errors"], info["_logs"])
+        assert info["controller"]["mode"] == "process", info["controller"]
+        for w in info["ddp"]["per_worker"]:
+            assert w["collective_mismatches"] == 0 and w["verified"] is True and w["forwarded_packets"] > 0, w
+        for rail in ("rail0", "rail1"):
+            seen = info["controller"]["switches"][rail]
+            assert seen["target"] == "bmv2" and seen["programmed"] == "ok" and len(seen["routes"]) == 2, seen
+            assert counters(info, rail, "FORWARDED") > 0, info["counters"]  # read from BMv2 over P4Runtime
+    finally:
+        check_clean(info)
+
+
 def test_runner_without_simple_switch_grpc_is_one_line(tmp_path):
     env = dict(ENV, PATH=str(tmp_path))  # an empty PATH: no simple_switch_grpc
     r = subprocess.run([sys.executable, "-m", "luwu.cli", "mininet", "run", "--switch", "bmv2", "--backend", "netns"],

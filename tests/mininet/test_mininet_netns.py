@@ -185,7 +185,9 @@ def test_rail_only_cross_rail_collectives_are_forwarded_over_nvlink():
     """--collectives: after DDP, all_to_all_single, gather to every root and send/recv between every
     pair of the 2 x 2 GPUs over init_process_group("luwu"), each block compared bit for bit. The rails
     are not connected, so s0g0 <-> s1g1 and s0g1 <-> s1g0 reach each other only through a mate GPU:
-    over its NVLink bridge, forwarded by its kernel, then over its rail's switch."""
+    over its NVLink bridge, forwarded by its kernel, then over its rail's switch. The controller
+    process programs the switches: each rail switch declares its GPUs' /32 routes when it registers
+    (`luwu switch --route`) and the controller keeps them in `ipv4_lpm`."""
     from luwu.mininet.ddp_workload import BLOCK
 
     info = run_json("--topo", "rail-only", "--workers", "4", "--gpus", "2", "--backend", "netns", "--workload", "ddp",
@@ -204,6 +206,11 @@ def test_rail_only_cross_rail_collectives_are_forwarded_over_nvlink():
             assert w["nvlink_tx_bytes"] >= 2 * 3 * block_bytes, w
         for rail in ("rail0", "rail1"):  # the TCP crossed each rail switch by its ipv4_lpm routes
             assert counters(info, rail, "FORWARDED") > 0, info["counters"]
+        assert info["controller"]["mode"] == "process", info["controller"]
+        for rail in ("rail0", "rail1"):  # declared at registration: one /32 per GPU on the rail (2 servers)
+            seen = info["controller"]["switches"][rail]
+            assert seen["programmed"] == "ok" and len(seen["routes"]) == 2, seen
+            assert all(r.split("=")[0].endswith("/32") for r in seen["routes"]), seen
     finally:
         check_clean(info)
 
