@@ -1,4 +1,5 @@
-"""AdamW and the bf16 cast in one compiled pass (numba): the fast twin of `kernels.step_shard`.
+"""AdamW and the bf16 cast (or the fp32 copy) in one compiled pass (numba): the fast twin of
+`kernels.step_shard`.
 
 The reference path (`kernels.step_shard`) runs `torch._fused_adamw_` on a cache-sized group and
 then rounds that group's master weights to bf16 with `Tensor.copy_`: two passes over the master.
@@ -13,6 +14,7 @@ kernel (aten/src/ATen/native/cpu/FusedAdamKernel.cpp as built in the torch wheel
     v  = fma(f32(1 - beta2) * g, g, v * f32(beta2))   (the compiler contracts torch's a*b + c*g*g)
     p  = p + (f32(-lr / bc1) * m) / (sqrt(v) / f32(sqrt(bc2)) + f32(eps))
     bf16 = (bits(p) + 0x7FFF + (bits(p) >> 16 & 1)) >> 16            (round to nearest even)
+    fp32 = p                                       (an fp32 served copy: the same bits)
 
 Bias corrections are computed in double as torch does. torch's scalar remainder loop (the last
 `len % VECTOR` elements of each tensor) rounds differently, so those few elements are stepped by
@@ -59,22 +61,26 @@ def _torch_casts_nan_as() -> set[int]:
 
 
 def usable(opt: OptimizerSpec, served: torch.Tensor | None) -> bool:
-    """Whether the fused pass runs this step: AdamW with a bf16 served copy, compiled kernels on
-    (`luwu.dataplane.kernels`), and a CPU and torch build whose kernels it is known to match."""
-    return (opt.name == "adamw" and served is not None and served.dtype == torch.bfloat16 and kernel_mode.use_numba()
-            and vector_lanes() is not None and _torch_casts_nan_as() == {int(BF16_NAN)})
+    """Whether the fused pass runs this step: AdamW with a bf16 or fp32 served copy, compiled
+    kernels on (`luwu.dataplane.kernels`), and a CPU and torch build whose kernels it is known to
+    match (for bf16, whose NaN casts it is known to match)."""
+    if opt.name != "adamw" or served is None or served.dtype not in (torch.bfloat16, torch.float32):
+        return False
+    if not kernel_mode.use_numba() or vector_lanes() is None:
+        return False
+    return served.dtype == torch.float32 or _torch_casts_nan_as() == {int(BF16_NAN)}
 
 
 @functools.lru_cache(maxsize=1)
 def _compiled():
-    """The compiled kernel: numba is imported, and the kernel compiled or loaded from numba's
-    on-disk cache, on first use, never at import."""
+    """The compiled kernels (bf16 served copy, fp32 served copy): numba is imported, and the
+    kernels compiled or loaded from numba's on-disk cache, on first use, never at import."""
     from . import fused_numba
 
-    return fused_numba.shard
+    return fused_numba.shard, fused_numba.shard32
 
 
-STEP, CAST = 0, 1  # row kinds of the compiled call (fused_numba.shard): step and cast; cast only (torch stepped it)
+STEP, CAST = 0, 1  # row kinds of the compiled call (fused_numba.shard): step and cast (or copy); cast only (torch stepped it)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -110,7 +116,7 @@ def hyper(opt: OptimizerSpec, step: int, grad_scale: float | None) -> tuple[np.n
 
 def step_shard(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tensor], grad: torch.Tensor, step: int,
                grad_scale: torch.Tensor | None, served: torch.Tensor) -> None:
-    """`kernels.step_shard` for AdamW with a bf16 served copy, in one pass (same arguments)."""
+    """`kernels.step_shard` for AdamW with a bf16 or fp32 served copy, in one pass (same arguments)."""
     rows, tails = _split(plan, vector_lanes())
     scale = None if grad_scale is None else float(grad_scale)
     hp, small, step_t = hyper(opt, step, scale)
@@ -122,7 +128,12 @@ def step_shard(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tensor], 
                                     [step_t] * len(sel), lr=opt.lr_at(step), beta1=opt.betas[0],
                                     beta2=opt.betas[1], weight_decay=wd, eps=opt.eps, amsgrad=False,
                                     maximize=False, grad_scale=grad_scale, found_inf=None)
-    _compiled()(states[0].numpy(), states[1].numpy(), states[2].numpy(), grad.numpy(),
+    to_bf16, to_fp32 = _compiled()
+    if served.dtype == torch.float32:
+        to_fp32(states[0].numpy(), states[1].numpy(), states[2].numpy(), grad.numpy(), served.numpy(), rows, hp,
+                scale is not None, small)
+    else:
+        to_bf16(states[0].numpy(), states[1].numpy(), states[2].numpy(), grad.numpy(),
                 served.view(torch.int16).numpy().view(np.uint16), rows, hp, scale is not None, small)
 
 
@@ -139,12 +150,13 @@ def warm_async() -> None:
 
 def _warm() -> None:
     opt = OptimizerSpec("adamw")
-    served = torch.empty(40, dtype=torch.bfloat16)
-    try:
-        if not usable(opt, served):
-            return
-    except UserError:  # a bad LUWU_KERNELS: the node's constructor or first step says so
-        return
     layer = LayerSpec(0, {"w": (40,)})
     (shard,) = plan_layer(JobSpec("warmup", opt, [layer], "bf16"), layer, SHARD_ALIGN_ELEMS).shards
-    step_shard(opt, shard, [torch.zeros(40) for _ in range(3)], torch.zeros(40), 0, None, served)
+    for dtype in (torch.bfloat16, torch.float32):  # both kernels: a node may serve either
+        served = torch.empty(40, dtype=dtype)
+        try:
+            if not usable(opt, served):
+                continue
+        except UserError:  # a bad LUWU_KERNELS: the node's constructor or first step says so
+            return
+        step_shard(opt, shard, [torch.zeros(40) for _ in range(3)], torch.zeros(40), 0, None, served)

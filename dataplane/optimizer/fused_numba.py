@@ -1,9 +1,9 @@
 """The numba code of `fused` (imported only when compiled kernels run: importing numba and
 loading the kernel from numba's cache takes a moment, so `fused` does it on first use).
 
-`shard` steps a shard's runs with AdamW and writes the bf16 copy in the same loop; `fused`'s
-docstring gives the arithmetic and why it equals torch's bit for bit. `cache=True`: compiled
-once per machine into `__pycache__`, loaded from there afterwards.
+`shard` steps a shard's runs with AdamW and writes the bf16 copy in the same loop (`shard32`: an
+fp32 copy); `fused`'s docstring gives the arithmetic and why it equals torch's bit for bit.
+`cache=True`: compiled once per machine into `__pycache__`, loaded from there afterwards.
 """
 
 from __future__ import annotations
@@ -41,33 +41,55 @@ def bits32(typingctx, a):
     return sig, codegen
 
 
+@njit(inline="always")
+def adamw(gi, pi, mi, vi, scale, use_scale, wdmul, use_wd, w, small, b2, c2, bc2s, eps, nstep):
+    """One element's AdamW step, as torch's vectorized kernel computes it: (g, p, m, v) after
+    it. Inlined into `run` and `run32` (one source for the arithmetic both serve)."""
+    one = np.float32(1.0)
+    if use_scale:
+        gi = gi / scale
+    if use_wd:
+        pi = pi * wdmul
+    if small:
+        mi = fma32(w, gi - mi, mi)
+    else:
+        mi = fma32(w - one, gi - mi, gi)
+    vi = fma32(c2 * gi, gi, vi * b2)
+    pi = pi + nstep * mi / (np.sqrt(vi) / bc2s + eps)
+    return gi, pi, mi, vi
+
+
 @njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 def run(p, m, v, g, out, lo, hi, scale, use_scale, wdmul, use_wd, w, small, b2, c2, bc2s, eps, nstep):
     # sliced so that the loop index starts at 0: numba then drops negative-index wraparound,
     # which otherwise keeps LLVM from vectorizing the loop
     p, m, v, g, out = p[lo:hi], m[lo:hi], v[lo:hi], g[lo:hi], out[lo:hi]
-    one = np.float32(1.0)
     for i in range(p.size):
-        gi = g[i]
+        gi, pi, mi, vi = adamw(g[i], p[i], m[i], v[i], scale, use_scale, wdmul, use_wd, w, small, b2, c2, bc2s,
+                               eps, nstep)
         if use_scale:
-            gi = gi / scale
             g[i] = gi
-        pi = p[i]
-        if use_wd:
-            pi = pi * wdmul
-        mi = m[i]
-        if small:
-            mi = fma32(w, gi - mi, mi)
-        else:
-            mi = fma32(w - one, gi - mi, gi)
-        vi = fma32(c2 * gi, gi, v[i] * b2)
         m[i] = mi
         v[i] = vi
-        pi = pi + nstep * mi / (np.sqrt(vi) / bc2s + eps)
         p[i] = pi
         u = bits32(pi)
         r = np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
         out[i] = BF16_NAN if np.isnan(pi) else r  # a select, not a branch: the loop stays vectorized
+
+
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+def run32(p, m, v, g, out, lo, hi, scale, use_scale, wdmul, use_wd, w, small, b2, c2, bc2s, eps, nstep):
+    """`run` serving fp32: the new master written to the served copy in the same loop."""
+    p, m, v, g, out = p[lo:hi], m[lo:hi], v[lo:hi], g[lo:hi], out[lo:hi]
+    for i in range(p.size):
+        gi, pi, mi, vi = adamw(g[i], p[i], m[i], v[i], scale, use_scale, wdmul, use_wd, w, small, b2, c2, bc2s,
+                               eps, nstep)
+        if use_scale:
+            g[i] = gi
+        m[i] = mi
+        v[i] = vi
+        p[i] = pi
+        out[i] = pi
 
 
 @njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
@@ -91,3 +113,21 @@ def shard(p, m, v, g, out, rows, hp, use_scale, small):
                 hp[2], small, hp[3], hp[4], hp[5], hp[6], hp[7])
         else:
             cast(p, out, rows[r, 0], rows[r, 1])
+
+
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+def copy32(p, out, lo, hi):
+    p, out = p[lo:hi], out[lo:hi]
+    for i in range(p.size):
+        out[i] = p[i]
+
+
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+def shard32(p, m, v, g, out, rows, hp, use_scale, small):
+    """`shard` with an fp32 served copy (`out` float32): kind 0 steps and copies, 1 copies."""
+    for r in range(rows.shape[0]):
+        if rows[r, 3] == 0:
+            run32(p, m, v, g, out, rows[r, 0], rows[r, 1], hp[0], use_scale, hp[1], rows[r, 2] != 0,
+                  hp[2], small, hp[3], hp[4], hp[5], hp[6], hp[7])
+        else:
+            copy32(p, out, rows[r, 0], rows[r, 1])

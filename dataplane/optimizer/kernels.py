@@ -71,7 +71,7 @@ def step_shard(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tensor], 
     each group of new master weights right after its step, while they are still in cache (a
     separate pass would read the master back from memory).
 
-    This is the readable reference. AdamW serving bf16 runs `fused.step_shard` instead when
+    This is the readable reference. AdamW serving bf16 or fp32 runs `fused.step_shard` instead when
     compiled kernels are on (`LUWU_KERNELS`, luwu.dataplane.kernels): the same results bit for
     bit, in one pass."""
     if served is not None and fused.usable(opt, served):  # usable() is False without one; said for mypy

@@ -17,8 +17,11 @@ Every process uses one torch thread (OMP_NUM_THREADS=1); the node's pipeline thr
 machine's cores. The headline ratio is the node's default (one thread per pipeline step);
 `ratio_2threads_to_fused_adamw` gives each step two threads (two optimizer kernels at once), and
 `cpu_ratio_to_fused_adamw` compares process CPU time per step, which the machine's load moves
-least. Prints grep-able `key: value` lines; `--json` one JSON object; `--out DIR`
-writes optimizer.json and optimizer.png.
+least. The wall-clock ratios are medians over rounds of the ratio within a round (runners
+alternate in short blocks), so a slow spell of the shared machine skews one round, not the
+figure. `ratio_to_fused_adamw_fp32_serving` is the same node serving fp32 (whatever `--served`
+says): no rounding, but the fp32 copy of the master is still written. Prints grep-able
+`key: value` lines; `--json` one JSON object; `--out DIR` writes optimizer.json and optimizer.png.
 """
 
 from __future__ import annotations
@@ -167,9 +170,10 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _blocks(runners: dict, steps: int, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+def _blocks(runners: dict, steps: int, rounds: int) -> tuple[dict[str, float], dict[str, float], dict[str, list]]:
     """Median wall time and mean process CPU time per step of each runner, measured in short
-    alternating blocks (the machine is shared: a slow spell then hits every runner alike)."""
+    alternating blocks (the machine is shared: a slow spell then hits every runner alike), and
+    each runner's median step time per round (for ratios of neighbouring blocks, `_paired`)."""
     for r in runners.values():
         r.run(1)  # warm-up: first-touch allocations, lazy state
     wall: dict[str, list[float]] = {k: [] for k in runners}
@@ -179,7 +183,16 @@ def _blocks(runners: dict, steps: int, rounds: int) -> tuple[dict[str, float], d
             c0 = _cpu_seconds()
             wall[k] += r.run(steps)
             cpu[k].append((_cpu_seconds() - c0) / steps)
-    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.fmean(v) for k, v in cpu.items()})
+    per_round = {k: [statistics.median(v[i * steps:(i + 1) * steps]) for i in range(rounds)] for k, v in wall.items()}
+    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.fmean(v) for k, v in cpu.items()},
+            per_round)
+
+
+def _paired(per_round: dict[str, list], a: str, b: str) -> float:
+    """Speed of runner a over runner b: the median over rounds of the ratio within a round. A
+    slow spell of the shared machine that spans one runner's blocks (seconds, while one block
+    lasts ~0.1 s) then skews one round's ratio, not the median of the pooled steps."""
+    return statistics.median(tb / ta for ta, tb in zip(per_round[a], per_round[b]))
 
 
 def bench_ram(root: Path, args, status) -> dict:
@@ -196,11 +209,17 @@ def bench_ram(root: Path, args, status) -> dict:
              "node_ref": NodeRun(root, "ram-ref", layers, grads, args.served, kernels="reference",
                                  ram_budget=budget),
              "node_2": NodeRun(root, "ram-step2", layers, grads, args.served, ram_budget=budget,
-                               threads_per_step=2)}
-    runners: dict[str, NodeRun | FusedAdamW] = {**nodes, "fused": FusedAdamW(layers, grads, cast=False),
-                                                "fused_cast": FusedAdamW(layers, grads, cast=True)}
+                               threads_per_step=2),
+             # fp32 served: no rounding, but still a copy of the master (a published version is
+             # never written again, while the master is stepped in place)
+             "node_fp32": NodeRun(root, "ram-fp32", layers, grads, "fp32", ram_budget=budget)}
+    # the runners a ratio compares run in neighbouring blocks (node, fused AdamW, ...)
+    runners: dict[str, NodeRun | FusedAdamW] = {"node": nodes["node"], "fused": FusedAdamW(layers, grads, cast=False),
+                                                "node_fp32": nodes["node_fp32"], "node_2": nodes["node_2"],
+                                                "fused_cast": FusedAdamW(layers, grads, cast=True),
+                                                "node_layer": nodes["node_layer"], "node_ref": nodes["node_ref"]}
     try:
-        med, cpu = _blocks(runners, max(1, args.steps // 2), rounds=4)
+        med, cpu, per_round = _blocks(runners, max(1, args.steps // 2), rounds=5)
         io = nodes["node"].node.stats()["io"]
     finally:
         for node_run in nodes.values():
@@ -209,11 +228,15 @@ def bench_ram(root: Path, args, status) -> dict:
     return {"params": n, "layers": len(layers), "node_params_per_s": rate["node"],
             "layer_centric_params_per_s": rate["node_layer"], "fused_adamw_params_per_s": rate["fused"],
             "fused_adamw_cast_params_per_s": rate["fused_cast"],
-            "ratio_to_fused_adamw": rate["node"] / rate["fused"],
-            "ratio_to_fused_adamw_plus_cast": rate["node"] / rate["fused_cast"],
+            "ratio_to_fused_adamw": _paired(per_round, "node", "fused"),
+            "ratio_to_fused_adamw_plus_cast": _paired(per_round, "node", "fused_cast"),
+            "node_fp32_serving_params_per_s": rate["node_fp32"],
+            "ratio_to_fused_adamw_fp32_serving": _paired(per_round, "node_fp32", "fused"),
+            "node_fp32_serving_cpu_s_per_step": cpu["node_fp32"],
+            "cpu_ratio_to_fused_adamw_fp32_serving": cpu["fused"] / cpu["node_fp32"],
             "step_centric_speedup_ram": rate["node"] / rate["node_layer"],
             "node_2threads_params_per_s": rate["node_2"],
-            "ratio_2threads_to_fused_adamw": rate["node_2"] / rate["fused"],
+            "ratio_2threads_to_fused_adamw": _paired(per_round, "node_2", "fused"),
             "kernels": _kernels(args.served), "node_reference_kernels_params_per_s": rate["node_ref"],
             "compiled_kernels_speedup": rate["node"] / rate["node_ref"],
             "ratio_reference_kernels_to_fused_adamw": rate["node_ref"] / rate["fused"],
@@ -360,7 +383,9 @@ def run(args) -> int:
 KEYS = ["params", "layers", "served_dtype", "kernels", "node_params_per_s", "fused_adamw_params_per_s",
         "ratio_to_fused_adamw", "node_reference_kernels_params_per_s", "ratio_reference_kernels_to_fused_adamw",
         "compiled_kernels_speedup", "node_reference_kernels_cpu_s_per_step",
-        "fused_adamw_cast_params_per_s", "ratio_to_fused_adamw_plus_cast", "layer_centric_params_per_s",
+        "fused_adamw_cast_params_per_s", "ratio_to_fused_adamw_plus_cast", "node_fp32_serving_params_per_s",
+        "ratio_to_fused_adamw_fp32_serving", "node_fp32_serving_cpu_s_per_step", "cpu_ratio_to_fused_adamw_fp32_serving",
+        "layer_centric_params_per_s",
         "step_centric_speedup_ram", "node_2threads_params_per_s", "ratio_2threads_to_fused_adamw",
         "node_cpu_s_per_step", "fused_adamw_cpu_s_per_step", "cpu_ratio_to_fused_adamw",
         "ram_file_reads", "ram_file_writes", "ooc_params", "ooc_state_bytes", "ooc_budget_bytes", "io_mode",

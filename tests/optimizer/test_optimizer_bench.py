@@ -22,7 +22,8 @@ def _bench(tmp_path, *extra):
 def test_json_and_files(tmp_path):
     res = json.loads(_bench(tmp_path, "--json", "--out", str(tmp_path / "out")).strip().splitlines()[-1])
     for key in ("ratio_to_fused_adamw", "fraction_of_disk_bandwidth", "checkpoint_overhead",
-                "step_centric_speedup_ram", "step_centric_speedup_ooc", "disk_rw_gbps", "node_params_per_s"):
+                "step_centric_speedup_ram", "step_centric_speedup_ooc", "disk_rw_gbps", "node_params_per_s",
+                "ratio_to_fused_adamw_fp32_serving", "cpu_ratio_to_fused_adamw_fp32_serving"):
         assert isinstance(res[key], float) and res[key] == res[key], key  # a number, not NaN
     assert res["node_params_per_s"] > 0 and res["fused_adamw_params_per_s"] > 0
     assert res["ooc_state_bytes"] > 4 * res["ooc_budget_bytes"]
@@ -34,6 +35,7 @@ def test_json_and_files(tmp_path):
 
 def test_key_value_lines(tmp_path):
     lines = dict(line.split(": ", 1) for line in _bench(tmp_path).strip().splitlines())
-    for key in ("ratio_to_fused_adamw", "fraction_of_disk_bandwidth", "checkpoint_overhead", "io_mode"):
+    for key in ("ratio_to_fused_adamw", "ratio_to_fused_adamw_fp32_serving", "fraction_of_disk_bandwidth",
+                "checkpoint_overhead", "io_mode"):
         assert key in lines
     float(lines["ratio_to_fused_adamw"])

@@ -1,5 +1,5 @@
 """The compiled one-pass AdamW + bf16 kernel (dataplane/optimizer/fused.py) equals torch bit for
-bit: `torch._fused_adamw_` on each tensor followed by the cast to bf16, and the node's reference
+bit: `torch._fused_adamw_` on each tensor followed by the cast to bf16 (or the fp32 copy), and the node's reference
 path (`LUWU_KERNELS=reference`), on random shapes and values (zeros, signed zeros, denormals,
 values large enough to overflow to inf and NaN), both forms of torch's lerp, weight decay on and
 off, a gradient scale, and the step counts of a long run."""
@@ -53,7 +53,7 @@ def _torch_step(opt, plan, states, grad, step, scale, served):
                             lr=opt.lr_at(step), beta1=opt.betas[0], beta2=opt.betas[1],
                             weight_decay=opt.weight_decay if decay else 0.0, eps=opt.eps, amsgrad=False,
                             maximize=False, grad_scale=scale, found_inf=None)
-    served.copy_(states[0].to(torch.bfloat16))
+    served.copy_(states[0].to(served.dtype))
 
 
 def _case(data, sizes, opt):
@@ -66,10 +66,10 @@ def _case(data, sizes, opt):
     return shard, arrays
 
 
-def _run(fn, opt, shard, arrays, step, scale):
+def _run(fn, opt, shard, arrays, step, scale, served_dtype=torch.bfloat16):
     states = [torch.from_numpy(a.copy()) for a in arrays[:3]]
     grad = torch.from_numpy(arrays[3].copy())
-    served = torch.empty(shard.numel, dtype=torch.bfloat16)
+    served = torch.empty(shard.numel, dtype=served_dtype)
     with np.errstate(all="ignore"):
         fn(opt, shard, states, grad, step, None if scale is None else torch.tensor(float(scale)), served)
     return [_bits(t) for t in (*states, grad, served)]
@@ -87,6 +87,22 @@ def test_bit_identical_to_torch_fused_adamw_and_cast(data, sizes, lr, beta1, bet
     want = _run(_torch_step, opt, shard, arrays, step, scale)
     for name, a, b in zip(("master", "exp_avg", "exp_avg_sq", "grad", "served"), got, want):
         np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data(), sizes=st.lists(st.integers(1, 70), min_size=1, max_size=4),
+       lr=st.floats(1e-6, 1.0), beta1=st.sampled_from([0.0, 0.9]), wd=st.sampled_from([0.0, 0.1]),
+       step=st.integers(0, 5000), scale=st.sampled_from([None, 3]))
+def test_fp32_served_copy_bit_identical_to_torch_fused_adamw(data, sizes, lr, beta1, wd, step, scale):
+    """The fp32-serving kernel (`fused_numba.shard32`): the same step, the new master as the copy."""
+    opt = OptimizerSpec("adamw", lr=lr, betas=(beta1, 0.95), eps=1e-8, weight_decay=wd)
+    shard, arrays = _case(data, sizes, opt)
+    assert fused.usable(opt, torch.empty(1, dtype=torch.float32))
+    got = _run(fused.step_shard, opt, shard, arrays, step, scale, torch.float32)
+    want = _run(_torch_step, opt, shard, arrays, step, scale, torch.float32)
+    for name, a, b in zip(("master", "exp_avg", "exp_avg_sq", "grad", "served"), got, want):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    np.testing.assert_array_equal(got[4], got[0])  # the copy is the master
 
 
 def test_large_tensors_against_the_reference_path(monkeypatch):
@@ -111,21 +127,22 @@ def test_large_tensors_against_the_reference_path(monkeypatch):
                 np.testing.assert_array_equal(a, b)
 
 
-def _node_states(tmp_path, name, opt):
+def _node_states(tmp_path, name, opt, served="bf16"):
     layers = model_layers(3, rows=50, cols=33)
-    spec = JobSpec("k", opt, layers, "bf16", initial_values(layers))
+    spec = JobSpec("k", opt, layers, served, initial_values(layers))
     with OptimizerNode(NodeConfig(tmp_path / name, ram_budget=64 << 20)) as node:
         node.add_job(spec)
         drive(node, spec, 4, 3)
         return [node.layer_state("k", ly.layer_id) for ly in layers]
 
 
+@pytest.mark.parametrize("served", ["bf16", "fp32"])
 @pytest.mark.parametrize("opt", [OptimizerSpec("adamw", lr=1e-2, weight_decay=0.1),
                                  OptimizerSpec("adamw", lr=1e-2, clip_grad_norm=0.5, clip_scope="layer")])
-def test_node_same_bits_with_and_without_compiled_kernels(tmp_path, monkeypatch, opt):
-    fast = _node_states(tmp_path, "fast", opt)
+def test_node_same_bits_with_and_without_compiled_kernels(tmp_path, monkeypatch, opt, served):
+    fast = _node_states(tmp_path, "fast", opt, served)
     monkeypatch.setenv(kernel_mode.ENV, "reference")
-    ref = _node_states(tmp_path, "ref", opt)
+    ref = _node_states(tmp_path, "ref", opt, served)
     for a, b in zip(fast, ref):
         assert a["version"] == b["version"] == 4
         for key in ("master", "exp_avg", "exp_avg_sq", "served"):
@@ -136,6 +153,7 @@ def test_kernel_mode_setting(monkeypatch):
     opt = OptimizerSpec("adamw")
     bf16 = torch.empty(1, dtype=torch.bfloat16)
     assert fused.usable(opt, bf16)
+    assert fused.usable(opt, torch.empty(1, dtype=torch.float32))
     assert not fused.usable(OptimizerSpec("adam"), bf16)
     assert not fused.usable(opt, torch.empty(1, dtype=torch.float16))
     monkeypatch.setenv(kernel_mode.ENV, "reference")

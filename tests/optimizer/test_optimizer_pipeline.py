@@ -215,3 +215,19 @@ def test_steady_state_reuses_every_buffer(tmp_path):
         assert st["served"]["buffers_allocated"] <= 2 * len(layers)
         assert st["served"]["recycled"] >= 8 * len(layers) - 2 * len(layers)
         assert st["store"]["buffers_allocated"] == store_allocated
+
+
+def test_state_buffers_are_private_memory_that_may_get_huge_pages():
+    """State and served-copy buffers are private anonymous memory: a shared anonymous mapping is
+    shmem, which gets no transparent huge pages unless shmem_enabled allows (`never` by default),
+    and the compiled AdamW pass then ran 7-10% slower on 4 KiB pages (docs/optimizer.md)."""
+    from luwu.dataplane.optimizer.buffers import HUGE_PAGE, aligned_buffer
+
+    buf = aligned_buffer(2 * HUGE_PAGE)
+    addr = buf.__array_interface__["data"][0]
+    assert addr % 4096 == 0 and not buf.any()
+    buf[:] = 1  # touched: the pages exist
+    with open("/proc/self/maps") as f:
+        spans = [line.split()[:2] for line in f]
+    perms = [p for r, p in spans if int(r.split("-")[0], 16) <= addr < int(r.split("-")[1], 16)]
+    assert perms and perms[0][3] == "p", perms  # rw-p, not rw-s
