@@ -11,6 +11,7 @@ runtime JSON (docs/protocol.md 6.1) and every endpoint's `EndpointPlan`.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import random
@@ -310,7 +311,7 @@ class LoopbackSwitch:
             self._host.kill()
         if self._proc is not None:
             children.stop(self._proc, grace=0)
-            self._remove_rings()
+            self._remove_rings(self._proc.pid)
 
     @property
     def pid(self) -> int:
@@ -351,13 +352,19 @@ class LoopbackSwitch:
                 except OSError:
                     pass
             children.stop(self._proc, grace=10.0)
-            self._proc = None
-            self._remove_rings()
+            pid, self._proc = self._proc.pid, None
+            self._remove_rings(pid)
 
-    def _remove_rings(self) -> None:
-        """A child switch that was killed could not unlink its shared-memory rings: do it for it."""
+    def _remove_rings(self, pid: int) -> None:
+        """A child switch that was killed could not unlink its shared-memory rings (nor its
+        multicast pools, named after its pid): do it for it."""
         if self.plan.transport != "shm":
             return
+        for path in glob.glob(f"/dev/shm/luwu-sw-{pid}-mc*"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
         for prefix, _ in self.plan.switch_ports.values():
             for suffix in (".up", ".up.bell", ".down", ".down.bell"):
                 path = prefix + suffix

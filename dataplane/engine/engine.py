@@ -131,13 +131,45 @@ class Engine:
         self.close()
 
     # -- API (any thread) -------------------------------------------------------------------------
-    def allreduce(self, x: np.ndarray, op: str = "sum", session: int | None = None) -> Handle:
-        """Reduce a float32/int32 buffer over the session's workers; the handle's result is a new array."""
+    def allreduce(self, x: np.ndarray, op: str = "sum", session: int | None = None,
+                  out: np.ndarray | None = None) -> Handle:
+        """Reduce a float32/int32 buffer over the session's workers.
+
+        Args:
+            x (np.ndarray): this worker's contribution, float32 or int32 (read, never written,
+                unless it is also `out`).
+            op (str): "sum", "avg", "max" or "min" (not "avg" for int32).
+            session (int, optional): the collective session; default: the plan's data session.
+            out (np.ndarray, optional): a C-contiguous array of x's dtype and size that the
+                result is decoded into as it arrives (no new array, no copy). It may be `x`
+                itself (in place: each chunk of x is read before its sum can arrive), but then x
+                is gone for an exact recomputation of saturated elements. Its contents are
+                undefined until the handle completes.
+
+        Returns:
+            Handle: its result is `out` (a flat view of it when it is not 1-D), or a new
+            array when `out` is None; `handle.saturated`
+            marks float sums whose NaN chunks need the exact path (docs/protocol.md 5.1).
+
+        Examples::
+
+            >>> y = np.empty_like(x)
+            >>> eng.allreduce(x, "sum", out=y).wait(60) is y
+            True
+        """
         data = self._collective(session)
         x = np.ascontiguousarray(x).reshape(-1)
         check_reduction(x.dtype, op)
+        if out is not None:
+            if not isinstance(out, np.ndarray) or out.dtype != x.dtype or out.size != x.size \
+                    or not out.flags.c_contiguous or not out.flags.writeable:
+                raise ValueError(f"allreduce out= must be a writable C-contiguous {x.dtype} array of {x.size} "
+                                 f"elements, got {getattr(out, 'dtype', type(out).__name__)} of "
+                                 f"{getattr(out, 'size', '?')}")
+            if out.ndim != 1:
+                out = out.reshape(-1)
         handle = Handle(f"allreduce({x.size} x {x.dtype}, {op})")
-        aop = AllreduceOp(x, op, data.spec.num_workers, handle, AllreduceOp.local_exponents(x, op, data.lanes))
+        aop = AllreduceOp(x, op, data.spec.num_workers, handle, AllreduceOp.local_exponents(x, op, data.lanes), out)
         self._submit(handle, lambda: aop.start(self.meta, data))
         return handle
 

@@ -46,7 +46,8 @@ def check_reduction(dtype: np.dtype, op: str) -> None:
 class AllreduceOp:
     """One allreduce of a flat float32/int32 buffer over the meta and data sessions."""
 
-    def __init__(self, x: np.ndarray, op: str, n: int, handle: Handle, exps: np.ndarray | None = None):
+    def __init__(self, x: np.ndarray, op: str, n: int, handle: Handle, exps: np.ndarray | None = None,
+                 out: np.ndarray | None = None):
         check_reduction(x.dtype, op)
         self.x = x
         self.op = op
@@ -55,7 +56,12 @@ class AllreduceOp:
         self.numel = x.size
         self.local_exps = exps  # computed in the caller's thread for float sums
         self.exps: np.ndarray | None = None
+        # results are decoded straight into `dest` (the caller's `out`, or a new array): whole
+        # chunks into `out`, a view of it, and a short last chunk into `tail` (lanes past numel
+        # would overrun the caller's buffer)
+        self.dest = out
         self.out: np.ndarray | None = None
+        self.tail: np.ndarray | None = None
         self.saturated = False
 
     @staticmethod
@@ -66,11 +72,16 @@ class AllreduceOp:
 
     def start(self, meta: CollectiveSession | None, data: CollectiveSession) -> None:
         if self.numel == 0:
-            self.handle.set_result(self.x.copy())
+            self.handle.set_result(self.x.copy() if self.dest is None else self.dest)
             return
         lanes = data.lanes
         chunks = num_chunks(self.numel, lanes)
-        self.out = np.empty((chunks, lanes), dtype=self.x.dtype)
+        if self.dest is None:
+            self.dest = np.empty(self.numel, dtype=self.x.dtype)
+        full = self.numel // lanes
+        self.out = self.dest[:full * lanes].reshape(full, lanes)
+        if full < chunks:
+            self.tail = np.empty((1, lanes), dtype=self.x.dtype)
         if self.x.dtype == np.float32 and self.op in ("sum", "avg"):
             if meta is None:
                 raise RuntimeError("a float sum needs the job's meta session; the plan has none")
@@ -105,21 +116,48 @@ class AllreduceOp:
 
     def _decode_fixed(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
         # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it
-        dequantize_rows_into(rows, sel, HEADER_LEN, self.out.shape[1], sum_shift(self.exps[chunk], self.n), chunk,
-                             self.out)
+        shift = sum_shift(self.exps[chunk], self.n)
+        lanes = self.out.shape[1]
+        last = self._last(chunk)
+        if last is None:
+            dequantize_rows_into(rows, sel, HEADER_LEN, lanes, shift, chunk, self.out)
+            return
+        whole = ~last
+        dequantize_rows_into(rows, sel[whole], HEADER_LEN, lanes, shift[whole], chunk[whole], self.out)
+        dequantize_rows_into(rows, sel[last], HEADER_LEN, lanes, shift[last], np.zeros(int(last.sum()), np.int64),
+                             self.tail)
+
+    def _last(self, chunk: np.ndarray) -> np.ndarray | None:
+        """Which of `chunk` is the short last chunk (decoded into `tail`), None when none is."""
+        if self.tail is None:
+            return None
+        last = chunk == len(self.out)
+        return last if last.any() else None
 
     # -- max/min and integers -----------------------------------------------------------------
     def _decode_keys(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
         keys = payload_int32(rows[sel], self.out.shape[1]).astype(np.int32)
         if self.op == "min":
             keys = negate_order(keys)
-        self.out[chunk] = from_ordered(keys) if self.x.dtype == np.float32 else keys
+        values = from_ordered(keys) if self.x.dtype == np.float32 else keys
+        last = self._last(chunk)
+        if last is None:
+            self.out[chunk] = values
+        else:
+            self.out[chunk[~last]] = values[~last]
+            self.tail[0] = values[last][-1]
 
     def _done(self, data_op: ReduceOp) -> None:
         if data_op.saturated_chunks and data_op.dtype == Dtype.FIXED32:
             # the clipped fixed-point sum of these chunks is not the sum: never hand it out
-            self.out[np.concatenate(data_op.saturated_chunks)] = np.float32(np.nan)
-        result = self.out.reshape(-1)[: self.numel]
+            bad = np.concatenate(data_op.saturated_chunks)
+            self.out[bad[bad < len(self.out)]] = np.float32(np.nan)
+            if self.tail is not None and (bad == len(self.out)).any():
+                self.tail[:] = np.float32(np.nan)
+        result = self.dest
+        if self.tail is not None:
+            whole = self.out.size
+            result[whole:] = self.tail[0, :self.numel - whole]
         if self.op == "avg":
             result /= np.float32(self.n)
         self.handle.saturated = self.saturated or data_op.saturated

@@ -40,6 +40,14 @@ store (the store buffer), so the fence is needed: `full_fence()` acquires and re
 a locked read-modify-write (`lock cmpxchg`), which orders every earlier store before every
 later load.
 
+Multicast pools. A packet the switch sends to several ports is written once into a pool file
+(`ShmPool`, one per set of ports) and each port's down ring gets a reference entry: its length
+carries the REF bit and its row the pool position and pool id. `ShmEndpoint.recv` lends a run of
+pool rows exactly as it lends ring rows; releasing the references (moving `tail` past them) is
+what tells the switch the endpoint is done with the pool rows (the same load-before-store order
+as a ring row: the switch, the pool's only writer, rewrites a row only after it saw every
+referencing ring's `tail` pass it).
+
 Liveness. The header records the pid (and kernel start time, against pid reuse) of the process
 on each side; `peer_alive()` checks the other side's entry in /proc, so a crashed switch or
 endpoint is named within a check interval instead of looking like silence.
@@ -70,6 +78,12 @@ H_HEAD = 8  # byte 64
 H_TAIL = 16  # byte 128
 H_WAITING = 24  # byte 192: the consumer may be asleep in poll() (written by the consumer only)
 _FENCE = threading.Lock()
+# A down-ring entry whose length has this bit is a reference, not a packet: its row holds (uint64
+# pool position, uint64 pool id) and the packet is that row of the switch's multicast pool
+# `pool_path(producer pid, id)` (ShmPool), written once for every port of the multicast group
+REF = np.uint32(1 << 31)
+LEN_MASK = np.uint32(REF - 1)
+POOL_MAGIC = 0x4C5557554D43504C  # "LUWUMCPL"
 
 
 def full_fence() -> None:
@@ -126,6 +140,68 @@ def copy_rows(dst: np.ndarray, start: int, src: np.ndarray, idx: np.ndarray, off
     for a, b in itertools.pairwise(bounds):
         i0 = int(idx[a])
         dst[start + a:start + b, :used] = src[i0:i0 + b - a, off:off + used]
+
+
+def pool_path(switch_pid: int, pool_id: int) -> str:
+    """Where the multicast pool `pool_id` of the switch process `switch_pid` lives."""
+    return f"/dev/shm/luwu-sw-{switch_pid}-mc{pool_id}"
+
+
+class ShmPool:
+    """The rows of a multicast pool: `slots` rows of `row_bytes`, written once by the switch for
+    every port of a multicast group and read in place by each of their endpoints.
+
+    The file is rows only (plus a header with its geometry): which rows are in use is the
+    switch's private bookkeeping (attach_shm.MulticastPools), since the switch is the only writer
+    and learns that every reader is done from the tails of the readers' own down rings (a row is
+    reused only after every down ring that references it has been consumed past the reference:
+    the same ordering argument as a ring's rows, module docstring). `create` makes the file
+    (the switch; it unlinks it on close), otherwise it is mapped (an endpoint).
+    """
+
+    def __init__(self, path: str, slots: int = 0, row_bytes: int = 0, create: bool = False):
+        self.path = path
+        self.owner = create
+        if create:
+            if slots <= 0 or slots & (slots - 1) or row_bytes <= 0 or row_bytes % ROW_ALIGN:
+                raise ValueError(f"pool geometry {slots} x {row_bytes}: slots a power of two, rows of "
+                                 f"{ROW_ALIGN}-byte multiples")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            size = HEADER_BYTES + slots * row_bytes
+            os.ftruncate(fd, size)
+        else:
+            fd = os.open(path, os.O_RDWR)
+            size = os.fstat(fd).st_size
+        try:
+            if size < HEADER_BYTES:
+                raise ValueError(f"{path} is not a luwu multicast pool (only {size} bytes)")
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.h = np.frombuffer(self._map, dtype=np.uint64, count=HEADER_BYTES // 8)
+        if create:
+            self.h[H_SLOTS], self.h[H_ROW], self.h[H_LAYOUT] = slots, row_bytes, LAYOUT
+            self.h[H_MAGIC] = POOL_MAGIC
+        elif int(self.h[H_MAGIC]) != POOL_MAGIC or int(self.h[H_LAYOUT]) != LAYOUT:
+            raise ValueError(f"{path} is not a luwu multicast pool of layout {LAYOUT}")
+        self.slots = int(self.h[H_SLOTS])
+        self.row_bytes = int(self.h[H_ROW])
+        if size < HEADER_BYTES + self.slots * self.row_bytes:
+            raise ValueError(f"{path} is truncated")
+        self.rows = np.frombuffer(self._map, dtype=np.uint8, count=self.slots * self.row_bytes,
+                                  offset=HEADER_BYTES).reshape(self.slots, self.row_bytes)
+
+    def close(self) -> None:
+        self.h = self.rows = None
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # a view is still alive; the mapping goes with it
+        if self.owner:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
 
 
 class ShmRing:
@@ -207,6 +283,14 @@ class ShmRing:
     def pending(self) -> int:
         return int(self.h[H_HEAD]) - int(self.h[H_TAIL])
 
+    def published(self) -> int:
+        """Packets ever published (`head`)."""
+        return int(self.h[H_HEAD])
+
+    def consumed(self) -> int:
+        """Packets ever consumed (`tail`): the consumer is done with every row before it."""
+        return int(self.h[H_TAIL])
+
     # -- producer --------------------------------------------------------------------------------
     def push_rows(self, buf: np.ndarray, idx: np.ndarray, lengths: np.ndarray, off: int = 0,
                   notify: bool = True) -> tuple[int, int, int]:
@@ -241,6 +325,26 @@ class ShmRing:
         if notify:
             self.notify()
         return n, too_long, int(lengths[:n].sum())
+
+    def push_refs(self, pool_id: int, pool_pos: np.ndarray, lengths: np.ndarray) -> int:
+        """Publish references to rows `pool_pos` of multicast pool `pool_id` (packets of
+        `lengths` bytes, written there by the caller) instead of the packets; returns how many fit
+        (a full ring leaves the rest out, as `push_rows` does). Not rung: call `notify()`."""
+        head = int(self.h[H_HEAD])
+        n = min(len(pool_pos), self.slots - (head - int(self.h[H_TAIL])))
+        if n <= 0:
+            return 0
+        done = 0
+        while done < n:
+            pos = (head + done) & self._mask
+            k = min(n - done, self.slots - pos)
+            words = self.rows[pos:pos + k, :16].view(np.uint64)
+            words[:, 0] = pool_pos[done:done + k]
+            words[:, 1] = pool_id
+            self.lengths[pos:pos + k] = np.asarray(lengths[done:done + k], dtype=np.uint32) | REF
+            done += k
+        self.h[H_HEAD] = head + n  # publish: after the references (x86 keeps stores in order)
+        return n
 
     def notify(self) -> None:
         """Ring the doorbell if the consumer is armed (after publishing: see the module docstring)."""
@@ -377,7 +481,9 @@ class ShmEndpoint:
         self.rx = self.down.rows[:0]
         self.rx_len = np.zeros(batch, dtype=np.int64)
         self._lent = 0
-        self.stats = {"rx_packets": 0, "rx_bytes": 0, "tx_packets": 0, "tx_bytes": 0, "tx_errors": 0}
+        self._pools: dict[int, ShmPool] = {}  # the switch's multicast pools this port was sent rows of
+        self.stats = {"rx_packets": 0, "rx_bytes": 0, "tx_packets": 0, "tx_bytes": 0, "tx_errors": 0,
+                      "rx_lost": 0}
         self._checked = -1e9
         self._gone = False
 
@@ -398,17 +504,50 @@ class ShmEndpoint:
 
     def recv(self, block: bool = False) -> int:
         """Lend up to `batch` received packets as `rx[:k]` / `rx_len[:k]` (rows of the ring
-        itself, valid until the next `recv()`, `arm()` or `close()`; the rows before are given
-        back to the switch now). Returns k."""
+        itself or of a multicast pool it references, valid until the next `recv()`, `arm()` or
+        `close()`; the rows before are given back to the switch now). Returns k."""
         self._give_back()
-        pos, k = self.down.lend(self.batch)
-        if k:
-            self._lent = k
-            self.rx = self.down.rows[pos:pos + k]
-            self.rx_len[:k] = self.down.lengths[pos:pos + k]
-            self.stats["rx_packets"] += k
-            self.stats["rx_bytes"] += int(self.rx_len[:k].sum())
+        while True:
+            pos, k = self.down.lend(self.batch)
+            if not k:
+                return 0
+            lengths = self.down.lengths[pos:pos + k]
+            refs = (lengths & REF) != 0
+            if not refs[0]:  # packets in the ring itself, up to the first reference
+                k = int(np.argmax(refs)) if refs.any() else k
+                self.rx = self.down.rows[pos:pos + k]
+                break
+            # references to a multicast pool: the run of them that is contiguous in one pool
+            words = self.down.rows[pos:pos + k, :16].view(np.uint64)
+            at, ids = words[:, 0].astype(np.int64), words[:, 1]
+            same = refs & (ids == ids[0])
+            pool = self._pool(int(ids[0]))
+            run = same & (at - at[0] == np.arange(k)) & (at < (pool.slots if pool else 0))
+            n = int(np.argmin(run)) if not run.all() else k
+            if n:
+                k = n
+                self.rx = pool.rows[at[0]:at[0] + k]
+                break
+            # the pool is gone (the switch stopped) or the reference is out of it: those packets
+            # are lost, as on a dropped link (never read from a row that is not the packet's)
+            lost = int(np.argmin(same)) if not same.all() else k
+            self.down.release(max(lost, 1))
+            self.stats["rx_lost"] += max(lost, 1)
+        self._lent = k
+        self.rx_len[:k] = lengths[:k] & LEN_MASK
+        self.stats["rx_packets"] += k
+        self.stats["rx_bytes"] += int(self.rx_len[:k].sum())
         return k
+
+    def _pool(self, pool_id: int) -> ShmPool | None:
+        """Multicast pool `pool_id` of this port's switch, mapped once (None: it is gone)."""
+        pool = self._pools.get(pool_id)
+        if pool is None:
+            try:
+                pool = self._pools[pool_id] = ShmPool(pool_path(self.down.peer_pid(), pool_id))
+            except (OSError, ValueError):
+                return None
+        return pool
 
     def send_rows(self, buf: np.ndarray, idx, lengths, dests=None) -> int:
         """Publish rows `idx` of `buf`; returns how many were offered (a full ring loses the
@@ -432,5 +571,8 @@ class ShmEndpoint:
 
     def close(self) -> None:
         self.rx = None  # the ring's mapping goes with close
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
         self.down.close()
         self.up.close()

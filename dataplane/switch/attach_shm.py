@@ -16,10 +16,11 @@ import itertools
 import os
 import re
 import sys
+from collections import deque
 
 import numpy as np
 
-from ..net.shm_ring import ShmRing, process_start, row_bytes_for
+from ..net.shm_ring import ShmPool, ShmRing, copy_rows, pool_path, process_start, row_bytes_for
 from ..protocol import aggregation_packet_len
 from .config import ConfigError, SwitchConfig
 
@@ -33,7 +34,8 @@ def default_slots(row_bytes: int) -> int:
     fit = 1 << max(0, (RING_BYTES // row_bytes).bit_length() - 1)
     return min(1024, max(256, fit))
 _names = itertools.count()
-_RING_NAME = re.compile(r"luwu-sw-(\d+)-\d+-p\d+\.(up|down)(\.bell)?")
+_RING_NAME = re.compile(r"luwu-sw-(\d+)-(\d+-p\d+\.(up|down)(\.bell)?|mc\d+)")
+_pool_ids = itertools.count()
 _swept = False
 
 
@@ -125,6 +127,15 @@ class ShmAttachment:
             self._name_if_gone()
         return n
 
+    def send_refs(self, pool_id: int, pool_pos: np.ndarray, lengths: np.ndarray) -> int:
+        """Publish references to rows of multicast pool `pool_id` (MulticastPools); returns how
+        many went on the ring (a full ring loses the rest, as `send_rows`). Not rung: `notify()`."""
+        n = self.tx.push_refs(pool_id, pool_pos, lengths)
+        if n < len(pool_pos):
+            self.stats["tx_ring_full"] += len(pool_pos) - n
+            self._name_if_gone()
+        return n
+
     def notify(self) -> None:
         self.tx.notify()
 
@@ -142,3 +153,123 @@ class ShmAttachment:
     def close(self) -> None:
         self.rx.close()
         self.tx.close()
+
+
+class _Pool:
+    """One multicast pool and the switch's record of which rows its readers still hold."""
+
+    def __init__(self, row_bytes: int, slots: int):
+        self.id = next(_pool_ids)
+        self.shm = ShmPool(pool_path(os.getpid(), self.id), slots, row_bytes, create=True)
+        self.slots = slots
+        self.head = 0  # rows ever written
+        self.tail = 0  # rows every reader is done with
+        # (pool head after a turn's rows, [(attachment, its down ring's head after their references)])
+        self.claims: deque[tuple[int, list[tuple[ShmAttachment, int]]]] = deque()
+
+    def reclaim(self, check_dead: bool) -> None:
+        """Free the rows of turns every reader consumed past (or, with `check_dead`, whose
+        remaining readers' processes have exited: a restarted endpoint skips what they left)."""
+        while self.claims:
+            end, holders = self.claims[0]
+            for att, ring_end in holders:
+                if att.tx.h is not None and att.tx.consumed() < ring_end and not (
+                        check_dead and att.tx.peer_alive() is False):
+                    return
+            self.claims.popleft()
+            self.tail = end
+
+    def alloc(self, n: int) -> np.ndarray:
+        """Positions for up to `n` new rows (fewer when readers still hold the pool's rows)."""
+        free = self.slots - (self.head - self.tail)
+        if free < n:
+            self.reclaim(check_dead=False)
+            free = self.slots - (self.head - self.tail)
+            if free < n:
+                self.reclaim(check_dead=True)
+                free = self.slots - (self.head - self.tail)
+        m = min(n, free)
+        pos = (self.head + np.arange(m, dtype=np.int64)) & (self.slots - 1)
+        self.head += m
+        return pos
+
+
+class MulticastPools:
+    """Multicast without a copy per port: a packet the switch sends to several shared-memory
+    ports is written once into the pool of that set of ports (a file each, mapped by their
+    endpoints), and each port's down ring gets a reference to the row (ShmRing.push_refs). The
+    switch frees a pool row once every down ring that references it was consumed past the
+    reference. A reader that stops never blocks the others: when the pool has no free row, the
+    packets go inline onto each ring as before (its own ring fills and it is named, as ever).
+
+    Same semantics as per-port copies: the pipeline decided the replicas; only how a replica's
+    bytes reach the endpoint changes (order on each ring is the emission's order).
+    """
+
+    MAX_POOLS = 64  # sets of ports with a pool; others' multicasts are copied per port
+
+    def __init__(self, row_bytes: int):
+        self.row_bytes = row_bytes
+        self.slots = default_slots(row_bytes)
+        self._pools: dict[tuple[int, ...], _Pool] = {}
+
+    def pool(self, ports: tuple[int, ...]) -> _Pool | None:
+        p = self._pools.get(ports)
+        if p is None and len(self._pools) < self.MAX_POOLS:
+            try:
+                p = self._pools[ports] = _Pool(self.row_bytes, self.slots)
+            except OSError as e:  # /dev/shm full: copy per port, as without pools
+                print(f"luwu switch: no multicast pool for ports {list(ports)}: {e}", file=sys.stderr)
+                self.MAX_POOLS = len(self._pools)
+        return p
+
+    def place(self, rows: np.ndarray, off: int, pkt: np.ndarray, port: np.ndarray, lengths: np.ndarray,
+              eligible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Write the rows of every packet that goes to 2+ `eligible` entries into their port set's
+        pool. Returns (pool id, pool position) per entry, -1 where the entry is to be copied."""
+        ids = np.full(len(pkt), -1, dtype=np.int64)
+        at = np.full(len(pkt), -1, dtype=np.int64)
+        cand = np.flatnonzero(eligible)
+        if len(cand) < 2:
+            return ids, at
+        order = cand[np.lexsort((port[cand], pkt[cand]))]
+        u, first, count = np.unique(pkt[order], return_index=True, return_counts=True)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i in np.flatnonzero(count >= 2).tolist():
+            a = int(first[i])
+            entries = order[a:a + int(count[i])]
+            groups.setdefault(tuple(port[entries].tolist()), []).append(i)
+        for ports, which in groups.items():
+            pool = self.pool(ports)
+            if pool is None:
+                continue
+            pkts = u[which]
+            pos = pool.alloc(len(pkts))
+            if not len(pos):
+                continue
+            used = min(rows.shape[1] - off, pool.shm.row_bytes)
+            done = 0
+            while done < len(pos):  # at most two pieces: up to the pool's end, then from its start
+                k = min(len(pos) - done, pool.slots - int(pos[done]))
+                sel = pkts[done:done + k]
+                width = min(used, int(lengths[sel].max()))
+                copy_rows(pool.shm.rows, int(pos[done]), rows, sel, off, width)
+                done += k
+            for j, i in enumerate(which[:len(pos)]):
+                a = int(first[i])
+                entries = order[a:a + int(count[i])]
+                ids[entries] = pool.id
+                at[entries] = pos[j]
+        return ids, at
+
+    def claim(self, holders: dict[int, list[tuple[ShmAttachment, int]]]) -> None:
+        """After a turn's references went out: pool id -> [(attachment, its ring's head)]."""
+        for pool in self._pools.values():
+            h = holders.get(pool.id)
+            if h:
+                pool.claims.append((pool.head, h))
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.shm.close()
+        self._pools.clear()

@@ -13,6 +13,7 @@ or swap neighbouring packets of a port.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import traceback
@@ -24,7 +25,7 @@ from ..net.mmsg import addr_of
 from ..protocol import ETH_IP_UDP_LEN, DropReason, aggregation_packet_len
 from . import runtime_json
 from .attach_raw import RawAttachment
-from .attach_shm import ShmAttachment
+from .attach_shm import MulticastPools, ShmAttachment, shm_row_bytes
 from .attach_udp import UdpAttachment
 from .batch import Batch, Emission
 from .config import ConfigError, SwitchConfig
@@ -49,6 +50,7 @@ class SoftwareSwitch:
         self.pipeline = Pipeline(cfg, self.tables, self.registers, self._counters)
         self.ports: dict[int, UdpAttachment | RawAttachment | ShmAttachment] = {}
         self.ports_version = 0  # bumped when ports are attached or closed (the event loop replans)
+        self._pools: MulticastPools | None = None  # rows multicast to several shm ports, written once
         self.links_in: dict[int, Link] = {}
         self.links_out: dict[int, Link] = {}
         self._loop: EventLoop | None = None
@@ -271,6 +273,9 @@ class SoftwareSwitch:
             for att in self.ports.values():
                 att.close()
             self.ports.clear()
+            if self._pools is not None:
+                self._pools.close()
+                self._pools = None
             self.ports_version += 1
 
     def __enter__(self) -> SoftwareSwitch:
@@ -354,8 +359,11 @@ class SoftwareSwitch:
         stride = np.uint64(b.rows.strides[0])
         base = np.uint64(addr_of(b.rows) + b.off)
         woken = []  # shm ports: publish to all of them first, then ring (a woken endpoint may preempt us)
+        pool_id, pool_at = self._multicast_rows(b, em, uniq)
+        holders: dict[int, list] = {}
         for p in uniq.tolist():
             sub = em if len(uniq) == 1 else em.select(ports == p)
+            refs = None if pool_id is None else (pool_id[ports == p], pool_at[ports == p])  # None: no pool rows
             att = self.ports.get(p)
             if att is None or att.peer is None:
                 self.pipeline.count_copy_drops(b, DropReason.NO_ROUTE, sub.pkt)
@@ -365,6 +373,8 @@ class SoftwareSwitch:
             if att.kind in ("udp", "shm"):  # datagram ports: bare luwu packets
                 if sub.l3.any():  # a routed IPv4 frame has no luwu datagram to put on such a port
                     self.pipeline.count_copy_drops(b, DropReason.NO_ROUTE, sub.pkt[sub.l3])
+                    if refs is not None:
+                        refs = (refs[0][~sub.l3], refs[1][~sub.l3])
                     sub = sub.select(~sub.l3)
                     if not len(sub):
                         continue
@@ -375,6 +385,10 @@ class SoftwareSwitch:
                     continue
                 if att.kind == "udp":
                     sent = att.send(base + sub.pkt.astype(np.uint64) * stride, lengths)
+                elif refs is not None and (refs[0] >= 0).any():
+                    sent = self._send_shm_mixed(att, b, sub, lengths, refs[0], refs[1], holders)
+                    woken.append(att)
+                    self._count_port(p, "tx_ring_full", len(sub) - sent)
                 else:
                     sent = att.send_rows(b.rows, sub.pkt, lengths, b.off, notify=False)
                     woken.append(att)
@@ -387,8 +401,41 @@ class SoftwareSwitch:
                     continue
                 sent = att.send_frames(frames, lengths)
             self._count_port(p, "tx_packets", sent)
+        if holders:
+            self._pools.claim(holders)
         for att in woken:
             att.notify()
+
+    def _multicast_rows(self, b: Batch, em: Emission, uniq: np.ndarray) -> tuple:
+        """(pool id, pool position) per emitted copy, -1 for a copy that goes inline, or (None,
+        None) when no packet goes to two shared-memory ports (attach_shm.MulticastPools)."""
+        if len(uniq) < 2:
+            return None, None
+        shm = [p for p in uniq.tolist() if (a := self.ports.get(p)) is not None and a.kind == "shm"
+               and not (self.links_out.get(p) is not None and self.links_out[p].active)]
+        if len(shm) < 2:
+            return None, None
+        eligible = np.isin(em.port, shm) & ~em.l3
+        if self._pools is None:
+            self._pools = MulticastPools(shm_row_bytes(self.config.lanes))
+        ids, at = self._pools.place(b.rows, b.off, em.pkt, em.port, b.luwu_len, eligible)
+        return (ids, at) if (ids >= 0).any() else (None, None)
+
+    def _send_shm_mixed(self, att, b: Batch, sub: Emission, lengths: np.ndarray, ids: np.ndarray,
+                        at: np.ndarray, holders: dict) -> int:
+        """A shm port's copies in emission order: runs of references to pool rows and runs copied inline."""
+        cuts = np.flatnonzero(np.diff(ids) != 0) + 1
+        bounds = [0, *cuts.tolist(), len(ids)]
+        sent = 0
+        for a, z in itertools.pairwise(bounds):
+            pid = int(ids[a])
+            if pid < 0:
+                n = att.send_rows(b.rows, sub.pkt[a:z], lengths[a:z], b.off, notify=False)
+            else:
+                n = att.send_refs(pid, at[a:z], lengths[a:z])
+                holders.setdefault(pid, []).append((att, att.tx.published()))
+            sent += n  # a full ring loses the rest of the run (counted per port as ever)
+        return sent
 
     def _send_bytes(self, port: int, datas: list[bytes]) -> None:
         att = self.ports.get(port)

@@ -14,7 +14,9 @@ engines and the switch, `luwu` / `ratio_to_gloo`) and over UDP sockets (`luwu_ud
 every process involved (workers with their engines, and the switch) during the timed
 iterations, per GB of one worker's buffer reduced -- robust on a shared machine, where wall
 time is not. `retransmit_fraction` is the share of the workers' packets sent more than once:
-with no simulated loss, every resend is a timeout that fired early.
+with no simulated loss, every resend is a timeout that fired early. Each worker's results are
+decoded into one reused buffer (`Engine.allreduce(out=)`), as the torch backend's engine daemon
+decodes into the rank's buffer and as Gloo reduces in place.
 
 Prints grep-able `key: value` lines (goodput in GB/s of the reduced buffer, ratio to Gloo,
 fraction of the UDP ceiling, CPU per GB), `--json` prints one JSON object, `--verify` checks every element
@@ -98,6 +100,7 @@ def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q, switch
     from luwu.dataplane.engine import Engine
 
     x = _inputs(rank, numel, dtype)
+    y = np.empty_like(x)  # results are decoded into it, as the torch backend's engine daemon does (in place)
     times, result = [], None
     with Engine(plan.worker_plan(rank)) as eng:
         _observe(eng, rank)
@@ -106,7 +109,7 @@ def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q, switch
             if i == 1:  # CPU of the timed iterations only (the warm-up maps pages, fills caches)
                 cpu0, sw0 = time.process_time(), proc_cpu(switch_pid) if rank == 0 and switch_pid else 0.0
             t0 = time.perf_counter()
-            result = eng.allreduce(x, "sum").wait(300)
+            result = eng.allreduce(x, "sum", out=y).wait(300)
             if i:
                 times.append(time.perf_counter() - t0)
         barrier.wait()

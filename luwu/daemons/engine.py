@@ -138,12 +138,12 @@ class EngineServer:
             if h.error is not None:
                 reply({"id": rid, "ok": False, "error": str(h.error)})
                 return
-            if op == "allreduce":
-                np.copyto(view, h.wait())
             reply({"id": rid, "ok": True, "saturated": h.saturated})
 
         if op == "allreduce":
-            h = engine.allreduce(view, req.get("reduce", "sum"), req.get("session"))
+            # in place: the result is decoded straight into the worker's buffer (the worker keeps
+            # its own input for an exact recomputation of saturated elements)
+            h = engine.allreduce(view, req.get("reduce", "sum"), req.get("session"), out=view)
         elif op == "push":
             h = engine.push(int(req["session"]), int(req["tensor"]), view)
         elif op == "pull":

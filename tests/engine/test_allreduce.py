@@ -128,3 +128,27 @@ def test_64_mib_buffers_sum_exactly():
         results = [h.wait(300) for h in [e.allreduce(x) for e, x in zip(engines, xs)]]
     for r in results:
         np.testing.assert_array_equal(r, expected)
+
+
+@pytest.mark.parametrize("numel", [0, 1, 3 * LANES, 5 * LANES + 17])
+def test_out_gets_the_new_arrays_bits_also_in_place(numel):
+    """allreduce(out=y) decodes into y (whole chunks straight, a short last chunk through a
+    scratch row) the very bits of the default new array, and out=x works in place."""
+    xs = _float_inputs(3, numel, seed=numel)
+    if numel > LANES:
+        xs[1][-1] = np.inf  # a saturated chunk (NaN), in the short last chunk when there is one
+    ints = _int_inputs(3, numel, seed=numel + 1)
+    cases = [(xs, op) for op in ("sum", "avg", "max", "min")] + [(ints, op) for op in ("sum", "max", "min")]
+    with star(3) as (_, _, engines):
+        for inputs, op in cases:
+            fresh = [h.wait(60) for h in [e.allreduce(x, op) for e, x in zip(engines, inputs)]]
+            outs = [np.full_like(x, 7) for x in inputs]
+            hs = [e.allreduce(x, op, out=y) for e, x, y in zip(engines, inputs, outs)]
+            assert all(h.wait(60) is y for h, y in zip(hs, outs))
+            mine = [x.copy() for x in inputs]
+            hs = [e.allreduce(x, op, out=x) for e, x in zip(engines, mine)]
+            assert all(h.wait(60) is x for h, x in zip(hs, mine))
+            for a, b, c in zip(fresh, outs, mine):
+                assert a.view(np.uint32).tolist() == b.view(np.uint32).tolist() == c.view(np.uint32).tolist(), op
+        with pytest.raises(ValueError, match="out= must be"):
+            engines[0].allreduce(xs[0], "sum", out=np.empty(numel + 1, np.float32))

@@ -311,6 +311,112 @@ def test_allreduce_grad_param_and_heartbeats_over_shm(star):
     assert all(c["ports"][p]["rx_packets"] >= 1 for p in PORTS)
 
 
+def _phases(workers, readers, x, seqs, got):
+    """Every worker contributes phases `seqs` of session 1 (a pool's worth at a time); `readers`
+    (ranks) collect their RESULTs into got[rank][seq]."""
+    seqs = list(seqs)
+    for first in range(0, len(seqs), 4):  # the session's slot pool: 4 phases in flight
+        batch = seqs[first:first + 4]
+        for r, w in enumerate(workers):
+            w.send(*[agg_packet(1, r, seq, x[seq, r]) for seq in batch])
+
+        def done(batch=batch):
+            for r in readers:
+                for p in workers[r].recv_all():
+                    got[r][p.seq] = p
+            return all(seq in got[r] for r in readers for seq in batch)
+        wait_for(done, f"RESULTs of phases {batch}")
+
+
+def test_multicast_rows_are_written_once_into_a_pool_and_referenced_from_every_ring(star):
+    sw, peers = star
+    workers = [peers[1], peers[2], peers[3]]
+    x = np.random.default_rng(1).integers(-2**31, 2**31, (12, 3, LANES)).astype(np.int32)
+    got = {r: {} for r in range(3)}
+    _phases(workers, range(3), x, range(12), got)
+    for r in range(3):
+        assert sorted(got[r]) == list(range(12))
+        for seq, p in got[r].items():
+            assert p.type == MsgType.RESULT and p.lanes().tolist() == x[seq].sum(axis=0, dtype=np.int32).tolist()
+    pools = {pid for w in workers for pid in w.ep._pools}  # every endpoint read them from one pool
+    assert len(pools) == 1 and all(len(w.ep._pools) == 1 for w in workers)
+    assert all(sw.counters()["ports"][p]["tx_packets"] == 12 for p in (1, 2, 3))
+
+
+def test_a_reader_that_stops_does_not_block_the_others_and_keeps_its_rows(star, monkeypatch):
+    """Rank 2 stops reading: its references pin the pool's rows, so once the pool is full the
+    multicast goes inline to every ring (the others are served), and the rows it was referenced
+    are never reused under it: when it reads again, every RESULT is exact."""
+    from luwu.dataplane.switch import attach_shm
+
+    monkeypatch.setattr(attach_shm, "default_slots", lambda row: 8)  # a small pool (made lazily)
+    sw, peers = star
+    workers = [peers[1], peers[2], peers[3]]
+    x = np.random.default_rng(2).integers(-2**31, 2**31, (40, 3, LANES)).astype(np.int32)
+    got = {r: {} for r in range(3)}
+    _phases(workers, (0, 1), x, range(40), got)
+    assert sw._pools is not None and next(iter(sw._pools._pools.values())).slots == 8
+    assert sw.ports[3].tx.pending() == 40  # all on rank 2's ring, unread
+    for p in workers[2].recv_all():
+        got[2][p.seq] = p
+    for r in range(3):
+        assert sorted(got[r]) == list(range(40)), r
+        for seq, p in got[r].items():
+            assert p.lanes().tolist() == x[seq].sum(axis=0, dtype=np.int32).tolist(), (r, seq)
+    assert workers[2].ep._pools  # it did read some of them from the pool
+
+
+def test_the_pool_rows_of_an_endpoint_that_exited_are_reused(monkeypatch):
+    """Port 3's endpoint process exits without reading: its references no longer pin the pool
+    (a new endpoint on the port skips them), so the multicast keeps going through the pool."""
+    from luwu.dataplane.switch import attach_shm
+
+    monkeypatch.setattr(attach_shm, "default_slots", lambda row: 8)
+    sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS, seed=3))
+    prefixes = {p: sw.attach_shm(p, slots=64) for p in PORTS}
+    peers = {p: ShmPeer(prefixes[p]) for p in (1, 2, NODE_PORT)}
+    subprocess.run([sys.executable, "-c", "from luwu.dataplane.net.shm_ring import ShmEndpoint\n"
+                    f"ShmEndpoint({prefixes[3]!r})"], check=True, timeout=DEADLINE)  # attaches, exits
+    rank2 = ShmRing(prefixes[3] + ".up", "producer")  # its sends now come from here (the producer died)
+    sw.load_runtime(runtime())
+    sw.start()
+    try:
+        class Rank2:
+            def send(self, *datas):
+                rows, lengths = rows_of(list(datas), rank2.row_bytes)
+                assert rank2.push_rows(rows, np.arange(len(datas)), lengths)[0] == len(datas)
+
+        workers = [peers[1], peers[2], Rank2()]
+        x = np.random.default_rng(3).integers(-2**31, 2**31, (40, 3, LANES)).astype(np.int32)
+        got = {0: {}, 1: {}}
+        _phases(workers, (0, 1), x, range(40), got)
+        for r in (0, 1):
+            assert [got[r][seq].lanes().tolist() for seq in range(40)] == \
+                [x[seq].sum(axis=0, dtype=np.int32).tolist() for seq in range(40)]
+        pool = next(iter(sw._pools._pools.values()))
+        assert pool.head == 40  # every RESULT went through the 8-row pool: rows were reused
+    finally:
+        sw.stop()
+        rank2.close()
+        for p in peers.values():
+            p.close()
+
+
+def test_references_to_a_pool_that_is_gone_are_lost_packets(star):
+    """A switch that stopped removed its pools: references an endpoint had not read yet are lost
+    packets (counted), never rows of something else, and the ring is empty afterwards (no spin)."""
+    sw, peers = star
+    workers = [peers[1], peers[2], peers[3]]
+    x = np.ones((4, 3, LANES), dtype=np.int32)
+    for r, w in enumerate(workers):
+        w.send(*[agg_packet(1, r, seq, x[seq, r]) for seq in range(4)])
+    wait_for(lambda: sw.ports[1].tx.pending() == 4, "four RESULTs on rank 0's ring")
+    pool = next(iter(sw._pools._pools.values()))
+    os.unlink(pool.shm.path)  # as a stopped switch leaves it (its endpoint had not mapped it yet)
+    assert workers[0].recv_all() == [] and workers[0].ep.stats["rx_lost"] == 4
+    assert workers[0].ep.arm()  # nothing left: the endpoint may sleep
+
+
 def _scripted_traffic(sw, peers) -> dict:
     """The same packets, phase by phase, on either attachment; returns the switch's counters."""
     w = [peers[1], peers[2], peers[3]]
@@ -417,15 +523,17 @@ def test_rings_of_dead_switch_processes_are_swept():
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
                           capture_output=True, text=True).stdout.strip()
-    stale = [f"/dev/shm/luwu-sw-{dead}-0-p1.up", f"/dev/shm/luwu-sw-{dead}-0-p1.up.bell"]
-    live = f"/dev/shm/luwu-sw-{os.getpid()}-999-p1.down"  # this process lives: never swept
-    for path in stale + [live]:
+    stale = [f"/dev/shm/luwu-sw-{dead}-0-p1.up", f"/dev/shm/luwu-sw-{dead}-0-p1.up.bell",
+             f"/dev/shm/luwu-sw-{dead}-mc3"]  # a multicast pool too
+    live = [f"/dev/shm/luwu-sw-{os.getpid()}-999-p1.down",  # this process lives: never swept
+            f"/dev/shm/luwu-sw-{os.getpid()}-mc999"]
+    for path in stale + live:
         open(path, "w").close()
     try:
         sweep_stale()
-        assert not any(os.path.exists(p) for p in stale) and os.path.exists(live)
+        assert not any(os.path.exists(p) for p in stale) and all(os.path.exists(p) for p in live)
     finally:
-        for path in stale + [live]:
+        for path in stale + live:
             if os.path.exists(path):
                 os.unlink(path)
 
@@ -440,9 +548,12 @@ def test_a_killed_switch_process_is_named_and_its_rings_removed():
         try:
             assert ep.switch_gone(0.0) is None
             pid = ls.pid
+            pool = f"/dev/shm/luwu-sw-{pid}-mc999"  # as a multicast pool of the switch would be named
+            open(pool, "w").close()
             ls.kill()
             msg = ep.switch_gone(1.0)
             assert msg is not None and f"pid {pid}" in msg and prefix in msg
         finally:
             ep.close()
         assert not os.path.exists(prefix + ".up"), "the parent removes the rings a killed switch left"
+    assert not os.path.exists(pool), "and its multicast pools"
