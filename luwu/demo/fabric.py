@@ -199,8 +199,10 @@ class ControllerFabric:
         self.notes.append(f"switch_counters from the switch's stats file (up to 1 s old), not P4Runtime: {why}")
         out = {}
         for counter, values in stats.items():  # the controller's shape: non-zero entries, sessions as "session N"
+            if counter in ("ports", "stragglers"):  # not [packets, bytes] pairs, and not P4 counters
+                continue
             label = (lambda k: f"session {k}") if counter == "session_packets" else (lambda k: k)
-            kept = {label(k): v for k, v in values.items() if counter != "ports" and (v[0] or v[1])}
+            kept = {label(k): v for k, v in values.items() if v[0] or v[1]}
             if kept:
                 out[counter] = kept
         return out
