@@ -16,6 +16,8 @@ import tempfile
 
 import numpy as np
 
+from ..net.shm_ring import unmap
+
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 _counter = itertools.count()
 # pids are reused, and a process killed before it unlinked its buffers leaves their names behind: a
@@ -54,15 +56,7 @@ class ShmBuffer:
         return np.frombuffer(self._map, dtype=dtype, count=count, offset=offset)
 
     def close(self) -> None:
-        try:
-            self._map.close()
-        except BufferError:
-            pass  # a view is still alive; the mapping goes with it
-        if self.owner:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+        unmap(self._map, (self.path,) if self.owner else ())
 
 
 class ShmCache:

@@ -147,6 +147,37 @@ def pool_path(switch_pid: int, pool_id: int) -> str:
     return f"/dev/shm/luwu-sw-{switch_pid}-mc{pool_id}"
 
 
+def _map_file(path: str, create_size: int, what: str) -> mmap.mmap:
+    """Map `path` whole: made new (mode 0600, never over an existing file) at `create_size` bytes,
+    or (create_size 0) an existing one, which must at least hold the header."""
+    if create_size:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(fd, create_size)
+        size = create_size
+    else:
+        fd = os.open(path, os.O_RDWR)
+        size = os.fstat(fd).st_size
+    try:
+        if size < HEADER_BYTES:
+            raise ValueError(f"{path} is not a {what} (only {size} bytes)")
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def unmap(mapping: mmap.mmap, paths: tuple[str, ...]) -> None:
+    """Close a mapping (a live view keeps it until it goes) and remove the files of its owner."""
+    try:
+        mapping.close()
+    except BufferError:
+        pass  # a view is still alive; the mapping goes with it
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 class ShmPool:
     """The rows of a multicast pool: `slots` rows of `row_bytes`, written once by the switch for
     every port of a multicast group and read in place by each of their endpoints.
@@ -162,22 +193,11 @@ class ShmPool:
     def __init__(self, path: str, slots: int = 0, row_bytes: int = 0, create: bool = False):
         self.path = path
         self.owner = create
-        if create:
-            if slots <= 0 or slots & (slots - 1) or row_bytes <= 0 or row_bytes % ROW_ALIGN:
-                raise ValueError(f"pool geometry {slots} x {row_bytes}: slots a power of two, rows of "
-                                 f"{ROW_ALIGN}-byte multiples")
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            size = HEADER_BYTES + slots * row_bytes
-            os.ftruncate(fd, size)
-        else:
-            fd = os.open(path, os.O_RDWR)
-            size = os.fstat(fd).st_size
-        try:
-            if size < HEADER_BYTES:
-                raise ValueError(f"{path} is not a luwu multicast pool (only {size} bytes)")
-            self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        if create and (slots <= 0 or slots & (slots - 1) or row_bytes <= 0 or row_bytes % ROW_ALIGN):
+            raise ValueError(f"pool geometry {slots} x {row_bytes}: slots a power of two, rows of "
+                             f"{ROW_ALIGN}-byte multiples")
+        self._map = _map_file(path, HEADER_BYTES + slots * row_bytes if create else 0, "luwu multicast pool")
+        size = len(self._map)
         self.h = np.frombuffer(self._map, dtype=np.uint64, count=HEADER_BYTES // 8)
         if create:
             self.h[H_SLOTS], self.h[H_ROW], self.h[H_LAYOUT] = slots, row_bytes, LAYOUT
@@ -193,15 +213,7 @@ class ShmPool:
 
     def close(self) -> None:
         self.h = self.rows = None
-        try:
-            self._map.close()
-        except BufferError:
-            pass  # a view is still alive; the mapping goes with it
-        if self.owner:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+        unmap(self._map, (self.path,) if self.owner else ())
 
 
 class ShmRing:
@@ -225,18 +237,8 @@ class ShmRing:
             if row_bytes <= 0 or row_bytes % ROW_ALIGN:
                 raise ValueError(f"ring rows must be a positive multiple of {ROW_ALIGN} bytes, got {row_bytes}")
             os.mkfifo(self.bell_path, 0o600)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            size = self._size(slots, row_bytes)
-            os.ftruncate(fd, size)
-        else:
-            fd = os.open(path, os.O_RDWR)
-            size = os.fstat(fd).st_size
-        try:
-            if size < HEADER_BYTES:
-                raise ValueError(f"{path} is not a luwu packet ring (only {size} bytes)")
-            self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        self._map = _map_file(path, self._size(slots, row_bytes) if create else 0, "luwu packet ring")
+        size = len(self._map)
         self.h = np.frombuffer(self._map, dtype=np.uint64, count=HEADER_BYTES // 8)
         if create:
             self.h[H_SLOTS], self.h[H_ROW], self.h[H_LAYOUT] = slots, row_bytes, LAYOUT
@@ -430,16 +432,7 @@ class ShmRing:
         except OSError:
             pass
         self.h = self.lengths = self.rows = None
-        try:
-            self._map.close()
-        except BufferError:
-            pass  # a view is still alive; the mapping goes with it
-        if self.owner:
-            for p in (self.path, self.bell_path):
-                try:
-                    os.unlink(p)
-                except FileNotFoundError:
-                    pass
+        unmap(self._map, (self.path, self.bell_path) if self.owner else ())
 
 
 def check_prefix(prefix: str) -> None:
