@@ -106,16 +106,21 @@ class Emulation:
 
         return NetnsNetwork(self.spec)
 
+    def _bring_up(self) -> tuple[dict[str, str], list]:
+        """The network, the controller, the programmed switches, the job and the optimizer nodes (what
+        `run` and `up` share); returns the hosts' namespaces and the node processes with a result line."""
+        self.progress(f"building the network ({self.opts.backend})")
+        self.network = self._make_network()
+        namespaces = self.network.start()
+        self._start_controller(namespaces)
+        self._start_switches()
+        self._controller_job()
+        return namespaces, self._start_nodes(namespaces)
+
     def run(self) -> RunResult:
         result = RunResult()
         try:
-            self.progress(f"building the network ({self.opts.backend})")
-            self.network = self._make_network()
-            namespaces = self.network.start()
-            self._start_controller(namespaces)
-            self._start_switches()
-            self._controller_job()
-            nodes = self._start_nodes(namespaces)
+            namespaces, nodes = self._bring_up()
             workers = self._start_workers(namespaces)
             self.progress(f"running: {len(workers)} worker(s), {len(nodes)} optimizer node(s)")
             for child in nodes + workers:
@@ -192,13 +197,7 @@ class Emulation:
         if self.children.env is not None:  # open-ended: no timeline growing until Ctrl-C
             self.children.env = {k: v for k, v in self.children.env.items() if k != trace.ENV}
         try:
-            self.progress(f"building the network ({self.opts.backend})")
-            self.network = self._make_network()
-            namespaces = self.network.start()
-            self._start_controller(namespaces)
-            self._start_switches()
-            self._controller_job()
-            self._start_nodes(namespaces)
+            namespaces, _ = self._bring_up()
             hosts: dict[str, dict[str, Any]] = {
                 h.name: {"namespace": namespaces.get(h.name, ""), "kind": h.kind, "server": h.server,
                          "addresses": [i.ip for i in h.interfaces] + ([h.nvlink] if h.nvlink else []),
