@@ -59,6 +59,14 @@ def adamw(gi, pi, mi, vi, scale, use_scale, wdmul, use_wd, w, small, b2, c2, bc2
     return gi, pi, mi, vi
 
 
+@njit(inline="always")
+def bf16(pi):
+    """pi rounded to bfloat16 (nearest, ties to even; NaN stays NaN), as torch's cast does."""
+    u = bits32(pi)
+    r = np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+    return BF16_NAN if np.isnan(pi) else r  # a select, not a branch: the loop stays vectorized
+
+
 @njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 def run(p, m, v, g, out, lo, hi, scale, use_scale, wdmul, use_wd, w, small, b2, c2, bc2s, eps, nstep):
     # sliced so that the loop index starts at 0: numba then drops negative-index wraparound,
@@ -72,9 +80,7 @@ def run(p, m, v, g, out, lo, hi, scale, use_scale, wdmul, use_wd, w, small, b2, 
         m[i] = mi
         v[i] = vi
         p[i] = pi
-        u = bits32(pi)
-        r = np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-        out[i] = BF16_NAN if np.isnan(pi) else r  # a select, not a branch: the loop stays vectorized
+        out[i] = bf16(pi)
 
 
 @njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
@@ -96,10 +102,7 @@ def run32(p, m, v, g, out, lo, hi, scale, use_scale, wdmul, use_wd, w, small, b2
 def cast(p, out, lo, hi):
     p, out = p[lo:hi], out[lo:hi]
     for i in range(p.size):
-        pi = p[i]
-        u = bits32(pi)
-        r = np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-        out[i] = BF16_NAN if np.isnan(pi) else r
+        out[i] = bf16(p[i])
 
 
 @njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
