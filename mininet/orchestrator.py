@@ -133,7 +133,7 @@ class Emulation:
                     result.errors.append(str(e))
             for child in workers:
                 child.tell("stop")
-            if not self.network.alive():
+            if self.network is not None and not self.network.alive():
                 result.errors.append(f"the {self.opts.backend} network went away during the run (see "
                                      f"{self.run_dir / 'mininet.log'})")
             for child in nodes:
