@@ -13,7 +13,8 @@ engines and the switch, `luwu` / `ratio_to_gloo`) and over UDP sockets (`luwu_ud
 `ratio_to_gloo_udp`, `fraction_of_udp_ceiling`). CPU cost is `*cpu_s_per_gb`: CPU seconds of
 every process involved (workers with their engines, and the switch) during the timed
 iterations, per GB of one worker's buffer reduced -- robust on a shared machine, where wall
-time is not. `retransmit_fraction` is the share of the workers' packets sent more than once:
+time is not; the relay's (`udp_ceiling_cpu_s_per_gb`, senders and relay alike) is what moving
+the bytes over UDP costs before any aggregation (`cpu_ratio_to_udp_ceiling` for the UDP run). `retransmit_fraction` is the share of the workers' packets sent more than once:
 with no simulated loss, every resend is a timeout that fired early. Each worker's results are
 decoded into one reused buffer (`Engine.allreduce(out=)`), as the torch backend's engine daemon
 decodes into the rank's buffer and as Gloo reduces in place.
@@ -36,6 +37,7 @@ import numpy as np
 
 from luwu.bench.sizes import format_size, parse_size
 from luwu.bench.udp_ceiling import measure as measure_ceiling
+from luwu.bench.udp_ceiling import proc_cpu
 from luwu.dataplane.protocol import aggregation_packet_len, lanes_for_mode
 from luwu.dataplane.usage import UserError, positive_int, probability, size
 
@@ -83,16 +85,6 @@ def _verify(result: np.ndarray, n: int, numel: int, dtype: str, lanes: int) -> d
     err = np.abs(result.astype(np.float64) - exact)
     ratio = float((err / np.maximum(bound, 1e-300)).max()) if numel else 0.0
     return {"checked": numel, "mismatches": int((err > bound).sum()), "max_error_over_bound": ratio}
-
-
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) process `pid` has used so far (0.0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q, switch_pid=0) -> None:
@@ -278,6 +270,7 @@ def run(args) -> int:
         res["gloo_cpu_s_per_gb"] = res["gloo"]["cpu_s_per_gb"]
     if "udp_ceiling" in res:
         res["udp_ceiling_gbps"] = res["udp_ceiling"]["goodput_gbps"]
+        res["udp_ceiling_cpu_s_per_gb"] = res["udp_ceiling"]["cpu_s_per_gb"]
     for key, run_ in runs:
         sfx = "" if key == "luwu" else "_udp"
         g = numel * 4 / run_["median_s"] / 1e9
@@ -290,6 +283,7 @@ def run(args) -> int:
             res["cpu_ratio_to_gloo" + sfx] = run_["cpu_s_per_gb"] / res["gloo_cpu_s_per_gb"]
         if "udp_ceiling" in res and run_["transport"] == "udp":
             res["fraction_of_udp_ceiling"] = g / res["udp_ceiling_gbps"]
+            res["cpu_ratio_to_udp_ceiling"] = run_["cpu_s_per_gb"] / res["udp_ceiling_cpu_s_per_gb"]
     checked = [r["verify"] for _, r in runs if "verify" in r]
     ok = all(v["mismatches"] == 0 for v in checked)
     res["verified"] = ok if checked else None
@@ -306,7 +300,8 @@ def _print(res: dict) -> None:
     keys = ["workers", "bytes", "dtype", "mode", "packet_bytes", "transport", "goodput_gbps", "cpu_s_per_gb",
             "ratio_to_gloo", "cpu_ratio_to_gloo", "retransmit_fraction", "transport_udp", "goodput_gbps_udp",
             "cpu_s_per_gb_udp", "ratio_to_gloo_udp", "cpu_ratio_to_gloo_udp", "retransmit_fraction_udp", "gloo_goodput_gbps", "gloo_cpu_s_per_gb",
-            "udp_ceiling_gbps", "fraction_of_udp_ceiling", "init_s", "gloo_init_s", "new_group_s",
+            "udp_ceiling_gbps", "udp_ceiling_cpu_s_per_gb", "fraction_of_udp_ceiling", "cpu_ratio_to_udp_ceiling",
+            "init_s", "gloo_init_s", "new_group_s",
             "gloo_new_group_s", "verified"]
     for k in keys:
         if k in res:
@@ -327,20 +322,18 @@ def _write(out: Path, res: dict) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "allreduce.json").write_text(json.dumps(res, indent=2, default=float))
-    names, vals = [f"luwu ({res['transport']})"], [res["goodput_gbps"]]
-    if "goodput_gbps_udp" in res:
-        names.append("luwu (udp)")
-        vals.append(res["goodput_gbps_udp"])
-    if "gloo_goodput_gbps" in res:
-        names.append("gloo")
-        vals.append(res["gloo_goodput_gbps"])
-    if "udp_ceiling_gbps" in res:
-        names.append("UDP ceiling")
-        vals.append(res["udp_ceiling_gbps"])
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.bar(names, vals, color=["tab:blue", "tab:cyan", "tab:gray", "tab:green"][: len(vals)])
-    ax.set_ylabel("goodput (GB/s)")
-    ax.set_title(f"allreduce, {res['workers']} workers, {format_size(res['bytes'])}, {res['mode']} packets")
+    bars = [(f"luwu ({res['transport']})", "goodput_gbps", "cpu_s_per_gb", "tab:blue"),
+            ("luwu (udp)", "goodput_gbps_udp", "cpu_s_per_gb_udp", "tab:cyan"),
+            ("gloo", "gloo_goodput_gbps", "gloo_cpu_s_per_gb", "tab:gray"),
+            ("UDP relay", "udp_ceiling_gbps", "udp_ceiling_cpu_s_per_gb", "tab:green")]
+    bars = [b for b in bars if b[1] in res]
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
+    for a, col, label in ((ax[0], 1, "goodput (GB/s, higher is better)"),
+                          (ax[1], 2, "CPU s per GB reduced (lower is better)")):
+        a.bar([b[0] for b in bars], [res.get(b[col], 0.0) for b in bars], color=[b[3] for b in bars])
+        a.set_ylabel(label)
+        a.tick_params(axis="x", labelsize=8)
+    fig.suptitle(f"allreduce, {res['workers']} workers, {format_size(res['bytes'])}, {res['mode']} packets")
     fig.tight_layout()
     fig.savefig(out / "allreduce.png", dpi=120)
     plt.close(fig)

@@ -4,12 +4,15 @@ N sender processes each push S bytes in datagrams of the protocol's packet size 
 relay process that returns every datagram to its sender (the switch, too, receives N packets
 per chunk and sends N), with the same batching (recvmmsg/sendmmsg) and a window per sender.
 The goodput S / time is what a switch that did no work at all would reach: the allreduce
-benchmark divides its own goodput by it.
+benchmark divides its own goodput by it. `cpu_s_per_gb` is the CPU the senders and the relay
+used per GB of one sender's buffer (the allreduce benchmark's denominator), i.e. what moving the
+bytes through a Python UDP datapath costs before any aggregation.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import select
 import time
 
@@ -42,6 +45,7 @@ def _sender(relay_port: int, nbytes: int, pkt: int, window: int, batch: int, sta
     poller = select.poll()
     poller.register(sock.fd, select.POLLIN)
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     last = t0
     resends = 0
     while got < npkts:
@@ -59,7 +63,7 @@ def _sender(relay_port: int, nbytes: int, pkt: int, window: int, batch: int, sta
             last = time.perf_counter()
         else:
             poller.poll(5)
-    result_q.put((time.perf_counter() - t0, resends))
+    result_q.put((time.perf_counter() - t0, resends, time.process_time() - cpu0))
 
 
 def measure(workers: int, nbytes: int, pkt: int, window: int = 256, batch: int = 64, repeat: int = 3) -> dict:
@@ -69,10 +73,11 @@ def measure(workers: int, nbytes: int, pkt: int, window: int = 256, batch: int =
     relay = ctx.Process(target=_relay, args=(port_q, stop, batch, pkt + 64), daemon=True)
     relay.start()
     port = port_q.get(timeout=30)
-    times = []
+    times, cpus = [], []
     resends = 0
     try:
         for _ in range(repeat):
+            relay0 = proc_cpu(relay.pid)
             start = ctx.Event()
             procs = [ctx.Process(target=_sender, args=(port, nbytes, pkt, window, batch, start, result_q),
                                  daemon=True) for _ in range(workers)]
@@ -83,11 +88,34 @@ def measure(workers: int, nbytes: int, pkt: int, window: int = 256, batch: int =
             per = [result_q.get(timeout=120) for _ in procs]
             for p in procs:
                 p.join(10)
-            times.append(max(t for t, _ in per))
-            resends += sum(r for _, r in per)
+            times.append(max(t for t, _, _ in per))
+            cpus.append(sum(c for _, _, c in per) + proc_cpu(relay.pid) - relay0)
+            resends += sum(r for _, r, _ in per)
     finally:
         stop.set()
         relay.join(5)
     best = min(times)
+    cpu = sorted(cpus)[len(cpus) // 2]  # the median repeat: one descheduled sender skews one, not the figure
     return {"seconds": best, "goodput_gbps": nbytes / best / 1e9,
-            "packets_per_s": workers * 2 * -(-nbytes // pkt) / best, "resends": resends}
+            "packets_per_s": workers * 2 * -(-nbytes // pkt) / best, "resends": resends,
+            "cpu_s": cpu, "cpu_s_per_gb": cpu / (nbytes / 1e9)}
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds process `pid` has used so far (0.0 if it is gone): the sum over its live threads
+    of the scheduler's nanosecond run time (/proc/PID/task/*/schedstat), else user + system time
+    from /proc/PID/stat, whose 10 ms ticks are too coarse for runs of a tenth of a second."""
+    try:
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[0])
+        return total / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
