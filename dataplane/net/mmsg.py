@@ -36,7 +36,9 @@ assert MMSGHDR.itemsize == 64 and IOVEC.itemsize == 16
 
 
 def addr_of(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
+    # ctypes.data, not __array_interface__: the latter builds a descr list for structured dtypes
+    # (about 8 us for an mmsghdr array, several times per event-loop turn)
+    return a.ctypes.data
 
 
 def recv_vectors(rows: np.ndarray, addrs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -87,11 +89,17 @@ class BatchSocket:
         self.rx_addr = np.zeros((batch, SOCKADDR_LEN), dtype=np.uint8)
         self._want_addr = sock.family == socket.AF_INET
         self._rx_iov, self._rx_hdr = recv_vectors(self.rx, self.rx_addr if self._want_addr else None)
+        self._rx_hdr_addr = addr_of(self._rx_hdr)
         self._tx_iov = np.zeros(batch, dtype=IOVEC)
         self._tx_hdr = np.zeros(batch, dtype=MMSGHDR)
         self._tx_hdr["iov"] = addr_of(self._tx_iov) + np.arange(batch, dtype=np.uint64) * np.uint64(IOVEC.itemsize)
         self._tx_hdr["iovlen"] = 1
+        self._tx_hdr_addr = addr_of(self._tx_hdr)
+        # field views made once: indexing a structured array by name costs a microsecond a time
+        self._tx_base, self._tx_len = self._tx_iov["base"], self._tx_iov["len"]
+        self._tx_name, self._tx_namelen = self._tx_hdr["name"], self._tx_hdr["namelen"]
         self.peers = np.zeros((max(peers, 1), SOCKADDR_LEN), dtype=np.uint8)
+        self._peers_addr = addr_of(self.peers)  # follows `peers` (set_peer grows it)
         self.default_peer: int | None = None  # destination of sends that name none (unconnected sockets)
         self.stats = {"rx_packets": 0, "rx_bytes": 0, "tx_packets": 0, "tx_bytes": 0, "tx_errors": 0}
 
@@ -99,7 +107,7 @@ class BatchSocket:
     def recv(self, block: bool = False) -> int:
         if self._want_addr:
             self._rx_hdr["namelen"] = SOCKADDR_LEN
-        k = _libc.recvmmsg(self.fd, addr_of(self._rx_hdr), self.batch, 0 if block else MSG_DONTWAIT, None)
+        k = _libc.recvmmsg(self.fd, self._rx_hdr_addr, self.batch, 0 if block else MSG_DONTWAIT, None)
         if k < 0:
             err = ctypes.get_errno()
             if err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
@@ -116,6 +124,7 @@ class BatchSocket:
             grown = np.zeros((index + 1, SOCKADDR_LEN), dtype=np.uint8)
             grown[: len(self.peers)] = self.peers
             self.peers = grown
+            self._peers_addr = addr_of(grown)
         self.peers[index] = sockaddr_in(host, port)
 
     def send(self, rows: np.ndarray, lengths: np.ndarray, dests: np.ndarray | None = None, block: bool = True) -> int:
@@ -124,19 +133,19 @@ class BatchSocket:
         done = 0
         while done < total:
             n = min(self.batch, total - done)
-            self._tx_iov["base"][:n] = rows[done:done + n]
-            self._tx_iov["len"][:n] = lengths[done:done + n]
+            self._tx_base[:n] = rows[done:done + n]
+            self._tx_len[:n] = lengths[done:done + n]
             if dests is not None:
                 d = np.asarray(dests[done:done + n])
-                self._tx_hdr["name"][:n] = np.where(d >= 0, addr_of(self.peers) + d.astype(np.uint64) * np.uint64(SOCKADDR_LEN), 0)
-                self._tx_hdr["namelen"][:n] = np.where(d >= 0, SOCKADDR_LEN, 0)
+                self._tx_name[:n] = np.where(d >= 0, self._peers_addr + d.astype(np.uint64) * np.uint64(SOCKADDR_LEN), 0)
+                self._tx_namelen[:n] = np.where(d >= 0, SOCKADDR_LEN, 0)
             elif self.default_peer is not None:
-                self._tx_hdr["name"][:n] = addr_of(self.peers) + self.default_peer * SOCKADDR_LEN
-                self._tx_hdr["namelen"][:n] = SOCKADDR_LEN
+                self._tx_name[:n] = self._peers_addr + self.default_peer * SOCKADDR_LEN
+                self._tx_namelen[:n] = SOCKADDR_LEN
             else:
-                self._tx_hdr["name"][:n] = 0
-                self._tx_hdr["namelen"][:n] = 0
-            k = _libc.sendmmsg(self.fd, addr_of(self._tx_hdr), n, 0 if block else MSG_DONTWAIT)
+                self._tx_name[:n] = 0
+                self._tx_namelen[:n] = 0
+            k = _libc.sendmmsg(self.fd, self._tx_hdr_addr, n, 0 if block else MSG_DONTWAIT)
             if k < 0:
                 err = ctypes.get_errno()
                 if err == errno.EINTR:
@@ -163,7 +172,7 @@ class BatchSocket:
         self._tx_iov["len"][:n] = self.rx_len[:n]
         self._tx_hdr["name"][:n] = addr_of(self.rx_addr) + np.arange(n, dtype=np.uint64) * np.uint64(SOCKADDR_LEN)
         self._tx_hdr["namelen"][:n] = SOCKADDR_LEN
-        sent = _libc.sendmmsg(self.fd, addr_of(self._tx_hdr), n, 0)
+        sent = _libc.sendmmsg(self.fd, self._tx_hdr_addr, n, 0)
         if sent > 0:
             self.stats["tx_packets"] += sent
             self.stats["tx_bytes"] += int(self.rx_len[:sent].sum())

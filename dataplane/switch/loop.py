@@ -24,14 +24,20 @@ def _warm_kernels() -> None:
     process, so the first aggregation batch does not stall on numba while endpoints' timers run."""
     if _WARMING.acquire(blocking=False):  # never released: once per process
         def warm() -> None:
+            from ..heap import refreeze
             from ..kernels.switch_lanes import warm_up
 
             warm_up()
+            refreeze()  # a daemon froze its start-up objects: the kernels' are long-lived too (heap.py)
 
         threading.Thread(target=warm, name="luwu-switch-kernels", daemon=True).start()
 
 
 MAX_TURN_ROWS = 2048  # rows of a shared receive buffer: ports beyond it wait for the next turn
+# socket ports drain up to this many recvmmsg batches each per turn: big turns pay the pipeline's
+# per-batch cost (hundreds of us of numpy calls) once for a whole backlog (luwu bench switch)
+SOCKET_DEPTH = 4
+MAX_TURN_BYTES = 64 << 20  # and at most this much receive buffer (64 KiB packets: 1024 rows)
 KINDS = ("udp", "raw", "shm")
 
 
@@ -54,12 +60,14 @@ class EventLoop:
 
     def _receiver(self, kind: str, nports: int) -> GroupReceiver:
         cfg = self.switch.config
-        rows = min(MAX_TURN_ROWS, max(cfg.batch, cfg.batch * nports))
+        packet = aggregation_packet_len(cfg.lanes)
+        max_len = max(packet, {"udp": cfg.max_datagram, "raw": cfg.max_frame}.get(kind) or shm_row_bytes(cfg.lanes))
+        row_len = packet if kind == "udp" else None  # UDP rows one packet wide; longer datagrams spill
+        depth = 1 if kind == "shm" else min(SOCKET_DEPTH, max(1, MAX_TURN_BYTES // (cfg.batch * nports * (row_len or max_len))))
+        rows = min(MAX_TURN_ROWS, max(cfg.batch, cfg.batch * nports * depth))
         rx = self._receivers.get(kind)
         if rx is None or rx.capacity < rows:
-            max_len = {"udp": cfg.max_datagram, "raw": cfg.max_frame}.get(kind) or shm_row_bytes(cfg.lanes)
-            rx = self._receivers[kind] = GroupReceiver(rows, max(max_len, aggregation_packet_len(cfg.lanes)),
-                                                       want_addr=kind == "udp")
+            rx = self._receivers[kind] = GroupReceiver(rows, max_len, want_addr=kind == "udp", row_len=row_len)
         return rx
 
     def _run(self) -> None:
@@ -92,13 +100,14 @@ class EventLoop:
                 rx.reset()
                 segments = []
                 n = len(group)
+                share = max(batch, rx.capacity // n)  # a socket port's rows this turn (drained)
                 for i in range(n):  # rotate the start so no port always gets the leftovers
                     att = group[(turn + i) % n]
                     if ready is not None and att.fd not in ready:
                         continue
                     start = rx.filled
                     try:
-                        k = att.recv_into(rx, batch) if kind == "shm" else rx.recv(att.fd, att.port, batch)
+                        k = att.recv_into(rx, batch) if kind == "shm" else rx.drain(att.fd, att.port, batch, share)
                     except OSError as e:  # a closed or broken socket: note it, keep serving the others
                         print(f"luwu switch: port {att.port}: receive failed: {e}", file=sys.stderr)
                         continue

@@ -33,6 +33,43 @@ class GroupPlan:
         self.pos = pos  # position j of each packet of `order` inside its group
 
 
+def fold(slot: np.ndarray, a, regs, payload: np.ndarray, agg) -> np.ndarray | None:
+    """Run every qualifying group of the aggregation inputs `a` (pipeline._AggInputs; `slot` per
+    packet) through the slot state machine and the lane fold, writing their outcome into `agg`.
+
+    Returns:
+        The mask of the packets handled (the caller runs the others in rounds), or None when no
+        group qualified (nothing was changed).
+
+    Compiled when kernels are on (dataplane/kernels/switch_lanes.py `phase_groups`: one pass per
+    group, same registers, outcome and bits); `plan` + `apply` are its numpy reference.
+    """
+    if not use_numba():
+        p = plan(slot, a, regs)
+        if p is None:
+            return None
+        apply(p, a, regs, payload, agg)
+        return p.fast
+    from ..kernels.switch_lanes import phase_groups
+
+    n = len(slot)
+    fast, last = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    remaining, exponent, saturated = np.zeros(n, dtype=np.uint32), np.zeros(n, dtype=np.int8), np.zeros(n, dtype=bool)
+    handled = phase_groups(np.argsort(slot, kind="stable"), slot, a.s, a.other, a.epoch, a.is_max, a.bit, a.nw,
+                           a.exponent, a.saturated, a.rows, regs.slot_owner, regs.bitmap, regs.contributors,
+                           regs.exponents, regs.slot_flags, regs.lanes.view(np.uint32), payload.view(np.uint32),
+                           fast, remaining, exponent, saturated, last)
+    if not handled:
+        return None
+    out = a.ai[fast]
+    agg.dup[out] = False
+    agg.remaining[out] = remaining[fast]
+    tails = a.ai[last]
+    agg.exponent[tails] = exponent[last]
+    agg.saturated[tails] = saturated[last]
+    return fast
+
+
 def plan(slot: np.ndarray, a, regs) -> GroupPlan | None:
     """Find the qualifying groups among the aggregation inputs `a` (see pipeline._AggInputs)."""
     order = np.argsort(slot, kind="stable")
@@ -117,13 +154,7 @@ def apply(p: GroupPlan, a, regs, payload: np.ndarray, agg) -> None:
     regs.exponents[g_s] = e
     regs.slot_flags[g_s] = sat
     done = remaining[st + p.sizes - 1] == 0
-    if use_numba():  # one compiled pass per group (dataplane/kernels/switch_lanes.py), same bits
-        from ..kernels.switch_lanes import fold_groups
-
-        fold_groups(regs.lanes.view(np.uint32), payload.view(np.uint32), g_s, first, a.is_max[heads], done,
-                    st.astype(np.int64), p.sizes.astype(np.int64), a.rows[o].astype(np.int64))
-    else:
-        _fold(p, a, regs, payload, g_s, first, heads, done)
+    _fold(p, a, regs, payload, g_s, first, heads, done)
     # outcome per packet, for the next step selector (exponent/flags matter only where emitted)
     agg.dup[a.ai[o]] = False
     agg.remaining[a.ai[o]] = remaining
@@ -133,7 +164,8 @@ def apply(p: GroupPlan, a, regs, payload: np.ndarray, agg) -> None:
 
 def _fold(p: GroupPlan, a, regs, payload: np.ndarray, g_s: np.ndarray, first: np.ndarray, heads: np.ndarray,
           done: np.ndarray) -> None:
-    """The readable lane arithmetic of `apply` (the reference of the compiled fold_groups)."""
+    """The readable lane arithmetic of `apply` (with `plan`, the reference of the compiled
+    `phase_groups` kernel)."""
     st = p.starts
     last = p.order[st + p.sizes - 1]
     o = p.order

@@ -203,14 +203,15 @@ class Pipeline:
             slot = c.h["slot"][ai].astype(np.int64)
             a = _AggInputs(c, ai, slot, self.registers.slots)
             payload = b.payload(self.lanes)
-            rounds = round_numbers(slot)
             rest = None
-            if rounds.max() > 0:  # several contributions to a slot: fold qualifying groups in one pass
-                plan = phase_groups.plan(slot, a, self.registers)
-                if plan is not None:
-                    phase_groups.apply(plan, a, self.registers, payload, agg)
-                    rest = np.flatnonzero(~plan.fast)
-                    rounds = round_numbers(slot[rest])
+            # several contributions to a slot: fold the qualifying groups in one pass (None: no
+            # slot has a qualifying group, nothing changed), the rest go through the rounds
+            fast = phase_groups.fold(slot, a, self.registers, payload, agg) if len(slot) > 1 else None
+            if fast is not None:
+                rest = np.flatnonzero(~fast)
+                rounds = round_numbers(slot[rest])
+            else:
+                rounds = round_numbers(slot)
             n_rounds = int(rounds.max()) + 1 if len(rounds) else 0
             for r in range(n_rounds):
                 if n_rounds == 1:

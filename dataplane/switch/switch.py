@@ -303,7 +303,7 @@ class SoftwareSwitch:
                         drop[a:z][att.foreign(rx.addr[a:z])] = DropReason.UNKNOWN_PORT
             if hasattr(rx, "truncated"):  # longer than the receive buffer: the kernel kept only a prefix
                 drop[(drop == 0) & rx.truncated[:n]] = DropReason.MALFORMED
-            b = Batch(rx.rows[:n], rx.length[:n], rx.port[:n], framed, drop)
+            b = Batch(rx.turn_rows(n), rx.length[:n], rx.port[:n], framed, drop)
             if learning:
                 valid = self.pipeline.valid(b)
                 for att, a, z in learning:

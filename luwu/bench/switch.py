@@ -64,9 +64,11 @@ def _switch_server(lanes: int, peers: list, pool: int, batch: int, conn, profile
     """The switch with one port per worker, wired to the worker's fixed address. Between runs
     the parent sends ("epoch", n): a new session instance, as a new job would get."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from luwu.dataplane.heap import freeze_collector, retain_freed_memory
     from luwu.dataplane.switch.config import SwitchConfig
     from luwu.dataplane.switch.switch import SoftwareSwitch
 
+    retain_freed_memory()  # as `luwu switch` does: the turns' temporaries stay mapped (dataplane/heap.py)
     workers = len(peers)
     sw = SoftwareSwitch(SwitchConfig(lanes=lanes, slots=max(pool, 64), batch=batch))
     ports = {r + 1: sw.attach_udp(r + 1, (HOST, 0), peer=tuple(peers[r])) for r in range(workers)}
@@ -104,6 +106,7 @@ def _switch_server(lanes: int, peers: list, pool: int, batch: int, conn, profile
         sw.stop()
     else:
         sw.start()
+        freeze_collector()  # as `luwu switch` does (dataplane/heap.py)
         conn.send(ports)
         control()
         sw.stop()

@@ -37,3 +37,28 @@ def test_retained_heap_stops_refaulting_batch_buffers():
     plain = int(_faults("plain"))
     assert plain >= 20, f"without it every 16 MiB buffer is mapped afresh ({plain} faults for 20)"
     assert int(kept) < 20, f"with it the freed buffer is reused ({kept} faults for 20 allocations)"
+
+
+FREEZE_PROBE = """
+import gc, sys
+from luwu.dataplane.heap import freeze_collector, refreeze
+if sys.argv[1] == "freeze":
+    frozen = freeze_collector()
+    late = [[i] for i in range(1000)]  # made after start-up (the kernels' objects, say)
+    refreeze()
+    print(frozen, gc.get_freeze_count() - frozen, len(gc.get_objects()) < 1000)
+else:
+    late = [[i] for i in range(1000)]
+    refreeze()  # a library call in a process that never froze: changes nothing
+    print(gc.get_freeze_count())
+"""
+
+
+def test_a_daemon_freezes_its_start_up_objects_and_a_library_call_alone_does_not():
+    """freeze_collector moves start-up objects out of the collector's traversals; refreeze (the
+    kernel loaders' call) adds later long-lived objects, but only where the entry point froze."""
+    run = lambda mode: subprocess.run([sys.executable, "-c", FREEZE_PROBE, mode], capture_output=True,  # noqa: E731
+                                      text=True, check=True, timeout=120).stdout.split()
+    frozen, added, few_left = run("freeze")
+    assert int(frozen) > 1000 and int(added) >= 1000 and few_left == "True"
+    assert run("library") == ["0"]

@@ -386,3 +386,61 @@ def test_mixed_attachments_route_l3_frames_only_to_ethernet_ports(star):
         sw.handle_turn(rx, [(FakeRaw(), 0, 1)])
     assert sw.counters()["drops"][int(DropReason.NO_ROUTE)] == (1, len(f))
     assert sw.errors == 0 and eps[1].recv_all() == []
+
+
+def test_datagrams_wider_than_a_row_arrive_whole_or_flagged_truncated():
+    """Compact receive rows (one aggregation packet wide) with a spill row per datagram: what the
+    pipeline sees of every datagram is exactly what was sent, up to max_len (then MSG_TRUNC)."""
+    from luwu.dataplane.switch.receiver import GroupReceiver
+
+    row, max_len = 100, 3000
+    rx = GroupReceiver(8, max_len, want_addr=True, row_len=row)
+    assert rx.rows.shape[1] < max_len  # rows really are compact
+    dst = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    src = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        dst.bind(("127.0.0.1", 0))
+        rng = np.random.default_rng(1)
+        sizes = [10, rx.rows.shape[1], rx.rows.shape[1] + 1, 2000, max_len, max_len + 500]
+        sent = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+        for d in sent:
+            src.sendto(d, dst.getsockname())
+        got = 0
+        deadline = time.monotonic() + DEADLINE
+        while got < len(sent) and time.monotonic() < deadline:
+            got += rx.drain(dst.fileno(), 1, 4, len(sent) - got)  # two recvmmsg calls: spills in both
+        assert got == len(sent)
+        rows = rx.turn_rows(got)
+        for i, d in enumerate(sent):
+            keep = min(len(d), max_len)
+            assert rx.length[i] == keep and bool(rx.truncated[i]) == (len(d) > max_len)
+            assert rows[i, :keep].tobytes() == d[:keep]
+        rx.reset()  # a turn without wide datagrams sees the compact rows themselves
+        src.sendto(sent[0], dst.getsockname())
+        deadline = time.monotonic() + DEADLINE
+        while not rx.drain(dst.fileno(), 1, 4, 4) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert rx.turn_rows(1).base is rx.rows and rx.turn_rows(1)[0, :10].tobytes() == sent[0]
+    finally:
+        dst.close()
+        src.close()
+
+
+def test_a_param_longer_than_an_aggregation_packet_is_multicast_intact(star):
+    """PARAM length is count x itemsize, not bounded by the lanes: it spills past the compact
+    receive row and must still leave byte for byte."""
+    sw, eps = star
+    data = param(2, count=60, dtype=1, pull_id=1)  # 272 bytes: rows here are 64 (8 lanes)
+    assert len(data) > 4 * LANES + 32
+    eps[NODE_PORT].send(data)
+    seen: dict[int, list] = {r: [] for r in (1, 2, 3)}
+
+    def arrived():
+        for r in seen:
+            seen[r] += [p for p in eps[r].recv_all() if p.type == MsgType.PARAM]
+        return all(seen.values())
+    wait_for(arrived, "the long PARAM at every worker")
+    want = Packet.unpack(data)
+    for got in seen.values():
+        assert len(got) == 1 and got[0].count == 60 and got[0].payload == want.payload
+    assert sw.errors == 0
