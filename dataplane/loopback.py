@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from luwu.p4.runtime_config import StarSession, star_program
 
 from . import children
-from .heap import retain_freed_memory
+from .heap import freeze_collector, retain_freed_memory
 from .protocol import NODE, aggregation_packet_len, lanes_for_mode
 from .session import EndpointPlan, SessionSpec, Wiring
 
@@ -210,6 +210,26 @@ def _build_switch(plan: StarPlan, drop: dict, seed: int, runtime: dict | None = 
     return sw
 
 
+_spare_lock = threading.Lock()
+_spare: dict[str, subprocess.Popen] = {}  # log path -> a switch process `prestart` launched, not yet given a plan
+
+
+def _launch(log_path: str) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "luwu.dataplane.loopback"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=log, text=True, env=dict(os.environ, OMP_NUM_THREADS="1", LUWU_NO_BACKEND="1"))
+
+
+def _close_pipes(proc: subprocess.Popen) -> None:
+    for f in (proc.stdin, proc.stdout):
+        try:
+            if f is not None:
+                f.close()
+        except OSError:
+            pass
+
+
 class LoopbackSwitch:
     """The software switch of a `StarPlan`, in a thread of this process or in a child process.
 
@@ -220,7 +240,9 @@ class LoopbackSwitch:
     stdin closes, so it never outlives its parent, and it logs to `log_path`. `host`: a started
     process=True switch whose child process also runs this one (a thread there, no new process:
     the torch backend's new_group); stopping the host's own switch stops the process, and with it
-    every switch it hosts.
+    every switch it hosts. `LoopbackSwitch.prestart(log_path)` launches the child before the plan
+    is known (its interpreter, imports and compiled kernels load meanwhile); the next process=True
+    start with that log path takes it.
     """
 
     READY_TIMEOUT = 60.0
@@ -249,10 +271,7 @@ class LoopbackSwitch:
             return self
         if self._host is not None:
             return self._start_hosted(self._host)
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "luwu.dataplane.loopback"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=log, text=True, env=dict(os.environ, OMP_NUM_THREADS="1", LUWU_NO_BACKEND="1"))
+        self._proc = self._take_spare(self.log_path) or _launch(self.log_path)
         request = {"plan": json.loads(plan_to_json(self.plan)), "drop": self.drop, "seed": self.seed,
                    "runtime": self.runtime}
         reply = self._ask(json.dumps(request), self.READY_TIMEOUT)
@@ -262,6 +281,37 @@ class LoopbackSwitch:
                                f"its log {self.log_path} says:\n{children.tail(self.log_path)}")
         self.plan.switch_ports.update({int(k): (v[0], int(v[1])) for k, v in reply["switch_ports"].items()})
         return self
+
+    @staticmethod
+    def prestart(log_path: str) -> None:
+        """Launch a switch process now, without a plan and without waiting for it: it imports the
+        switch and loads its compiled kernels while the caller works out the plan (the torch
+        backend's rank 0 does this first thing in init_process_group). The next `start()` of a
+        process=True switch logging to `log_path` takes it; `discard_prestarted` stops one nobody
+        took. Idempotent per log path while the process lives."""
+        with _spare_lock:
+            proc = _spare.get(log_path)
+            if proc is None or proc.poll() is not None:
+                _spare[log_path] = _launch(log_path)
+
+    @staticmethod
+    def discard_prestarted(log_path: str) -> None:
+        """Stop the process `prestart(log_path)` launched if no switch took it (the caller's set-up
+        failed before it started its switch)."""
+        with _spare_lock:
+            proc = _spare.pop(log_path, None)
+        if proc is not None:
+            _close_pipes(proc)  # EOF on its stdin: it exits by itself
+            children.stop(proc, grace=children.STOP_GRACE)
+
+    @staticmethod
+    def _take_spare(log_path: str) -> subprocess.Popen | None:
+        with _spare_lock:
+            proc = _spare.pop(log_path, None)
+        if proc is not None and proc.poll() is not None:  # it died waiting: its log says why; start afresh
+            _close_pipes(proc)
+            return None
+        return proc
 
     def _start_hosted(self, host: LoopbackSwitch) -> LoopbackSwitch:
         request = {"op": "add", "plan": json.loads(plan_to_json(self.plan)), "drop": self.drop, "seed": self.seed,
@@ -345,12 +395,7 @@ class LoopbackSwitch:
         if self._proc is not None:
             if self._proc.poll() is None:
                 self._ask("stop", 10.0)
-            for f in (self._proc.stdin, self._proc.stdout):
-                try:
-                    if f is not None:
-                        f.close()
-                except OSError:
-                    pass
+            _close_pipes(self._proc)
             children.stop(self._proc, grace=10.0)
             pid, self._proc = self._proc.pid, None
             self._remove_rings(pid)
@@ -383,6 +428,7 @@ class LoopbackSwitch:
 
 def _serve_stdin() -> int:
     """Body of LoopbackSwitch(process=True): a request line, then `counters` / `stop` until EOF."""
+    _preload()  # before the request: a prestarted process loads while its parent works out the plan
     first = sys.stdin.readline()
     if not first:
         return 1
@@ -392,6 +438,7 @@ def _serve_stdin() -> int:
 
     trace.start("switch (loopback)")  # with LUWU_TRACE_DIR, like `luwu switch` (docs/observability.md)
     retain_freed_memory()  # a process of its own: keep the turns' temporaries mapped (heap.py)
+    freeze_collector()  # and keep start-up objects out of the collector's traversals (heap.py)
     sw = _build_switch(plan, req.get("drop") or {}, int(req.get("seed", 0)), req.get("runtime"))
     sw.start()
     print(json.dumps({"switch_ports": {str(k): list(v) for k, v in plan.switch_ports.items()}}), flush=True)
@@ -412,6 +459,23 @@ def _serve_stdin() -> int:
             other.stop()
         sw.stop()
     return 0
+
+
+def _preload() -> None:
+    """Import the switch now and load its compiled lane kernels (numba: ~0.5 s of CPU) in the
+    background (dataplane/kernels `load_in_background`): nothing waits for the plan, and the first
+    aggregations run the numpy reference (same bits) until the kernels are in."""
+    from . import switch  # noqa: F401 - the import is the point
+    from .kernels import load_in_background
+
+    def load() -> None:
+        from .heap import refreeze
+        from .kernels.switch_lanes import warm_up
+
+        warm_up()
+        refreeze()  # the switch process froze its start-up objects: numba's are long-lived too (heap.py)
+
+    load_in_background(load, "luwu-switch-kernels-load")
 
 
 def _hosted_request(req: dict, hosted: dict[int, SoftwareSwitch]) -> dict:

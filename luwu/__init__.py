@@ -6,16 +6,18 @@ The import package gathers the project's parts (each a top-level folder of the r
 `luwu.proto`, `luwu.mininet` and `luwu.p4`. See docs/architecture.md.
 """
 
-from importlib.metadata import version as _version
-
-__version__ = _version("luwu")  # one source: pyproject.toml
-
 _OPTIMIZER_SPECS = ("AdamW", "Adam", "SGD")
 
 
 def __getattr__(name: str):
     """`luwu.AdamW(lr=...)`, `luwu.Adam`, `luwu.SGD`: optimizer specs for ModelInNetwork (the optimizer
-    runs on the optimizer node), imported on first use so `import luwu` stays light."""
+    runs on the optimizer node), imported on first use so `import luwu` stays light. `luwu.__version__`
+    likewise: importlib.metadata costs ~60 ms of CPU in every daemon and child process that imports
+    luwu, on the start-up path of init_process_group."""
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("luwu")  # one source: pyproject.toml
     if name in _OPTIMIZER_SPECS:
         from luwu.worker.model_in_network import optimizers
 

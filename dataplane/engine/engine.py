@@ -106,9 +106,12 @@ class Engine:
         return self.sock.sock.getsockname()
 
     def start(self) -> Engine:
-        from ..quantize import warm_up  # compiled kernels load beside startup, not on the first sum
+        from ..kernels import load_in_background
+        from ..quantize import warm_up
 
-        threading.Thread(target=warm_up, name="luwu-kernels-warm-up", daemon=True).start()
+        # compiled kernels load beside startup; the first sums run the numpy reference (the same
+        # bits) instead of waiting ~0.5 s for numba
+        load_in_background(warm_up)
         self._thread = threading.Thread(target=self._run, name=f"luwu-engine-{self.rank}", daemon=True)
         self._thread.start()
         return self

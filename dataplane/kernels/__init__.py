@@ -6,6 +6,11 @@ unset or "auto" compiles with numba when it imports; "reference" runs the refere
 when it is missing. Compiled kernels use `cache=True` (compiled once per machine, into
 `__pycache__`) and compile lazily, on first call, so nothing here costs startup time.
 
+Loading them costs a process ~0.5 s of CPU (numba's import and LLVM). A daemon that starts beside
+a worker (the engine, the loopback switch) loads them with `load_in_background`: a low-priority
+thread, and until it is done `use_numba()` says False in "auto" mode, so the datapath runs the
+reference path (the same bits) instead of waiting, and init_process_group does not pay for it.
+
 Example:
     >>> from luwu.dataplane import kernels
     >>> fast = kernels.use_numba()   # False under LUWU_KERNELS=reference or without numba
@@ -15,11 +20,18 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
+from collections.abc import Callable
 
 from ..usage import UserError
 
 ENV = "LUWU_KERNELS"
 MODES = ("auto", "numba", "reference")
+BACKGROUND_NICE = 10  # niceness of a background load's thread: it takes mostly idle CPU, start-up goes first
+
+_background_lock = threading.Lock()
+_background = 0  # `load_in_background` threads still running in this process
+_loader = threading.local()  # .active: this thread is a background load (use_numba() stays true for it)
 
 
 def mode() -> str:
@@ -43,7 +55,8 @@ def use_numba() -> bool:
     """Whether compiled kernels run.
 
     Returns:
-        True when numba imports and `LUWU_KERNELS` is not "reference".
+        True when numba imports and `LUWU_KERNELS` is not "reference"; in "auto" mode, False
+        while a `load_in_background` of this process is still running (except in its thread).
 
     Raises:
         UserError: `LUWU_KERNELS` is not a known mode, or is "numba" and numba is missing.
@@ -51,6 +64,49 @@ def use_numba() -> bool:
     m = mode()
     if m == "reference":
         return False
+    if m == "auto" and _background and not getattr(_loader, "active", False):
+        return False  # still loading in the background: the reference path (same bits), not a stall
     if m == "numba" and not numba_available():
         raise UserError(f"{ENV}=numba but numba is not installed (pip install numba)")
     return numba_available()
+
+
+def load_in_background(load: Callable[[], None], name: str = "luwu-kernels-load") -> None:
+    """Run `load` (a module's `warm_up`: import numba, load the compiled kernels) on a daemon thread
+    at lower priority; until it returns, `use_numba()` is False in "auto" mode.
+
+    Args:
+        load: the loading function; nothing when kernels are off (a bad LUWU_KERNELS is left for
+            the first `use_numba()` on the datapath to report).
+        name: the thread's name.
+
+    Example:
+        >>> from luwu.dataplane.kernels import load_in_background
+        >>> from luwu.dataplane.quantize import warm_up
+        >>> load_in_background(warm_up)   # the engine daemon, at process start
+    """
+    global _background
+    try:
+        if mode() == "reference":
+            return
+    except UserError:
+        return
+    with _background_lock:
+        _background += 1
+
+    def run() -> None:
+        global _background
+        try:
+            try:  # Linux: a thread's own niceness (its tid); elsewhere the thread runs at normal priority
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+            except (AttributeError, OSError):
+                pass
+            _loader.active = True
+            load()
+        except Exception:  # noqa: BLE001 - the datapath's own use of the kernels reports a broken numba
+            pass
+        finally:
+            with _background_lock:
+                _background -= 1
+
+    threading.Thread(target=run, name=name, daemon=True).start()

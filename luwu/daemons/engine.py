@@ -12,6 +12,8 @@ that engine). Connections that open none use the `--plan` engine, and their `clo
 daemon. Started without `--plan`, the daemon waits for `open`s: a worker starts it before it
 knows its plan (the plan and the process start overlap) and each of its process groups opens an
 engine in it instead of starting a process (worker/engine_link.py, for the torch backend and ModelInNetwork).
+Its compiled kernels load in the background from process start (dataplane/kernels
+`load_in_background`); float sums run the numpy reference, the same bits, until they are in.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from luwu.dataplane.engine.engine import Engine, EngineConfig
 from luwu.dataplane.engine.handles import Handle
 from luwu.dataplane.engine.shm import ShmCache
 from luwu.dataplane.heap import retain_freed_memory
+from luwu.dataplane.kernels import load_in_background
 from luwu.dataplane.net.framing import FrameError, recv_msg, send_msg
+from luwu.dataplane.quantize import warm_up
 from luwu.dataplane.session import EndpointPlan
 from luwu.dataplane.usage import positive_int
 
@@ -162,6 +166,9 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     retain_freed_memory()  # the engine's batch temporaries stay mapped (dataplane/heap.py)
+    # compiled kernels (numba: ~0.4 s of CPU) load from process start, at low priority, and float sums
+    # run the numpy reference (same bits) until they are in: init_process_group never waits for them
+    load_in_background(warm_up, "luwu-kernels-load")
     config = EngineConfig(batch=args.batch)
     engine = None
     if args.plan:

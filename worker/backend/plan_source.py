@@ -1,7 +1,8 @@
 """Where a rank's endpoint plan comes from: the embedded launcher, a plan file, or the controller.
 
 * embedded (default, nothing configured): rank 0 starts the software switch in a child process
-  (`LoopbackSwitch`, a child process) and publishes the `StarPlan`, with the bound switch ports, through the c10d
+  (`LoopbackSwitch`, a child process launched first thing by `prestart_switch`, before the plan
+  is built) and publishes the `StarPlan`, with the bound switch ports, through the c10d
   store; the other ranks read it from there.
 * plan file (`LUWU_PLAN`): a `StarPlan` JSON of a switch someone started separately, or this
   rank's `EndpointPlan` (`{rank}` in the path: one file per rank), e.g. on an emulated network.
@@ -64,6 +65,27 @@ def obtain_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: Back
 
 
 # -- embedded ------------------------------------------------------------------------------------
+def _switch_log(workdir: str) -> str:
+    return os.path.join(workdir, "switch.log")
+
+
+def prestart_switch(rank: int, cfg: BackendConfig, workdir: str) -> None:
+    """Rank 0 of an embedded plan launches its switch process before anything else, so that the
+    process's start-up (interpreter, imports, compiled kernels: most of init_process_group's time
+    on a small host) overlaps the rest of the group's creation; `embedded_plan` then hands it the
+    plan. Nothing when this process already runs a switch process (new_group adds a switch to it)."""
+    if rank != 0 or cfg.controller or cfg.plan_file:
+        return
+    if _switch_process is not None and _switch_process.alive():
+        return
+    LoopbackSwitch.prestart(_switch_log(workdir))
+
+
+def discard_prestarted_switch(workdir: str) -> None:
+    """Stop a switch process `prestart_switch` launched that no switch took (set-up failed first)."""
+    LoopbackSwitch.discard_prestarted(_switch_log(workdir))
+
+
 def embedded_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: BackendConfig,
                   workdir: str) -> PlanLease:
     if rank == 0:
@@ -71,7 +93,7 @@ def embedded_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: Ba
         try:
             star = StarPlan(workers=world_size, mode=cfg.packet_mode)
             owner = _switch_process if _switch_process is not None and _switch_process.alive() else None
-            host = LoopbackSwitch(star, process=True, log_path=os.path.join(workdir, "switch.log"), host=owner).start()
+            host = LoopbackSwitch(star, process=True, log_path=_switch_log(workdir), host=owner).start()
             if owner is None:
                 _switch_process = host
         except Exception as e:

@@ -37,7 +37,7 @@ from .diagnostics import LuwuError
 from .direct import DirectMoves
 from .fallback import ExactFallback
 from .hierarchy import RailHierarchy, check_rails
-from .plan_source import default_workdir, obtain_plan, release_plan
+from .plan_source import default_workdir, discard_prestarted_switch, obtain_plan, prestart_switch, release_plan
 from .scheduler import Scheduler
 from .sparse import sparse_allreduce
 from .staging import staged
@@ -90,12 +90,15 @@ class LuwuProcessGroup(dist.ProcessGroup):
         self._closed = False
         self._link = self._sched = self._p2p = None
         self._workdir = default_workdir(cfg, rank)
-        if cfg.engine == "process":  # its start-up overlaps the switch's and the plan's exchange
-            EngineHost.prestart(self._workdir)
+        # both child processes start now and load while the plan is worked out (docs/backend.md "Start-up")
+        prestart_switch(rank, cfg, self._workdir)
         try:
+            if cfg.engine == "process":
+                EngineHost.prestart(self._workdir)
             self._lease = obtain_plan(store, rank, world_size, self._timeout, cfg, self._workdir)
         except BaseException:
             EngineHost.stop_if_unused()
+            discard_prestarted_switch(self._workdir)
             raise
         try:
             self._link = open_engine(cfg.engine, self._lease.plan, self._workdir, cfg.connect_timeout)

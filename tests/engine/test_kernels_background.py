@@ -1,0 +1,72 @@
+"""Compiled kernels loaded in the background (dataplane/kernels `load_in_background`, what the
+engine daemon and the loopback switch do at start): while the load runs, "auto" mode takes the
+reference path instead of waiting for numba, the loading thread itself sees the compiled path,
+"numba" mode still insists, and a load that fails leaves the mode as it was."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from luwu.dataplane import kernels, quantize
+
+DEADLINE = 30.0  # s, an upper bound for a thread to report (never an assertion on speed)
+
+pytestmark = pytest.mark.skipif(not kernels.numba_available(), reason="numba is not installed")
+
+
+def _until_loaded() -> None:
+    deadline = time.monotonic() + DEADLINE
+    while kernels._background:
+        if time.monotonic() > deadline:
+            raise AssertionError("the background load never finished")
+        time.sleep(0.01)
+
+
+def test_auto_mode_takes_the_reference_path_while_kernels_load(monkeypatch):
+    monkeypatch.setenv("LUWU_KERNELS", "auto")
+    release, entered = threading.Event(), threading.Event()
+    seen_by_loader: list[bool] = []
+
+    def load() -> None:
+        seen_by_loader.append(kernels.use_numba())
+        entered.set()
+        release.wait(DEADLINE)
+
+    kernels.load_in_background(load, "test-load")
+    assert entered.wait(DEADLINE)
+    try:
+        assert not kernels.use_numba()  # another thread: the reference path, no stall
+        monkeypatch.setenv("LUWU_KERNELS", "numba")
+        assert kernels.use_numba()  # insisting on numba still gets it
+        monkeypatch.setenv("LUWU_KERNELS", "auto")
+        # the datapath's sum during the load is the reference's, and equal to the compiled one's after
+        x = np.linspace(-3, 3, 1000, dtype=np.float32)
+        during = quantize.chunk_exponents(x, 64)
+    finally:
+        release.set()
+    _until_loaded()
+    assert seen_by_loader == [True]
+    assert kernels.use_numba()
+    assert np.array_equal(during, quantize.chunk_exponents(x, 64))
+
+
+def test_a_failing_load_ends_the_reference_period(monkeypatch):
+    monkeypatch.setenv("LUWU_KERNELS", "auto")
+
+    def load() -> None:
+        raise RuntimeError("numba broke")
+
+    kernels.load_in_background(load, "test-load-fails")
+    _until_loaded()
+    assert kernels.use_numba()
+
+
+def test_reference_mode_starts_no_load(monkeypatch):
+    monkeypatch.setenv("LUWU_KERNELS", "reference")
+    ran: list[int] = []
+    kernels.load_in_background(lambda: ran.append(1), "test-load-off")
+    assert kernels._background == 0 and not ran
