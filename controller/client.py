@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import Message
 
-from luwu.dataplane.session import EndpointPlan
+from luwu.dataplane.session import EndpointPlan, shm_port_address
 from luwu.dataplane.usage import check_host_port, existing_file_or_error
 from luwu.proto import controller_pb2 as pb
 from luwu.proto import controller_pb2_grpc as pb_grpc
@@ -229,7 +229,8 @@ class Heartbeat:
 def software_switch_record(switch: SoftwareSwitch, name: str, p4runtime_address: str, role: pb.SwitchRole = pb.STAR, rail: int = 0,
                            peers: dict[int, tuple[str, int]] | None = None, nodes: dict[int, str] | None = None,
                            device_id: int = 0, macs: dict[int, str] | None = None) -> pb.Switch:
-    """The registration of a running `SoftwareSwitch`: its lanes, slots and UDP-attached ports.
+    """The registration of a running `SoftwareSwitch`: its lanes, slots and ports (UDP: HOST:PORT,
+    shared memory: shm:/dev/shm/NAME, both in `udp_address`; raw Ethernet: the interface).
 
     `peers` maps a port to the (switch, port) at its other end, `nodes` a port to the optimizer
     node on it; every other port is a worker port. `macs` maps a port to the MAC of what is at
@@ -241,12 +242,14 @@ def software_switch_record(switch: SoftwareSwitch, name: str, p4runtime_address:
     rec = pb.Switch(name=name, p4runtime_address=p4runtime_address, device_id=device_id, target="software",
                     lanes=switch.lanes, slots=switch.config.slots, role=role, rail=rail,
                     udp_port=switch.config.udp_port)
-    if any(getattr(a, "kind", "") != "udp" for a in switch.ports.values()):
+    if any(getattr(a, "kind", "") not in ("udp", "shm") for a in switch.ports.values()):
         rec.service_address = switch.config.service_ip
     for number, attachment in sorted(switch.ports.items()):
         port = rec.ports.add(number=number)
         if getattr(attachment, "kind", "") == "udp":
             port.udp_address = f"{attachment.address[0]}:{attachment.address[1]}"
+        elif getattr(attachment, "kind", "") == "shm":  # the planner hands it on as a Wiring(transport="shm")
+            port.udp_address = shm_port_address(str(attachment.address))
         else:
             port.interface = getattr(attachment, "ifname", "")
         if number in peers:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from luwu.dataplane.protocol import DEFAULT_UDP_PORT, DTYPE_ITEMSIZE, HEADER_LEN, NODE, Dtype, NextStep
-from luwu.dataplane.session import SessionSpec, Wiring
+from luwu.dataplane.session import SHM_SCHEME, SessionSpec, Wiring, parse_port_address
 from luwu.p4.runtime_config import (
     TableEntry,
     child_port_entry,
@@ -102,7 +102,7 @@ class Planner:
             for sw in tree:
                 self._program(plan, g, s, sw, up_worker)
         for node, port in g.nodes:
-            addr = _split(self._addresses.get(node, ""), ("127.0.0.1", 0))
+            addr = self._node_udp(node, ("127.0.0.1", 0))
             plan.node_wiring.setdefault(node, []).append(NodeWiring(g.root, self._wiring(NODE, g.root, port, addr)))
 
     def _session(self, plan: JobPlan, g: Group, tree: list[str], kind: str, purpose: str, size: int, node: str,
@@ -183,13 +183,25 @@ class Planner:
     def _node_address(self, node: str, sw: str, port: int) -> tuple[int, int, int]:
         host = self._topo.hosts.get(node)
         mac = self._topo.switches[sw].port_mac.get(port) or (host.mac if host else "")
-        ip, udp = _split(self._addresses.get(node, ""), (host.ip if host else "", self._udp_port(sw)))
+        ip, udp = self._node_udp(node, (host.ip if host else "", self._udp_port(sw)))
         return _mac(mac), ip_to_int(ip), udp
+
+    def _node_udp(self, node: str, default: tuple[str, int]) -> tuple[str, int]:
+        """The node's registered UDP address; `default` without one or for a node on a shared-memory
+        port (no socket: the ring is its identity, and the switch consults no endpoint address there)."""
+        text = self._addresses.get(node, "")
+        if text.startswith(SHM_SCHEME):
+            return default
+        return _split(text, default)
 
     def _wiring(self, rank: int, sw: str, port: int, local: tuple[str, int]) -> Wiring:
         spec = self._topo.switches[sw]
-        if spec.port_udp.get(port):
-            return Wiring(rank, "udp", local, _split(spec.port_udp[port], ("127.0.0.1", 0)), port)
+        if spec.port_udp.get(port):  # a software switch's UDP or shared-memory port (its registered address)
+            try:
+                transport, switch = parse_port_address(spec.port_udp[port], f"switch {sw} port {port}")
+            except ValueError as exc:
+                raise PlanError(str(exc)) from None
+            return Wiring(rank, transport, local, switch, port)
         return Wiring(rank, "ip", local, (spec.service_address or "0.0.0.0", self._udp_port(sw)), port)
 
     # -- shards ---------------------------------------------------------------------------------

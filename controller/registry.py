@@ -12,6 +12,7 @@ import ipaddress
 import re
 
 from luwu.dataplane.protocol import lanes_for_mode
+from luwu.dataplane.session import parse_port_address, split_host_port
 from luwu.proto import controller_pb2 as pb
 
 from .job_spec import NAME_RE
@@ -24,10 +25,7 @@ MAC_RE = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
 
 
 def check_address(text: str, what: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{what} {text!r} must look like HOST:PORT (port 1..65535)")
-    return host, int(port)
+    return split_host_port(text, what)
 
 
 def check_name(name: str, what: str) -> None:
@@ -64,8 +62,8 @@ def validate_switch(sw: pb.Switch) -> None:
         seen.add(p.number)
         if p.number >= 1 << PORT_BITS:
             raise ValueError(f"{where}: port numbers are {PORT_BITS}-bit (0..{(1 << PORT_BITS) - 1})")
-        if p.udp_address:
-            check_address(p.udp_address, f"{where}: udp_address")
+        if p.udp_address:  # HOST:PORT, or shm:/dev/shm/NAME for a shared-memory port (one syntax: session.py)
+            parse_port_address(p.udp_address, f"{where}: udp_address")
         if p.mac and not MAC_RE.match(p.mac):
             raise ValueError(f"{where}: mac {p.mac!r} must look like aa:bb:cc:dd:ee:ff")
         if p.ip:
@@ -114,7 +112,7 @@ def declared_routes(sw: pb.Switch) -> list[tuple[ipaddress.IPv4Network, int, str
 
 def validate_node(node: pb.Node) -> None:
     check_name(node.name, "node")
-    check_address(node.data_address, f"node {node.name}: data_address")
+    parse_port_address(node.data_address, f"node {node.name}: data_address")  # its UDP socket or shm port
     c = node.capacity
     if c.params_per_second < 0 or c.params_per_second != c.params_per_second:
         raise ValueError(f"node {node.name}: capacity.params_per_second must be a number >= 0")
@@ -123,8 +121,8 @@ def validate_node(node: pb.Node) -> None:
 def build_topology(switches: dict[str, pb.Switch], nodes: dict[str, pb.Node]) -> Topology:
     topo = Topology()
     for name in sorted(nodes):
-        host, _ = check_address(nodes[name].data_address, "data_address")
-        topo.add_host(HostSpec(name, "node", ip=host if _is_ipv4(host) else ""))
+        transport, (host, _) = parse_port_address(nodes[name].data_address, "data_address")
+        topo.add_host(HostSpec(name, "node", ip=host if transport == "udp" and _is_ipv4(host) else ""))
     for name in sorted(switches):
         sw = switches[name]
         topo.add_switch(SwitchSpec(

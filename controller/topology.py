@@ -29,7 +29,7 @@ class SwitchSpec:
     slots: int = 4096
     rail: int = 0
     open_ports: list[int] = field(default_factory=list)  # free ports where workers may be placed
-    port_udp: dict[int, str] = field(default_factory=dict)  # port -> "HOST:PORT" of its UDP socket (loopback)
+    port_udp: dict[int, str] = field(default_factory=dict)  # port -> "HOST:PORT" (UDP) or "shm:/dev/shm/NAME"
     port_mac: dict[int, str] = field(default_factory=dict)  # port -> the peer's MAC, when known
     service_address: str = ""  # IPv4 endpoints send luwu packets to (Ethernet)
     udp_port: int = 0  # luwu UDP port of the switch program (0: the protocol default)

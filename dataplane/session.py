@@ -10,6 +10,7 @@ torch.distributed store unchanged.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 from .protocol import MAX_CONTRIBUTORS, MAX_SESSIONS, check_pool
@@ -60,6 +61,60 @@ class Wiring:
     local: tuple[str, int] = ("127.0.0.1", 0)
     switch: tuple[str, int] = ("127.0.0.1", 0)
     switch_port: int = 0  # the switch's port number this endpoint is wired to
+
+
+# -- a switch port's address, as the switch reports it and the controller hands it on ----------------
+SHM_SCHEME = "shm:"  # "shm:/dev/shm/NAME": the port is the ring pair NAME.up / NAME.down of a switch on this host
+SHM_DIR = "/dev/shm"
+_SHM_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+
+
+def shm_port_address(prefix: str) -> str:
+    """The address of a shared-memory switch port whose rings are `prefix`.up/.down."""
+    return SHM_SCHEME + prefix
+
+
+def split_host_port(text: str, what: str) -> tuple[str, int]:
+    """"HOST:PORT" (port 1..65535) -> (host, port); a ValueError naming `what` otherwise."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{what} {text!r} must look like HOST:PORT (port 1..65535)")
+    return host, int(port)
+
+
+def parse_port_address(text: str, what: str) -> tuple[str, tuple[str, int]]:
+    """A software switch port's address -> (transport, `Wiring.switch`).
+
+    The one syntax for it (`luwu switch`'s ready line and registration, the controller's
+    validation and plans): "HOST:PORT" is a UDP port, ("udp", (host, port)); "shm:/dev/shm/NAME"
+    is a shared-memory port made by a switch on this host, ("shm", ("/dev/shm/NAME", 0)).
+
+    Args:
+        text: the address.
+        what: how an error names it (e.g. "switch s1 port 3: udp_address").
+
+    Returns:
+        (transport, switch) for a `Wiring`.
+
+    Raises:
+        ValueError: one line saying what the address must look like.
+
+    Example::
+
+        parse_port_address("shm:/dev/shm/luwu-sw-42-0-p1", "port 1")  # ("shm", ("/dev/shm/luwu-sw-42-0-p1", 0))
+    """
+    if text.startswith(SHM_SCHEME):
+        path = text[len(SHM_SCHEME):]
+        head, _, name = path.rpartition("/")
+        if head != SHM_DIR or not _SHM_NAME.fullmatch(name):
+            raise ValueError(f"{what} {text!r}: a shared-memory port is {SHM_SCHEME}{SHM_DIR}/NAME (NAME of letters, "
+                             f"digits, '_', '-', '.', not starting with '.')")
+        return "shm", (path, 0)
+    try:
+        return "udp", split_host_port(text, what)
+    except ValueError:
+        raise ValueError(f"{what} {text!r} must look like HOST:PORT (port 1..65535) or "
+                         f"{SHM_SCHEME}{SHM_DIR}/NAME") from None
 
 
 @dataclass

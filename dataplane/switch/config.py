@@ -80,6 +80,7 @@ def _int_range(name: str, v, lo: int, hi: int) -> None:
 # --- the daemon -------------------------------------------------------------------------------
 
 DROP_KEYS = ("ingress", "egress", "duplicate", "reorder")
+SHM_PORT = "shm"  # a port spec (`--port N=shm`, `ports: {N: shm}`): shared-memory rings the switch makes
 
 
 @dataclass
@@ -94,6 +95,7 @@ class UdpPortSpec:
 class DaemonConfig:
     switch: SwitchConfig = field(default_factory=SwitchConfig)
     ports: dict[int, UdpPortSpec] = field(default_factory=dict)  # UDP attachments
+    shm_ports: set[int] = field(default_factory=set)  # shared-memory attachments (ring pairs the switch makes)
     ifaces: dict[int, str] = field(default_factory=dict)  # raw (AF_PACKET) attachments
     drop: dict[str, dict[str, float]] = field(default_factory=dict)  # "all" or a port -> probabilities
     runtime: str | None = None  # p4lang/tutorials runtime JSON to load at start
@@ -182,10 +184,14 @@ def daemon_config_from_dict(raw: dict, where: str = "config") -> DaemonConfig:
     cfg = DaemonConfig(switch=sw)
     for key, val in (raw.get("ports") or {}).items():
         n = switch_port_number(key, f"{where}: ports")
+        if val == SHM_PORT:
+            cfg.shm_ports.add(n)
+            continue
         if isinstance(val, str):
             val = {"listen": val}
         if not isinstance(val, dict) or "listen" not in val:
-            raise ConfigError(f"{where}: ports.{key} needs listen: HOST:PORT (and optionally peer: HOST:PORT)")
+            raise ConfigError(f"{where}: ports.{key} needs listen: HOST:PORT (and optionally peer: HOST:PORT), "
+                              f"or is {SHM_PORT}")
         extra = set(val) - {"listen", "peer"}
         if extra:
             raise ConfigError(f"{where}: ports.{key}: unknown keys {', '.join(sorted(extra))} (listen, peer)")
@@ -193,8 +199,10 @@ def daemon_config_from_dict(raw: dict, where: str = "config") -> DaemonConfig:
         cfg.ports[n] = UdpPortSpec(parse_hostport(val["listen"], f"{where}: ports.{key}.listen"), peer)
     for key, val in (raw.get("ifaces") or {}).items():
         n = switch_port_number(key, f"{where}: ifaces")
-        if n in cfg.ports:
-            raise ConfigError(f"{where}: switch port {n} is both a UDP port and an interface")
+        if n in cfg.ports or n in cfg.shm_ports:
+            kind = "shm" if n in cfg.shm_ports else "UDP"
+            raise ConfigError(f"{where}: switch port {n} is both a{'n' if kind == 'shm' else ''} {kind} port and an "
+                              f"interface; give it one attachment")
         cfg.ifaces[n] = str(val)
     for key, val in (raw.get("drop") or {}).items():
         name = "all" if str(key) == "all" else str(switch_port_number(key, f"{where}: drop"))

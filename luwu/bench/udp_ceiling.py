@@ -73,6 +73,7 @@ def measure(workers: int, nbytes: int, pkt: int, window: int = 256, batch: int =
     relay = ctx.Process(target=_relay, args=(port_q, stop, batch, pkt + 64), daemon=True)
     relay.start()
     port = port_q.get(timeout=30)
+    assert relay.pid is not None  # started
     times, cpus = [], []
     resends = 0
     try:

@@ -20,7 +20,7 @@ from luwu.dataplane.optimizer.errors import CheckpointError
 from luwu.dataplane.optimizer.node import OptimizerNode
 from luwu.dataplane.optimizer.service import OptimizerService
 from luwu.dataplane.optimizer.spec import NodeConfig
-from luwu.dataplane.session import EndpointPlan
+from luwu.dataplane.session import EndpointPlan, shm_port_address
 from luwu.dataplane.usage import UserError, host_port, positive_int, size
 
 DEFAULT_CAPACITY = 1e8  # params/s registered with the controller when not measured
@@ -80,6 +80,8 @@ def run(args) -> int:
         raise UserError(f"--restore {restore}: {exc}") from None
     except ValueError as exc:  # a plan this host cannot honour (e.g. shared-memory ports of another host)
         raise UserError(f"--plan {args.plan}: {exc}") from None
+    except ConnectionRefusedError as exc:  # a shared-memory port whose switch has stopped: no rings to open
+        raise UserError(f"--plan {args.plan}: {exc.strerror}: start the node while the plan's switch runs") from None
     if args.checkpoint_every:
         from luwu.dataplane.optimizer.periodic import PeriodicCheckpoints
 
@@ -94,13 +96,14 @@ def run(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    host, port = service.address
+    address = data_address(service, plan)
     metrics = None
     if args.metrics:
         from luwu.dataplane.metrics import NodeCollector, serve
 
         metrics = "{}:{}".format(*serve(args.metrics, NodeCollector(service.node.stats)))
-    print(json.dumps({"ready": True, "udp": f"{host}:{port}", "metrics": metrics,
+    print(json.dumps({"ready": True, "udp": None if plan.wiring.transport == "shm" else address,
+                      "data_address": address, "metrics": metrics,
                       "control": service.control.address if service.control else None,
                       "sessions": [s.session for s in plan.sessions]}), flush=True)
     try:
@@ -152,6 +155,13 @@ def _control_auth(args):
     return ControlAuth(token=static, verify=verify)
 
 
+def data_address(service: OptimizerService, plan: EndpointPlan) -> str:
+    """The node's data-plane address as the controller takes it: HOST:PORT of its UDP socket, or the
+    shared-memory port it opened (shm:/dev/shm/NAME, `luwu.dataplane.session.parse_port_address`)."""
+    host, port = service.address
+    return shm_port_address(host) if plan.wiring.transport == "shm" else f"{host}:{port}"
+
+
 def _join_controller(args, service: OptimizerService, config: NodeConfig):
     """Register (or re-register, with the engine's real address) and report health; None without
     --controller. A node that stops reporting is marked down by the controller."""
@@ -164,9 +174,9 @@ def _join_controller(args, service: OptimizerService, config: NodeConfig):
 
     from luwu.proto import controller_pb2 as pb
 
-    host, port = service.address
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    client.register_node(pb.Node(name=args.name, data_address=f"{host}:{port}", capacity=pb.NodeCapacity(
+    address = data_address(service, service.engine.plan)
+    client.register_node(pb.Node(name=args.name, data_address=address, capacity=pb.NodeCapacity(
         params_per_second=args.params_per_second, ram_bytes=config.ram_budget,
         disk_bytes=shutil.disk_usage(config.state_dir).free)))
 

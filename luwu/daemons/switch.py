@@ -1,8 +1,8 @@
 """`luwu switch`: run the software switch as a daemon.
 
 Ports come from `--config` (YAML, see switch.example.yaml) and/or flags; flags win. Prints one
-JSON ready line (`{"ready": true, "ports": {N: "HOST:PORT"}, "p4runtime": ...}`), rewrites `--stats-file` (JSON counters) every stats interval
-so a hung job can be diagnosed without a CLI, optionally serves P4Runtime, and shuts down
+JSON ready line (`{"ready": true, "ports": {N: "HOST:PORT" or "shm:/dev/shm/NAME"}, "p4runtime": ...}`),
+rewrites `--stats-file` (JSON counters) every stats interval so a hung job can be diagnosed without a CLI, optionally serves P4Runtime, and shuts down
 cleanly on SIGINT/SIGTERM.
 
 P4Runtime is always authenticated (p4runtime_auth.py): the token comes from
@@ -21,9 +21,12 @@ import threading
 import time
 from pathlib import Path
 
+from luwu.dataplane.net.shm_ring import supported as shm_supported
+from luwu.dataplane.session import shm_port_address
 from luwu.dataplane.switch.config import (
     DROP_KEYS,
     EXAMPLE,
+    SHM_PORT,
     ConfigError,
     DaemonConfig,
     SwitchConfig,
@@ -47,11 +50,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slots", type=int, help="slots per set (default 4096)")
     p.add_argument("--udp-port", type=int, help="UDP port that marks luwu in Ethernet frames (default 19541)")
     p.add_argument("--seed", type=int, help="drop simulator seed (default 0)")
-    p.add_argument("--port", action="append", default=[], metavar="N=HOST:PORT[,peer=HOST:PORT|learn]",
+    p.add_argument("--port", action="append", default=[], metavar="N=HOST:PORT[,peer=HOST:PORT|learn]|N=shm",
                    help="UDP attachment of switch port N (repeatable). The port accepts datagrams only from its "
                         "peer: peer=HOST:PORT; without peer=, the endpoint address the controller (or --runtime) "
                         "writes for it, refusing everything until then; peer=learn: the first valid sender "
-                        "(opt-in for setups that cannot know the address: whoever sends first owns the port)")
+                        "(opt-in for setups that cannot know the address: whoever sends first owns the port). "
+                        "N=shm: a shared-memory port for an endpoint on this host (a ring pair in /dev/shm the "
+                        "switch makes, 0600; the ready line and the registration give its address "
+                        "shm:/dev/shm/NAME)")
     p.add_argument("--iface", action="append", default=[], metavar="N=IFNAME",
                    help="raw Ethernet attachment of switch port N to an interface (repeatable, root)")
     p.add_argument("--drop", action="append", default=[], metavar="PORT|all:KEY=P[,KEY=P]",
@@ -111,8 +117,16 @@ def config_from_args(args) -> DaemonConfig:
     for spec in args.port:
         num, sep, rest = spec.partition("=")
         if not sep:
-            raise ConfigError(f"--port {spec!r}: expected N=HOST:PORT[,peer=HOST:PORT|learn]")
+            raise ConfigError(f"--port {spec!r}: expected N=HOST:PORT[,peer=HOST:PORT|learn] or N=shm")
         n = switch_port_number(num, f"--port {spec!r}")
+        if rest == SHM_PORT:
+            cfg.ports.pop(n, None)
+            cfg.ifaces.pop(n, None)
+            cfg.shm_ports.add(n)
+            continue
+        if rest.startswith(SHM_PORT + ":"):
+            raise ConfigError(f"--port {spec!r}: a shared-memory port is N=shm (the switch names its rings and "
+                              f"reports the address); UDP ports are N=HOST:PORT")
         listen, _, peer = rest.partition(",")
         peer_addr = None
         if peer:
@@ -120,6 +134,7 @@ def config_from_args(args) -> DaemonConfig:
                 raise ConfigError(f"--port {spec!r}: after the address only peer=HOST:PORT or peer=learn is allowed")
             peer_addr = parse_peer(peer[len("peer="):], f"--port {spec!r} peer")
         cfg.ifaces.pop(n, None)
+        cfg.shm_ports.discard(n)
         cfg.ports[n] = UdpPortSpec(parse_hostport(listen, f"--port {spec!r}"), peer_addr)
     for spec in args.iface:
         num, sep, name = spec.partition("=")
@@ -127,6 +142,7 @@ def config_from_args(args) -> DaemonConfig:
             raise ConfigError(f"--iface {spec!r}: expected N=IFNAME")
         n = switch_port_number(num, f"--iface {spec!r}")
         cfg.ports.pop(n, None)
+        cfg.shm_ports.discard(n)
         cfg.ifaces[n] = name
     for spec in args.drop:
         where, sep, body = spec.partition(":")
@@ -150,9 +166,9 @@ def config_from_args(args) -> DaemonConfig:
         if not 0.05 <= args.stats_interval <= 3600:
             raise ConfigError(f"--stats-interval {args.stats_interval} must be seconds in [0.05, 3600]")
         cfg.stats_interval = args.stats_interval
-    if not cfg.ports and not cfg.ifaces:
-        raise ConfigError("no switch ports: give --port N=HOST:PORT or --iface N=IFNAME (or ports:/ifaces: in "
-                          "--config)")
+    if not cfg.ports and not cfg.ifaces and not cfg.shm_ports:
+        raise ConfigError("no switch ports: give --port N=HOST:PORT, --port N=shm or --iface N=IFNAME (or "
+                          "ports:/ifaces: in --config)")
     return cfg
 
 
@@ -162,13 +178,20 @@ def _show(addr) -> str | None:
     return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
 
 
+def _port_address(attachment) -> str | None:
+    """A port's address as endpoints and the controller take it: HOST:PORT, shm:/dev/shm/NAME, or the interface."""
+    if getattr(attachment, "kind", "") == "shm":
+        return shm_port_address(attachment.address)
+    return _show(attachment.address)
+
+
 def write_stats(sw, path: str, started: float) -> None:
     with sw.lock:
         sw.sync_peers()  # the peers the tables name now, even before a packet came
     snap = sw.counters()
     doc = {"time": time.time(), "uptime_s": round(time.monotonic() - started, 3), "lanes": sw.lanes,
            "slots": sw.config.slots, "errors": sw.errors,
-           "ports": {str(p): {"address": _show(a.address), "peer": _show(a.peer)} for p, a in sorted(sw.ports.items())},
+           "ports": {str(p): {"address": _port_address(a), "peer": _show(a.peer)} for p, a in sorted(sw.ports.items())},
            "counters": named(snap)}
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
@@ -290,7 +313,7 @@ def parse_route(spec: str):
 
 
 def _apply_drop(sw, cfg: DaemonConfig) -> None:
-    for n in sorted(set(cfg.ports) | set(cfg.ifaces)):
+    for n in sorted(set(cfg.ports) | set(cfg.ifaces) | cfg.shm_ports):
         probs = cfg.drop_for(n)
         if any(probs.values()):
             sw.set_drop_sim(n, **probs)
@@ -298,11 +321,12 @@ def _apply_drop(sw, cfg: DaemonConfig) -> None:
 
 def run(args) -> int:
     from luwu.dataplane import trace
-    from luwu.dataplane.heap import retain_freed_memory
+    from luwu.dataplane.heap import freeze_collector, retain_freed_memory
     from luwu.dataplane.switch.switch import SoftwareSwitch
 
     trace.start("switch")
     retain_freed_memory()  # the event loop's batch temporaries stay mapped (dataplane/heap.py)
+    freeze_collector()  # start-up objects leave the collector's sight (again once the kernels load)
 
     stop = threading.Event()
     p4rt = None
@@ -323,6 +347,11 @@ def run(args) -> int:
             except OSError as e:
                 raise ConfigError(f"switch port {n}: cannot bind UDP {spec.listen[0]}:{spec.listen[1]}: "
                                   f"{e.strerror}") from None
+        if cfg.shm_ports and not shm_supported():
+            raise ConfigError("shared-memory ports (--port N=shm) need Linux on x86-64 with /dev/shm: use --port "
+                              "N=HOST:PORT here")
+        for n in sorted(cfg.shm_ports):
+            sw.attach_shm(n)  # ConfigError naming the port when its rings cannot be made
         for n, name in sorted(cfg.ifaces.items()):
             sw.attach_raw(n, name)
         if cfg.runtime:
@@ -355,7 +384,7 @@ def run(args) -> int:
     sw.start()
     # one JSON line, like every luwu daemon's ready line
     print(json.dumps({"ready": True, "lanes": sw.lanes, "slots": sw.config.slots, "udp_port": sw.config.udp_port,
-                      "ports": {str(p): _show(a) for p, a in sw.port_addresses().items()},
+                      "ports": {str(p): _port_address(a) for p, a in sorted(sw.ports.items())},
                       "p4runtime": getattr(p4rt, "address", cfg.p4runtime) if p4rt is not None else None,
                       "metrics": metrics,
                       "name": getattr(args, "name", None) if beat is not None else None}), flush=True)

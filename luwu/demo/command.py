@@ -1,6 +1,10 @@
 """`luwu demo`: train a small GPT through a software switch and an in-network optimizer node on
 loopback, then the same model, data and seed with DDP + Gloo + AdamW, and compare.
 
+The switch's ports are shared-memory rings with 64 KiB (loopback-mode) packets where
+`luwu.dataplane.loopback` supports them, else loopback UDP with jumbo packets (`--transport`,
+`--packet-mode`); report.json (`control_plane.transport`, `settings`) and the summary say which ran.
+
 Steps: start the fabric (controller, switch, optimizer node; fabric.py), create the job (the
 controller plans it and programs the switch over P4Runtime), run N worker processes that join
 the job and train with ModelInNetwork (live progress), read the switch counters and the node's
@@ -20,6 +24,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from luwu.dataplane.loopback import TRANSPORTS, default_transport
+from luwu.dataplane.net.shm_ring import supported as shm_supported
 from luwu.dataplane.optimizer.spec import SERVED_DTYPES
 from luwu.dataplane.usage import UserError, existing_file, positive_float, positive_int, probability
 
@@ -29,6 +35,9 @@ from .progress import DemoProgress, human_bytes
 RUN_TIMEOUT = 3600.0  # s a training run may take before the demo gives up
 NODE_RAM = 256 << 20  # bytes of RAM the optimizer node may use for state and served copies
 CHECKPOINT_EVERY = 50  # steps between the optimizer node's lazy checkpoints
+# packets per transport: on rings 16000-lane (64 KiB) packets trained 1.3x faster than jumbo ones here (2 cores;
+# README "Measured here"): fewer packets, each one row copy; UDP keeps jumbo (loopback's 64 KiB datagrams unmeasured)
+DEFAULT_PACKET_MODE = {"shm": "loopback", "udp": "jumbo"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,7 +60,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-dtype", choices=sorted(SERVED_DTYPES), default="bf16",
                    help="how the optimizer node serves parameters (the workers compute in fp32)")
-    p.add_argument("--packet-mode", default="jumbo", help="tofino (64 lanes), jumbo (2048) or loopback (16000)")
+    p.add_argument("--transport", choices=TRANSPORTS, default=None,
+                   help="how workers and nodes reach the switch: shm (shared-memory ring pairs, the default where "
+                        "luwu.dataplane.loopback supports them: Linux x86-64 with /dev/shm) or udp (loopback sockets); "
+                        "LUWU_TRANSPORT sets the default")
+    p.add_argument("--packet-mode", default=None,
+                   help="tofino (64 lanes), jumbo (2048) or loopback (16000); default: "
+                        + ", ".join(f"{mode} on {t}" for t, mode in DEFAULT_PACKET_MODE.items()))
     p.add_argument("--corpus", type=existing_file, default=None, help="a UTF-8 text file instead of the packaged corpus")
     p.add_argument("--checkpoint-every", type=positive_int, default=CHECKPOINT_EVERY, metavar="N",
                    help="the optimizer node takes a lazy checkpoint every N steps into OUT/checkpoints/NODE "
@@ -70,6 +85,15 @@ def _check(args) -> None:
         raise UserError("--workers must be 1..32 (one switch, one bitmap)")
     if args.batch % args.workers:
         raise UserError(f"--batch {args.batch} must be a multiple of --workers {args.workers}")
+    if args.transport is None:
+        try:
+            args.transport = default_transport()
+        except ValueError as exc:  # a bad LUWU_TRANSPORT
+            raise UserError(str(exc)) from None
+    elif args.transport == "shm" and not shm_supported():
+        raise UserError("--transport shm: shared-memory rings need Linux on x86-64 with /dev/shm; use --transport udp")
+    if args.packet_mode is None:
+        args.packet_mode = DEFAULT_PACKET_MODE[args.transport]
     if args.d_model % args.heads:
         raise UserError(f"--heads {args.heads} must divide --d-model {args.d_model} (each head gets d_model/heads)")
     try:
@@ -223,13 +247,14 @@ def _start_fabric(args, console: Console, workdir: Path, info: dict, resume: dic
     layers = [(u["layer_id"], u["numel"]) for u in info["units"]]
     optimizer = {"name": "adamw", "params": {"lr": args.lr, "weight_decay": args.weight_decay}}
     kw = dict(workers=args.workers, nodes=args.nodes, lanes=args.packet_mode, drop=args.drop, seed=args.seed,
-              node_ram=NODE_RAM)
+              node_ram=NODE_RAM, transport=args.transport)
     if not args.no_controller:
         fabric = ControllerFabric(workdir / "fabric", checkpoints=args.out.resolve() / "checkpoints",
                                   checkpoint_every=args.checkpoint_every, restore=resume, **kw)
         (workdir / "fabric").mkdir()
         try:
-            return fabric.start(layers, optimizer, args.served_dtype), {"kind": "controller"}
+            return fabric.start(layers, optimizer, args.served_dtype), {"kind": "controller",
+                                                                       "transport": args.transport}
         except BaseException as e:  # noqa: BLE001 - the demo still runs, and says why it fell back
             fabric.stop()
             if not isinstance(e, Exception):
@@ -241,7 +266,8 @@ def _start_fabric(args, console: Console, workdir: Path, info: dict, resume: dic
         reason = "--no-controller"
     fabric = LocalFabric(workdir, **kw)
     try:
-        return fabric.start(layers, optimizer, args.served_dtype), {"kind": "embedded", "reason": reason}
+        return fabric.start(layers, optimizer, args.served_dtype), {"kind": "embedded", "reason": reason,
+                                                                   "transport": args.transport}
     except BaseException:
         fabric.stop()
         raise
@@ -263,7 +289,8 @@ def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int
         fabric.stop()
         raise RuntimeError(f"--resume needs the controller path, which failed: {control.get('reason')}")
     try:
-        console.print(f"network up in {time.perf_counter() - t0:.1f} s ({control['kind']} control plane); inspect "
+        console.print(f"network up in {time.perf_counter() - t0:.1f} s ({control['kind']} control plane, "
+                      f"{control['transport']} ports, {args.packet_mode} packets); inspect "
                       f"it while it runs with:\n  {fabric.inspect_hint()}")
         with DemoProgress(console, enabled=not args.quiet) as progress:
             start = resume["version"] if resume else 0
@@ -328,6 +355,8 @@ def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> No
     table.add_column("luwu (switch + optimizer node)", justify="right")
     table.add_column("DDP + Gloo + AdamW", justify="right")
     mem = luwu["memory"]
+    table.add_row("transport", f"{report['control_plane'].get('transport', '?')} ports, "
+                  f"{report['settings'].get('packet_mode')} packets", "Gloo over TCP" if ddp else "-")
     table.add_row("final loss", f"{luwu['final_loss']:.4f}", f"{ddp['final_loss']:.4f}" if ddp else "-")
     table.add_row("tokens/s (median)", f"{_median(luwu['tokens_per_second']):,.0f}",
                   f"{_median(ddp['tokens_per_second']):,.0f}" if ddp else "-")
@@ -345,6 +374,8 @@ def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> No
                   f"held at most {human_bytes(held)} of it at once (parameters in flight, gradients, staging; no "
                   "optimizer state)" + (f"; a DDP worker {human_bytes(ddp_held)} (parameters, gradients, AdamW "
                                         "state)." if ddp_held is not None else "."))
+    for line in _anomalies(report):
+        console.print(f"[bold red]{line}[/]")
     if report["control_plane"]["kind"] != "controller":
         console.print(f"[yellow]control plane: embedded StarPlan ({report['control_plane'].get('reason')})[/]")
     for note in report["control_plane"].get("notes", []):
@@ -361,6 +392,24 @@ def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> No
         console.print(f"critical path of step {cp['iteration']} ({cp['seconds'] * 1000:.0f} ms): "
                       + ", ".join(f"{k} {v:.0%}" for k, v in top) + " (critical_path.png)")
     console.print(f"wrote {out / 'report.json'} and " + ", ".join(p.name for p in paths))
+
+
+def _anomalies(report: dict) -> list[str]:
+    """What makes this run's loss not the plain data-parallel one, said out loud (never silent):
+    steps an optimizer node skipped for a unit (a non-finite or saturated summed gradient, as
+    torch's GradScaler skips a step) and fixed-point sums the switch marked SATURATED."""
+    luwu, out = report["luwu"], []
+    skipped = luwu.get("skipped_steps") or {}
+    if skipped:
+        steps = sorted(int(s) for s in skipped)
+        shown = ", ".join(f"{s} ({', '.join(skipped[s] if s in skipped else skipped[str(s)])})" for s in steps[:5])
+        out.append(f"the optimizer nodes skipped {len(steps)} step(s) for some unit because its summed gradient was "
+                   f"non-finite or saturated: {shown}{' ...' if len(steps) > 5 else ''}; the loss is not DDP's "
+                   "(report.json luwu.skipped_steps; docs/protocol.md 5.1)")
+    if luwu.get("saturated_sums"):
+        out.append(f"the switch marked {luwu['saturated_sums']} fixed-point sum packet(s) SATURATED (a contributor "
+                   "held inf/NaN or a value its chunk's exponent could not hold); those sums were not used as numbers")
+    return out
 
 
 def _median(xs: list[float]) -> float:

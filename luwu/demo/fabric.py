@@ -4,7 +4,9 @@
 (`luwu switch`, registering itself and served over P4Runtime), `luwu node` optimizer node(s)
 registering themselves and reporting their health, and a job created through it: the controller plans sessions and
 pools and programs the switch; workers JoinJob for their plans. `LocalFabric` is the fallback
-without a controller (a StarPlan's switch and in-process optimizer nodes).
+without a controller (a StarPlan's switch and in-process optimizer nodes). Either way the
+switch's ports are shared-memory rings (`luwu switch --port N=shm`, addresses shm:/dev/shm/NAME
+that the controller's plans hand to the workers and nodes) or loopback UDP sockets (`transport`).
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ class ControllerFabric:
     kind = "controller"
 
     def __init__(self, workdir: Path, workers: int, nodes: int, lanes: str, drop: float, seed: int, node_ram: int,
-                 checkpoints: Path | None = None, checkpoint_every: int = 0, restore: dict | None = None):
+                 checkpoints: Path | None = None, checkpoint_every: int = 0, restore: dict | None = None,
+                 transport: str = "udp"):
         self.dir = Path(workdir)
         self.workers, self.nodes, self.lanes = workers, nodes, lanes
+        self.transport = transport  # the switch's ports: "shm" (ring pairs in /dev/shm) or "udp" (loopback sockets)
         self.checkpoints, self.checkpoint_every = checkpoints, checkpoint_every
         self.restore = restore  # {"job_id": ..., "paths": {node name: checkpoint dir}} to resume from
         self.notes: list[str] = []  # what the report lacks or took from elsewhere, and why
@@ -77,7 +81,10 @@ class ControllerFabric:
                                              capacity=pb.NodeCapacity(params_per_second=NODE_PARAMS_PER_SECOND,
                                                                       ram_bytes=self.node_ram,
                                                                       disk_bytes=NODE_DISK_BYTES)))
-        ports = [a for p in range(1, self.workers + self.nodes + 1) for a in ("--port", f"{p}=127.0.0.1:0")]
+        # the switch reports each port's address (HOST:PORT or shm:/dev/shm/NAME) in its registration; the
+        # controller's plans hand it to the workers and nodes, whose engines open that transport
+        spec = "shm" if self.transport == "shm" else "127.0.0.1:0"
+        ports = [a for p in range(1, self.workers + self.nodes + 1) for a in ("--port", f"{p}={spec}")]
         node_ports = [a for i, name in enumerate(self.node_names)
                       for a in ("--node-port", f"{self.workers + 1 + i}={name}")]
         drop = ["--drop", f"all:ingress={self.drop},egress={self.drop}"] if self.drop else []
@@ -238,12 +245,14 @@ class LocalFabric:
 
     kind = "embedded"
 
-    def __init__(self, workdir: Path, workers: int, nodes: int, lanes: str, drop: float, seed: int, node_ram: int):
+    def __init__(self, workdir: Path, workers: int, nodes: int, lanes: str, drop: float, seed: int, node_ram: int,
+                 transport: str = "udp"):
         from luwu.worker.model_in_network.local import LocalNetwork
 
         drop_sim = {"ingress": drop, "egress": drop} if drop else None
+        self.transport = transport
         self.net = LocalNetwork(workers, nodes, mode=lanes, drop=drop_sim, state_dir=Path(workdir) / "local",
-                                job_id="demo", seed=seed, node_ram=node_ram)
+                                job_id="demo", seed=seed, node_ram=node_ram, transport=transport)
         self.workers = workers
 
     def start(self, layers: list[tuple[int, int]], optimizer: dict, served_dtype: str) -> LocalFabric:

@@ -56,7 +56,11 @@ def build(args: dict, fabric: dict, mnn: dict[int, dict], ddp: dict[int, dict] |
                     "counters": {r: mnn[r]["mnn"]["counters"] for r in sorted(mnn)},
                     "wait_seconds": {r: mnn[r]["mnn"]["wait_seconds"] for r in sorted(mnn)},
                     "units": mnn[0]["mnn"]["units"], "kept_units": mnn[0]["mnn"]["keep"],
-                    "largest_unit_bytes": mnn[0]["mnn"]["largest_unit_bytes"]},
+                    "largest_unit_bytes": mnn[0]["mnn"]["largest_unit_bytes"],
+                    # steps an optimizer node skipped for a unit (its summed gradient was non-finite or
+                    # saturated): None when no rank could ask the nodes
+                    "skipped_steps": mnn[0]["mnn"].get("skipped_steps"),
+                    "saturated_sums": int((switch_counters.get("events", {}).get("SATURATED") or [0])[0])},
            "traffic": traffic(mnn, steps, len(mnn), model_info["bytes_fp32"], model_info["served_itemsize"]),
            "switch_counters": switch_counters, "optimizer_nodes": node_stats}
     if ddp:

@@ -1,7 +1,8 @@
 """`luwu demo` end to end, as a user runs it (the installed entry point, a subprocess), with tiny
 settings: the controller plans the job and programs the software switch, the workers train
 through it and the optimizer node, the DDP baseline runs, report.json and the PNGs appear; with
-5% simulated loss on every port the losses are bit-identical to a run without loss; and an
+5% simulated loss on every port, or over UDP instead of shared-memory ports, the losses are
+bit-identical to a plain run; and an
 interrupted demo leaves none of its processes behind."""
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from luwu.dataplane.loopback import default_transport
 
 LUWU = Path(sys.executable).parent / "luwu"
 TINY = ["--workers", "2", "--d-model", "32", "--layers", "2", "--heads", "2", "--context", "16", "--batch", "4",
@@ -40,6 +43,11 @@ def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     for name in PNGS:
         assert (out / name).stat().st_size > 1000, name
     assert report["control_plane"]["kind"] == "controller"
+    # shared-memory switch ports where the loopback star supports them (the ready line's shm:/dev/shm/NAME
+    # addresses went through the controller's plans to the workers and the node), UDP elsewhere
+    transport = default_transport()  # shm where supported, LUWU_TRANSPORT if set
+    assert report["control_plane"]["transport"] == report["settings"]["transport"] == transport
+    assert f"{transport} ports" in proc.stdout, proc.stdout
     assert report["steps"] == 4 and len(report["luwu"]["losses"]) == 4 and len(report["ddp"]["losses"]) == 4
     # the same model, data and seed: the first loss is the same function of the same initial weights
     # (bf16-served parameters move it by bf16 rounding only), and both runs learn alike
@@ -50,6 +58,9 @@ def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     assert t["luwu_measured_per_step"]["out"] >= t["model_bytes_fp32"]  # every gradient, once
     assert t["luwu_measured_per_step"]["in"] >= t["luwu_ideal_per_step"]["in"] / 2
     assert report["switch_counters"]["events"]["COMPLETED"][0] > 0
+    # nothing skipped or saturated, and the summary would have said so in red (luwu/demo/command.py _anomalies)
+    assert report["luwu"]["skipped_steps"] == {} and report["luwu"]["saturated_sums"] == 0
+    assert "skipped" not in proc.stdout and "SATURATED" not in proc.stdout
     assert report["optimizer_nodes"][0]["node"]["node"]["published"] == 4 * len(report["model"]["units"])
     mem, ddp_mem = report["luwu"]["memory"]["0"], report["ddp"]["memory"]["0"]
     assert mem["peak_bytes"] < ddp_mem["state_bytes"]["total"]
@@ -71,17 +82,18 @@ def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     assert "critical path of step" in " ".join(proc.stdout.split())
 
 
-def test_five_percent_loss_gives_bit_identical_losses(tmp_path):
-    clean = tmp_path / "clean"
-    lossy = tmp_path / "lossy"
-    clean.mkdir()
-    lossy.mkdir()
-    _demo(clean / "out", "--steps", "3", "--no-baseline")
-    _demo(lossy / "out", "--steps", "3", "--no-baseline", "--drop", "0.05")
-    a = json.loads((clean / "out" / "report.json").read_text())
-    b = json.loads((lossy / "out" / "report.json").read_text())
+def test_five_percent_loss_and_either_transport_give_bit_identical_losses(tmp_path):
+    clean, lossy, udp = tmp_path / "clean", tmp_path / "lossy", tmp_path / "udp"
+    for d in (clean, lossy, udp):
+        d.mkdir()
+    _demo(clean / "out", "--steps", "3", "--no-baseline", "--packet-mode", "jumbo")
+    _demo(lossy / "out", "--steps", "3", "--no-baseline", "--packet-mode", "jumbo", "--drop", "0.05")
+    _demo(udp / "out", "--steps", "3", "--no-baseline", "--packet-mode", "jumbo", "--transport", "udp")
+    a, b, c = (json.loads((d / "out" / "report.json").read_text()) for d in (clean, lossy, udp))
     assert b["switch_counters"]["drops"]["SIMULATED_LOSS"][0] > 0  # loss did happen ...
     assert a["luwu"]["losses"] == b["luwu"]["losses"]  # ... and recovery did not change a single sum
+    assert c["control_plane"]["transport"] == "udp"  # the switch's ports, not the sums, differ
+    assert a["luwu"]["losses"] == c["luwu"]["losses"], (a["control_plane"]["transport"], c["control_plane"])
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -160,9 +172,11 @@ def test_the_report_survives_a_controller_killed_during_training(tmp_path):
 
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
+    # UDP ports: the node restarted at the end runs after the demo's switch is gone, which a node on UDP
+    # survives (it binds its own socket) but one on a shared-memory port refuses (the switch's rings are gone)
     proc = subprocess.Popen([str(LUWU), "demo", "--out", str(out), *TINY, "--steps", "80", "--no-baseline",
-                             "--checkpoint-every", "20"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
+                             "--checkpoint-every", "20", "--transport", "udp"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
     try:
         hint = None
         deadline = time.monotonic() + RUN_TIMEOUT
@@ -281,7 +295,8 @@ def test_a_node_killed_during_training_is_named_by_the_workers(tmp_path):
     assert proc.returncode == 1, rest
     flat = " ".join(rest.split())
     assert re.search(rf"optimizer node #0 \(control channel unix:{re.escape(workdir)}/node0\.sock, job demo-\d+, "
-                     r"session \d+\) \(behind switch 127\.0\.0\.1:\d+\) stopped answering", flat), flat
+                     r"session \d+\) \(behind switch (127\.0\.0\.1:\d+|port \d+ over shared memory \(/dev/shm/\S+\))\) "
+                     r"stopped answering", flat), flat  # its switch port: UDP, or shared memory (the default)
     assert list((out / "checkpoints" / "node0").glob("ckpt-*/manifest.json"))
     log = re.search(r"traceback in (\S+\.log)", flat).group(1)  # one line on the console, the traceback kept
     assert log.startswith(str(out / "logs")) and "Traceback" in Path(log).read_text(), log

@@ -22,8 +22,10 @@ from luwu.dataplane.switch.config import (
 def test_example_yaml_documents_every_option_and_loads():
     text = EXAMPLE.read_text()
     keys = set(re.findall(r"^#?\s{0,2}(\w+):", text, flags=re.M))
-    options = {f.name for f in fields(SwitchConfig)} | {f.name for f in fields(DaemonConfig)} - {"switch"}
+    # shm ports are written under ports: (N: shm), which the example documents
+    options = {f.name for f in fields(SwitchConfig)} | {f.name for f in fields(DaemonConfig)} - {"switch", "shm_ports"}
     assert options <= keys, f"undocumented: {options - keys}"
+    assert re.search(r"^#?\s+\d+: shm\b", text, flags=re.M), "the example shows no shm port"
     for line in text.splitlines():  # every option line carries a comment
         if re.match(r"^\w+:", line) and not line.startswith(("ports:", "ifaces:", "drop:")):
             assert "#" in line, line
