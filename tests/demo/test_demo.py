@@ -82,6 +82,19 @@ def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     assert "critical path of step" in " ".join(proc.stdout.split())
 
 
+def test_a_diverging_run_says_which_steps_the_nodes_skipped(tmp_path):
+    """An absurd learning rate sends the parameters to inf within a step or two: the workers'
+    gradients become non-finite, the switch marks those sums SATURATED, the node skips the steps
+    (as GradScaler would) and the summary says so in words, never a quiet different loss."""
+    out = tmp_path / "out"
+    proc = _demo(out, "--steps", "4", "--lr", "1e30", "--no-baseline")
+    report = json.loads((out / "report.json").read_text())
+    skipped = report["luwu"]["skipped_steps"]
+    assert skipped and report["luwu"]["saturated_sums"] > 0, report["luwu"]
+    assert "the optimizer nodes skipped" in proc.stdout and "SATURATED" in proc.stdout, proc.stdout
+    assert all(f" {int(step)} (" in " ".join(proc.stdout.split()) for step in list(skipped)[:5]), proc.stdout
+
+
 def test_five_percent_loss_and_either_transport_give_bit_identical_losses(tmp_path):
     clean, lossy, udp = tmp_path / "clean", tmp_path / "lossy", tmp_path / "udp"
     for d in (clean, lossy, udp):
