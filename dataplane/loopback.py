@@ -37,6 +37,7 @@ META_SESSION = 1
 DATA_SESSION = 2
 FIRST_NODE_SESSION = 3
 TRANSPORTS = ("shm", "udp")
+KERNELS_TIMEOUT = 120.0  # s the switch process waits for its background kernel load when asked
 
 
 def default_transport() -> str:
@@ -383,6 +384,15 @@ class LoopbackSwitch:
             return self._ask(json.dumps({"op": "counters", "id": self._id}), timeout) if self.alive() else None
         return self._ask("counters", timeout) if self.alive() else None
 
+    def wait_kernels(self, timeout: float = 120.0) -> bool | None:
+        """Wait until the switch process has loaded its compiled lane kernels (it starts with the
+        numpy reference, the same bits, while they load in the background). Returns whether
+        compiled kernels run, None for a switch in this process or hosted by another one."""
+        if self._proc is None or self._host is not None or not self.alive():
+            return None
+        answer = self._ask("kernels", timeout + 5.0)
+        return None if answer is None else bool(answer.get("compiled"))
+
     def stop(self) -> None:
         if self._host is not None:
             if self.alive():
@@ -448,6 +458,11 @@ def _serve_stdin() -> int:
             cmd = line.strip()
             if cmd == "counters":
                 print(json.dumps(sw.counters(), default=str), flush=True)
+            elif cmd == "kernels":  # block until the compiled kernels are in (benchmarks' steady state)
+                from .kernels import use_numba, wait_loaded
+
+                wait_loaded(KERNELS_TIMEOUT)
+                print(json.dumps({"compiled": use_numba()}), flush=True)
             elif cmd == "stop":
                 trace.flush()  # before answering: the parent may SIGTERM this process as soon as it reads it
                 print(json.dumps({"stopped": True}), flush=True)

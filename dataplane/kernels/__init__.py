@@ -29,7 +29,7 @@ ENV = "LUWU_KERNELS"
 MODES = ("auto", "numba", "reference")
 BACKGROUND_NICE = 10  # niceness of a background load's thread: it takes mostly idle CPU, start-up goes first
 
-_background_lock = threading.Lock()
+_background_lock = threading.Condition()
 _background = 0  # `load_in_background` threads still running in this process
 _loader = threading.local()  # .active: this thread is a background load (use_numba() stays true for it)
 
@@ -108,5 +108,25 @@ def load_in_background(load: Callable[[], None], name: str = "luwu-kernels-load"
         finally:
             with _background_lock:
                 _background -= 1
+                _background_lock.notify_all()
 
     threading.Thread(target=run, name=name, daemon=True).start()
+
+
+def wait_loaded(timeout: float) -> bool:
+    """Wait until every `load_in_background` of this process is done, so that what follows runs
+    the compiled kernels (benchmarks measure the steady state, not the first seconds).
+
+    Args:
+        timeout (float): seconds to wait at most.
+
+    Returns:
+        bool: True when no background load is left running.
+
+    Example:
+        >>> from luwu.dataplane import kernels
+        >>> kernels.wait_loaded(60)
+        True
+    """
+    with _background_lock:
+        return _background_lock.wait_for(lambda: _background == 0, timeout)

@@ -94,7 +94,10 @@ def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q, switch
     x = _inputs(rank, numel, dtype)
     y = np.empty_like(x)  # results are decoded into it, as the torch backend's engine daemon does (in place)
     times, result = [], None
+    from luwu.dataplane import kernels
+
     with Engine(plan.worker_plan(rank)) as eng:
+        kernels.wait_loaded(120)  # the steady state: compiled kernels, not the reference they start on
         _observe(eng, rank)
         for i in range(iters + 1):
             barrier.wait()
@@ -150,6 +153,7 @@ def run_luwu(workers: int, numel: int, dtype: str, mode: str, iters: int, verify
     ctx = mp.get_context("spawn")
     drops = {"ingress": drop, "egress": drop} if drop else None
     with LoopbackSwitch(plan, process=True, drop=drops, seed=7) as sw:
+        sw.wait_kernels()
         barrier, out_q = ctx.Barrier(workers), ctx.Queue()
         procs = [ctx.Process(target=_luwu_worker, args=(plan, r, numel, dtype, iters, verify, barrier, out_q, sw.pid))
                  for r in range(workers)]

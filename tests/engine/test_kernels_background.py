@@ -6,7 +6,6 @@ reference path instead of waiting for numba, the loading thread itself sees the 
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -19,11 +18,8 @@ pytestmark = pytest.mark.skipif(not kernels.numba_available(), reason="numba is 
 
 
 def _until_loaded() -> None:
-    deadline = time.monotonic() + DEADLINE
-    while kernels._background:
-        if time.monotonic() > deadline:
-            raise AssertionError("the background load never finished")
-        time.sleep(0.01)
+    if not kernels.wait_loaded(DEADLINE):
+        raise AssertionError("the background load never finished")
 
 
 def test_auto_mode_takes_the_reference_path_while_kernels_load(monkeypatch):
@@ -46,6 +42,7 @@ def test_auto_mode_takes_the_reference_path_while_kernels_load(monkeypatch):
         # the datapath's sum during the load is the reference's, and equal to the compiled one's after
         x = np.linspace(-3, 3, 1000, dtype=np.float32)
         during = quantize.chunk_exponents(x, 64)
+        assert not kernels.wait_loaded(0.05)  # still loading: a bounded wait says so
     finally:
         release.set()
     _until_loaded()
@@ -70,3 +67,12 @@ def test_reference_mode_starts_no_load(monkeypatch):
     ran: list[int] = []
     kernels.load_in_background(lambda: ran.append(1), "test-load-off")
     assert kernels._background == 0 and not ran
+
+
+def test_a_loopback_switch_process_answers_once_its_kernels_are_in(monkeypatch):
+    """What benchmarks call before timing: the switch process loaded its lane kernels."""
+    from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+
+    monkeypatch.setenv("LUWU_KERNELS", "auto")
+    with LoopbackSwitch(StarPlan(workers=2, transport="udp"), process=True) as sw:
+        assert sw.wait_kernels(DEADLINE) is True
