@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -117,6 +118,17 @@ def hyper(opt: OptimizerSpec, step: int, grad_scale: float | None) -> tuple[np.n
 def step_shard(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tensor], grad: torch.Tensor, step: int,
                grad_scale: torch.Tensor | None, served: torch.Tensor) -> None:
     """`kernels.step_shard` for AdamW with a bf16 or fp32 served copy, in one pass (same arguments)."""
+    fn, args = split_step(opt, plan, states, grad, step, grad_scale, served)
+    fn(*args)
+
+
+def split_step(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tensor], grad: torch.Tensor, step: int,
+               grad_scale: torch.Tensor | None, served: torch.Tensor) -> tuple[Callable[..., None], tuple]:
+    """`step_shard` in two parts: torch's scalar remainders are stepped now, and the compiled call
+    that steps (and casts) the rest is returned as (function, numpy arguments), to be called as
+    `fn(*args)`. The pipeline runs the first part on the thread that readies the shard, so the
+    optimizer's thread makes one call per shard, which releases the GIL once (every torch call
+    releases and re-takes it, and re-taking it waits for whichever pipeline thread holds it)."""
     rows, tails = _split(plan, vector_lanes())
     scale = None if grad_scale is None else float(grad_scale)
     hp, small, step_t = hyper(opt, step, scale)
@@ -130,33 +142,74 @@ def step_shard(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tensor], 
                                     maximize=False, grad_scale=grad_scale, found_inf=None)
     to_bf16, to_fp32 = _compiled()
     if served.dtype == torch.float32:
-        to_fp32(states[0].numpy(), states[1].numpy(), states[2].numpy(), grad.numpy(), served.numpy(), rows, hp,
-                scale is not None, small)
-    else:
-        to_bf16(states[0].numpy(), states[1].numpy(), states[2].numpy(), grad.numpy(),
-                served.view(torch.int16).numpy().view(np.uint16), rows, hp, scale is not None, small)
+        return to_fp32, (states[0].numpy(), states[1].numpy(), states[2].numpy(), grad.numpy(), served.numpy(), rows,
+                         hp, scale is not None, small)
+    return to_bf16, (states[0].numpy(), states[1].numpy(), states[2].numpy(), grad.numpy(),
+                     served.view(torch.int16).numpy().view(np.uint16), rows, hp, scale is not None, small)
 
 
-_warming = threading.Lock()
+def batch_entry(call: tuple[Callable[..., None], tuple]) -> tuple | None:
+    """What `run_batch` needs of a call from `split_step` (computed ahead, off the optimizer's
+    thread): (fp32 copy?, data addresses, elements, rows, constants, flags); None for a call
+    that is not the compiled kernel's. The entry holds addresses, not arrays: keep `call` (which
+    holds the arrays) until `run_batch` returns."""
+    fn, args = call
+    if _compiled.cache_info().currsize == 0:  # no compiled call was ever made: do not import numba here
+        return None
+    to_bf16, to_fp32 = _compiled()
+    if fn is not to_bf16 and fn is not to_fp32:
+        return None
+    p, m, v, g, out, rows, hp, use_scale, small = args
+    return (fn is to_fp32, tuple(a.ctypes.data for a in (p, m, v, g, out)), p.size, rows, hp,
+            (bool(use_scale), bool(small)))
 
 
-def warm_async() -> None:
-    """Import numba and compile (or load from the cache) the kernel on a background thread, once
-    per process, so that a node's first AdamW step does not wait for it (0.5-2 s). The node calls
-    this when a job that will use the kernel is added."""
-    if _warming.acquire(blocking=False):  # never released: once per process
-        threading.Thread(target=_warm, name="luwu-opt-kernel-warmup", daemon=True).start()
+def run_batch(entries: list[tuple]) -> None:
+    """Several shards' compiled calls (`batch_entry`s of one kind: all bf16 or all fp32 copies) in
+    one call, which releases the GIL once for all of them: the same results, bit for bit, as
+    each call on its own (the same compiled `shard` per entry). Each entry's call (holding its
+    arrays) must stay alive until it returns."""
+    many, many32 = _compiled_many()
+    (many32 if entries[0][0] else many)(
+        np.array([e[1] for e in entries], dtype=np.intp), np.array([e[2] for e in entries], dtype=np.intp),
+        np.concatenate([e[3] for e in entries]), np.cumsum([0] + [len(e[3]) for e in entries]),
+        np.stack([e[4] for e in entries]), np.array([e[5] for e in entries], dtype=np.uint8))
 
 
-def _warm() -> None:
+@functools.lru_cache(maxsize=1)
+def _compiled_many():
+    from . import fused_numba
+
+    return fused_numba.many, fused_numba.many32
+
+
+_warming = {"bf16": threading.Lock(), "fp32": threading.Lock()}
+WARM_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def warm_async(served_dtype: str) -> None:
+    """Import numba and compile (or load from the cache) the kernel the node's pipeline runs for
+    `served_dtype` ("bf16" or "fp32": `run_batch`'s) on a background thread, once per process and
+    dtype, so that a node's first AdamW step does not wait for it (0.5-2 s). The node calls this
+    when a job that will use the kernel is added. Only that one kernel: loading more would
+    still be reading numba's cache files after the first step."""
+    lock = _warming.get(served_dtype)
+    if lock is not None and lock.acquire(blocking=False):  # never released: once per process
+        threading.Thread(target=_warm, args=(WARM_DTYPES[served_dtype],), name="luwu-opt-kernel-warmup",
+                         daemon=True).start()
+
+
+def _warm(dtype: torch.dtype) -> None:
     opt = OptimizerSpec("adamw")
     layer = LayerSpec(0, {"w": (40,)})
     (shard,) = plan_layer(JobSpec("warmup", opt, [layer], "bf16"), layer, SHARD_ALIGN_ELEMS).shards
-    for dtype in (torch.bfloat16, torch.float32):  # both kernels: a node may serve either
-        served = torch.empty(40, dtype=dtype)
-        try:
-            if not usable(opt, served):
-                continue
-        except UserError:  # a bad LUWU_KERNELS: the node's constructor or first step says so
+    served = torch.empty(40, dtype=dtype)
+    try:
+        if not usable(opt, served):
             return
-        step_shard(opt, shard, [torch.zeros(40) for _ in range(3)], torch.zeros(40), 0, None, served)
+    except UserError:  # a bad LUWU_KERNELS: the node's constructor or first step says so
+        return
+    call = split_step(opt, shard, [torch.zeros(40) for _ in range(3)], torch.zeros(40), 0, None, served)
+    entry = batch_entry(call)  # `call` holds the arrays whose addresses the entry has
+    if entry is not None:
+        run_batch([entry])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, njit, types
 from numba.extending import intrinsic
 
 BF16_NAN = np.uint16(0xFFFF)  # = fused.BF16_NAN (what torch's vectorized cast makes of any NaN)
@@ -134,3 +134,47 @@ def shard32(p, m, v, g, out, rows, hp, use_scale, small):
                   hp[2], small, hp[3], hp[4], hp[5], hp[6], hp[7])
         else:
             copy32(p, out, rows[r, 0], rows[r, 1])
+
+
+@intrinsic
+def f32_at(typingctx, addr):
+    """The float32 pointer at integer address `addr` (an array's data, held alive by the caller)."""
+    sig = types.CPointer(types.float32)(types.intp)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.PointerType(ir.FloatType()))
+
+    return sig, codegen
+
+
+@intrinsic
+def u16_at(typingctx, addr):
+    """The uint16 pointer at integer address `addr`."""
+    sig = types.CPointer(types.uint16)(types.intp)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.PointerType(ir.IntType(16)))
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+def many(addr, numel, rows, bounds, hps, flags):
+    """`shard` for several shards in one call (one GIL release for all): shard t's arrays start at
+    addr[t] (master, exp_avg, exp_avg_sq, gradient, bf16 copy) and hold numel[t] elements, its rows
+    are rows[bounds[t]:bounds[t + 1]], its constants hps[t], flags[t] = (use_scale, small)."""
+    for t in range(addr.shape[0]):
+        n = numel[t]
+        shard(carray(f32_at(addr[t, 0]), n), carray(f32_at(addr[t, 1]), n), carray(f32_at(addr[t, 2]), n),
+              carray(f32_at(addr[t, 3]), n), carray(u16_at(addr[t, 4]), n), rows[bounds[t]:bounds[t + 1]], hps[t],
+              flags[t, 0] != 0, flags[t, 1] != 0)
+
+
+@njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
+def many32(addr, numel, rows, bounds, hps, flags):
+    """`many` with fp32 served copies (`shard32`)."""
+    for t in range(addr.shape[0]):
+        n = numel[t]
+        shard32(carray(f32_at(addr[t, 0]), n), carray(f32_at(addr[t, 1]), n), carray(f32_at(addr[t, 2]), n),
+                carray(f32_at(addr[t, 3]), n), carray(f32_at(addr[t, 4]), n), rows[bounds[t]:bounds[t + 1]],
+                hps[t], flags[t, 0] != 0, flags[t, 1] != 0)

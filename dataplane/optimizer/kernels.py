@@ -15,6 +15,7 @@ Gradient clipping follows `torch.nn.utils.clip_grad_norm_`: per-tensor L2 norms
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -74,9 +75,26 @@ def step_shard(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tensor], 
     This is the readable reference. AdamW serving bf16 or fp32 runs `fused.step_shard` instead when
     compiled kernels are on (`LUWU_KERNELS`, luwu.dataplane.kernels): the same results bit for
     bit, in one pass."""
+    fn, args = prepare_step(opt, plan, states, grad, step, grad_scale, served)
+    fn(*args)
+
+
+def prepare_step(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tensor], grad: torch.Tensor, step: int,
+                 grad_scale: torch.Tensor | None,
+                 served: torch.Tensor | None = None) -> tuple[Callable[..., None], tuple]:
+    """`step_shard` (same arguments) in two parts: whatever can run ahead of the step on another
+    thread runs now, and the call doing the rest comes back as (function, arguments), run as
+    `fn(*args)`. With the compiled kernel, the first part is torch's scalar remainders and the
+    call is the kernel alone (`fused.split_step`: one GIL release on the optimizer's thread);
+    on the reference path the call is the whole step."""
     if served is not None and fused.usable(opt, served):  # usable() is False without one; said for mypy
-        fused.step_shard(opt, plan, states, grad, step, grad_scale, served)
-        return
+        return fused.split_step(opt, plan, states, grad, step, grad_scale, served)
+    return _step_reference, (opt, plan, states, grad, step, grad_scale, served)
+
+
+def _step_reference(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tensor], grad: torch.Tensor, step: int,
+                    grad_scale: torch.Tensor | None, served: torch.Tensor | None) -> None:
+    """`step_shard` with torch's fused kernels (the readable reference)."""
     lr = opt.lr_at(step)
     step_t = torch.tensor(float(step + 1), dtype=torch.float32)
     for group in chunk_groups(plan):

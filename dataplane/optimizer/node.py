@@ -172,7 +172,7 @@ class OptimizerNode(CheckpointMixin):
         with self._cv:
             self.jobs[spec.job_id] = job
         if spec.optimizer.name == "adamw" and spec.served_dtype in ("bf16", "fp32"):
-            fused.warm_async()  # the compiled kernel loads while the workers start, not in the first step
+            fused.warm_async(spec.served_dtype)  # the kernel loads while the workers start, not in the first step
 
     def _with_served(self, plan: LayerPlan, shard: ShardPlan, fill: Filler, served_buf: np.ndarray) -> Filler:
         def go(buf: np.ndarray) -> int:

@@ -150,6 +150,35 @@ class StateStore:
                 loaded = True
                 self._load(e, buf)
 
+    def try_acquire(self, key: tuple) -> Entry | None:
+        """`acquire` when it has nothing to wait for or read: the entry is resident and the shards
+        predicted after it are too (so the read step's prefetch would load nothing). Else None,
+        and the caller goes through the read step. The pipeline's fast lane for state in RAM."""
+        with self.cv:
+            e = self.entries[key]
+            if self.closed or e.state != RESIDENT:
+                return None
+            for k in self.order.upcoming(key, self.prefetch_depth):
+                nxt = self.entries.get(k)
+                if nxt is not None and nxt.state == ABSENT:
+                    return None
+            e.pins += 1
+            self.counts["prefetch_hits" if e.prefetched else "hits"] += 1
+            e.prefetched = False
+            self.order.touch(key)
+            return e
+
+    def release_if_room(self, e: Entry, dirty: bool) -> bool:
+        """`release` followed by a `trim` that has nothing to do: True, done; False (nothing done)
+        when the trim would write back or evict, which the caller leaves to the write step."""
+        with self.cv:
+            if self.used + sum(self.entries[k].nbytes for k in self._upcoming_absent()) > self.budget:
+                return False
+            e.pins -= 1
+            e.dirty |= dirty
+            self.cv.notify_all()
+            return True
+
     def release(self, e: Entry, dirty: bool) -> None:
         with self.cv:
             e.pins -= 1

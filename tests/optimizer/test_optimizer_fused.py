@@ -105,6 +105,42 @@ def test_fp32_served_copy_bit_identical_to_torch_fused_adamw(data, sizes, lr, be
     np.testing.assert_array_equal(got[4], got[0])  # the copy is the master
 
 
+def _batched(cases, served_dtype):
+    """Every case's step through one `fused.run_batch` call (the pipeline's optimizer thread)."""
+    out, calls = [], []
+    for opt, shard, arrays, step, scale in cases:
+        states = [torch.from_numpy(a.copy()) for a in arrays[:3]]
+        grad = torch.from_numpy(arrays[3].copy())
+        served = torch.empty(shard.numel, dtype=served_dtype)
+        with np.errstate(all="ignore"):
+            call = fused.split_step(opt, shard, states, grad, step,
+                                    None if scale is None else torch.tensor(float(scale)), served)
+        calls.append(call)  # holds the arrays the entries point at
+        out.append((states, grad, served))
+    with np.errstate(all="ignore"):
+        fused.run_batch([fused.batch_entry(c) for c in calls])
+    return [[_bits(t) for t in (*states, grad, served)] for states, grad, served in out]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data(), n=st.integers(1, 4), fp32=st.booleans())
+def test_batched_shards_equal_one_call_each(data, n, fp32):
+    """Several shards (each its own sizes, step, optimizer and gradient scale) in one compiled call
+    are bit for bit what each shard's own call gives, hence what torch gives (tests above)."""
+    cases = []
+    for _ in range(n):
+        opt = OptimizerSpec("adamw", lr=data.draw(st.floats(1e-6, 1.0)), betas=(data.draw(st.sampled_from([0.0, 0.9])), 0.95),
+                            eps=1e-8, weight_decay=data.draw(st.sampled_from([0.0, 0.1])))
+        shard, arrays = _case(data, data.draw(st.lists(st.integers(1, 70), min_size=1, max_size=4)), opt)
+        cases.append((opt, shard, arrays, data.draw(st.integers(0, 5000)), data.draw(st.sampled_from([None, 3]))))
+    dtype = torch.float32 if fp32 else torch.bfloat16
+    got = _batched(cases, dtype)
+    for case, g in zip(cases, got):
+        want = _run(fused.step_shard, *case, dtype)
+        for name, a, b in zip(("master", "exp_avg", "exp_avg_sq", "grad", "served"), g, want):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+
+
 def test_large_tensors_against_the_reference_path(monkeypatch):
     """Shards of realistic size (vector body plus remainders, several tensors, a cut tensor):
     the compiled pass and the reference path (torch kernel in cache-sized groups, then the cast)."""

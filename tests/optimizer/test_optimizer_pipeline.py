@@ -86,12 +86,16 @@ def _same(a, b):
 @pytest.mark.parametrize("clip", [None, "global", "layer"])
 def test_concurrent_pipeline_equals_sequential(tmp_path, clip):
     spec = _spec(clip)
-    base, log, _ = _run(tmp_path, "base", spec, submitters=1, ahead=False, ram_budget=32 << 20)
+    base, log, st = _run(tmp_path, "base", spec, submitters=1, ahead=False, ram_budget=32 << 20)
     _check_log(log)
+    shard_steps = STEPS * st["store"]["shards"]
+    # in RAM every shard takes the fast lane (no read or write thread); out of core, misses do not
+    assert st["pipeline"]["fast_reads"] == st["pipeline"]["fast_writes"] == shard_steps
     # several threads per step, depth-1 queues, submitters racing, every step submitted at once
-    busy, log, _ = _run(tmp_path, "busy", spec, submitters=4, ahead=True, ram_budget=32 << 20,
-                     threads_per_step=3, queue_depth=1)
+    busy, log, st = _run(tmp_path, "busy", spec, submitters=4, ahead=True, ram_budget=32 << 20,
+                      threads_per_step=3, queue_depth=1)
     _check_log(log)
+    assert st["pipeline"]["fast_reads"] == st["pipeline"]["fast_writes"] == shard_steps
     _same(base, busy)
     # the same, out of core: a budget of a few shards, shards of 4096 elements
     tight, log, st = _run(tmp_path, "tight", spec, submitters=3, ahead=True, ram_budget=120_000, max_shard_elems=4096,
@@ -99,6 +103,7 @@ def test_concurrent_pipeline_equals_sequential(tmp_path, clip):
     _check_log(log)
     _same(base, tight)
     assert st["store"]["evictions"] > LAYERS and st["store"]["peak_bytes"] <= st["store"]["budget"]
+    assert st["pipeline"]["fast_reads"] < STEPS * st["store"]["shards"]
     # layer-centric
     lc, log, _ = _run(tmp_path, "lc", spec, submitters=2, ahead=True, ram_budget=120_000, max_shard_elems=4096,
                    pipeline="layer", threads_per_step=2)
