@@ -34,7 +34,10 @@ from dataclasses import dataclass, field
 
 # which node span a worker's wait depends on: (its name) -> (node stage, step offset from version)
 _WAIT_EDGE = {"pull wait": ("publish", -1), "push wait": ("publish", 0)}
-_STAGE_BEFORE = {"read": "receive", "optimize": "read", "write": "optimize", "publish": "write"}
+# the node's stage a stage waited for, then the one before it where the fast lane skips a stage (a
+# shard in RAM goes receive -> optimize -> publish: dataplane/optimizer/pipeline.py)
+_STAGE_BEFORE = {"read": ("receive",), "optimize": ("read", "receive"), "write": ("optimize",),
+                 "publish": ("write", "optimize")}
 
 
 @dataclass
@@ -147,7 +150,9 @@ class _Index:
         turns = []
         for s in all_spans:
             if s.role == "node" and "layer" in s.args:
-                self.node.setdefault((s.name, s.args["layer"], s.args.get("step")), []).append(s)
+                # a batched optimizer call names every (layer, step) it stepped in `layers`
+                for layer, step in s.args.get("layers") or [(s.args["layer"], s.args.get("step"))]:
+                    self.node.setdefault((s.name, layer, step), []).append(s)
             elif s.role == "worker" and s.name == "push":
                 self.pushes.setdefault((s.args.get("unit"), s.args.get("version")), []).append(s)
             elif s.role == "switch":
@@ -172,11 +177,15 @@ class _Index:
     def dependencies(self, s: Span) -> list[Span]:
         deps = [s.prev] if s.prev is not None else []
         if s.role == "node":
-            layer, step = s.args.get("layer"), s.args.get("step")
-            before = self.node.get((_STAGE_BEFORE.get(s.name, ""), layer, step), [])
-            deps += before
-            if s.name == "receive" or (s.name == "read" and not before):  # (traces without `receive` spans)
-                deps += self.pushes.get((layer, step), [])
+            for layer, step in s.args.get("layers") or [(s.args.get("layer"), s.args.get("step"))]:
+                before: list[Span] = []
+                for stage in _STAGE_BEFORE.get(s.name, ()):
+                    before = self.node.get((stage, layer, step), [])
+                    if before:
+                        break
+                deps += before
+                if s.name == "receive" or (s.name == "read" and not before):  # (traces without `receive` spans)
+                    deps += self.pushes.get((layer, step), [])
         elif s.role == "worker" and s.name in _WAIT_EDGE:
             stage, offset = _WAIT_EDGE[s.name]
             version = s.args.get("version")

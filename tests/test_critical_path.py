@@ -84,3 +84,26 @@ def test_a_trace_without_worker_iterations_says_so():
         critical_path.analyse(_meta() + [_x(SWITCH, "pipeline turn", "switch", 0, 10)])
     with pytest.raises(ValueError, match="no iteration 7"):
         critical_path.analyse(_meta() + _iteration(0), iteration=7)
+
+
+def test_the_fast_lane_receive_batched_optimize_publish_is_followed():
+    """A shard in RAM skips the read and write threads, and one optimizer call steps every queued
+    layer (its span names them all in `layers`): the path still runs publish -> the batched
+    optimize -> the receive of the layer that arrived last -> the worker's push."""
+    def fast(v: int) -> list[dict]:
+        b = 1000 * v
+        ev = [_x(W0, "pull wait", "worker", b, b + 50, unit=0, version=v),
+              _x(W0, "backward", "worker", b + 50, b + 300, unit=0, version=v),
+              _x(W0, "push", "worker", b + 300, b + 320, unit=0, version=v, bytes=4),
+              _x(W0, "push wait", "worker", b + 320, b + 700, unit=0, version=v),
+              _x(NODE, "receive", "optimizer", b + 290, b + 295, tid=1, layer=1, step=v),  # the other unit
+              _x(NODE, "receive", "optimizer", b + 420, b + 430, tid=1, layer=0, step=v),
+              _x(NODE, "optimize", "optimizer", b + 450, b + 600, tid=2, layer=1, step=v, shards=2,
+                 layers=[[1, v], [0, v]]),
+              _x(NODE, "publish", "optimizer", b + 610, b + 650, tid=3, layer=0, step=v)]
+        return ev
+    cp = critical_path.analyse(_meta() + fast(0) + fast(1) + fast(2))
+    got = {k: round(v * 1e6) for k, v in cp["components"].items()}
+    assert got == {"worker pull wait": 50, "worker backward": 250, "worker push": 20, "network": 100,
+                   "node receive": 10, "node queue": 30, "node optimize": 150, "node publish": 40,
+                   "worker push wait": 50}, got

@@ -331,8 +331,9 @@ class Pipeline:
                 try:
                     t0 = time.perf_counter()
                     first = group[0].item
+                    # every (layer, step) the call stepped: the critical path follows each of them
                     with trace.span("optimize", "optimizer", layer=first.plan.layer_id, step=first.step,
-                                    shards=len(group)):
+                                    shards=len(group), layers=[[t.item.plan.layer_id, t.item.step] for t in group]):
                         self._optimize_many(group)
                     self._account("optimize", t0)
                     for task in group:
