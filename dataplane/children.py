@@ -8,6 +8,8 @@ their logs quoted in errors. One helper, so every launcher stops and reports chi
 - `stop(proc)`: SIGTERM, a bounded grace period, SIGKILL; to the process group when the child
   leads one (its own children go too). Never by name.
 - `tail(path)`: the end of a log, for error messages that say where to look.
+- `cpu_seconds(pid)`, `descendants(pid)`: what a process and the ones it started have used (the
+  benchmarks' and the demo's CPU accounting).
 - `LineChild`: a started child that speaks JSON lines on stdout (a daemon's `{"ready": true, ...}`,
   a worker's events), read by a thread; `expect(event, deadline)` waits for one and names the
   child, its exit code and its log when it fails instead. The demo and the Mininet runner start
@@ -113,6 +115,65 @@ def tail(path: str | os.PathLike, chars: int = 2000) -> str:
             return f.read().decode(errors="replace").strip() or "(empty)"
     except OSError as e:
         return f"(cannot read it: {e})"
+
+
+def _ticks(path: str) -> float:
+    """user + system seconds of a /proc stat file (a process's: every thread's, dead ones too)."""
+    with open(path, "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds process `pid` has used so far (0.0 if it is gone): its live threads' scheduler
+    run time in nanoseconds (/proc/PID/task/*/schedstat), plus the threads that already exited,
+    which only the process's 10 ms ticks remember (/proc/PID/stat minus its live threads' ticks).
+    Ticks alone are too coarse for runs of a tenth of a second; live threads alone would forget a
+    kernel-loading thread's half second of CPU once it ends."""
+    try:
+        total = _ticks(f"/proc/{pid}/stat")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    try:
+        live_ns, live_ticks = 0, 0.0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                live_ns += int(f.read().split()[0])
+            live_ticks += _ticks(f"/proc/{pid}/task/{tid}/stat")
+    except (OSError, ValueError, IndexError):  # no schedstat here, or a thread ended while we read
+        return total
+    return live_ns / 1e9 + max(0.0, total - live_ticks)
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every live process started (directly or not) by `pid`: {pid: its command line} (Linux /proc;
+    {} elsewhere)."""
+    parent: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    for name in names:
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    parent[int(name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    kids: dict[int, list[int]] = {}
+    for child, ppid in parent.items():
+        kids.setdefault(ppid, []).append(child)
+    out: dict[int, str] = {}
+    todo = list(kids.get(pid, []))
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                out[p] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        todo += kids.get(p, [])
+    return out
 
 
 class LineChild:

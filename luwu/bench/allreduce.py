@@ -37,7 +37,7 @@ import numpy as np
 
 from luwu.bench.sizes import format_size, parse_size
 from luwu.bench.udp_ceiling import measure as measure_ceiling
-from luwu.bench.udp_ceiling import proc_cpu
+from luwu.dataplane.children import cpu_seconds as proc_cpu
 from luwu.dataplane.protocol import aggregation_packet_len, lanes_for_mode
 from luwu.dataplane.usage import UserError, positive_int, probability, size
 

@@ -12,12 +12,12 @@ bytes through a Python UDP datapath costs before any aggregation.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import select
 import time
 
 import numpy as np
 
+from luwu.dataplane.children import cpu_seconds as proc_cpu
 from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
 
 
@@ -100,23 +100,3 @@ def measure(workers: int, nbytes: int, pkt: int, window: int = 256, batch: int =
     return {"seconds": best, "goodput_gbps": nbytes / best / 1e9,
             "packets_per_s": workers * 2 * -(-nbytes // pkt) / best, "resends": resends,
             "cpu_s": cpu, "cpu_s_per_gb": cpu / (nbytes / 1e9)}
-
-
-def proc_cpu(pid: int) -> float:
-    """CPU seconds process `pid` has used so far (0.0 if it is gone): the sum over its live threads
-    of the scheduler's nanosecond run time (/proc/PID/task/*/schedstat), else user + system time
-    from /proc/PID/stat, whose 10 ms ticks are too coarse for runs of a tenth of a second."""
-    try:
-        total = 0
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[0])
-        return total / 1e9
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

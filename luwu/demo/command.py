@@ -29,6 +29,7 @@ from luwu.dataplane.net.shm_ring import supported as shm_supported
 from luwu.dataplane.optimizer.spec import SERVED_DTYPES
 from luwu.dataplane.usage import UserError, existing_file, positive_float, positive_int, probability
 
+from .cpu import StepCpu
 from .launch import WorkerGroup
 from .progress import DemoProgress, human_bytes
 
@@ -167,7 +168,7 @@ def _model_info(args) -> dict:
 
 
 def _train(name: str, spec: dict, workdir: Path, progress: DemoProgress, in_network: bool,
-           console: Console | None = None) -> dict[int, dict]:
+           console: Console | None = None, cpu: StepCpu | None = None) -> dict[int, dict]:
     on_step, _ = progress.run(name, spec["steps"] - spec.get("start_step", 0), spec["workers"], in_network)
     said: set[str | None] = set()
 
@@ -175,6 +176,8 @@ def _train(name: str, spec: dict, workdir: Path, progress: DemoProgress, in_netw
         if msg.get("event") == "warning" and console is not None and msg.get("state") not in said:
             said.add(msg.get("state"))  # one line per change, not one per worker
             console.print(f"[yellow]{msg.get('message')}[/]")
+        if cpu is not None:
+            cpu.on_message(msg)
         on_step(msg)
 
     group = WorkerGroup(spec, workdir, name.split()[0].lower(), on_message).start()
@@ -292,10 +295,11 @@ def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int
         console.print(f"network up in {time.perf_counter() - t0:.1f} s ({control['kind']} control plane, "
                       f"{control['transport']} ports, {args.packet_mode} packets); inspect "
                       f"it while it runs with:\n  {fabric.inspect_hint()}")
+        cpu_luwu = StepCpu(args.steps)
         with DemoProgress(console, enabled=not args.quiet) as progress:
             start = resume["version"] if resume else 0
             mnn = _train("luwu (in-network)", dict(_spec(args, "mnn"), start_step=start, **fabric.worker_spec()),
-                         workdir, progress, True, console)
+                         workdir, progress, True, console, cpu_luwu)
         # nothing below may lose the training run: a part that cannot be read is named in the report
         counters = fabric.counters()
         try:
@@ -314,14 +318,17 @@ def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int
                    controller_events={r: rep_.get("controller_events", []) for r, rep_ in sorted(mnn.items())
                                       if rep_.get("controller_events")})
     ddp = None
+    cpu_ddp = StepCpu(args.steps)
     if not args.no_baseline:
         from .fabric import free_tcp_port
 
         with DemoProgress(console, enabled=not args.quiet) as progress:
             spec = dict(_spec(args, "ddp"), init_method=f"tcp://127.0.0.1:{free_tcp_port()}")
-            ddp = _train("DDP + Gloo baseline", spec, workdir, progress, False)
+            ddp = _train("DDP + Gloo baseline", spec, workdir, progress, False, cpu=cpu_ddp)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     report = rep.build(settings, control, mnn, ddp, info, counters, nodes, tokens_per_step)
+    # CPU seconds per steady step of every process, by role (luwu/demo/cpu.py); None: too few steps
+    report["cpu_per_step"] = {"luwu": cpu_luwu.result(), "ddp": cpu_ddp.result() if ddp else None}
     # one Chrome trace (Perfetto) of the run, every process on one clock (docs/observability.md)
     trace_path = trace.merge(workdir / "trace", Path(args.out) / "trace.json")
     timeline_png = _critical_path(report, trace_path, Path(args.out))
@@ -369,6 +376,12 @@ def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> No
     m, f = t["luwu_measured_per_step"], t["fsdp_per_step"]
     table.add_row("traffic per worker per step, in / out", f"{human_bytes(m['in'])} / {human_bytes(m['out'])}",
                   f"FSDP would: {human_bytes(f['in'])} / {human_bytes(f['out'])}")
+    cpu = report.get("cpu_per_step") or {}
+    if cpu.get("luwu"):
+        lc, dc = cpu["luwu"], cpu.get("ddp")
+        parts = ", ".join(f"{k} {v * 1000:.0f}" for k, v in lc.items() if k not in ("total", "steps") and v >= 0.0005)
+        table.add_row("CPU per step, all processes (ms)", f"{lc['total'] * 1000:.0f} ({parts})",
+                      f"{dc['total'] * 1000:.0f}" if dc else "-")
     console.print(table)
     console.print(f"model: {human_bytes(report['model']['bytes_fp32'])} fp32 in {luwu['units']} units. A luwu worker "
                   f"held at most {human_bytes(held)} of it at once (parameters in flight, gradients, staging; no "

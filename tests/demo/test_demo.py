@@ -61,6 +61,12 @@ def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     # nothing skipped or saturated, and the summary would have said so in red (luwu/demo/command.py _anomalies)
     assert report["luwu"]["skipped_steps"] == {} and report["luwu"]["saturated_sums"] == 0
     assert "skipped" not in proc.stdout and "SATURATED" not in proc.stdout
+    # CPU per step by role, measured from /proc: every luwu process kind used some; DDP has workers only
+    cpu = report["cpu_per_step"]
+    assert all(cpu["luwu"][k] > 0 for k in ("workers", "engines", "switch", "optimizer nodes")), cpu
+    assert cpu["luwu"]["total"] == pytest.approx(sum(v for k, v in cpu["luwu"].items() if k not in ("total", "steps")))
+    assert cpu["ddp"]["workers"] > 0 and "switch" not in cpu["ddp"], cpu
+    assert "CPU per step" in proc.stdout
     assert report["optimizer_nodes"][0]["node"]["node"]["published"] == 4 * len(report["model"]["units"])
     mem, ddp_mem = report["luwu"]["memory"]["0"], report["ddp"]["memory"]["0"]
     assert mem["peak_bytes"] < ddp_mem["state_bytes"]["total"]
