@@ -117,32 +117,20 @@ def tail(path: str | os.PathLike, chars: int = 2000) -> str:
         return f"(cannot read it: {e})"
 
 
-def _ticks(path: str) -> float:
-    """user + system seconds of a /proc stat file (a process's: every thread's, dead ones too)."""
-    with open(path, "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_seconds(pid: int) -> float:
-    """CPU seconds process `pid` has used so far (0.0 if it is gone): its live threads' scheduler
-    run time in nanoseconds (/proc/PID/task/*/schedstat), plus the threads that already exited,
-    which only the process's 10 ms ticks remember (/proc/PID/stat minus its live threads' ticks).
-    Ticks alone are too coarse for runs of a tenth of a second; live threads alone would forget a
-    kernel-loading thread's half second of CPU once it ends."""
+    """CPU seconds process `pid` (all its threads, exited ones too) has used so far; 0.0 if it is
+    gone. Read from the process's CPU-time clock (Linux: clock_getcpuclockid's clock id, computed
+    as glibc does, nanoseconds), else user + system time from /proc/PID/stat in 10 ms ticks."""
     try:
-        total = _ticks(f"/proc/{pid}/stat")
+        return time.clock_gettime(((~pid) << 3) | 2)  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return 0.0
-    try:
-        live_ns, live_ticks = 0, 0.0
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                live_ns += int(f.read().split()[0])
-            live_ticks += _ticks(f"/proc/{pid}/task/{tid}/stat")
-    except (OSError, ValueError, IndexError):  # no schedstat here, or a thread ended while we read
-        return total
-    return live_ns / 1e9 + max(0.0, total - live_ticks)
 
 
 def descendants(pid: int) -> dict[int, str]:

@@ -86,3 +86,33 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:
         return os.path.exists(f"/proc/{pid}")
+
+
+def test_cpu_seconds_counts_every_thread_of_a_child_including_exited_ones():
+    """What the benchmarks and the demo's cpu_per_step read: a child that burned 0.3 s of CPU in
+    a thread that has ended, then 0.1 s in its main thread, is charged for both, and the figure
+    never goes down; a process that is gone reads 0.0."""
+    script = ("import threading, time, sys\n"
+              "def burn(t):\n"
+              "    end = time.process_time() + t\n"
+              "    while time.process_time() < end:\n"
+              "        pass\n"
+              "th = threading.Thread(target=burn, args=(0.3,)); th.start(); th.join()\n"
+              "burn(0.1)\n"
+              "print('done', flush=True)\n"
+              "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        readings = []
+        line = ""
+        while not line:
+            readings.append(children.cpu_seconds(proc.pid))
+            line = proc.stdout.readline()
+        readings.append(children.cpu_seconds(proc.pid))
+        assert line.strip() == "done"
+        assert readings == sorted(readings) and readings[-1] >= 0.4
+        assert proc.pid in children.descendants(os.getpid())
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+    assert children.cpu_seconds(proc.pid) == 0.0
