@@ -6,6 +6,12 @@ all in the same run, on the same parameters and gradients:
   bf16 cast a worker would need anyway; and the same node with `LUWU_KERNELS=reference` (torch's
   fused AdamW, then the cast) against its default, the compiled one-pass AdamW + cast
   (`kernels`, `compiled_kernels_speedup`);
+* the memory-bandwidth bound: `memory_gbps` is `p += g` on the same tensors (one thread); fused
+  AdamW moves 28 bytes a parameter and runs at about that bandwidth
+  (`fused_adamw_fraction_of_memory_bandwidth`), so it is memory-bound; the node also writes the
+  served copy (bf16: 2 bytes, plus the 2 the CPU reads first to allocate the line), so a
+  memory-bound node reaches at most `bandwidth_ceiling_ratio` (28/32 = 0.875 for bf16) of fused
+  AdamW; `ratio_to_bandwidth_ceiling` is how close the node comes;
 * out of core (RAM budget well below the state): the node's file bandwidth against the disk's
   read+write bandwidth on the same files and access pattern (`fraction_of_disk_bandwidth`);
   O_DIRECT on both sides where the file system has it (else buffered I/O with
@@ -163,6 +169,42 @@ class FusedAdamW:
         return times
 
 
+class MemoryStream:
+    """The machine's memory bandwidth on the same tensors: `p += g` over every parameter in place
+    (reads p and g, writes p: 12 bytes a parameter, no write-allocate since p's line is read
+    anyway), torch's vectorized loop on one thread, as fused AdamW runs."""
+
+    BYTES_PER_PARAM = 12
+
+    def __init__(self, fused: FusedAdamW):
+        self.params = [p.detach() for p in fused.params]
+        self.grads = [p.grad for p in fused.params]
+
+    def run(self, steps: int) -> list[float]:
+        import torch
+
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            torch._foreach_add_(self.params, self.grads, alpha=0.0)  # alpha 0: the values stay put
+            times.append(time.perf_counter() - t0)
+        return times
+
+
+# Bytes an AdamW step moves per parameter in RAM: fused AdamW reads p, g, m, v and writes p, m, v
+# (fp32: 28 B, all lines it writes it has read). The node also writes the served copy: 2 B of bf16
+# (or fp16, 4 B of fp32) per parameter, into lines it has not read, which the CPU reads first
+# (write-allocate), so twice that. A step bound by memory bandwidth, as both are here (see
+# `fused_adamw_fraction_of_memory_bandwidth`), cannot beat fused AdamW by more than this ratio.
+ADAMW_BYTES = 28
+SERVED_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def bandwidth_ceiling(served: str) -> float:
+    """The highest ratio_to_fused_adamw a memory-bound node serving `served` can reach."""
+    return ADAMW_BYTES / (ADAMW_BYTES + 2 * SERVED_BYTES[served])
+
+
 def _cpu_seconds() -> float:
     import resource
 
@@ -214,10 +256,12 @@ def bench_ram(root: Path, args, status) -> dict:
              # never written again, while the master is stepped in place)
              "node_fp32": NodeRun(root, "ram-fp32", layers, grads, "fp32", ram_budget=budget)}
     # the runners a ratio compares run in neighbouring blocks (node, fused AdamW, ...)
-    runners: dict[str, NodeRun | FusedAdamW] = {"node": nodes["node"], "fused": FusedAdamW(layers, grads, cast=False),
+    fused = FusedAdamW(layers, grads, cast=False)
+    runners: dict[str, NodeRun | FusedAdamW | MemoryStream] = {"node": nodes["node"], "fused": fused,
                                                 "node_fp32": nodes["node_fp32"], "node_2": nodes["node_2"],
                                                 "fused_cast": FusedAdamW(layers, grads, cast=True),
-                                                "node_layer": nodes["node_layer"], "node_ref": nodes["node_ref"]}
+                                                "node_layer": nodes["node_layer"], "node_ref": nodes["node_ref"],
+                                                "memory": MemoryStream(fused)}
     try:
         med, cpu, per_round = _blocks(runners, max(1, args.steps // 2), rounds=5)
         io = nodes["node"].node.stats()["io"]
@@ -225,10 +269,18 @@ def bench_ram(root: Path, args, status) -> dict:
         for node_run in nodes.values():
             node_run.close()
     rate = {k: n / v for k, v in med.items()}
+    memory_gbps = rate["memory"] * MemoryStream.BYTES_PER_PARAM / 1e9
+    ceiling = bandwidth_ceiling(args.served)
+    ratio = _paired(per_round, "node", "fused")
     return {"params": n, "layers": len(layers), "node_params_per_s": rate["node"],
             "layer_centric_params_per_s": rate["node_layer"], "fused_adamw_params_per_s": rate["fused"],
             "fused_adamw_cast_params_per_s": rate["fused_cast"],
-            "ratio_to_fused_adamw": _paired(per_round, "node", "fused"),
+            "ratio_to_fused_adamw": ratio,
+            "memory_gbps": memory_gbps,
+            "fused_adamw_fraction_of_memory_bandwidth": rate["fused"] * ADAMW_BYTES / 1e9 / memory_gbps,
+            "node_fraction_of_memory_bandwidth":
+                rate["node"] * (ADAMW_BYTES + 2 * SERVED_BYTES[args.served]) / 1e9 / memory_gbps,
+            "bandwidth_ceiling_ratio": ceiling, "ratio_to_bandwidth_ceiling": ratio / ceiling,
             "ratio_to_fused_adamw_plus_cast": _paired(per_round, "node", "fused_cast"),
             "node_fp32_serving_params_per_s": rate["node_fp32"],
             "ratio_to_fused_adamw_fp32_serving": _paired(per_round, "node_fp32", "fused"),
@@ -381,7 +433,9 @@ def run(args) -> int:
 
 
 KEYS = ["params", "layers", "served_dtype", "kernels", "node_params_per_s", "fused_adamw_params_per_s",
-        "ratio_to_fused_adamw", "node_reference_kernels_params_per_s", "ratio_reference_kernels_to_fused_adamw",
+        "ratio_to_fused_adamw", "memory_gbps", "fused_adamw_fraction_of_memory_bandwidth",
+        "node_fraction_of_memory_bandwidth", "bandwidth_ceiling_ratio", "ratio_to_bandwidth_ceiling",
+        "node_reference_kernels_params_per_s", "ratio_reference_kernels_to_fused_adamw",
         "compiled_kernels_speedup", "node_reference_kernels_cpu_s_per_step",
         "fused_adamw_cast_params_per_s", "ratio_to_fused_adamw_plus_cast", "node_fp32_serving_params_per_s",
         "ratio_to_fused_adamw_fp32_serving", "node_fp32_serving_cpu_s_per_step", "cpu_ratio_to_fused_adamw_fp32_serving",

@@ -27,6 +27,10 @@ def test_json_and_files(tmp_path):
         assert isinstance(res[key], float) and res[key] == res[key], key  # a number, not NaN
     assert res["node_params_per_s"] > 0 and res["fused_adamw_params_per_s"] > 0
     assert res["ooc_state_bytes"] > 4 * res["ooc_budget_bytes"]
+    # the bandwidth bound: 28 B a parameter for fused AdamW, 28 + 2 x 2 for a node serving bf16
+    assert res["bandwidth_ceiling_ratio"] == 28 / 32
+    assert res["memory_gbps"] > 0 and res["fused_adamw_fraction_of_memory_bandwidth"] > 0
+    assert abs(res["ratio_to_bandwidth_ceiling"] * res["bandwidth_ceiling_ratio"] - res["ratio_to_fused_adamw"]) < 1e-9
     assert res["ram_file_reads"] == 0 and res["ram_file_writes"] == 0
     assert json.loads((tmp_path / "out" / "optimizer.json").read_text())["params"] == res["params"]
     assert (tmp_path / "out" / "optimizer.png").stat().st_size > 1000
