@@ -178,7 +178,7 @@ class MemoryStream:
 
     def __init__(self, fused: FusedAdamW):
         self.params = [p.detach() for p in fused.params]
-        self.grads = [p.grad for p in fused.params]
+        self.grads = [p.grad if p.grad is not None else p.detach() for p in fused.params]  # FusedAdamW sets every grad
 
     def run(self, steps: int) -> list[float]:
         import torch
