@@ -3,7 +3,8 @@
 Each `ReduceOp` is one in-network reduction of a buffer of int32 lanes: it reserves a range of
 the session's sequence numbers when submitted, gets its packets when its values are known (a
 float sum first needs the agreed exponents), and completes when every chunk's RESULT is in.
-RESULTs are also the acknowledgements of this stream.
+RESULTs are also the acknowledgements of this stream, and its selective acknowledgements: each
+names the one packet it answers, so the send stream learns every hole (send_stream.py).
 """
 
 from __future__ import annotations
@@ -76,8 +77,11 @@ class CollectiveSession:
         self.rank = rank
         self.lanes = spec.lanes
         self.window = RecvWindow(spec.pool_size)
+        # refill: an op's fill reads its source (the caller's buffer, the agreed exponents),
+        # which stays as it was for every chunk whose RESULT has not arrived (a RESULT is what
+        # may overwrite an in-place buffer's chunk, and `received` skips those chunks)
         self.send = SendStream(sock, spec.pool_size, rto, HEADER_LEN + 4 * spec.lanes, now,
-                               received=self.window.received_mask)
+                               received=self.window.received_mask, refill=True)
         self.ops: dict[int, ReduceOp] = {}
         self.next_op = 0
         self.stats = {"ops": 0, "results": 0, "duplicates": 0, "stale": 0}
@@ -125,9 +129,10 @@ class CollectiveSession:
                     del self.ops[op.op_id]
                     op.on_done(op)
         if self.window.advance():
-            self.send.on_ack(self.window.ack, self.window.credit(), now)
-        if self.window.has_gap():
-            self.send.fast_retransmit(now)
+            self.send.on_ack(self.window.ack, self.window.credit(), now, sample=False)
+        # RESULTs are per-packet delivery news (SACK): RTT samples only from in-order ones, and
+        # every hole a later RESULT reveals is resent at once (a hole is a loss: docs/protocol.md 7.1)
+        self.send.on_delivered(seqs[new], now)
 
     def pump(self, now: float) -> int:
         return self.send.pump(now)

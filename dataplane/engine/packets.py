@@ -98,13 +98,19 @@ class QuantizedLanes:
     over `n` contributors. `aggregation_fill` calls `write`, which quantises chunks [i0, i1)
     straight into the packet rows (dataplane/quantize.py `quantize_into_rows`: compiled or numpy);
     calling it returns (int32 lanes, saturated) like any lanes_of. `on_saturated` runs when a
-    block had to clip (the caller's handle learns the result is not exact there)."""
+    block had to clip (the caller's handle learns the result is not exact there).
 
-    __slots__ = ("exps", "lanes", "n", "on_saturated", "x")
+    `live` says whether `x` still holds the caller's values: a retransmission quantises again
+    from `x` (send_stream.py `refill`), and once the caller's handle has failed the caller may
+    reuse `x`; a packet written then carries zeros flagged SATURATED, which makes the switch's
+    sum of that chunk SATURATED (an exact recomputation or NaN), never a plausible number."""
+
+    __slots__ = ("exps", "lanes", "live", "n", "on_saturated", "x")
 
     def __init__(self, x: np.ndarray, exps: np.ndarray, lanes: int, n: int,
-                 on_saturated: Callable[[], None] | None = None):
+                 on_saturated: Callable[[], None] | None = None, live: Callable[[], bool] | None = None):
         self.x, self.exps, self.lanes, self.n, self.on_saturated = x, exps, lanes, n, on_saturated
+        self.live = live
 
     def __call__(self, i0: int, i1: int) -> tuple[np.ndarray, np.ndarray]:
         q, sat = quantize(self.x[i0 * self.lanes: i1 * self.lanes], self.exps[i0:i1], self.lanes, self.n)
@@ -112,6 +118,9 @@ class QuantizedLanes:
         return q, sat
 
     def write(self, i0: int, i1: int, rows: np.ndarray, col: int) -> np.ndarray:
+        if self.live is not None and not self.live():
+            rows[:, col:col + 4 * self.lanes] = 0
+            return np.ones(i1 - i0, dtype=bool)
         sat = quantize_into_rows(self.x[i0 * self.lanes: i1 * self.lanes], self.exps[i0:i1], self.lanes, self.n,
                                  rows, col)
         self._told(sat)

@@ -112,7 +112,9 @@ class AllreduceOp:
         chunks = data_op.chunks
         self.exps = meta_op.result.reshape(-1)[:chunks].copy()
         self.saturated |= meta_op.saturated
-        data.ready(data_op, QuantizedLanes(self.x, self.exps, data.lanes, self.n), exponents=self.exps)
+        # live: a resend re-reads x (collective.py refill), which the caller may reuse once its handle failed
+        data.ready(data_op, QuantizedLanes(self.x, self.exps, data.lanes, self.n,
+                                           live=lambda: not self.handle.done()), exponents=self.exps)
 
     def _decode_fixed(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
         # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it

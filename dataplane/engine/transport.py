@@ -15,7 +15,7 @@ above never sees which one it has.
 from __future__ import annotations
 
 from ..net.mmsg import BatchSocket, udp_socket
-from ..net.shm_ring import ShmEndpoint
+from ..net.shm_endpoint import ShmEndpoint
 from ..session import Wiring
 from .liveness import enable_error_reports
 

@@ -42,7 +42,7 @@ later load.
 
 Multicast pools. A packet the switch sends to several ports is written once into a pool file
 (`ShmPool`, one per set of ports) and each port's down ring gets a reference entry: its length
-carries the REF bit and its row the pool position and pool id. `ShmEndpoint.recv` lends a run of
+carries the REF bit and its row the pool position and pool id. `ShmEndpoint.recv` (shm_endpoint.py) lends a run of
 pool rows exactly as it lends ring rows; releasing the references (moving `tail` past them) is
 what tells the switch the endpoint is done with the pool rows (the same load-before-store order
 as a ring row: the switch, the pool's only writer, rewrites a row only after it saw every
@@ -55,7 +55,6 @@ endpoint is named within a check interval instead of looking like silence.
 
 from __future__ import annotations
 
-import errno
 import itertools
 import mmap
 import os
@@ -63,6 +62,7 @@ import platform
 import stat
 import sys
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -348,6 +348,25 @@ class ShmRing:
         self.h[H_HEAD] = head + n  # publish: after the references (x86 keeps stores in order)
         return n
 
+    def fill_rows(self, n: int, write: Callable[[int, int, np.ndarray, np.ndarray], None]) -> int:
+        """Have `write(j0, j1, rows, lengths)` write packets j0..j1-1 of a batch of `n` straight
+        into free rows of the ring (`rows`: a C-contiguous view of them, `lengths`: theirs), then
+        publish them: no staging copy. Returns how many were published: fewer than `n` when the
+        ring is full (the caller keeps the rest for later). Writes only rows past `tail`, which
+        the consumer no longer reads, and publishes after them (the module docstring's order),
+        so a consumer never sees a row half written. Not rung: call `notify()`."""
+        head = int(self.h[H_HEAD])
+        n = min(n, self.slots - (head - int(self.h[H_TAIL])))
+        done = 0
+        while done < n:  # at most two pieces: up to the end of the ring, then from its start
+            pos = (head + done) & self._mask
+            k = min(n - done, self.slots - pos)
+            write(done, done + k, self.rows[pos:pos + k], self.lengths[pos:pos + k])
+            done += k
+        if n > 0:
+            self.h[H_HEAD] = head + n  # publish: after the rows (x86 keeps stores in order)
+        return max(n, 0)
+
     def notify(self) -> None:
         """Ring the doorbell if the consumer is armed (after publishing: see the module docstring)."""
         full_fence()  # the store of head before the load of waiting (Dekker)
@@ -403,6 +422,24 @@ class ShmRing:
             self.h[H_WAITING] = 0  # awake and busy: the producer need not ring
         return pos, k
 
+    def borrow(self, n: int) -> tuple[int, int]:
+        """Up to `n` packets in place, across the ring's end: (number of the first packet,
+        count); packet t is `rows[t & (slots - 1)]`. The consumer may read and rewrite those
+        rows until `release(count)` (the switch runs its pipeline on them), which must come
+        before the next `borrow`, `lend`, `pop_into` or `arm`."""
+        tail = int(self.h[H_TAIL])
+        k = min(n, int(self.h[H_HEAD]) - tail)
+        if k <= 0:
+            return tail, 0
+        if self.h[H_WAITING]:
+            self.h[H_WAITING] = 0  # awake and busy: the producer need not ring
+        return tail, k
+
+    def rows_span(self) -> tuple[int, int]:
+        """(file offset, bytes) of the rows: page-aligned, so the region can be mapped again
+        elsewhere (the switch maps every up ring's rows side by side: switch/shm_arena.py)."""
+        return HEADER_BYTES + self._len_bytes(self.slots), self.slots * self.row_bytes
+
     def release(self, k: int) -> None:
         """Give `k` lent rows back to the producer (after reading them: x86 keeps the loads first)."""
         if k:
@@ -433,139 +470,3 @@ class ShmRing:
             pass
         self.h = self.lengths = self.rows = None
         unmap(self._map, (self.path, self.bell_path) if self.owner else ())
-
-
-def check_prefix(prefix: str) -> None:
-    """Endpoints map rings only from /dev/shm (a plan naming another path is refused)."""
-    if not os.path.abspath(prefix).startswith("/dev/shm/"):
-        raise ValueError(f"refusing to map {prefix!r}: shared-memory ports live in /dev/shm")
-
-
-class ShmEndpoint:
-    """The endpoint's side of a shared-memory switch port, shaped like `BatchSocket` for the
-    engine: `recv()` lends `rx[:k]`/`rx_len[:k]` (the ring's rows, until the next `recv()` or
-    `arm()`), `send_rows()` publishes rows, `fd` is what
-    poll() waits on, `stats` counts packets and bytes.
-
-    Args:
-        prefix: the port's ring pair (`<prefix>.up`, `<prefix>.down`), made by the switch.
-        batch: packets taken per `recv()`.
-    """
-
-    PEER_CHECK = 0.5  # s between checks of the switch's pid (each reads /proc)
-
-    def __init__(self, prefix: str, batch: int = 64):
-        check_prefix(prefix)
-        try:
-            self.down = ShmRing(prefix + ".down", "consumer")
-        except FileNotFoundError:
-            raise ConnectionRefusedError(errno.ECONNREFUSED,
-                                         f"no switch port at {prefix} (its rings are gone)") from None
-        try:
-            self.up = ShmRing(prefix + ".up", "producer")
-        except BaseException:
-            self.down.close()
-            raise
-        self.prefix = prefix
-        self.address = prefix
-        self.batch = batch
-        # rx is a view of the down ring's rows, lent until the next recv() or arm() (no copy: the
-        # engine decodes results straight from shared memory); rx_len their lengths
-        self.rx = self.down.rows[:0]
-        self.rx_len = np.zeros(batch, dtype=np.int64)
-        self._lent = 0
-        self._pools: dict[int, ShmPool] = {}  # the switch's multicast pools this port was sent rows of
-        self.stats = {"rx_packets": 0, "rx_bytes": 0, "tx_packets": 0, "tx_bytes": 0, "tx_errors": 0,
-                      "rx_lost": 0}
-        self._checked = -1e9
-        self._gone = False
-
-    @property
-    def fd(self) -> int:
-        return self.down.fd
-
-    def arm(self) -> bool:
-        """Call before sleeping in poll() on `fd`; False: packets arrived, do not sleep (ShmRing.arm).
-        Gives back the rows the last `recv()` lent."""
-        self._give_back()
-        return self.down.arm()
-
-    def _give_back(self) -> None:
-        self.down.release(self._lent)
-        self._lent = 0
-        self.rx = self.down.rows[:0]
-
-    def recv(self, block: bool = False) -> int:
-        """Lend up to `batch` received packets as `rx[:k]` / `rx_len[:k]` (rows of the ring
-        itself or of a multicast pool it references, valid until the next `recv()`, `arm()` or
-        `close()`; the rows before are given back to the switch now). Returns k."""
-        self._give_back()
-        while True:
-            pos, k = self.down.lend(self.batch)
-            if not k:
-                return 0
-            lengths = self.down.lengths[pos:pos + k]
-            refs = (lengths & REF) != 0
-            if not refs[0]:  # packets in the ring itself, up to the first reference
-                k = int(np.argmax(refs)) if refs.any() else k
-                self.rx = self.down.rows[pos:pos + k]
-                break
-            # references to a multicast pool: the run of them that is contiguous in one pool
-            words = self.down.rows[pos:pos + k, :16].view(np.uint64)
-            at, ids = words[:, 0].astype(np.int64), words[:, 1]
-            same = refs & (ids == ids[0])
-            pool = self._pool(int(ids[0]))
-            run = same & (at - at[0] == np.arange(k)) & (at < (pool.slots if pool else 0))
-            n = int(np.argmin(run)) if not run.all() else k
-            if n:
-                k = n
-                self.rx = pool.rows[at[0]:at[0] + k]
-                break
-            # the pool is gone (the switch stopped) or the reference is out of it: those packets
-            # are lost, as on a dropped link (never read from a row that is not the packet's)
-            lost = int(np.argmin(same)) if not same.all() else k
-            self.down.release(max(lost, 1))
-            self.stats["rx_lost"] += max(lost, 1)
-        self._lent = k
-        self.rx_len[:k] = lengths[:k] & LEN_MASK
-        self.stats["rx_packets"] += k
-        self.stats["rx_bytes"] += int(self.rx_len[:k].sum())
-        return k
-
-    def _pool(self, pool_id: int) -> ShmPool | None:
-        """Multicast pool `pool_id` of this port's switch, mapped once (None: it is gone)."""
-        pool = self._pools.get(pool_id)
-        if pool is None:
-            try:
-                pool = self._pools[pool_id] = ShmPool(pool_path(self.down.peer_pid(), pool_id))
-            except (OSError, ValueError):
-                return None
-        return pool
-
-    def send_rows(self, buf: np.ndarray, idx, lengths, dests=None) -> int:
-        """Publish rows `idx` of `buf`; returns how many were offered (a full ring loses the
-        rest, counted in tx_errors, as a full socket buffer would)."""
-        idx = np.asarray(idx, dtype=np.int64)
-        lengths = np.asarray(lengths, dtype=np.int64)
-        n, _, nbytes = self.up.push_rows(buf, idx, lengths)
-        self.stats["tx_packets"] += n
-        self.stats["tx_bytes"] += nbytes
-        self.stats["tx_errors"] += len(idx) - n
-        return len(idx)
-
-    def switch_gone(self, now: float) -> str | None:
-        """A line naming the switch when its process is gone (checked every PEER_CHECK s)."""
-        if not self._gone and now - self._checked >= self.PEER_CHECK:
-            self._checked = now
-            self._gone = self.down.peer_alive() is False
-        if not self._gone:
-            return None
-        return f"the switch process (pid {self.down.peer_pid()}) that owns {self.prefix} has exited"
-
-    def close(self) -> None:
-        self.rx = None  # the ring's mapping goes with close
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
-        self.down.close()
-        self.up.close()

@@ -224,9 +224,10 @@ class MulticastPools:
         return p
 
     def place(self, rows: np.ndarray, off: int, pkt: np.ndarray, port: np.ndarray, lengths: np.ndarray,
-              eligible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+              eligible: np.ndarray, prow: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Write the rows of every packet that goes to 2+ `eligible` entries into their port set's
-        pool. Returns (pool id, pool position) per entry, -1 where the entry is to be copied."""
+        pool (packet i is row i of `rows`, or row `prow[i]`). Returns (pool id, pool position) per
+        entry, -1 where the entry is to be copied."""
         ids = np.full(len(pkt), -1, dtype=np.int64)
         at = np.full(len(pkt), -1, dtype=np.int64)
         cand = np.flatnonzero(eligible)
@@ -234,11 +235,23 @@ class MulticastPools:
             return ids, at
         order = cand[np.lexsort((port[cand], pkt[cand]))]
         u, first, count = np.unique(pkt[order], return_index=True, return_counts=True)
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i in np.flatnonzero(count >= 2).tolist():
-            a = int(first[i])
-            entries = order[a:a + int(count[i])]
-            groups.setdefault(tuple(port[entries].tolist()), []).append(i)
+        multi = np.flatnonzero(count >= 2)
+        if not len(multi):
+            return ids, at
+        # the common case, without a Python step per packet: every multicast of the turn goes
+        # to one set of ports (a RESULT to every worker); `ent` row j: packet multi[j]'s entries
+        c = int(count[multi[0]])
+        ent = order[first[multi][:, None] + np.arange(c)] if bool((count[multi] == c).all()) else None
+        if ent is not None and not bool((port[ent] == port[ent[0]]).all()):
+            ent = None
+        groups: dict[tuple[int, ...], list[int] | np.ndarray] = {}
+        if ent is not None:
+            groups[tuple(port[ent[0]].tolist())] = multi
+        else:
+            for i in multi.tolist():
+                a = int(first[i])
+                entries = order[a:a + int(count[i])]
+                groups.setdefault(tuple(port[entries].tolist()), []).append(i)  # type: ignore[union-attr]
         for ports, which in groups.items():
             pool = self.pool(ports)
             if pool is None:
@@ -253,8 +266,12 @@ class MulticastPools:
                 k = min(len(pos) - done, pool.slots - int(pos[done]))
                 sel = pkts[done:done + k]
                 width = min(used, int(lengths[sel].max()))
-                copy_rows(pool.shm.rows, int(pos[done]), rows, sel, off, width)
+                copy_rows(pool.shm.rows, int(pos[done]), rows, sel if prow is None else prow[sel], off, width)
                 done += k
+            if ent is not None:
+                ids[ent[:len(pos)]] = pool.id
+                at[ent[:len(pos)]] = pos[:, None]
+                continue
             for j, i in enumerate(which[:len(pos)]):
                 a = int(first[i])
                 entries = order[a:a + int(count[i])]

@@ -20,9 +20,14 @@ class Batch:
     `framed`: rows are Ethernet frames (luwu at offset ETH_IP_UDP_LEN) rather than luwu datagrams.
     `drop[i]`: the drop reason decided so far (0 while the packet is alive); attachments may
     preset it (UNKNOWN_PORT) before the pipeline runs.
+
+    Split batches (shared-memory turns, shm_arena.py): `rows` holds only the headers and packet
+    i's bytes lie in row `prow[i]` of `arena` (a datagram at offset 0), where the lane controls
+    read and write its payload; `payload()` is then the arena's, indexed by `prow`.
     """
 
-    __slots__ = ("drop", "framed", "hb", "hdr", "ipv4", "length", "luwu", "luwu_len", "off", "port", "rows")
+    __slots__ = ("arena", "drop", "framed", "hb", "hdr", "ipv4", "length", "luwu", "luwu_len", "off", "port",
+                 "prow", "rows")
 
     def __init__(self, rows: np.ndarray, length: np.ndarray, port: np.ndarray, framed: bool,
                  drop: np.ndarray | None = None):
@@ -32,6 +37,8 @@ class Batch:
         self.framed = framed
         self.drop = np.zeros(len(rows), dtype=np.int64) if drop is None else drop
         self.off = ETH_IP_UDP_LEN if framed else 0
+        self.arena: np.ndarray | None = None
+        self.prow: np.ndarray | None = None
         # filled by the parser
         self.luwu = self.ipv4 = self.luwu_len = self.hdr = self.hb = None
 
@@ -39,9 +46,34 @@ class Batch:
         return len(self.rows)
 
     def payload(self, lanes: int) -> np.ndarray:
-        """(K, lanes) big-endian int32 view of every row's lanes (meaningful for aggregation packets)."""
+        """(K, lanes) big-endian int32 view of every row's lanes (meaningful for aggregation
+        packets); of a split batch, the arena's rows (packet i's lanes are row `prow[i]`)."""
         start = self.off + HEADER_LEN
-        return self.rows[:, start:start + 4 * lanes].view(">i4")
+        rows = self.rows if self.arena is None else self.arena
+        return rows[:, start:start + 4 * lanes].view(">i4")
+
+    def payload_rows(self, idx):
+        """The `payload()` rows of packets `idx`."""
+        return idx if self.prow is None else self.prow[idx]
+
+    def write_back(self, idx: np.ndarray) -> None:
+        """Split batch: put the (rewritten) headers of packets `idx` into their arena rows."""
+        if self.prow is not None and len(idx):
+            self.arena[self.prow[idx], :HEADER_LEN] = self.rows[idx, :HEADER_LEN]
+
+    def whole(self) -> Batch:
+        """This batch with every packet's bytes in its own row (a split batch's rows gathered,
+        headers as the pipeline left them); a batch that is not split is returned as it is."""
+        if self.prow is None:
+            return self
+        rows = self.arena[self.prow]
+        rows[:, :HEADER_LEN] = self.rows[:, :HEADER_LEN]
+        b = Batch(rows, self.length, self.port, self.framed, self.drop)
+        b.luwu, b.ipv4, b.luwu_len = self.luwu, self.ipv4, self.luwu_len
+        if self.hdr is not None:
+            view = rows[:, b.off:b.off + HEADER_LEN]
+            b.hdr, b.hb = view.view(self.hdr.dtype)[:, 0], view.view(self.hb.dtype)[:, 0]
+        return b
 
     @classmethod
     def from_bytes(cls, items: list[tuple[int, bytes]], framed: bool, min_width: int) -> Batch:

@@ -1,9 +1,10 @@
 """The switch's event loop: a background thread that, every turn, drains the ports with
-recvmmsg into one shared buffer (UDP ports and raw ports each have one; shared-memory ports copy
-their rings' rows into a third), runs the turn's packets through the pipeline as one batch under
-the switch lock, and sends the results with sendmmsg (or onto the rings). After an idle turn it
-sleeps in poll() -- on sockets, and on the rings' doorbells -- and then reads only the ports poll
-reported."""
+recvmmsg into one shared buffer (UDP ports and raw ports each have one; shared-memory ports
+lend their rows in place, the turn copying only their headers: shm_arena.py), runs the turn's
+packets through the pipeline as one batch under the switch lock, and sends the results with
+sendmmsg (or onto the rings). After an idle turn it sleeps in poll() -- on sockets, and on the
+rings' doorbells -- and then reads only the sockets poll reported (every ring: looking costs no
+system call)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..kernels import use_numba
 from ..protocol import aggregation_packet_len
 from .attach_shm import shm_row_bytes
 from .receiver import GroupReceiver
+from .shm_arena import RingArena, ShmTurn
 
 _WARMING = threading.Lock()
 
@@ -47,6 +49,8 @@ class EventLoop:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="luwu-switch", daemon=True)
         self._receivers: dict[str, GroupReceiver] = {}
+        self._arena: RingArena | None = None  # the shm ports' up rings side by side (shm_arena.py)
+        self._arena_failed = False
 
     def start(self) -> None:
         if use_numba():  # a bad LUWU_KERNELS fails here, once, instead of on every batch
@@ -57,6 +61,25 @@ class EventLoop:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    def _shm_turn(self, rings: list) -> ShmTurn | None:
+        """The receiver of shm ports with no receive copy, over a fresh arena of their up rings
+        (None: the arena cannot be made here; the rows are copied, as `pop_into` does)."""
+        if self._arena is not None:  # between turns: no view of the old arena is left
+            self._arena.close()
+            self._arena = None
+        if self._arena_failed:
+            return None
+        try:
+            self._arena = RingArena([a.rx for a in rings])
+        except (OSError, ValueError) as e:
+            self._arena_failed = True
+            print(f"luwu switch: shared-memory ports copy their rows ({e})", file=sys.stderr)
+            return None
+        # headers only: a turn may take every port's whole backlog (share rows each) and pay the
+        # pipeline's per-turn cost once for all of it; more contributions to a slot per turn
+        # also fold in one pass instead of rounds (phase_groups.py)
+        return ShmTurn(MAX_TURN_ROWS, self._arena, [a.rx for a in rings])
 
     def _receiver(self, kind: str, nports: int) -> GroupReceiver:
         cfg = self.switch.config
@@ -91,9 +114,11 @@ class EventLoop:
                 for fd in fds - registered:
                     poller.register(fd, select.POLLIN)
                 registered = fds
-                groups = [(kind, [a for a in atts if a.kind == kind]) for kind in KINDS]
-                groups = [(kind, g, self._receiver(kind, len(g))) for kind, g in groups if g]
                 rings = [a for a in atts if a.kind == "shm"]
+                shm_rx = self._shm_turn(rings) if rings else None
+                groups = [(kind, [a for a in atts if a.kind == kind]) for kind in KINDS]
+                groups = [(kind, g, shm_rx if kind == "shm" and shm_rx is not None else self._receiver(kind, len(g)))
+                          for kind, g in groups if g]
                 ready = None
             busy = False
             for kind, group, rx in groups:
@@ -103,11 +128,16 @@ class EventLoop:
                 share = max(batch, rx.capacity // n)  # a socket port's rows this turn (drained)
                 for i in range(n):  # rotate the start so no port always gets the leftovers
                     att = group[(turn + i) % n]
-                    if ready is not None and att.fd not in ready:
-                        continue
+                    if ready is not None and att.fd not in ready and kind != "shm":
+                        continue  # (a ring is looked at without a system call: every ring, always)
                     start = rx.filled
                     try:
-                        k = att.recv_into(rx, batch) if kind == "shm" else rx.drain(att.fd, att.port, batch, share)
+                        if kind != "shm":
+                            k = rx.drain(att.fd, att.port, batch, share)
+                        elif isinstance(rx, ShmTurn):
+                            k = rx.take(att.rx, att.port, share)
+                        else:
+                            k = att.recv_into(rx, batch)
                     except OSError as e:  # a closed or broken socket: note it, keep serving the others
                         print(f"luwu switch: port {att.port}: receive failed: {e}", file=sys.stderr)
                         continue
@@ -115,8 +145,12 @@ class EventLoop:
                         segments.append((att, start, start + k))
                 if segments:
                     busy = True
-                    with sw.lock:
-                        sw.handle_turn(rx, segments)
+                    try:
+                        with sw.lock:
+                            sw.handle_turn(rx, segments)
+                    finally:
+                        if isinstance(rx, ShmTurn):
+                            rx.release()  # after the turn's last access to the borrowed rows
             turn += 1
             if sw.links_in or sw.links_out:
                 with sw.lock:
@@ -128,3 +162,7 @@ class EventLoop:
                     ready = {fd for fd, _ in poller.poll(poll_ms)}
                 except InterruptedError:
                     ready = None
+        groups = []
+        if self._arena is not None:  # the loop's last turn is over: no view of it is left
+            self._arena.close()
+            self._arena = None

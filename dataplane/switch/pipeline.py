@@ -89,9 +89,9 @@ class _AggInputs:
         "saturated",
     )
 
-    def __init__(self, c: Classified, ai: np.ndarray, slot: np.ndarray, slots: int):
+    def __init__(self, c: Classified, ai: np.ndarray, slot: np.ndarray, slots: int, b: Batch):
         self.ai = ai
-        self.rows = c.idx[ai]
+        self.rows = b.payload_rows(c.idx[ai])  # rows of b.payload(): a split batch's arena rows
         flags = c.flags[ai]
         set_ = (flags & SET).astype(np.int64)
         self.s = set_ * slots + slot
@@ -201,7 +201,7 @@ class Pipeline:
         ai = np.flatnonzero(c.path == PATH_AGGREGATE)
         if len(ai):
             slot = c.h["slot"][ai].astype(np.int64)
-            a = _AggInputs(c, ai, slot, self.registers.slots)
+            a = _AggInputs(c, ai, slot, self.registers.slots, b)
             payload = b.payload(self.lanes)
             rest = None
             # several contributions to a slot: fold the qualifying groups in one pass (None: no

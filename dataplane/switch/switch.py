@@ -304,13 +304,16 @@ class SoftwareSwitch:
             if hasattr(rx, "truncated"):  # longer than the receive buffer: the kernel kept only a prefix
                 drop[(drop == 0) & rx.truncated[:n]] = DropReason.MALFORMED
             b = Batch(rx.turn_rows(n), rx.length[:n], rx.port[:n], framed, drop)
+            arena = getattr(rx, "arena", None)
+            if arena is not None:  # shared-memory turn: the packets' bytes stay in their rings (shm_arena.py)
+                b.arena, b.prow = arena.rows, rx.prow[:n]
             if learning:
                 valid = self.pipeline.valid(b)
                 for att, a, z in learning:
                     att.learn(rx.addr[a:z], valid[a:z], b.drop[a:z])
             if any(self.links_in.get(att.port) is not None and self.links_in[att.port].active
                    for att, _, _ in segments):
-                b = self._impair_turn(b, framed)
+                b = self._impair_turn(b.whole(), framed)
                 if b is None:
                     return
             with trace.span("pipeline turn", "switch", packets=n):
@@ -356,14 +359,23 @@ class SoftwareSwitch:
             return
         ports = em.port
         uniq = np.unique(ports)
+        if b.prow is not None:  # a split batch (shm_arena.py): the packets leave from their arena rows
+            if all((a := self.ports.get(p)) is None or a.peer is None  # dropped NO_ROUTE: never read
+                   or (a.kind == "shm" and not (self.links_out.get(p) is not None and self.links_out[p].active))
+                   for p in uniq.tolist()):
+                b.write_back(np.unique(em.pkt))
+            else:  # bytes leave another way too (UDP, Ethernet, impairments): whole rows
+                b = b.whole()
+        src = b.rows if b.prow is None else b.arena  # rows `b.payload_rows(pkt)` hold the packets
         stride = np.uint64(b.rows.strides[0])
         base = np.uint64(addr_of(b.rows) + b.off)
         woken = []  # shm ports: publish to all of them first, then ring (a woken endpoint may preempt us)
         pool_id, pool_at = self._multicast_rows(b, em, uniq)
         holders: dict[int, list] = {}
         for p in uniq.tolist():
-            sub = em if len(uniq) == 1 else em.select(ports == p)
-            refs = None if pool_id is None else (pool_id[ports == p], pool_at[ports == p])  # None: no pool rows
+            mine = None if len(uniq) == 1 else ports == p
+            sub = em if mine is None else em.select(mine)
+            refs = None if pool_id is None else (pool_id, pool_at) if mine is None else (pool_id[mine], pool_at[mine])
             att = self.ports.get(p)
             if att is None or att.peer is None:
                 self.pipeline.count_copy_drops(b, DropReason.NO_ROUTE, sub.pkt)
@@ -390,7 +402,7 @@ class SoftwareSwitch:
                     woken.append(att)
                     self._count_port(p, "tx_ring_full", len(sub) - sent)
                 else:
-                    sent = att.send_rows(b.rows, sub.pkt, lengths, b.off, notify=False)
+                    sent = att.send_rows(src, b.payload_rows(sub.pkt), lengths, b.off, notify=False)
                     woken.append(att)
                     self._count_port(p, "tx_ring_full", len(sub) - sent)
             else:
@@ -415,22 +427,29 @@ class SoftwareSwitch:
                and not (self.links_out.get(p) is not None and self.links_out[p].active)]
         if len(shm) < 2:
             return None, None
-        eligible = np.isin(em.port, shm) & ~em.l3
+        eligible = em.port == shm[0]
+        for p in shm[1:]:  # a few ports: cheaper than np.isin's sort
+            eligible |= em.port == p
+        eligible &= ~em.l3
         if self._pools is None:
             self._pools = MulticastPools(shm_row_bytes(self.config.lanes))
-        ids, at = self._pools.place(b.rows, b.off, em.pkt, em.port, b.luwu_len, eligible)
+        src = b.rows if b.prow is None else b.arena
+        ids, at = self._pools.place(src, b.off, em.pkt, em.port, b.luwu_len, eligible, b.prow)
         return (ids, at) if (ids >= 0).any() else (None, None)
 
     def _send_shm_mixed(self, att, b: Batch, sub: Emission, lengths: np.ndarray, ids: np.ndarray,
                         at: np.ndarray, holders: dict) -> int:
         """A shm port's copies in emission order: runs of references to pool rows and runs copied inline."""
-        cuts = np.flatnonzero(np.diff(ids) != 0) + 1
-        bounds = [0, *cuts.tolist(), len(ids)]
+        if ids[0] == ids[-1] and bool((ids == ids[0]).all()):
+            bounds = [0, len(ids)]  # one run (the common case: every copy a reference into one pool)
+        else:
+            bounds = [0, *(np.flatnonzero(np.diff(ids) != 0) + 1).tolist(), len(ids)]
         sent = 0
         for a, z in itertools.pairwise(bounds):
             pid = int(ids[a])
             if pid < 0:
-                n = att.send_rows(b.rows, sub.pkt[a:z], lengths[a:z], b.off, notify=False)
+                src = b.rows if b.prow is None else b.arena
+                n = att.send_rows(src, b.payload_rows(sub.pkt[a:z]), lengths[a:z], b.off, notify=False)
             else:
                 n = att.send_refs(pid, at[a:z], lengths[a:z])
                 holders.setdefault(pid, []).append((att, att.tx.published()))

@@ -3,7 +3,7 @@
 The estimator's arithmetic, then a real `SendStream` on a loopback UDP socket driven with an
 explicit clock (the `now` arguments), so nothing here depends on how fast the machine is: RTT
 samples come from row send times, Karn's rule drops samples of retransmitted rows, timeouts back
-off and an acknowledgement resets the backoff, and a stream that was idle starts its timer when
+off and the next fresh sample resets the backoff, and a stream that was idle starts its timer when
 it sends again instead of timing out at once.
 """
 
@@ -79,9 +79,14 @@ def test_samples_rtt_from_send_times_and_applies_karns_rule(stream):
     assert s.pump(now=1.3) == 2  # packets 2 and 3 again (a burst: 32 / 16), flagged RETX
     again = _received(rx, 2)
     assert [p[4] for p in again] == [2, 3] and all(p[1] & int(Flag.RETX) for p in again)
-    s.on_ack(4, 11, now=5.0)  # ambiguous (original or resend?): no sample, backoff reset
+    s.on_ack(4, 11, now=5.0)  # ambiguous (original or resend?): no sample, so the backoff holds
     assert s.stats["rtt_samples"] == 1 and s.rto.srtt == pytest.approx(0.03)
-    assert s.rto.backoff == 1 and s.idle()
+    assert s.rto.backoff == 2 and s.idle()
+    seg = s.reserve(1)
+    seg.ready(_fill)
+    assert s.pump(now=6.0) == 1
+    s.on_ack(5, 12, now=6.03)  # sent once, acked: a fresh sample resets the backoff (Karn)
+    assert s.stats["rtt_samples"] == 2 and s.rto.backoff == 1
 
 
 def test_an_idle_stream_starts_its_timer_when_it_sends(stream):

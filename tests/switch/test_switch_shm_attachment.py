@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from switch_setup import LANES, NODE_PORT, SLOTS, agg_packet, heartbeat, param, runtime
 
-from luwu.dataplane.net.shm_ring import RingBusy, ShmEndpoint, ShmRing, copy_rows, supported
+from luwu.dataplane.net.shm_endpoint import ShmEndpoint
+from luwu.dataplane.net.shm_ring import RingBusy, ShmRing, copy_rows, supported
 from luwu.dataplane.protocol import NODE, DropReason, Event, Flag, MsgType, Packet
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
 
@@ -243,7 +244,7 @@ def test_no_wake_up_is_lost_between_processes():
 def test_a_port_takes_one_endpoint_process():
     sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS))
     prefix = sw.attach_shm(1)
-    code = ("import sys\nfrom luwu.dataplane.net.shm_ring import ShmEndpoint\n"
+    code = ("import sys\nfrom luwu.dataplane.net.shm_endpoint import ShmEndpoint\n"
             f"e = ShmEndpoint({prefix!r}); print('attached', flush=True); sys.stdin.read()")
     holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -375,7 +376,7 @@ def test_the_pool_rows_of_an_endpoint_that_exited_are_reused(monkeypatch):
     sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS, seed=3))
     prefixes = {p: sw.attach_shm(p, slots=64) for p in PORTS}
     peers = {p: ShmPeer(prefixes[p]) for p in (1, 2, NODE_PORT)}
-    subprocess.run([sys.executable, "-c", "from luwu.dataplane.net.shm_ring import ShmEndpoint\n"
+    subprocess.run([sys.executable, "-c", "from luwu.dataplane.net.shm_endpoint import ShmEndpoint\n"
                     f"ShmEndpoint({prefixes[3]!r})"], check=True, timeout=DEADLINE)  # attaches, exits
     rank2 = ShmRing(prefixes[3] + ".up", "producer")  # its sends now come from here (the producer died)
     sw.load_runtime(runtime())
@@ -508,7 +509,7 @@ def test_endpoint_and_switch_processes_are_watched(tmp_path):
     prefix = sw.attach_shm(1)
     try:
         assert sw.ports[1].endpoint_alive() is None  # nobody attached yet
-        code = ("from luwu.dataplane.net.shm_ring import ShmEndpoint\n"
+        code = ("from luwu.dataplane.net.shm_endpoint import ShmEndpoint\n"
                 f"print(ShmEndpoint({prefix!r}).switch_gone(0.0))")
         out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and out.stdout.strip() == "None", out.stderr  # it saw this (live) switch

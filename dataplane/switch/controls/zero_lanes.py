@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...protocol import HEADER_LEN, DropReason, Flag, aggregation_packet_len
+from ...protocol import DropReason, Flag, aggregation_packet_len
 from .classifier import PATH_AGGREGATE, PATH_FALLBACK, PATH_NONE, Classified
 
 ZERO = int(Flag.ZERO)
@@ -34,11 +34,12 @@ def apply(b, c: Classified, lanes: int) -> None:
         return
     rows = c.idx[z]
     full = aggregation_packet_len(lanes)
-    if b.rows.shape[1] < b.off + full:  # a receive buffer narrower than a packet: never a partial sum
+    width = (b.rows if b.arena is None else b.arena).shape[1]  # a split batch's lanes lie in its arena (batch.py)
+    if width < b.off + full:  # a receive buffer narrower than a packet: never a partial sum
         b.drop[rows] = DropReason.MALFORMED
         c.path[z] = PATH_NONE
         return
-    b.rows[rows, b.off + HEADER_LEN:b.off + full] = 0
+    b.payload(lanes)[b.payload_rows(rows)] = 0
     if b.luwu_len is b.length:  # datagram batches share the array: keep the received length intact
         b.luwu_len = b.length.copy()
     b.luwu_len[rows] = full
