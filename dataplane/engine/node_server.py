@@ -236,9 +236,14 @@ class NodeServerSession:
         if data.dtype.itemsize != WIRE_DTYPES[dtype].itemsize:
             raise TypeError(f"tensor {tensor}: {data.dtype} does not match wire dtype {dtype.name}")
         chunks = max(1, num_chunks(data.size, epp))
-        seg = self.params.reserve(chunks)
-        seg.ready(param_fill(seg_start=seg.start, session=self.id, pull_id=pull_id, tensor=tensor, data=data,
-                             dtype=dtype, elems_per_packet=epp))
+        # the fill (and with it the served copy) is let go once the workers acknowledge the pull: the
+        # stream keeps acknowledged segments for a while, and a copy referenced there cannot be recycled
+        # by the node (served.py), which then faulted in a fresh buffer for the layer's next version
+        box = []
+        seg = self.params.reserve(chunks, on_acked=box.clear)
+        box.append(param_fill(seg_start=seg.start, session=self.id, pull_id=pull_id, tensor=tensor, data=data,
+                              dtype=dtype, elems_per_packet=epp))
+        seg.ready(lambda i0, i1, rows, lens: box[0](i0, i1, rows, lens))
         self.stats["pulls_served"] += 1
 
     # -- engine loop hooks ----------------------------------------------------------------------

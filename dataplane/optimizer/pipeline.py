@@ -10,8 +10,8 @@ layer's next gradient when its previous version is published), which keeps versi
 
 A shard whose state is in RAM takes a fast lane: the receive thread pins it and readies its
 step (clipping, torch's scalar remainders, the kernel's arguments), the optimizer's thread
-steps every such shard queued for it in one GIL-releasing call, unpins them and hands finished
-layers to the publish thread in batches. Shards that need I/O (out of core) go through the
+steps every such shard queued for it in one GIL-releasing call, unpins them and publishes
+finished layers itself when nothing else waits (else the publish thread does, in batches). Shards that need I/O (out of core) go through the
 read and write threads as before, as do a checkpoint capture and a store that needs room.
 Thread hand-offs and GIL hand-overs, not Python, were most of the pipeline's cost
 (docs/optimizer.md "Memory traffic").
@@ -303,14 +303,19 @@ class Pipeline:
     def _optimize_loop(self) -> None:
         """The optimizer's thread. It takes every shard queued for it and steps those of the fast
         lane in one kernel call (one GIL release and re-take for all: re-taking it waits for
-        whichever pipeline thread holds it). Layers it finished in the fast lane go to the
-        publish thread in batches: when its queue runs dry (it would wait anyway) or after
-        `queue_depth` layers, so a backlog costs the publish thread a few wake-ups, not one per
-        layer."""
+        whichever pipeline thread holds it). Layers it finished in the fast lane are published
+        when its queue runs dry (it would wait anyway): here, when the publish thread has nothing
+        queued (a hand-off to it cost a wake-up and a GIL hand-over per layer, most of that
+        thread's CPU for small layers), else by the publish thread, after those queued before;
+        and after `queue_depth` layers, by the publish thread in one batch."""
         q = self.queues["optimize"]
+        pq = self.queues["publish"]
         done: list[LayerStep] = []
         while True:
-            if done and (len(done) >= self.queue_depth or q.empty()):
+            if done and len(done) < self.queue_depth and q.empty() and pq.empty():
+                self._publish_items(done)
+                done = []
+            elif done and (len(done) >= self.queue_depth or q.empty()):
                 self._put("publish", done)
                 done = []
             tasks = [q.get()]
@@ -350,16 +355,19 @@ class Pipeline:
             items = q.get()
             if items is _STOP:
                 return
-            for item in items:
-                if self.node.failed():
-                    break  # drain so that producers never block
-                try:
-                    t0 = time.perf_counter()
-                    with trace.span("publish", "optimizer", layer=item.plan.layer_id, step=item.step):
-                        self._publish(item)
-                    self._account("publish", t0)
-                except BaseException as e:
-                    self.node.fail(e, "publish")
+            self._publish_items(items)
+
+    def _publish_items(self, items: list[LayerStep]) -> None:
+        for item in items:
+            if self.node.failed():
+                break  # drain so that producers never block
+            try:
+                t0 = time.perf_counter()
+                with trace.span("publish", "optimizer", layer=item.plan.layer_id, step=item.step):
+                    self._publish(item)
+                self._account("publish", t0)
+            except BaseException as e:
+                self.node.fail(e, "publish")
 
     # The fast lane: a shard whose state is in RAM skips the read and write threads (the common
     # case: the whole state fits, and those steps would only pin and unpin it). Each thread

@@ -3,7 +3,10 @@ uint16 bits, fp16, fp32), flat, read-only.
 
 Every published version is a new array that is never written again, so a caller may keep what
 `get` returned. Buffers are recycled (page faults cost more than the step here) only when no
-caller holds the old array any more. Copies live in RAM within their budget; past it the least
+caller holds the old array any more: a copy still held when it is replaced (the engine's
+parameter stream keeps the array a pull is sent from until the workers acknowledge it, which is
+usually after the layer's next version is published) is checked again before the next buffer is
+handed out, and recycled once let go. Copies live in RAM within their budget; past it the least
 recently used are written to the served region of their shards' files and read back on demand.
 """
 
@@ -21,6 +24,16 @@ from .layout import LayerPlan
 from .shard_file import FileSet
 
 WAIT_SLICE = 1.0
+MAX_HELD = 64  # replaced copies a caller still held, re-checked for recycling; older ones are left to the caller
+
+
+class _Held:
+    """A replaced copy (its buffer and typed array) that a caller still held when it was dropped."""
+
+    __slots__ = ("arr", "buf")
+
+    def __init__(self, buf: np.ndarray, arr: np.ndarray):
+        self.buf, self.arr = buf, arr
 
 
 class ServedRecord:
@@ -51,8 +64,10 @@ class ServedCache:
         self.cv = threading.Condition()
         self._local = threading.local()
         self.used = 0  # resident records + buffers handed to in-flight steps
+        self.held: collections.deque[_Held] = collections.deque()  # dropped while a caller held them
         self.closed = False
-        self.counts = {"evictions": 0, "writes": 0, "loads": 0, "recycled": 0, "kept_by_caller": 0}
+        self.counts = {"evictions": 0, "writes": 0, "loads": 0, "recycled": 0, "kept_by_caller": 0,
+                       "recycled_late": 0}
 
     def set_budget(self, budget: int) -> None:
         with self.cv:
@@ -62,6 +77,7 @@ class ServedCache:
         """A buffer for the next version of a layer (called by the pipeline before its step)."""
         n = plan.served_buffer_bytes
         with self.cv:
+            self._reclaim()
             # a pooled buffer is taken before the trim, which would otherwise count it as free
             # memory over budget, drop it, and leave this call to fault in a fresh one (at full
             # budget, i.e. every step of a model that fits: the previous version's buffer)
@@ -140,8 +156,26 @@ class ServedCache:
             self.pool.give(rec.buf)
             self.counts["recycled"] += 1
         else:
-            self.counts["kept_by_caller"] += 1  # freed when the caller drops it
+            self.counts["kept_by_caller"] += 1  # recycled by _reclaim once the caller lets go
+            if rec.arr is None:  # set and cleared with rec.buf
+                raise AssertionError(f"served copy of layer {rec.plan.layer_id} has a buffer but no array")
+            self.held.append(_Held(rec.buf, rec.arr))
+            if len(self.held) > MAX_HELD:
+                self.held.popleft()  # freed when its caller drops it
         rec.buf = rec.arr = None
+
+    def _reclaim(self) -> None:
+        """Recycle the replaced copies whose callers have let go since. Without this, every
+        step's copy of a layer that workers were still being sent when its next version came out
+        was a fresh mapping, faulted in a page at a time (in the demo: all but 5% of them)."""
+        for _ in range(len(self.held)):
+            h = self.held.popleft()
+            # ours: h.arr; h.buf and h.arr's base (as in _drop_buffer)
+            if extra_references(h.arr, 1) == 0 and extra_references(h.buf, 2) == 0:
+                self.pool.give(h.buf)
+                self.counts["recycled_late"] += 1
+            else:
+                self.held.append(h)
 
     def _trim(self, keep: tuple | None) -> None:
         while self.used + self.pool.free_bytes > self.budget:

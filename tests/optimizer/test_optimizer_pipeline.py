@@ -222,6 +222,36 @@ def test_steady_state_reuses_every_buffer(tmp_path):
         assert st["store"]["buffers_allocated"] == store_allocated
 
 
+def test_a_copy_held_past_its_replacement_is_recycled_once_let_go(tmp_path):
+    """The engine's parameter stream holds the copy a pull is sent from until the workers
+    acknowledge it, usually past the next version's publication: such a copy is recycled once
+    its holder lets go (not left for the allocator, which faulted a fresh mapping in per layer
+    per step), and never while it is held (a held array's bits never change)."""
+    layers = model_layers(3, 64, 64)
+    spec = JobSpec("p", OptimizerSpec("adamw", lr=1e-3), layers, "bf16", initial_values(layers))
+    with OptimizerNode(NodeConfig(tmp_path / "s", ram_budget=64 << 20)) as node:
+        node.add_job(spec)
+        for step in range(3):  # warm: every layer's current and next buffer exist
+            for ly in reversed(layers):
+                node.submit_gradient("p", ly.layer_id, step, summed_grad(ly, step, 1))
+            assert node.wait_idle(120)
+        allocated = node.stats()["served"]["buffers_allocated"]
+        for step in range(3, 9):
+            held = [node.lookup("p", ly.layer_id, step)[0] for ly in layers]  # a pull in flight
+            before = [a.copy() for a in held]
+            for ly in reversed(layers):
+                node.submit_gradient("p", ly.layer_id, step, summed_grad(ly, step, 1))
+            assert node.wait_idle(120)
+            for a, b in zip(held, before):
+                np.testing.assert_array_equal(a, b)  # replaced while held: never written
+            del held, a  # the pull is acknowledged: the next step may reuse the buffers
+        st = node.stats()["served"]
+        assert st["kept_by_caller"] >= 6 * len(layers)
+        assert st["recycled_late"] >= 5 * len(layers)
+        # one more buffer per layer than when nothing is held: the held copy, the current and the next
+        assert st["buffers_allocated"] <= allocated + len(layers), (st, allocated)
+
+
 def test_state_buffers_are_private_memory_that_may_get_huge_pages():
     """State and served-copy buffers are private anonymous memory: a shared anonymous mapping is
     shmem, which gets no transparent huge pages unless shmem_enabled allows (`never` by default),
