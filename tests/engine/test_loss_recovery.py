@@ -12,43 +12,22 @@ is probed again after 2 SRTT instead of waiting for the RTO.
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
+from stream_wire import ROW, udp_wire
+from stream_wire import fill_indexed as _fill
+from stream_wire import on_wire as _on_wire
 
 from luwu.dataplane.engine.send_stream import RtoEstimator, RtoPolicy, SendStream
 from luwu.dataplane.engine.window import RecvWindow
-from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
-from luwu.dataplane.protocol import Flag
 
-ROW = 64
 POLICY = RtoPolicy(initial=0.1, minimum=0.01, maximum=1.0)
 
 
 @pytest.fixture
 def wire():
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rx.bind(("127.0.0.1", 0))
-    rx.settimeout(5)
-    tx = BatchSocket(udp_socket(), batch=16, max_len=ROW, peers=1)
-    tx.set_peer(0, *rx.getsockname())
-    tx.default_peer = 0
-    yield tx, rx
-    tx.close()
-    rx.close()
-
-
-def _fill(i0, i1, rows, lens):
-    rows[:] = 0
-    rows[:, 4] = np.arange(i0, i1)  # the packet's index, to recognise it on the wire
-    lens[:] = ROW
-
-
-def _on_wire(rx, k):
-    """The next k packets' indices and whether each carries RETX."""
-    pkts = [rx.recv(ROW) for _ in range(k)]
-    return [p[4] for p in pkts], [bool(p[1] & int(Flag.RETX)) for p in pkts]
+    with udp_wire() as pair:
+        yield pair
 
 
 def _deliver(s, w, seqs, now):

@@ -9,16 +9,12 @@ it sends again instead of timing out at once.
 
 from __future__ import annotations
 
-import socket
-
-import numpy as np
 import pytest
+from stream_wire import ROW, udp_wire
+from stream_wire import fill_indexed as _fill
 
 from luwu.dataplane.engine.send_stream import RtoEstimator, RtoPolicy, SendStream
-from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
 from luwu.dataplane.protocol import Flag
-
-ROW = 64
 
 
 def test_rfc6298_smoothing_bounds_and_backoff():
@@ -42,22 +38,9 @@ def test_rfc6298_smoothing_bounds_and_backoff():
 
 @pytest.fixture
 def stream():
-    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rx.bind(("127.0.0.1", 0))
-    rx.settimeout(5)
-    tx = BatchSocket(udp_socket(), batch=16, max_len=ROW, peers=1)
-    tx.set_peer(0, *rx.getsockname())
-    tx.default_peer = 0
-    s = SendStream(tx, window=32, rto=RtoEstimator(RtoPolicy(initial=0.1, minimum=0.01, maximum=1.0)), row_bytes=ROW)
-    yield s, rx
-    tx.close()
-    rx.close()
-
-
-def _fill(i0, i1, rows, lens):
-    rows[:] = 0
-    rows[:, 4] = np.arange(i0, i1)  # the packet's index, to recognise it on the wire
-    lens[:] = ROW
+    with udp_wire() as (tx, rx):
+        yield SendStream(tx, window=32, rto=RtoEstimator(RtoPolicy(initial=0.1, minimum=0.01, maximum=1.0)),
+                         row_bytes=ROW), rx
 
 
 def _received(rx, k):
