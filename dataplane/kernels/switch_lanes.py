@@ -44,8 +44,8 @@ def phase_groups(order, slot, s, other, epoch, is_max, bit, nw, exponent, satura
                  slot_owner, bitmap, contributors, exponents, slot_flags, regs, payload,
                  fast, remaining, out_exponent, out_saturated, last):
     """The aggregation fast path over one batch's aggregation packets (arrays indexed by their
-    position; `order` sorts them by `slot`, arrival order inside a slot): every group of two or
-    more packets on one slot that qualifies (phase_groups.py: same register index, epoch and
+    position; `order` sorts them by `slot`, arrival order inside a slot): every group of the
+    packets on one slot (one or more) that qualifies (phase_groups.py: same register index, epoch and
     operation; distinct worker bits, none already in the bitmap; the countdown reaching zero at
     the last packet at the earliest) runs through the slot state machine and the lane fold, and
     its packets get fast = True, their `remaining`, and the last one its exponent and
@@ -62,8 +62,6 @@ def phase_groups(order, slot, s, other, epoch, is_max, bit, nw, exponent, satura
             j += 1
         m = j - i
         lo, i = i, j
-        if m < 2:
-            continue
         g = s[h]
         gbits = np.uint32(0)
         bsum = np.int64(0)

@@ -204,9 +204,9 @@ class Pipeline:
             a = _AggInputs(c, ai, slot, self.registers.slots, b)
             payload = b.payload(self.lanes)
             rest = None
-            # several contributions to a slot: fold the qualifying groups in one pass (None: no
+            # the contributions to each slot: fold the qualifying groups in one pass (None: no
             # slot has a qualifying group, nothing changed), the rest go through the rounds
-            fast = phase_groups.fold(slot, a, self.registers, payload, agg) if len(slot) > 1 else None
+            fast = phase_groups.fold(slot, a, self.registers, payload, agg)
             if fast is not None:
                 rest = np.flatnonzero(~fast)
                 rounds = round_numbers(slot[rest])
