@@ -38,6 +38,7 @@ DATA_SESSION = 2
 FIRST_NODE_SESSION = 3
 TRANSPORTS = ("shm", "udp")
 KERNELS_TIMEOUT = 120.0  # s the switch process waits for its background kernel load when asked
+KERNELS_DEFER = 5.0  # s after its start a switch process loads its kernels unless told sooner
 
 
 def default_transport() -> str:
@@ -242,8 +243,8 @@ class LoopbackSwitch:
     process=True switch whose child process also runs this one (a thread there, no new process:
     the torch backend's new_group); stopping the host's own switch stops the process, and with it
     every switch it hosts. `LoopbackSwitch.prestart(log_path)` launches the child before the plan
-    is known (its interpreter, imports and compiled kernels load meanwhile); the next process=True
-    start with that log path takes it.
+    is known (its interpreter and imports load meanwhile; its compiled kernels load once it has
+    answered its plan); the next process=True start with that log path takes it.
     """
 
     READY_TIMEOUT = 60.0
@@ -286,10 +287,10 @@ class LoopbackSwitch:
     @staticmethod
     def prestart(log_path: str) -> None:
         """Launch a switch process now, without a plan and without waiting for it: it imports the
-        switch and loads its compiled kernels while the caller works out the plan (the torch
-        backend's rank 0 does this first thing in init_process_group). The next `start()` of a
-        process=True switch logging to `log_path` takes it; `discard_prestarted` stops one nobody
-        took. Idempotent per log path while the process lives."""
+        switch while the caller works out the plan (the torch backend's rank 0 does this first
+        thing in init_process_group; its compiled kernels load later, `load_kernels`). The next
+        `start()` of a process=True switch logging to `log_path` takes it; `discard_prestarted`
+        stops one nobody took. Idempotent per log path while the process lives."""
         with _spare_lock:
             proc = _spare.get(log_path)
             if proc is None or proc.poll() is not None:
@@ -384,6 +385,13 @@ class LoopbackSwitch:
             return self._ask(json.dumps({"op": "counters", "id": self._id}), timeout) if self.alive() else None
         return self._ask("counters", timeout) if self.alive() else None
 
+    def load_kernels(self) -> None:
+        """Tell the switch process to load its compiled kernels now rather than `KERNELS_DEFER` s
+        after its start: its job's start-up is over (the torch backend calls this after the start
+        barrier). Nothing for a switch in this process or hosted by another one."""
+        if self._proc is not None and self._host is None and self.alive():
+            self._ask("load-kernels", 10.0)
+
     def wait_kernels(self, timeout: float = 120.0) -> bool | None:
         """Wait until the switch process has loaded its compiled lane kernels (it starts with the
         numpy reference, the same bits, while they load in the background). Returns whether
@@ -438,7 +446,11 @@ class LoopbackSwitch:
 
 def _serve_stdin() -> int:
     """Body of LoopbackSwitch(process=True): a request line, then `counters` / `stop` until EOF."""
-    _preload()  # before the request: a prestarted process loads while its parent works out the plan
+    # before the request: a prestarted process imports the switch while its parent works out the plan
+    from . import switch  # noqa: F401
+
+    go = threading.Event()  # the kernels load once set (`load-kernels`, `kernels`) or after KERNELS_DEFER s
+    _load_kernels(after=go)  # registered now (the datapath runs the reference until then), loaded after
     first = sys.stdin.readline()
     if not first:
         return 1
@@ -458,9 +470,13 @@ def _serve_stdin() -> int:
             cmd = line.strip()
             if cmd == "counters":
                 print(json.dumps(sw.counters(), default=str), flush=True)
+            elif cmd == "load-kernels":  # the job's start-up is over: load them now
+                go.set()
+                print(json.dumps({"loading": True}), flush=True)
             elif cmd == "kernels":  # block until the compiled kernels are in (benchmarks' steady state)
                 from .kernels import use_numba, wait_loaded
 
+                go.set()
                 wait_loaded(KERNELS_TIMEOUT)
                 print(json.dumps({"compiled": use_numba()}), flush=True)
             elif cmd == "stop":
@@ -476,14 +492,18 @@ def _serve_stdin() -> int:
     return 0
 
 
-def _preload() -> None:
-    """Import the switch now and load its compiled lane kernels (numba: ~0.5 s of CPU) in the
-    background (dataplane/kernels `load_in_background`): nothing waits for the plan, and the first
-    aggregations run the numpy reference (same bits) until the kernels are in."""
-    from . import switch  # noqa: F401 - the import is the point
+def _load_kernels(after: threading.Event) -> None:
+    """Load the switch's compiled lane kernels (numba: ~0.5 s of CPU) in the background
+    (dataplane/kernels `load_in_background`) once `after` is set (or `KERNELS_DEFER` s have
+    passed); until they are in, the aggregations run the numpy reference (same bits), and
+    `use_numba()` says so without importing numba. The loading waits for the job's start-up
+    (`LoopbackSwitch.load_kernels`, after the torch backend's start barrier): its thread holds the
+    GIL for most of numba's import and, at low priority on a busy host, would stall the switch's
+    start-up and first aggregations, which every rank's init_process_group waits for."""
     from .kernels import load_in_background
 
     def load() -> None:
+        after.wait(KERNELS_DEFER)  # before the imports: switch_lanes imports numba
         from .heap import refreeze
         from .kernels.switch_lanes import warm_up
 

@@ -69,39 +69,84 @@ _DOCS = {
 }
 
 
-def _load_schema() -> dict[str, TableSpec]:
+FACTS_VERSION = 1  # of what _p4info_facts extracts: a change makes older cached facts unused
+
+
+def _p4info_facts(text: str) -> dict:
+    """What the schema needs from the P4Info text, as plain JSON-able data (protobuf parsed here)."""
     from finsy.proto import p4i
     from google.protobuf import text_format
 
+    info = text_format.Parse(text, p4i.P4Info())
+    kinds = {p4i.MatchField.EXACT: "exact", p4i.MatchField.LPM: "lpm"}
+    scopes = {p4i.ActionRef.TABLE_AND_DEFAULT: "both", p4i.ActionRef.TABLE_ONLY: "table",
+              p4i.ActionRef.DEFAULT_ONLY: "default"}
+    actions = {a.preamble.id: [a.preamble.alias, [[p.name, p.bitwidth] for p in a.params]] for a in info.actions}
+    return {"version": FACTS_VERSION, "tables": [
+        {"name": t.preamble.name, "alias": t.preamble.alias, "size": t.size,
+         "keys": [[m.name, m.bitwidth, kinds.get(m.match_type, p4i.MatchField.MatchType.Name(m.match_type))]
+                  for m in t.match_fields],
+         "actions": [[*actions[ref.id], scopes[ref.scope]] for ref in t.action_refs]}
+        for t in info.tables]}
+
+
+def _cached_facts() -> dict:
+    """`_p4info_facts` of the committed P4Info, cached in this package's __pycache__ under a hash of
+    the P4Info's text (as .pyc files are): importing protobuf and finsy costs ~0.1 s of CPU, on the
+    critical path of every loopback switch process's start (docs/backend.md "Start-up"). A missing,
+    unreadable or unwritable cache only means parsing the P4Info again."""
+    import hashlib
+    import json
+    import os
+
     from luwu.p4 import P4INFO_TXTPB
 
-    info = text_format.Parse(P4INFO_TXTPB.read_text(), p4i.P4Info())
-    actions = {a.preamble.id: a for a in info.actions}
-    kinds = {p4i.MatchField.EXACT: "exact", p4i.MatchField.LPM: "lpm"}
+    text = P4INFO_TXTPB.read_text()
+    digest = hashlib.sha256(f"{FACTS_VERSION}\n{text}".encode()).hexdigest()[:32]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__", f"p4info-facts-{digest}.json")
+    try:
+        with open(path) as f:
+            facts = json.load(f)
+        if facts.get("version") == FACTS_VERSION:
+            return facts
+    except (OSError, ValueError, AttributeError):
+        pass
+    facts = _p4info_facts(text)
+    try:  # atomically: several switch processes may start at once
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(facts, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return facts
+
+
+def _load_schema(facts: dict | None = None) -> dict[str, TableSpec]:
+    """The tables of the P4Info's `facts` (default: the committed P4Info's, `_cached_facts`)."""
+    facts = facts if facts is not None else _cached_facts()
     schema = {}
-    for t in info.tables:
-        name = t.preamble.alias
+    for t in facts["tables"]:
+        name = t["alias"]
         keys = []
-        for m in t.match_fields:
-            if m.match_type not in kinds:
-                raise TableError(f"table {name}: match kind {m.match_type} of {m.name} is not supported by the "
+        for key, bits, kind in t["keys"]:
+            if kind not in ("exact", "lpm"):
+                raise TableError(f"table {name}: match kind {kind} of {key} is not supported by the "
                                  f"software switch")
-            keys.append(Field(m.name, m.bitwidth, kinds[m.match_type], _FORMATS.get(m.name, "int"),
-                              _KEY_ALIASES.get((name, m.name), ())))
+            keys.append(Field(key, bits, kind, _FORMATS.get(key, "int"), _KEY_ALIASES.get((name, key), ())))
         entry_actions, default_actions = {}, []
-        for ref in t.action_refs:
-            a = actions[ref.id]
-            params = tuple(_p(p.name, p.bitwidth, _FORMATS.get(p.name, "int")) for p in a.params)
-            if ref.scope != p4i.ActionRef.DEFAULT_ONLY:
-                entry_actions[a.preamble.alias] = params
-            if ref.scope != p4i.ActionRef.TABLE_ONLY:
-                default_actions.append(a.preamble.alias)
+        for alias, params, scope in t["actions"]:
+            if scope != "default":
+                entry_actions[alias] = tuple(_p(p, bits, _FORMATS.get(p, "int")) for p, bits in params)
+            if scope != "table":
+                default_actions.append(alias)
         if name != "ipv4_lpm":
             # the twin implements a chosen miss action only for ipv4_lpm (a default route); on the
             # other tables a miss is the drop docs/protocol.md names, whatever the default says
             default_actions = [a for a in default_actions if a == "NoAction"]
-        stage = "egress" if t.preamble.name.startswith("LuwuEgress.") else "ingress"
-        schema[name] = TableSpec(name, tuple(keys), entry_actions, tuple(default_actions), stage, t.size,
+        stage = "egress" if t["name"].startswith("LuwuEgress.") else "ingress"
+        schema[name] = TableSpec(name, tuple(keys), entry_actions, tuple(default_actions), stage, int(t["size"]),
                                  _DOCS.get(name, ""))
     for spec in schema.values():
         for f in spec.keys + tuple(p for params in spec.actions.values() for p in params):

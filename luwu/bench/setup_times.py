@@ -1,9 +1,11 @@
 """How long a job waits for its process groups: `init_process_group` and one `new_group` of every
 rank, for the luwu backend and for Gloo in the same run (`luwu bench allreduce` prints them).
 
-Each rank is a spawned process; the clock starts after its imports (torch, luwu), so the figures
-are what a training script waits for. A rank's time is its wall time; the job's is the slowest
-rank's (every rank waits for it). A one-element allreduce in the new group checks that it works.
+Each rank is a spawned process; the ranks meet at a barrier after their imports (torch, luwu) and
+the clock starts there, so the figures are what a training script waits for in the backend: without
+the barrier a rank whose imports finished first would count the others' imports (0.0-0.9 s for Gloo
+as for luwu on a busy 2-core machine) as init time. A rank's time is its wall time; the job's is the
+slowest rank's (every rank waits for it). A one-element allreduce in the new group checks that it works.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ import time
 SETUP_TIMEOUT = 300.0  # s for a whole measurement (bounded; the machine is shared)
 
 
-def _rank(rank: int, workers: int, port: int, backend: str, out_q) -> None:
+def _rank(rank: int, workers: int, port: int, backend: str, out_q, ready) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
 
     import luwu  # noqa: F401 - registers the luwu backend
 
+    ready.wait(SETUP_TIMEOUT)  # every rank has imported: the clock measures the backend, not import skew
     t0 = time.perf_counter()
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=workers)
     t1 = time.perf_counter()
@@ -39,8 +42,10 @@ def measure(workers: int, backend: str) -> dict:
 
     ctx = mp.get_context("spawn")
     out_q = ctx.Queue()
+    ready = ctx.Barrier(workers)
     port = free_udp_port()  # the TCP store's port: free for UDP is a good enough guess on loopback
-    procs = [ctx.Process(target=_rank, args=(r, workers, port, backend, out_q), daemon=True) for r in range(workers)]
+    procs = [ctx.Process(target=_rank, args=(r, workers, port, backend, out_q, ready), daemon=True)
+             for r in range(workers)]
     for p in procs:
         p.start()
     try:

@@ -12,8 +12,9 @@ that engine). Connections that open none use the `--plan` engine, and their `clo
 daemon. Started without `--plan`, the daemon waits for `open`s: a worker starts it before it
 knows its plan (the plan and the process start overlap) and each of its process groups opens an
 engine in it instead of starting a process (worker/engine_link.py, for the torch backend and ModelInNetwork).
-Its compiled kernels load in the background from process start (dataplane/kernels
-`load_in_background`); float sums run the numpy reference, the same bits, until they are in.
+Its compiled kernels load in the background (dataplane/kernels `load_in_background`) once its
+first operation has completed (the torch backend's start barrier) or `KERNELS_DEFER` s have passed;
+float sums run the numpy reference, the same bits, until they are in.
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ from luwu.dataplane.session import EndpointPlan
 from luwu.dataplane.usage import positive_int
 
 MAX_REQUEST = 16 << 20  # bytes of one request (a plan is the largest)
+KERNELS_DEFER = 5.0  # s an engine process waits for its first completed operation before loading its kernels
 DTYPES = {"float32": np.float32, "int32": np.int32, "float16": np.float16, "bfloat16": np.uint16}
 
 
 class EngineServer:
-    def __init__(self, engine: Engine | None, control_path: str, config: EngineConfig | None = None):
+    def __init__(self, engine: Engine | None, control_path: str, config: EngineConfig | None = None,
+                 served: threading.Event | None = None):
+        self.served = served or threading.Event()  # set when an operation has completed (run() defers kernels)
         self.engine = engine  # the --plan engine, for connections that open none
         self.config = config  # of the engines connections open
         self.path = control_path
@@ -139,6 +143,7 @@ class EngineServer:
         view = buf.view(dtype, numel, int(req.get("offset", 0)))
 
         def done(h: Handle) -> None:
+            self.served.set()
             if h.error is not None:
                 reply({"id": rid, "ok": False, "error": str(h.error)})
                 return
@@ -166,15 +171,23 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     retain_freed_memory()  # the engine's batch temporaries stay mapped (dataplane/heap.py)
-    # compiled kernels (numba: ~0.4 s of CPU) load from process start, at low priority, and float sums
-    # run the numpy reference (same bits) until they are in: init_process_group never waits for them
-    load_in_background(warm_up, "luwu-kernels-load")
+    # compiled kernels (numba: ~0.4 s of CPU) load at low priority, and float sums run the numpy
+    # reference (same bits) until they are in: init_process_group never waits for them. The loading
+    # starts after the first completed operation (the start barrier): its thread holds the GIL for
+    # most of numba's import and, descheduled on a busy host, would stall this process's start-up
+    served = threading.Event()
+
+    def load() -> None:
+        served.wait(KERNELS_DEFER)
+        warm_up()
+
+    load_in_background(load, "luwu-kernels-load")
     config = EngineConfig(batch=args.batch)
     engine = None
     if args.plan:
         plan = EndpointPlan.from_file(args.plan)
         engine = Engine(plan, config).start()
-    server = EngineServer(engine, args.control, config)
+    server = EngineServer(engine, args.control, config, served)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: server.stop())
     ready = {"ready": True, "control": args.control}

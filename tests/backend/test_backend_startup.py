@@ -48,3 +48,26 @@ def test_rank0_set_up_failing_after_the_switch_launch_leaves_no_switch(tmp_path,
         assert time.monotonic() < deadline, f"switch processes left running: {_switch_processes(tmp_path)}"
         time.sleep(0.05)
     assert list(tmp_path.rglob("switch.log")), "rank 0 launched no switch process before the plan"
+
+
+def test_the_registered_creator_launches_the_children_first_and_stops_them_on_failure(tmp_path, monkeypatch):
+    """`init_process_group("luwu")`'s creator launches rank 0's switch process and the engine process
+    before importing the process group (worker/backend/startup.py); a set-up failing after that
+    stops both."""
+    from luwu.worker import backend
+
+    monkeypatch.setenv("LUWU_WORKDIR", str(tmp_path / "luwu"))
+    monkeypatch.setenv("LUWU_ENGINE", "process")
+    store = dist.HashStore()
+    with pytest.raises(ValueError, match="1..32 workers"):
+        backend._create_process_group(store, 0, 33, timedelta(seconds=20))
+    logs = list(tmp_path.rglob("switch.log"))
+    assert len(logs) == 1, f"expected one switch process launched, logs: {logs}"
+    assert list(logs[0].parent.glob("engine-*.log")), "the engine process was not launched in the same workdir"
+    deadline = time.monotonic() + DEADLINE
+    while _switch_processes(tmp_path):
+        assert time.monotonic() < deadline, f"switch processes left running: {_switch_processes(tmp_path)}"
+        time.sleep(0.05)
+    from luwu.worker.engine_link import EngineHost
+
+    assert EngineHost._current is None or EngineHost._current.proc.poll() is not None

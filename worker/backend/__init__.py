@@ -8,8 +8,9 @@ Modules: `process_group` (the ProcessGroup), `collectives` (each collective's en
 `codec` (tensors <-> engine arrays), `scheduler` (one submission order on every rank, completion,
 deadlines), `work` (Work/Future), `direct` (point-to-point moves), `fallback` (exact recomputation of
 saturated sums), `staging` (non-CPU tensors), `plan_source` (embedded switch, plan file or
-controller), `config` (environment variables), `diagnostics` (errors and warnings). The engine
-itself is reached through `luwu.worker.engine_link`, shared with ModelInNetwork.
+controller), `startup` (the child processes launched first), `config` (environment variables),
+`diagnostics` (errors and warnings). The engine itself is reached through
+`luwu.worker.engine_link`, shared with ModelInNetwork.
 
 Importing this package does not import torch; `register()` and the classes do.
 """
@@ -54,9 +55,19 @@ def autoload() -> None:
 
 
 def _create_process_group(store, rank, world_size, timeout):
-    from .process_group import create_luwu_process_group
+    # the child processes first: rank 0's switch process start is init's critical path, and the
+    # process group's modules (~0.08 s of CPU) import while it starts (docs/backend.md "Start-up")
+    from .config import BackendConfig
+    from .startup import discard_children, prestart_children
 
-    return create_luwu_process_group(store, rank, world_size, timeout)
+    cfg = BackendConfig.from_env()
+    workdir = prestart_children(rank, cfg)
+    try:
+        from .process_group import create_luwu_process_group
+    except BaseException:
+        discard_children(workdir)
+        raise
+    return create_luwu_process_group(store, rank, world_size, timeout, cfg, workdir)
 
 
 def __getattr__(name: str):

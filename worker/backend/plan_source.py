@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from luwu.dataplane.engine.transport import switch_name
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan, free_udp_port, plan_from_json, plan_to_json
 from luwu.dataplane.session import EndpointPlan
 
@@ -53,7 +52,15 @@ class PlanLease:
 
     @property
     def switch_address(self) -> str:
-        return switch_name(self.plan.wiring)
+        return _switch_name(self.plan)
+
+
+def _switch_name(plan: EndpointPlan) -> str:
+    # imported here: importing this module must not load the engine package (startup.py launches the
+    # switch process before that import)
+    from luwu.dataplane.engine.transport import switch_name
+
+    return switch_name(plan.wiring)
 
 
 def obtain_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: BackendConfig, workdir: str) -> PlanLease:
@@ -116,7 +123,7 @@ def embedded_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: Ba
         if star.workers != world_size:
             raise RuntimeError(f"the luwu plan in the store is for {star.workers} workers but this group has "
                                f"{world_size}: a stale key from an earlier run in the same store?")
-    addr = switch_name(star.worker_plan(rank).wiring)
+    addr = _switch_name(star.worker_plan(rank))
     who = f"pid {host.pid}, " if host is not None else ""
     hint = (f"the embedded software switch at {addr} ({who}a child process of rank 0; its log: {log}): is it, "
             "and rank 0, still running?")
@@ -178,7 +185,7 @@ def _endpoint_plan_file(rank: int, world_size: int, path: str, plan: EndpointPla
                          "in the path to give each rank its own file)")
     local = check_covers_group(plan, world_size, f"LUWU_PLAN={path}", local_world_size)
     return PlanLease(plan, f"plan file {path}",
-                     f"the switch {switch_name(plan.wiring)} that LUWU_PLAN={path} names: is it running and programmed "
+                     f"the switch {_switch_name(plan)} that LUWU_PLAN={path} names: is it running and programmed "
                      "with this job's plan?", local_size=local)
 
 

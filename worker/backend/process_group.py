@@ -82,15 +82,16 @@ def _describe(t: torch.Tensor) -> str:
 
 class LuwuProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, world_size: int, timeout: timedelta | None = None,
-                 config: BackendConfig | None = None):
+                 config: BackendConfig | None = None, workdir: str | None = None):
         super().__init__(rank, world_size)
         self._cfg = cfg = config or BackendConfig.from_env()
         self._timeout = timeout if timeout is not None else timedelta(minutes=30)
         self._store = store
         self._closed = False
         self._link = self._sched = self._p2p = None
-        self._workdir = default_workdir(cfg, rank)
-        # both child processes start now and load while the plan is worked out (docs/backend.md "Start-up")
+        self._workdir = workdir or default_workdir(cfg, rank)  # given: startup.prestart_children launched them
+        # both child processes start now (unless already launched: idempotent for this workdir) and
+        # load while the plan is worked out (docs/backend.md "Start-up")
         prestart_switch(rank, cfg, self._workdir)
         try:
             if cfg.engine == "process":
@@ -109,6 +110,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
                                     ExactFallback(self._p2p, rank, world_size), DirectMoves(self._p2p, rank, world_size),
                                     self._rail_hierarchy(rank, world_size))
             self._probe()
+            self._after_startup()
             self._metrics_name = f"rank{rank}-group{next(_GROUP_IDS)}"
             worker_metrics.track(self._metrics_name, self._link, rank)  # LUWU_METRICS: serve its engine's stats
         except ConnectionRefusedError as e:  # a shared-memory switch port whose rings are gone (UDP: the probe)
@@ -169,6 +171,14 @@ class LuwuProcessGroup(dist.ProcessGroup):
         work.probe = True
         self._sched.run(work, lambda ctx: C.barrier(ctx))
         work.wait()
+
+    def _after_startup(self) -> None:
+        """The start barrier passed: the switch process rank 0 started may load its compiled kernels
+        now (it defers them so as not to compete with the group's start-up; docs/backend.md
+        "Start-up"). In a thread: init_process_group does not wait for the switch's answer."""
+        switch = self._lease.switch
+        if switch is not None:
+            threading.Thread(target=switch.load_kernels, name="luwu-switch-kernels", daemon=True).start()
 
     # -- reductions through the switch ------------------------------------------------------------------
     @staged(outputs=(0,))
@@ -435,6 +445,8 @@ class LuwuProcessGroup(dist.ProcessGroup):
         return joined
 
 
-def create_luwu_process_group(store, rank: int, world_size: int, timeout: timedelta) -> LuwuProcessGroup:
-    """The creator registered with `dist.Backend.register_backend`."""
-    return LuwuProcessGroup(store, rank, world_size, timeout)
+def create_luwu_process_group(store, rank: int, world_size: int, timeout: timedelta,
+                              config: BackendConfig | None = None, workdir: str | None = None) -> LuwuProcessGroup:
+    """The creator registered with `dist.Backend.register_backend` (through `_create_process_group`,
+    which hands it the config and the workdir whose child processes it already launched)."""
+    return LuwuProcessGroup(store, rank, world_size, timeout, config, workdir)

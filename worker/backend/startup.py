@@ -1,0 +1,47 @@
+"""What `init_process_group("luwu")` launches before anything else: rank 0's switch process (embedded
+plan) and every rank's engine process.
+
+Rank 0's switch process start is the critical path of a loopback job's init (docs/backend.md
+"Start-up"), so it is launched before the process group's own modules are imported (~0.08 s of CPU
+in the rank, which would otherwise come first), and the engine process right after. Both are then
+taken by `LuwuProcessGroup` (its own prestart calls are idempotent for the same workdir).
+"""
+
+from __future__ import annotations
+
+from .config import BackendConfig
+from .plan_source import default_workdir, discard_prestarted_switch, prestart_switch
+
+
+def prestart_children(rank: int, cfg: BackendConfig) -> str:
+    """Launch rank 0's switch process and this rank's engine process without waiting for either.
+
+    Args:
+        rank (int): this rank in the group being created.
+        cfg (BackendConfig): the backend's configuration (`BackendConfig.from_env()`).
+
+    Returns:
+        str: the rank's new work directory (logs, sockets), to hand to `LuwuProcessGroup`.
+
+    Example:
+        >>> workdir = prestart_children(0, BackendConfig.from_env())   # then LuwuProcessGroup(..., workdir=workdir)
+    """
+    workdir = default_workdir(cfg, rank)
+    prestart_switch(rank, cfg, workdir)  # first: its start-up is what every rank waits for
+    if cfg.engine == "process":
+        try:
+            from luwu.worker.engine_link import EngineHost
+
+            EngineHost.prestart(workdir)
+        except BaseException:
+            discard_prestarted_switch(workdir)
+            raise
+    return workdir
+
+
+def discard_children(workdir: str) -> None:
+    """Stop what `prestart_children` launched when the group's creation failed before taking it."""
+    from luwu.worker.engine_link import EngineHost
+
+    EngineHost.stop_if_unused()
+    discard_prestarted_switch(workdir)
