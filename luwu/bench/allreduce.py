@@ -47,7 +47,8 @@ def add_arguments(p) -> None:
     p.add_argument("--size", type=size, default="16MiB", help="bytes per worker buffer (float32), e.g. 4MiB, 64MiB")
     p.add_argument("--mode", default="loopback",
                    help="packet mode: tofino (64 lanes), jumbo (2048), loopback (16000, 64 KiB datagrams; the default)")
-    p.add_argument("--iters", type=positive_int, default=5, help="timed allreduces (after one warm-up)")
+    p.add_argument("--iters", type=positive_int, default=20,
+                   help="timed allreduces (after one warm-up; a 16 MiB one lasts tens of ms, so a few are noise)")
     p.add_argument("--dtype", choices=["float32", "int32"], default="float32")
     p.add_argument("--drop", type=probability, default=0.0, help="simulated loss probability on every switch port")
     p.add_argument("--verify", action="store_true", help="check every element of every result")
