@@ -248,7 +248,8 @@ def run(args) -> int:
         if not args.no_ceiling:
             from luwu.dataplane.loopback import StarPlan
 
-            window = StarPlan(workers=args.workers, mode=args.mode).data_pool  # the same window as the switch's
+            # the window of luwu's UDP path (the relay is UDP; shm ports get a bigger one)
+            window = StarPlan(workers=args.workers, mode=args.mode, transport="udp").data_pool
             res["udp_ceiling"] = measure_ceiling(args.workers, numel * 4, aggregation_packet_len(lanes), window=window)
         what = f"({args.workers} workers, {format_size(numel * 4)})"
         if args.transport in ("both", "shm"):
