@@ -172,6 +172,7 @@ class ControlServer:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(target)
         self.sock.listen(16)
+        self.sock.settimeout(0.2)  # here, not in the thread: a server closed before its thread runs has no socket
         self.address = f"unix:{target}" if family == socket.AF_UNIX else "{}:{}".format(*self.sock.getsockname()[:2])
         self.handler = handler
         self._stop = False
@@ -182,7 +183,6 @@ class ControlServer:
         return self
 
     def _accept(self) -> None:
-        self.sock.settimeout(0.2)
         while not self._stop:
             try:
                 conn, _ = self.sock.accept()
