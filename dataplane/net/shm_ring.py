@@ -307,24 +307,18 @@ class ShmRing:
         too_long = int(len(idx) - fits.sum())
         if too_long:
             idx, lengths = idx[fits], lengths[fits]
-        head = int(self.h[H_HEAD])
-        n = min(len(idx), self.slots - (head - int(self.h[H_TAIL])))
-        if n <= 0:
+        if not len(idx):
             return 0, too_long, 0
         width = min(buf.shape[1] - off, self.row_bytes)
-        done = 0
-        while done < n:  # at most two pieces: up to the end of the ring, then from its start
-            pos = (head + done) & self._mask
-            k = min(n - done, self.slots - pos)
-            sel = idx[done:done + k]
+
+        def write(j0: int, j1: int, rows: np.ndarray, lens: np.ndarray) -> None:
             # copy what the packets use: a piece of header-only rows (ZERO contributions,
             # docs/protocol.md 3.2) costs its headers, not its rows
-            used = min(width, int(lengths[done:done + k].max()))
-            copy_rows(self.rows, pos, buf, sel, off, used)
-            self.lengths[pos:pos + k] = lengths[done:done + k]
-            done += k
-        self.h[H_HEAD] = head + n  # publish: after the rows (x86 keeps stores in order)
-        if notify:
+            copy_rows(rows, 0, buf, idx[j0:j1], off, min(width, int(lengths[j0:j1].max())))
+            lens[:] = lengths[j0:j1]
+
+        n = self.fill_rows(len(idx), write)
+        if notify and n:
             self.notify()
         return n, too_long, int(lengths[:n].sum())
 
@@ -332,21 +326,13 @@ class ShmRing:
         """Publish references to rows `pool_pos` of multicast pool `pool_id` (packets of
         `lengths` bytes, written there by the caller) instead of the packets; returns how many fit
         (a full ring leaves the rest out, as `push_rows` does). Not rung: call `notify()`."""
-        head = int(self.h[H_HEAD])
-        n = min(len(pool_pos), self.slots - (head - int(self.h[H_TAIL])))
-        if n <= 0:
-            return 0
-        done = 0
-        while done < n:
-            pos = (head + done) & self._mask
-            k = min(n - done, self.slots - pos)
-            words = self.rows[pos:pos + k, :16].view(np.uint64)
-            words[:, 0] = pool_pos[done:done + k]
+        def write(j0: int, j1: int, rows: np.ndarray, lens: np.ndarray) -> None:
+            words = rows[:, :16].view(np.uint64)
+            words[:, 0] = pool_pos[j0:j1]
             words[:, 1] = pool_id
-            self.lengths[pos:pos + k] = np.asarray(lengths[done:done + k], dtype=np.uint32) | REF
-            done += k
-        self.h[H_HEAD] = head + n  # publish: after the references (x86 keeps stores in order)
-        return n
+            lens[:] = np.asarray(lengths[j0:j1], dtype=np.uint32) | REF
+
+        return self.fill_rows(len(pool_pos), write)  # published after the references (fill_rows)
 
     def fill_rows(self, n: int, write: Callable[[int, int, np.ndarray, np.ndarray], None]) -> int:
         """Have `write(j0, j1, rows, lengths)` write packets j0..j1-1 of a batch of `n` straight
@@ -413,14 +399,9 @@ class ShmRing:
         `rows[pos:pos + count]` (contiguous: a lend stops at the ring's end). They stay the
         consumer's until `release(count)`, which must come before the next `lend`, `pop_into`
         or `arm`."""
-        tail = int(self.h[H_TAIL])
-        pos = tail & self._mask
-        k = min(n, int(self.h[H_HEAD]) - tail, self.slots - pos)
-        if k <= 0:
-            return pos, 0
-        if self.h[H_WAITING]:
-            self.h[H_WAITING] = 0  # awake and busy: the producer need not ring
-        return pos, k
+        first, k = self.borrow(n)
+        pos = first & self._mask
+        return pos, min(k, self.slots - pos)
 
     def borrow(self, n: int) -> tuple[int, int]:
         """Up to `n` packets in place, across the ring's end: (number of the first packet,
