@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     from .switch import SoftwareSwitch
 
 IN_FLIGHT_BYTES = 4 << 20  # per stream, default window sizing
-# A shm port's data window may be twice that: no socket buffer to fit, and a ring of 16 MiB
-# (attach_shm.RING_BYTES, 256 rows of 64 KiB) still holds it with the meta and node sessions'
-# windows (128 + 32 + 64 rows). Bigger windows make bigger switch turns (more of a slot's
+# A shm port's data window may be twice that when the job has no optimizer nodes: no socket
+# buffer to fit, and a ring of 16 MiB (attach_shm.RING_BYTES, 256 rows of 64 KiB) still holds it
+# with the meta session's window (128 + 32 rows). Bigger windows make bigger switch turns (more of a slot's
 # contributions in one pass, the per-turn cost spread over more rows): the switch's CPU per
 # 16 MiB allreduce of 4 workers fell from about 21 to 17 ms (16 MiB windows: no better).
 SHM_DATA_IN_FLIGHT_BYTES = 8 << 20
@@ -92,7 +92,10 @@ class StarPlan:
         self.lanes = lanes_for_mode(self.mode)
         # a window's packets must fit in the receivers' socket buffers (rmem_max is 4 MiB without root)
         fit = self._window(IN_FLIGHT_BYTES)
-        self.data_pool = self.data_pool or (self._window(SHM_DATA_IN_FLIGHT_BYTES) if self.transport == "shm" else fit)
+        # the bigger shm window only without nodes: each node adds a session of node_pool rows to
+        # every worker's ring, which then could not hold all windows at once (a full ring loses)
+        big = self.transport == "shm" and not self.nodes
+        self.data_pool = self.data_pool or (self._window(SHM_DATA_IN_FLIGHT_BYTES) if big else fit)
         self.node_pool = self.node_pool or fit
         self.param_window = self.param_window or fit
         need = self.meta_pool + self.data_pool + self.nodes * self.node_pool
