@@ -131,7 +131,7 @@ def copy_rows(dst: np.ndarray, start: int, src: np.ndarray, idx: np.ndarray, off
     n = len(idx)
     if n == 0:
         return
-    cuts = np.flatnonzero(np.diff(idx) != 1) + 1
+    cuts = () if n == 1 else np.flatnonzero(np.diff(idx) != 1) + 1  # (one row: no numpy call to find runs)
     if len(cuts) == 0:
         i0 = int(idx[0])
         dst[start:start + n, :used] = src[i0:i0 + n, off:off + used]

@@ -20,8 +20,10 @@ from collections import deque
 
 import numpy as np
 
+from ..kernels import use_numba
 from ..net.shm_ring import ShmPool, ShmRing, copy_rows, pool_path, process_start, row_bytes_for
-from ..protocol import aggregation_packet_len
+from ..protocol import HEADER_LEN, aggregation_packet_len
+from .batch import write_results
 from .config import ConfigError, SwitchConfig
 
 SHM_DIR = "/dev/shm"
@@ -166,6 +168,20 @@ class _Pool:
         self.tail = 0  # rows every reader is done with
         # (pool head after a turn's rows, [(attachment, its down ring's head after their references)])
         self.claims: deque[tuple[int, list[tuple[ShmAttachment, int]]]] = deque()
+        self._lanes: tuple[np.ndarray, tuple[np.ndarray, int] | None] | None = None  # lanes_view
+
+    def lanes_view(self, lanes: int) -> tuple[np.ndarray, tuple[np.ndarray, int] | None]:
+        """The `payload` and `flat` arguments of batch.write_results for this pool's rows (packets
+        at offset 0), made once (`flat` None: kernels off when they were made)."""
+        if self._lanes is None or self._lanes[0].shape[1] != lanes:
+            payload = self.shm.rows[:, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4")
+            flat = None
+            if use_numba():
+                from ..kernels.switch_lanes import lane_rows
+
+                flat = lane_rows(payload.view(np.uint32))
+            self._lanes = payload, flat
+        return self._lanes
 
     def reclaim(self, check_dead: bool) -> None:
         """Free the rows of turns every reader consumed past (or, with `check_dead`, whose
@@ -224,34 +240,45 @@ class MulticastPools:
         return p
 
     def place(self, rows: np.ndarray, off: int, pkt: np.ndarray, port: np.ndarray, lengths: np.ndarray,
-              eligible: np.ndarray, prow: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+              eligible: np.ndarray, prow: np.ndarray | None = None, results: np.ndarray | None = None,
+              lanes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Write the rows of every packet that goes to 2+ `eligible` entries into their port set's
         pool (packet i is row i of `rows`, or row `prow[i]`). Returns (pool id, pool position) per
-        entry, -1 where the entry is to be copied."""
+        entry, -1 where the entry is to be copied.
+
+        `results`/`lanes`: a split batch's deferred results (Batch.results): such a packet's row
+        holds its header only, its sum is lane register `results[i]` of `lanes`, written here
+        straight into the pool row (the sum's one write: no copy of a finished row)."""
         ids = np.full(len(pkt), -1, dtype=np.int64)
         at = np.full(len(pkt), -1, dtype=np.int64)
-        cand = np.flatnonzero(eligible)
-        if len(cand) < 2:
-            return ids, at
-        order = cand[np.lexsort((port[cand], pkt[cand]))]
-        u, first, count = np.unique(pkt[order], return_index=True, return_counts=True)
-        multi = np.flatnonzero(count >= 2)
-        if not len(multi):
-            return ids, at
-        # the common case, without a Python step per packet: every multicast of the turn goes
-        # to one set of ports (a RESULT to every worker); `ent` row j: packet multi[j]'s entries
-        c = int(count[multi[0]])
-        ent = order[first[multi][:, None] + np.arange(c)] if bool((count[multi] == c).all()) else None
-        if ent is not None and not bool((port[ent] == port[ent[0]]).all()):
-            ent = None
         groups: dict[tuple[int, ...], list[int] | np.ndarray] = {}
-        if ent is not None:
-            groups[tuple(port[ent[0]].tolist())] = multi
+        ent = self._uniform(pkt, port, eligible)
+        if ent is not None:  # every entry eligible, each packet to the same ports (no sort needed)
+            u = pkt[ent[:, 0]]
+            multi = np.arange(len(ent))
+            groups[tuple(sorted(port[ent[0]].tolist()))] = multi
         else:
-            for i in multi.tolist():
-                a = int(first[i])
-                entries = order[a:a + int(count[i])]
-                groups.setdefault(tuple(port[entries].tolist()), []).append(i)  # type: ignore[union-attr]
+            cand = np.flatnonzero(eligible)
+            if len(cand) < 2:
+                return ids, at
+            order = cand[np.lexsort((port[cand], pkt[cand]))]
+            u, first, count = np.unique(pkt[order], return_index=True, return_counts=True)
+            multi = np.flatnonzero(count >= 2)
+            if not len(multi):
+                return ids, at
+            # every multicast of the turn to one set of ports, without a Python step per packet;
+            # `ent` row j: packet multi[j]'s entries
+            c = int(count[multi[0]])
+            ent = order[first[multi][:, None] + np.arange(c)] if bool((count[multi] == c).all()) else None
+            if ent is not None and not bool((port[ent] == port[ent[0]]).all()):
+                ent = None
+            if ent is not None:
+                groups[tuple(port[ent[0]].tolist())] = multi
+            else:
+                for i in multi.tolist():
+                    a = int(first[i])
+                    entries = order[a:a + int(count[i])]
+                    groups.setdefault(tuple(port[entries].tolist()), []).append(i)  # type: ignore[union-attr]
         for ports, which in groups.items():
             pool = self.pool(ports)
             if pool is None:
@@ -266,7 +293,14 @@ class MulticastPools:
                 k = min(len(pos) - done, pool.slots - int(pos[done]))
                 sel = pkts[done:done + k]
                 width = min(used, int(lengths[sel].max()))
+                reg = None if results is None else results[sel]
+                if reg is not None and bool((reg >= 0).all()):
+                    width = HEADER_LEN  # every packet a deferred result: its header, then the sums
                 copy_rows(pool.shm.rows, int(pos[done]), rows, sel if prow is None else prow[sel], off, width)
+                if reg is not None and lanes is not None and bool((reg >= 0).any()):
+                    got = np.flatnonzero(reg >= 0)
+                    payload, flat = pool.lanes_view(lanes.shape[1])
+                    write_results(lanes, reg[got], payload, int(pos[done]) + got, flat)
                 done += k
             if ent is not None:
                 ids[ent[:len(pos)]] = pool.id
@@ -278,6 +312,22 @@ class MulticastPools:
                 ids[entries] = pool.id
                 at[entries] = pos[j]
         return ids, at
+
+    @staticmethod
+    def _uniform(pkt: np.ndarray, port: np.ndarray, eligible: np.ndarray) -> np.ndarray | None:
+        """The common turn (a RESULT multicast to every worker, the sender's order: each packet's
+        replicas together, in group order), as `place`'s entry matrix: row j the entries of the
+        j-th packet, every row to the same 2+ distinct ports. None when the turn is not so."""
+        n = len(pkt)
+        c = int(np.searchsorted(pkt, pkt[0], side="right")) if n else 0
+        if c < 2 or n % c or not bool(eligible.all()):
+            return None
+        ent = np.arange(n).reshape(-1, c)
+        pk, pt = pkt[ent], port[ent]
+        if not (bool((pk == pk[:, :1]).all()) and bool((pt == pt[0]).all()) and bool((pk[1:, 0] > pk[:-1, 0]).all())
+                and len(set(pt[0].tolist())) == c):
+            return None
+        return ent
 
     def claim(self, holders: dict[int, list[tuple[ShmAttachment, int]]]) -> None:
         """After a turn's references went out: pool id -> [(attachment, its ring's head)]."""

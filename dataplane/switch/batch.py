@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels import use_numba
 from ..protocol import ETH_IP_UDP_LEN, HEADER_LEN
 
 
@@ -24,10 +25,16 @@ class Batch:
     Split batches (shared-memory turns, shm_arena.py): `rows` holds only the headers and packet
     i's bytes lie in row `prow[i]` of `arena` (a datagram at offset 0), where the lane controls
     read and write its payload; `payload()` is then the arena's, indexed by `prow`.
+
+    Deferred results (split batches): `results[i]` >= 0 says packet i completed a phase whose
+    sum is still only in lane register `results[i]` of `result_lanes` (phase_groups.fold with
+    `write_out` False): emission writes it once where the packet leaves from (a multicast pool
+    row: `write_results`), or into its own row first (`materialize`, which `whole()` calls)
+    wherever the packet's bytes are read from that row.
     """
 
     __slots__ = ("arena", "drop", "framed", "hb", "hdr", "ipv4", "length", "luwu", "luwu_len", "off", "port",
-                 "prow", "rows")
+                 "prow", "result_lanes", "results", "rows")
 
     def __init__(self, rows: np.ndarray, length: np.ndarray, port: np.ndarray, framed: bool,
                  drop: np.ndarray | None = None):
@@ -39,6 +46,8 @@ class Batch:
         self.off = ETH_IP_UDP_LEN if framed else 0
         self.arena: np.ndarray | None = None
         self.prow: np.ndarray | None = None
+        self.results: np.ndarray | None = None  # lane register per packet, -1: its row is complete
+        self.result_lanes: np.ndarray | None = None
         # filled by the parser
         self.luwu = self.ipv4 = self.luwu_len = self.hdr = self.hb = None
 
@@ -56,6 +65,16 @@ class Batch:
         """The `payload()` rows of packets `idx`."""
         return idx if self.prow is None else self.prow[idx]
 
+    def materialize(self, idx: np.ndarray | None = None) -> None:
+        """Write the deferred results of packets `idx` (None: all) into their own rows."""
+        if self.results is None or (idx is not None and not len(idx)):
+            return
+        pkt = np.flatnonzero(self.results >= 0) if idx is None else np.unique(idx[self.results[idx] >= 0])
+        if len(pkt):
+            write_results(self.result_lanes, self.results[pkt], self.payload(self.result_lanes.shape[1]),
+                          self.payload_rows(pkt))
+            self.results[pkt] = -1
+
     def write_back(self, idx: np.ndarray) -> None:
         """Split batch: put the (rewritten) headers of packets `idx` into their arena rows."""
         if self.prow is not None and len(idx):
@@ -66,6 +85,7 @@ class Batch:
         headers as the pipeline left them); a batch that is not split is returned as it is."""
         if self.prow is None:
             return self
+        self.materialize()
         rows = self.arena[self.prow]
         rows[:, :HEADER_LEN] = self.rows[:, :HEADER_LEN]
         b = Batch(rows, self.length, self.port, self.framed, self.drop)
@@ -79,10 +99,28 @@ class Batch:
     def from_bytes(cls, items: list[tuple[int, bytes]], framed: bool, min_width: int) -> Batch:
         """Copy (port, bytes) pairs into rows at least `min_width` wide (zero padded)."""
         width = max([min_width] + [len(b) for _, b in items])
+        width = -(-width // 4) * 4  # rows a whole number of words apart: the lane kernels stride over them
         rows = np.zeros((len(items), width), dtype=np.uint8)
         for i, (_, data) in enumerate(items):
             rows[i, :len(data)] = np.frombuffer(bytes(data), dtype=np.uint8)
         return cls(rows, [len(b) for _, b in items], [p for p, _ in items], framed)
+
+
+def write_results(lanes: np.ndarray, reg: np.ndarray, payload: np.ndarray, rows: np.ndarray,
+                  flat: tuple[np.ndarray, int] | None = None) -> None:
+    """payload[rows[i]] = lane register reg[i] of `lanes`, big-endian (`payload` a (K, lanes)
+    big-endian int32 view: a batch's, or a multicast pool's rows, `flat` its `lane_rows` if the
+    caller keeps them): aggregation_lanes' emission of the stored lanes, one write per result.
+    Compiled when kernels are on (`put_rows`)."""
+    if use_numba():
+        from ..kernels.switch_lanes import lane_rows, put_rows
+
+        flat = flat or lane_rows(payload.view(np.uint32))
+        if flat is not None:
+            put_rows(lanes.view(np.uint32), flat[0], flat[1], np.asarray(reg, dtype=np.int64),
+                     np.asarray(rows, dtype=np.int64))
+            return
+    payload[rows] = lanes[reg]
 
 
 @dataclass

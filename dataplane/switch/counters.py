@@ -29,9 +29,10 @@ class Counters:
     def _add(table: np.ndarray, codes: np.ndarray, nbytes: np.ndarray) -> None:
         if len(codes) == 0:
             return
-        n = len(table)
-        table[:, 0] += np.bincount(codes, minlength=n)[:n]
-        table[:, 1] += np.bincount(codes, weights=nbytes, minlength=n)[:n].astype(np.int64)
+        # only up to the largest code: the session table has 65536 rows, a turn touches a few
+        n = min(len(table), int(codes.max()) + 1)
+        table[:n, 0] += np.bincount(codes, minlength=n)[:n]
+        table[:n, 1] += np.bincount(codes, weights=nbytes, minlength=n)[:n].astype(np.int64)
 
     def drop(self, codes: np.ndarray, nbytes: np.ndarray) -> None:
         self._add(self.drops, codes, nbytes)

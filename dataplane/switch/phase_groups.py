@@ -36,9 +36,17 @@ class GroupPlan:
         self.pos = pos  # position j of each packet of `order` inside its group
 
 
-def fold(slot: np.ndarray, a, regs, payload: np.ndarray, agg) -> np.ndarray | None:
+def fold(slot: np.ndarray, a, regs, payload: np.ndarray, agg, write_out: bool = True) -> np.ndarray | None:
     """Run every qualifying group of the aggregation inputs `a` (pipeline._AggInputs; `slot` per
     packet) through the slot state machine and the lane fold, writing their outcome into `agg`.
+
+    Args:
+        write_out: False leaves a completed phase's sum in its lane register only, not written
+            into the completing packet's row (its handled packet with `agg.remaining` 0): the
+            caller writes it once where the packet leaves from (shared-memory turns write it
+            straight into a multicast pool row: Batch.results). No other packet of the batch
+            touches that register (a group holds every packet of its slot), so it still holds
+            the sum when the batch is emitted.
 
     Returns:
         The mask of the packets handled (the caller runs the others in rounds), or None when no
@@ -47,21 +55,24 @@ def fold(slot: np.ndarray, a, regs, payload: np.ndarray, agg) -> np.ndarray | No
     Compiled when kernels are on (dataplane/kernels/switch_lanes.py `phase_groups`: one pass per
     group, same registers, outcome and bits); `plan` + `apply` are its numpy reference.
     """
-    if not use_numba():
+    flat = None
+    if use_numba():
+        from ..kernels.switch_lanes import lane_rows, phase_groups
+
+        flat = lane_rows(payload.view(np.uint32))
+    if flat is None:  # the numpy reference (kernels off, or rows the kernel cannot stride over)
         p = plan(slot, a, regs)
         if p is None:
             return None
-        apply(p, a, regs, payload, agg)
+        apply(p, a, regs, payload, agg, write_out)
         return p.fast
-    from ..kernels.switch_lanes import phase_groups
-
     n = len(slot)
     fast, last = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     remaining, exponent, saturated = np.zeros(n, dtype=np.uint32), np.zeros(n, dtype=np.int8), np.zeros(n, dtype=bool)
     handled = phase_groups(np.argsort(slot, kind="stable"), slot, a.s, a.other, a.epoch, a.is_max, a.bit, a.nw,
                            a.exponent, a.saturated, a.rows, regs.slot_owner, regs.bitmap, regs.contributors,
-                           regs.exponents, regs.slot_flags, regs.lanes.view(np.uint32), payload.view(np.uint32),
-                           fast, remaining, exponent, saturated, last)
+                           regs.exponents, regs.slot_flags, regs.lanes.view(np.uint32), flat[0], flat[1], fast, remaining,
+                           exponent, saturated, last, write_out)
     if not handled:
         return None
     out = a.ai[fast]
@@ -128,8 +139,8 @@ def _combine(total: np.ndarray, x: np.ndarray, rows: np.ndarray, is_max: np.ndar
         total[rows] = t
 
 
-def apply(p: GroupPlan, a, regs, payload: np.ndarray, agg) -> None:
-    """Run the qualifying groups through the slot state machine in one pass."""
+def apply(p: GroupPlan, a, regs, payload: np.ndarray, agg, write_out: bool = True) -> None:
+    """Run the qualifying groups through the slot state machine in one pass (`write_out`: as `fold`'s)."""
     o, st = p.order, p.starts
     heads = o[st]
     last = o[st + p.sizes - 1]
@@ -154,7 +165,7 @@ def apply(p: GroupPlan, a, regs, payload: np.ndarray, agg) -> None:
     regs.exponents[g_s] = e
     regs.slot_flags[g_s] = sat
     done = remaining[st + p.sizes - 1] == 0
-    _fold(p, a, regs, payload, g_s, first, heads, done)
+    _fold(p, a, regs, payload, g_s, first, heads, done & write_out)
     # outcome per packet, for the next step selector (exponent/flags matter only where emitted)
     agg.dup[a.ai[o]] = False
     agg.remaining[a.ai[o]] = remaining

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..protocol import DropReason, Flag
+from ..protocol import DropReason, Flag, MsgType
 from . import phase_groups
 from .batch import Batch, Emission
 from .config import SwitchConfig
@@ -43,6 +43,7 @@ from .tables import Tables
 
 INGRESS, EGRESS, LINK_IN, LINK_OUT = range(4)  # random streams spawned from the seed
 SET, SATURATED, MAX = int(Flag.SET), int(Flag.SATURATED), int(Flag.MAX)
+HEARTBEAT = int(MsgType.HEARTBEAT)
 
 
 def round_numbers(keys: np.ndarray) -> np.ndarray:
@@ -102,7 +103,15 @@ class _AggInputs:
         self.exponent = c.h["exponent"][ai]
         self.saturated = (flags & SATURATED) != 0
         self.is_max = (flags & MAX) != 0
-        self.s_slice, self.other_slice, self.rows_slice = _as_slice(self.s), _as_slice(self.other), _as_slice(self.rows)
+        self.s_slice = self.other_slice = self.rows_slice = None  # made by `slices` (the rounds' path only)
+
+    def slices(self) -> tuple:
+        """(s, other, rows), each as a slice where consecutive: views instead of gathers."""
+        if self.s_slice is None:
+            self.s_slice = _as_slice(self.s) or self.s
+            self.other_slice = _as_slice(self.other) or self.other
+            self.rows_slice = _as_slice(self.rows) or self.rows
+        return self.s_slice, self.other_slice, self.rows_slice
 
 
 class Pipeline:
@@ -206,10 +215,19 @@ class Pipeline:
             rest = None
             # the contributions to each slot: fold the qualifying groups in one pass (None: no
             # slot has a qualifying group, nothing changed), the rest go through the rounds
-            fast = phase_groups.fold(slot, a, self.registers, payload, agg)
+            # shared-memory turns (split batches) leave the fast path's sums in the registers:
+            # emission writes each once where it leaves from, a multicast pool row (Batch.results)
+            split = b.prow is not None
+            fast = phase_groups.fold(slot, a, self.registers, payload, agg, write_out=not split)
             if fast is not None:
+                if split:
+                    done = np.flatnonzero(fast & (agg.remaining[ai] == 0))
+                    if len(done):
+                        b.results = np.full(len(b), -1, dtype=np.int64)
+                        b.results[c.idx[ai[done]]] = a.s[done]
+                        b.result_lanes = self.registers.lanes
                 rest = np.flatnonzero(~fast)
-                rounds = round_numbers(slot[rest])
+                rounds = round_numbers(slot[rest]) if len(rest) else rest
             else:
                 rounds = round_numbers(slot)
             n_rounds = int(rounds.max()) + 1 if len(rounds) else 0
@@ -220,7 +238,7 @@ class Pipeline:
                     sel = np.flatnonzero(rounds == r)
                     sel = sel if rest is None else rest[sel]
                 self._aggregate(a, sel, payload, agg)
-        hi = np.flatnonzero(c.path == PATH_HEARTBEAT)
+        hi = np.flatnonzero(c.path == PATH_HEARTBEAT) if c.types[HEARTBEAT] else ()
         if len(hi):
             rounds = round_numbers(c.session[hi])
             n_rounds = int(rounds.max()) + 1
@@ -231,7 +249,7 @@ class Pipeline:
         """One round of the slot state machine over aggregation packets `sel` (None: all)."""
         regs = self.registers
         if sel is None:
-            s, other, rows, bit, nw = a.s_slice or a.s, a.other_slice or a.other, a.rows_slice or a.rows, a.bit, a.nw
+            (s, other, rows), bit, nw = a.slices(), a.bit, a.nw
             epoch, exp_in, sat_in, is_max, out = a.epoch, a.exponent, a.saturated, a.is_max, a.ai
         else:
             s, other, rows, bit, nw = a.s[sel], a.other[sel], a.rows[sel], a.bit[sel], a.nw[sel]

@@ -363,15 +363,21 @@ class SoftwareSwitch:
             if all((a := self.ports.get(p)) is None or a.peer is None  # dropped NO_ROUTE: never read
                    or (a.kind == "shm" and not (self.links_out.get(p) is not None and self.links_out[p].active))
                    for p in uniq.tolist()):
-                b.write_back(np.unique(em.pkt))
+                pk = em.pkt  # the sender's order: a packet's copies side by side (a repeat only rewrites)
+                b.write_back(pk if len(pk) < 2 else pk[np.append(True, pk[1:] != pk[:-1])])
             else:  # bytes leave another way too (UDP, Ethernet, impairments): whole rows
                 b = b.whole()
         src = b.rows if b.prow is None else b.arena  # rows `b.payload_rows(pkt)` hold the packets
-        stride = np.uint64(b.rows.strides[0])
-        base = np.uint64(addr_of(b.rows) + b.off)
         woken = []  # shm ports: publish to all of them first, then ring (a woken endpoint may preempt us)
         pool_id, pool_at = self._multicast_rows(b, em, uniq)
+        if b.results is not None:  # deferred sums of copies that leave from their own rows (Batch.results)
+            b.materialize(em.pkt if pool_id is None else em.pkt[pool_id < 0])
         holders: dict[int, list] = {}
+        if pool_id is not None and pool_id[0] >= 0 and bool((pool_id == pool_id[0]).all()):
+            # every copy a reference into one pool (a turn's RESULTs to every worker): every port
+            # is a shm port without impairments and no copy is routed IPv4 (MulticastPools.place)
+            self._send_pooled(b, em, uniq, int(pool_id[0]), pool_at, holders, woken)
+            uniq = uniq[:0]
         for p in uniq.tolist():
             mine = None if len(uniq) == 1 else ports == p
             sub = em if mine is None else em.select(mine)
@@ -396,6 +402,7 @@ class SoftwareSwitch:
                     self._send_bytes(p, [d for _, d in link.pass_through([(p, d) for d in datas])])
                     continue
                 if att.kind == "udp":
+                    base, stride = np.uint64(addr_of(b.rows) + b.off), np.uint64(b.rows.strides[0])
                     sent = att.send(base + sub.pkt.astype(np.uint64) * stride, lengths)
                 elif refs is not None and (refs[0] >= 0).any():
                     sent = self._send_shm_mixed(att, b, sub, lengths, refs[0], refs[1], holders)
@@ -434,8 +441,25 @@ class SoftwareSwitch:
         if self._pools is None:
             self._pools = MulticastPools(shm_row_bytes(self.config.lanes))
         src = b.rows if b.prow is None else b.arena
-        ids, at = self._pools.place(src, b.off, em.pkt, em.port, b.luwu_len, eligible, b.prow)
+        ids, at = self._pools.place(src, b.off, em.pkt, em.port, b.luwu_len, eligible, b.prow, b.results,
+                                    b.result_lanes)
         return (ids, at) if (ids >= 0).any() else (None, None)
+
+    def _send_pooled(self, b: Batch, em: Emission, uniq: np.ndarray, pid: int, at: np.ndarray, holders: dict,
+                     woken: list) -> None:
+        """Every emitted copy a reference into pool `pid`: each port's references, in emission
+        order, onto its ring (the per-port loop of `emit` without its per-copy selections)."""
+        lengths = b.luwu_len[em.pkt]
+        one = len(uniq) == 1
+        for p in uniq.tolist():
+            att = self.ports[p]
+            mine = None if one else em.port == p
+            n_copies = len(em) if mine is None else int(np.count_nonzero(mine))
+            sent = att.send_refs(pid, at if mine is None else at[mine], lengths if mine is None else lengths[mine])
+            holders.setdefault(pid, []).append((att, att.tx.published()))
+            woken.append(att)
+            self._count_port(p, "tx_ring_full", n_copies - sent)
+            self._count_port(p, "tx_packets", sent)
 
     def _send_shm_mixed(self, att, b: Batch, sub: Emission, lengths: np.ndarray, ids: np.ndarray,
                         at: np.ndarray, holders: dict) -> int:

@@ -18,6 +18,7 @@ from test_switch_vectorised_equivalence import packets
 
 from luwu.dataplane.net.shm_endpoint import ShmEndpoint
 from luwu.dataplane.net.shm_ring import supported
+from luwu.dataplane.protocol import HEADER_LEN
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
 from luwu.dataplane.switch.shm_arena import RingArena, ShmTurn
 
@@ -159,16 +160,22 @@ def test_the_arena_is_the_rings_memory():
 
 def test_an_allreduce_over_shm_turns_sums_in_the_rings():
     """Three workers' contributions to one slot, each on its own port, in one turn: the sum
-    comes back to every worker, and the result was written into the up ring row of the last
-    contributor (no receive copy)."""
+    comes back to every worker, read from the up ring rows where they lie (no receive copy) and
+    written once, straight into the multicast pool row every worker reads (Batch.results): the
+    last contributor's row keeps its own lanes under the rewritten header."""
     rig, ref = ShmRig(), make_switch()
     try:
         items = [(r + 1, agg_packet(1, r, 0, [r + 1] * LANES)) for r in (0, 1, 2)]
         got = rig.run_turn(items)
         assert got == by_port(ref.process_datagrams(items))
         assert all(len(got[p]) == 1 for p in (1, 2, 3))
-        last = rig.sw.ports[3].rx.rows[0, :len(got[3][0])].tobytes()
-        assert last == got[3][0]  # emitted from the row it arrived in
+        result = got[3][0]
+        assert result[HEADER_LEN:] == np.full(LANES, 6, dtype=">i4").tobytes()
+        last = rig.sw.ports[3].rx.rows[0, :len(result)].tobytes()
+        assert last[:HEADER_LEN] == result[:HEADER_LEN]  # the header rewritten in its row
+        assert last[HEADER_LEN:] == items[2][1][HEADER_LEN:]  # the sum never written there
+        pools = list(rig.sw._pools._pools.values())
+        assert len(pools) == 1 and pools[0].shm.rows[0, :len(result)].tobytes() == result
     finally:
         rig.close()
 

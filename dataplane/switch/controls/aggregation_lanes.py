@@ -19,13 +19,16 @@ def apply(lanes: np.ndarray, payload: np.ndarray, rows, s, first: np.ndarray, du
     """Update the lane registers of slots `s` from payload rows `rows`, then write the stored
     lanes into the payload of the rows that `emit`. Slots in `s` are unique. Compiled when
     kernels are on (`../../kernels/switch_lanes.py` `apply_rows`: one pass, same bits)."""
+    flat = None
     if use_numba():
-        from ...kernels.switch_lanes import apply_rows
+        from ...kernels.switch_lanes import apply_rows, lane_rows
 
+        flat = lane_rows(payload.view(np.uint32))  # None: rows the kernel cannot stride over
+    if flat is not None:
         n = len(first)
         s_i = np.arange(s.start, s.start + n) if isinstance(s, slice) else np.asarray(s, dtype=np.int64)
         r_i = np.arange(rows.start, rows.start + n) if isinstance(rows, slice) else np.asarray(rows, dtype=np.int64)
-        apply_rows(lanes.view(np.uint32), payload.view(np.uint32), s_i, r_i, np.asarray(first, dtype=np.bool_),
+        apply_rows(lanes.view(np.uint32), flat[0], flat[1], s_i, r_i, np.asarray(first, dtype=np.bool_),
                    np.asarray(dup, dtype=np.bool_), np.asarray(is_max, dtype=np.bool_), np.asarray(emit, dtype=np.bool_))
         return
     _reference(lanes, payload, rows, s, first, dup, is_max, emit, all_first, plain)

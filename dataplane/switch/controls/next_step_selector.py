@@ -25,6 +25,8 @@ ROUTE_MULTICAST = 2  # group
 ROUTE_L3 = 3  # (port), frame already rewritten by the forwarder
 
 KEEP_FLAGS = int(Flag.SET | Flag.MAX)
+# plain ints: numpy compares an array with an IntEnum member ten times slower than with an int
+ROOT, GRAD, AGG, RESULT = int(NextStep.ROOT), int(MsgType.GRAD), int(MsgType.AGG), int(MsgType.RESULT)
 
 
 class Routes:
@@ -69,7 +71,7 @@ def select(b, c: Classified, agg: AggregationResult, hb: HeartbeatResult, routes
     if len(c.idx) == 0:
         return events, drops
     hdr, hbh = b.hdr, b.hb
-    root = c.next_step == NextStep.ROOT
+    root = c.next_step == ROOT
     up_worker = np.where(root, NODE, c.up_worker)
 
     def unicast(mask, port, dst):
@@ -104,13 +106,13 @@ def select(b, c: Classified, agg: AggregationResult, hb: HeartbeatResult, routes
         if duplicate.any():
             drops.append((DropReason.DUPLICATE, c.idx[duplicate]))
         if emit.any():
-            grad = c.mtype == MsgType.GRAD
+            grad = c.mtype == GRAD
             to_sender = emit & ~grad & root & resent
             unicast(emit & (grad | ~root) & ~to_sender, c.up_port, NODE)
             unicast(to_sender, c.worker_port, c.worker)
             multicast(emit & ~grad & root & complete)
             ri = c.idx[emit]
-            out_type = np.where(root, np.where(grad, MsgType.AGG, MsgType.RESULT), c.mtype)
+            out_type = np.where(root, np.where(grad, AGG, RESULT), c.mtype)
             hdr["ver_type"][ri] = (hdr["ver_type"][ri] & 0xF0) | out_type[emit]
             hdr["worker"][ri] = up_worker[emit]
             hdr["exponent"][ri] = agg.exponent[emit]
