@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from .kernels import use_numba
+
 EXP_MIN, EXP_MAX = -128, 127  # int8 header field; EXP_MIN marks an all-zero chunk
 
 
@@ -30,9 +32,7 @@ def _chunked_absmax(x: np.ndarray, lanes: int) -> np.ndarray:
     n = x.size
     out = np.empty(num_chunks(n, lanes), dtype=np.float32)
     if n and _compiled():
-        from .kernels.fixed_point import chunk_absmax
-
-        chunk_absmax(np.ascontiguousarray(x).view(np.uint32), lanes, out.view(np.uint32))
+        _fixed_point().chunk_absmax(np.ascontiguousarray(x).view(np.uint32), lanes, out.view(np.uint32))
         return out
     full = n // lanes
     if full:
@@ -157,11 +157,16 @@ def exponent_error_hint(max_abs: float, n: int) -> float:
 # ldexp does. tests/engine/test_kernels.py checks this against np.ldexp bit for bit.
 
 POW2_LO, POW2_HI = -126, 127
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs, without ndarray.min's Python wrapper
 
 
 def pow2_split(k: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
     """Per-chunk shifts k (int) -> float32 factors (s1, s2) with s1 * s2 == 2^k, and whether any s2 != 1."""
     k = np.asarray(k, dtype=np.int64)
+    if k.size and _MIN(k) >= POW2_LO and _MAX(k) <= POW2_HI:
+        # the common case, one factor: 2^k is a normal float32, whose bits are its biased exponent
+        # (exactly np.ldexp(1, k)), without np.clip's Python wrapper (which asks np.iinfo) and ldexp
+        return ((k.astype(np.int32) + 127) << 23).view(np.float32), np.ones(k.shape, np.float32), False
     k1 = np.clip(k, POW2_LO, POW2_HI)
     one = np.float32(1)
     s1 = np.ldexp(one, k1.astype(np.int32)).astype(np.float32)  # per chunk, not per element
@@ -180,22 +185,30 @@ def scale_pow2(values: np.ndarray, k: np.ndarray) -> None:
 
 # --- fused packet paths: compiled when dataplane/kernels says so, numpy otherwise ------------
 
-def quantize_into_rows(x: np.ndarray, exps: np.ndarray, lanes: int, n: int, rows: np.ndarray, col: int) -> np.ndarray:
+def quantize_factors(exps: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The float32 factors (s1, s2) that scale a chunk with exponent e for a sum over `n`
+    contributors (by 2^(31 - c - e), `pow2_split`): what `quantize_into_rows` takes as `factors`,
+    computed once per buffer instead of once per block."""
+    s1, s2, _ = pow2_split(31 - contributor_bits(n) - np.asarray(exps, dtype=np.int64))
+    return s1, s2
+
+
+def quantize_into_rows(x: np.ndarray, exps: np.ndarray, lanes: int, n: int, rows: np.ndarray, col: int,
+                       factors: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """quantize(x, exps, lanes, n) written big-endian into packet rows: chunk r's lanes at bytes
     [col, col + 4 * lanes) of rows[r]. Returns the per-chunk saturated flags. `x` may be short
-    (the buffer's tail): the rest of the last chunk is zeros."""
+    (the buffer's tail): the rest of the last chunk is zeros. `factors`: `quantize_factors(exps, n)`
+    if the caller has them (the same values; the compiled path then skips computing them)."""
     chunks = len(exps)
     if _compiled():
         words = _as_words(rows, col)
         if words is not None:
-            from .kernels.fixed_point import quantize_rows
-
             c = contributor_bits(n)
-            s1, s2, _ = pow2_split(31 - c - np.asarray(exps, dtype=np.int64))
+            s1, s2 = factors if factors is not None else quantize_factors(exps, n)
             sat = np.zeros(chunks, dtype=np.bool_)
             x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-            return quantize_rows(x, s1, s2, np.float32(2 ** (31 - c) - 1), words, rows.shape[1] // 4, col // 4,
-                                 lanes, sat)
+            return _fixed_point().quantize_rows(x, s1, s2, np.float32(2 ** (31 - c) - 1), words, rows.shape[1] // 4,
+                                                col // 4, lanes, sat)
     q, sat = quantize(x, np.asarray(exps), lanes, n)
     rows[:chunks, col:col + 4 * lanes].view(">i4")[...] = q.reshape(chunks, lanes)
     return sat
@@ -207,18 +220,24 @@ def dequantize_rows_into(rows: np.ndarray, sel: np.ndarray, col: int, lanes: int
 
     The receive side's decode-and-scatter of fixed-point sums (float32 overflow gives inf, as
     IEEE rounds it; callers decide what that means)."""
+    s1, s2, _ = pow2_split(shift)
+    dequantize_rows_scaled(rows, sel, col, lanes, s1, s2, chunk, out)
+
+
+def dequantize_rows_scaled(rows: np.ndarray, sel: np.ndarray, col: int, lanes: int, s1: np.ndarray, s2: np.ndarray,
+                           chunk: np.ndarray, out: np.ndarray) -> None:
+    """`dequantize_rows_into` with the shifts given as their factors (`pow2_split(shift)`'s s1, s2,
+    per selected row): for a caller that splits each chunk's shift once per buffer, not per batch."""
     if _compiled():
         words = _as_words(rows, col)
-        if words is not None and out.flags.c_contiguous and out.dtype == np.float32:
-            from .kernels.fixed_point import dequantize_rows
-
-            s1, s2, _ = pow2_split(shift)
-            dequantize_rows(words, rows.shape[1] // 4, col // 4, lanes, np.asarray(sel, dtype=np.int64), s1, s2,
-                            np.asarray(chunk, dtype=np.int64), out.reshape(-1))
+        if words is not None and out.flags.c_contiguous and out.dtype == _F32:
+            _fixed_point().dequantize_rows(words, rows.shape[1] // 4, col // 4, lanes, np.asarray(sel, dtype=np.int64),
+                                           s1, s2, np.asarray(chunk, dtype=np.int64), out.reshape(-1))
             return
     vals = rows[sel, col:col + 4 * lanes].view(">i4").astype(np.float32)
-    with np.errstate(over="ignore"):
-        scale_pow2(vals, shift)
+    with np.errstate(over="ignore"):  # exactly scale_pow2: s2 is 1 (an exact multiply) unless the shift was split
+        vals *= s1[:, None]
+        vals *= s2[:, None]
     out[chunk] = vals
 
 
@@ -241,15 +260,27 @@ def warm_up() -> None:
 
 
 def _compiled() -> bool:
-    from .kernels import use_numba
+    return use_numba()  # asked on every call: the mode may change (tests switch LUWU_KERNELS)
 
-    return use_numba()
+
+_FIXED_POINT = None
+_U8, _F32 = np.dtype(np.uint8), np.dtype(np.float32)  # compared per call: a dtype, not a type numpy converts
+
+
+def _fixed_point():
+    """dataplane/kernels/fixed_point.py, imported on first use (it imports numba), then kept."""
+    global _FIXED_POINT
+    if _FIXED_POINT is None:
+        from .kernels import fixed_point
+
+        _FIXED_POINT = fixed_point
+    return _FIXED_POINT
 
 
 def _as_words(rows: np.ndarray, col: int) -> np.ndarray | None:
     """A C-contiguous uint8 (K, W) buffer as its flat uint32 words (no copy), or None if it is not
     one or is not word-aligned (the numpy path then runs)."""
-    if rows.ndim != 2 or not rows.flags.c_contiguous or rows.dtype != np.uint8 or rows.shape[1] % 4 or col % 4 \
-            or rows.__array_interface__["data"][0] % 4:
+    if rows.ndim != 2 or rows.dtype != _U8 or rows.shape[1] % 4 or col % 4 or not rows.flags.c_contiguous:
         return None
-    return rows.reshape(-1).view(np.uint32)
+    words = rows.reshape(-1).view(np.uint32)
+    return words if words.flags.aligned else None  # aligned: the view's address is a multiple of 4

@@ -22,6 +22,8 @@ from .window import RecvWindow
 
 # (chunk indices, received rows, the rows of those chunks, header exponents): reads the lanes in place
 Decode = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
+SATURATED = np.uint8(Flag.SATURATED)
+_ANY, _ALL = np.logical_or.reduce, np.logical_and.reduce  # without ndarray.any's Python wrapper (per batch)
 
 
 class ReduceOp:
@@ -63,8 +65,8 @@ class ReduceOp:
         else:
             self.result[chunk] = payload_int32(rows[sel], self.session.lanes)
         self.got += len(chunk)
-        sat = (flags & int(Flag.SATURATED)) != 0
-        if sat.any():
+        sat = (flags & SATURATED) != 0
+        if _ANY(sat):
             self.saturated = True
             self.saturated_chunks.append(chunk[sat])
         return self.got >= self.chunks
@@ -111,28 +113,42 @@ class CollectiveSession:
 
     # -- packets (engine thread) --------------------------------------------------------------------
     def on_results(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
-        seqs = h["seq"][idx]
+        """RESULT packets `rows[idx]` (headers `h[idx]`; idx ascending, as the engine groups a batch)."""
+        every = len(idx) == len(h)  # idx is all of h's rows, in order (the engine's common batch)
+        seqs = h["seq"] if every else h["seq"][idx]
         new = self.window.accept(seqs)
-        self.stats["duplicates"] += int(len(idx) - new.sum())
-        idx = idx[new]
-        if len(idx):
-            tensors = h["tensor"][idx]
-            for op_id in np.unique(tensors):
-                sel = idx[tensors == op_id]
-                op = self.ops.get(int(op_id))
-                if op is None:
-                    self.stats["stale"] += len(sel)
-                    continue
-                chunk = (h["offset"][sel] // self.lanes).astype(np.int64)
-                self.stats["results"] += len(sel)
-                if op.absorb(chunk, rows, sel, h["flags"][sel], h["exponent"][sel]):
-                    del self.ops[op.op_id]
-                    op.on_done(op)
+        fresh = int(np.count_nonzero(new))
+        if fresh < len(idx):
+            self.stats["duplicates"] += len(idx) - fresh
+            idx = idx[new]
+            seqs = seqs[new]
+            every = False
+        if fresh:
+            hs = h if every else h[idx]  # the new RESULTs' headers, gathered once
+            tensors = hs["tensor"]
+            if _ALL(tensors == tensors[0]):  # the common batch: one op's results, no grouping
+                self._absorb(int(tensors[0]), idx, rows, hs)
+            else:
+                for op_id in np.unique(tensors):
+                    mine = tensors == op_id
+                    self._absorb(int(op_id), idx[mine], rows, hs[mine])
         if self.window.advance():
             self.send.on_ack(self.window.ack, self.window.credit(), now, sample=False)
         # RESULTs are per-packet delivery news (SACK): RTT samples only from in-order ones, and
         # every hole a later RESULT reveals is resent at once (a hole is a loss: docs/protocol.md 7.1)
-        self.send.on_delivered(seqs[new], now)
+        self.send.on_delivered(seqs, now)
+
+    def _absorb(self, op_id: int, sel: np.ndarray, rows: np.ndarray, hs: np.ndarray) -> None:
+        """Rows `sel` (headers `hs`) are op `op_id`'s first RESULTs for their chunks."""
+        op = self.ops.get(op_id)
+        if op is None:
+            self.stats["stale"] += len(sel)
+            return
+        chunk = (hs["offset"] // self.lanes).astype(np.int64)
+        self.stats["results"] += len(sel)
+        if op.absorb(chunk, rows, sel, hs["flags"], hs["exponent"]):
+            del self.ops[op.op_id]
+            op.on_done(op)
 
     def pump(self, now: float) -> int:
         return self.send.pump(now)

@@ -20,10 +20,11 @@ import numpy as np
 from ..protocol import HEADER_LEN, Dtype
 from ..quantize import (
     chunk_exponents,
-    dequantize_rows_into,
+    dequantize_rows_scaled,
     from_ordered,
     negate_order,
     num_chunks,
+    pow2_split,
     sum_shift,
     to_ordered,
 )
@@ -56,6 +57,7 @@ class AllreduceOp:
         self.numel = x.size
         self.local_exps = exps  # computed in the caller's thread for float sums
         self.exps: np.ndarray | None = None
+        self.scale: tuple[np.ndarray, np.ndarray] | None = None  # each chunk's sum_shift as pow2_split's factors
         # results are decoded straight into `dest` (the caller's `out`, or a new array): whole
         # chunks into `out`, a view of it, and a short last chunk into `tail` (lanes past numel
         # would overrun the caller's buffer)
@@ -111,23 +113,27 @@ class AllreduceOp:
     def _have_exps(self, meta_op: ReduceOp, data: CollectiveSession, data_op: ReduceOp) -> None:
         chunks = data_op.chunks
         self.exps = meta_op.result.reshape(-1)[:chunks].copy()
+        # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it; split once per op,
+        # not per received batch
+        s1, s2, _ = pow2_split(sum_shift(self.exps, self.n))
+        self.scale = (s1, s2)
         self.saturated |= meta_op.saturated
         # live: a resend re-reads x (collective.py refill), which the caller may reuse once its handle failed
         data.ready(data_op, QuantizedLanes(self.x, self.exps, data.lanes, self.n,
                                            live=lambda: not self.handle.done()), exponents=self.exps)
 
     def _decode_fixed(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
-        # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it
-        shift = sum_shift(self.exps[chunk], self.n)
+        s1, s2 = self.scale
+        s1, s2 = s1[chunk], s2[chunk]
         lanes = self.out.shape[1]
         last = self._last(chunk)
         if last is None:
-            dequantize_rows_into(rows, sel, HEADER_LEN, lanes, shift, chunk, self.out)
+            dequantize_rows_scaled(rows, sel, HEADER_LEN, lanes, s1, s2, chunk, self.out)
             return
         whole = ~last
-        dequantize_rows_into(rows, sel[whole], HEADER_LEN, lanes, shift[whole], chunk[whole], self.out)
-        dequantize_rows_into(rows, sel[last], HEADER_LEN, lanes, shift[last], np.zeros(int(last.sum()), np.int64),
-                             self.tail)
+        dequantize_rows_scaled(rows, sel[whole], HEADER_LEN, lanes, s1[whole], s2[whole], chunk[whole], self.out)
+        dequantize_rows_scaled(rows, sel[last], HEADER_LEN, lanes, s1[last], s2[last],
+                               np.zeros(int(last.sum()), np.int64), self.tail)
 
     def _last(self, chunk: np.ndarray) -> np.ndarray | None:
         """Which of `chunk` is the short last chunk (decoded into `tail`), None when none is."""

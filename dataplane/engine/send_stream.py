@@ -56,8 +56,10 @@ Received = Callable[[int, int], np.ndarray]  # (first seq, count) -> bool mask o
 
 def sdiff(a: int, b: int) -> int:
     """a - b as a signed 32-bit distance."""
-    d = (a - b) & MASK32
-    return d - 0x100000000 if d >= 0x80000000 else d
+    return ((a - b + 0x80000000) & MASK32) - 0x80000000
+
+
+_ANY, _ALL = np.logical_or.reduce, np.logical_and.reduce  # without ndarray.any's Python wrapper (per batch)
 
 
 @dataclass
@@ -196,30 +198,37 @@ class SendStream:
         return seg
 
     def outstanding(self) -> int:
-        return sdiff(self.high, self.ack)
+        return ((self.high - self.ack + 0x80000000) & MASK32) - 0x80000000  # sdiff, inline: called per loop turn
 
     def idle(self) -> bool:
         return self.ack == self.next_seq
 
     def deadline(self) -> float:
         """When `check_timeout` would fire (inf with nothing in flight): the engine sleeps until then."""
-        return min(self.last_progress + self.rto.rto, self.probe_at) if self.outstanding() > 0 else float("inf")
+        if self.high == self.ack or self.outstanding() <= 0:
+            return float("inf")
+        return min(self.last_progress + self.rto.rto, self.probe_at)
 
     # -- transmission --------------------------------------------------------------------------
     def _limit(self) -> int:
         """One past the last sequence number we may send now."""
         lim = self.next_seq
-        cands = [(self.ack + self.window) & MASK32, (self.credit + 1) & MASK32]
-        if self.recover_to is not None:
-            cands.append(self.burst_end)
-        for cand in cands:
-            if sdiff(cand, lim) < 0:
-                lim = cand
+        # each bound in turn replaces lim when it lies before it (sdiff(cand, lim) < 0, inline: per loop turn)
+        cand = (self.ack + self.window) & MASK32
+        if (cand - lim) & MASK32 >= 0x80000000:
+            lim = cand
+        cand = (self.credit + 1) & MASK32
+        if (cand - lim) & MASK32 >= 0x80000000:
+            lim = cand
+        if self.recover_to is not None and (self.burst_end - lim) & MASK32 >= 0x80000000:
+            lim = self.burst_end
         return lim
 
     def pump(self, now: float) -> int:
         limit = self._limit()
-        if sdiff(limit, self.send_next) > 0 and self.outstanding() <= 0:
+        if limit == self.send_next or sdiff(limit, self.send_next) <= 0:
+            return 0  # nothing may go now (most loop turns): the loop below would send nothing
+        if self.outstanding() <= 0:
             self.last_progress = now  # nothing was in flight: the timer starts with this send (RFC 6298 5.1)
         sent = 0
         i = self._head
@@ -300,6 +309,16 @@ class SendStream:
         the first is short of `stop - rel` only when the ring was full."""
         fill = seg.fill
         resend = max(0, min(fresh_from, stop) - rel)
+        if not resend:  # first transmissions only (nearly every call): one run, none flagged RETX
+            def write_fresh(j0: int, j1: int, rows: np.ndarray, lens: np.ndarray) -> None:
+                fill(rel + j0, rel + j1, rows, lens)
+
+            published = self.sock.send_filled(stop - rel, write_fresh)
+            out = (seg.start + np.arange(rel, rel + published, dtype=np.int64)) & self._mask
+            self.lost[out] = False
+            self.retx[out] = False
+            self._sent(out, now)
+            return published, published
         chunks = np.arange(rel, stop, dtype=np.int64)
         if resend:
             head = (seg.start + chunks[:resend]) & self._mask
@@ -351,15 +370,17 @@ class SendStream:
             self.credit = credit
         if moved <= 0 or sdiff(self.high, ack) < 0:
             return 0  # old news, or an acknowledgement of something never sent
-        covered = (self.ack + np.arange(moved, dtype=np.int64)) & self._mask  # intact until pump runs again
+        old = self.ack
         self.ack = ack & MASK32
         self.last_progress = now
         if self.ack == self.next_seq:
             self.loss_seen = False  # idle: the next operation starts with no suspicion
         # Karn: no sample when a retransmitted row is covered -- either its own ack is ambiguous,
         # or the newest row's ack waited for that repair (a gap closing is not a round trip)
-        if sample and not self.retx[covered].any():
-            self._sample(now - float(self.sent_at[covered[-1]]))
+        if sample:
+            covered = (old + np.arange(moved, dtype=np.int64)) & self._mask  # intact until pump runs again
+            if not self.retx[covered].any():
+                self._sample(now - float(self.sent_at[covered[-1]]))
         if self.recover_to is not None:
             if sdiff(ack, self.recover_to) >= 0:
                 self.recover_to = None  # everything outstanding at the timeout got through
@@ -401,13 +422,19 @@ class SendStream:
             return 0
         seqs = np.asarray(seqs, dtype=np.int64)
         rows = seqs & self._mask
-        ahead = ((seqs - self.sack_high) & MASK32) < 0x80000000  # past all delivered before
+        dist = (seqs - self.sack_high) & MASK32
+        ahead = dist < 0x80000000  # past all delivered before
         fresh = ahead & ~self.retx[rows]
-        if fresh.any():
-            newest = int(rows[fresh][np.argmax((seqs[fresh] - self.sack_high) & MASK32)])
-            self._sample(now - float(self.sent_at[newest]))
-        if ahead.any():
-            self.sack_high = int((seqs[ahead][np.argmax((seqs[ahead] - self.sack_high) & MASK32)] + 1) & MASK32)
+        if _ALL(fresh):  # the common batch: all past sack_high, none resent: one newest for both
+            j = int(dist.argmax())
+            self._sample(now - float(self.sent_at[rows[j]]))
+            self.sack_high = int((seqs[j] + 1) & MASK32)
+        else:
+            if _ANY(fresh):
+                newest = int(rows[fresh][np.argmax(dist[fresh])])
+                self._sample(now - float(self.sent_at[newest]))
+            if _ANY(ahead):
+                self.sack_high = int((seqs[ahead][np.argmax(dist[ahead])] + 1) & MASK32)
         self.rack_xmit = max(self.rack_xmit, int(self.xmit_no[rows].max()))
         self.probe_backoff = 1.0  # news: the path answers
         return self._mark_holes(now)

@@ -10,6 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 MASK32 = 0xFFFFFFFF
+# the ufuncs' reductions called directly: the ndarray methods' Python wrappers cost more than the
+# work on a batch of a few dozen sequence numbers
+_MAX, _ALL, _COUNT = np.maximum.reduce, np.logical_and.reduce, np.count_nonzero
 
 
 class RecvWindow:
@@ -27,10 +30,17 @@ class RecvWindow:
 
     def accept(self, seqs: np.ndarray) -> np.ndarray:
         """Mark `seqs` received; returns a mask of the ones seen for the first time."""
-        seqs = np.asarray(seqs, dtype=np.uint32)
-        dist = (seqs.astype(np.int64) - self.ack) & MASK32
+        s64 = np.asarray(seqs, dtype=np.uint32).astype(np.int64)
+        dist = (s64 - self.ack) & MASK32
+        idx = s64 & (self.size - 1)
+        if len(dist) and _MAX(dist) < self.size and (len(dist) == 1 or _ALL(dist[1:] > dist[:-1])):
+            # the common batch: all in the window, ascending (hence no seq twice): the first sight
+            # of each is where its bit is clear, with no sort to find repeats
+            new = ~self._bits[idx]
+            self._bits[idx] = True
+            self.duplicates += len(seqs) - int(_COUNT(new))
+            return new
         inwin = dist < self.size
-        idx = (seqs & np.uint32(self.size - 1)).astype(np.int64)
         new = inwin & ~self._bits[idx]
         if new.any():
             # a batch may hold the same seq twice: keep the first
@@ -39,7 +49,7 @@ class RecvWindow:
             new[:] = False
             new[cand[first]] = True
             self._bits[idx[new]] = True
-        self.duplicates += int(len(seqs) - new.sum())
+        self.duplicates += int(len(s64) - new.sum())
         return new
 
     def advance(self) -> int:
@@ -47,8 +57,12 @@ class RecvWindow:
         pos = self.ack & (self.size - 1)
         if not self._bits[pos]:
             return 0
-        ring = np.concatenate((self._bits[pos:], self._bits[:pos]))
-        n = self.size if ring.all() else int(ring.argmin())
+        end = int(self._bits[pos:].argmin())  # the first hole at or after pos, else 0 (all received to the end)
+        if end:
+            n = end  # stops before the ring's end (the common case): no rotated copy of the window
+        else:
+            ring = np.concatenate((self._bits[pos:], self._bits[:pos]))
+            n = self.size if ring.all() else int(ring.argmin())
         if pos + n <= self.size:
             self._bits[pos:pos + n] = False
         else:

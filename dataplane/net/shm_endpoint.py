@@ -15,6 +15,9 @@ import numpy as np
 
 from .shm_ring import LEN_MASK, REF, ShmPool, ShmRing, pool_path
 
+# the ufuncs' reductions, without the ndarray methods' Python wrappers (several per recv)
+_ANY, _ALL, _MIN = np.logical_or.reduce, np.logical_and.reduce, np.minimum.reduce
+
 
 def check_prefix(prefix: str) -> None:
     """Endpoints map rings only from /dev/shm (a plan naming another path is refused)."""
@@ -82,25 +85,36 @@ class ShmEndpoint:
         `close()`; the rows before are given back to the switch now). Returns k."""
         if self._lent:
             self._give_back()
-        elif self.down.pending() <= 0:
+        if self.down.pending() <= 0:
             return 0  # the common empty look at the end of a turn: no numpy views made
         while True:
             pos, k = self.down.lend(self.batch)
             if not k:
                 return 0
             lengths = self.down.lengths[pos:pos + k]
+            if _MIN(lengths) >= REF:  # every entry a reference (REF is the top bit): the usual batch
+                words = np.ascontiguousarray(self.down.rows[pos:pos + k, :16]).view(np.uint64)
+                at, ids = words[:, 0], words[:, 1]
+                first, pool = int(at[0]), self._pool(int(ids[0]))
+                # one pool, consecutive rows inside it (unsigned differences: a step back is huge):
+                # the whole batch is one run, lent as below without building its masks
+                if pool is not None and first + k <= pool.slots and _ALL(ids == ids[0]) \
+                        and _ALL(at[1:] - at[:-1] == 1):
+                    self.rx = pool.rows[first:first + k]
+                    break
             refs = (lengths & REF) != 0
             if not refs[0]:  # packets in the ring itself, up to the first reference
-                k = int(np.argmax(refs)) if refs.any() else k
+                k = int(np.argmax(refs)) if _ANY(refs) else k
                 self.rx = self.down.rows[pos:pos + k]
                 break
             # references to a multicast pool: the run of them that is contiguous in one pool
-            words = self.down.rows[pos:pos + k, :16].view(np.uint64)
+            # gathered in one pass: the entries sit a ring row apart (a cache and TLB miss each)
+            words = np.ascontiguousarray(self.down.rows[pos:pos + k, :16]).view(np.uint64)
             at, ids = words[:, 0].astype(np.int64), words[:, 1]
             same = refs & (ids == ids[0])
             pool = self._pool(int(ids[0]))
             run = same & (at - at[0] == np.arange(k)) & (at < (pool.slots if pool else 0))
-            n = int(np.argmin(run)) if not run.all() else k
+            n = k if _ALL(run) else int(np.argmin(run))
             if n and pool is not None:  # n > 0 only when the pool is mapped (its slots bound `run`)
                 k = n
                 self.rx = pool.rows[at[0]:at[0] + k]
@@ -113,7 +127,7 @@ class ShmEndpoint:
         self._lent = k
         self.rx_len[:k] = lengths[:k] & LEN_MASK
         self.stats["rx_packets"] += k
-        self.stats["rx_bytes"] += int(self.rx_len[:k].sum())
+        self.stats["rx_bytes"] += int(np.add.reduce(self.rx_len[:k]))
         return k
 
     def _pool(self, pool_id: int) -> ShmPool | None:

@@ -42,3 +42,31 @@ def test_matches_a_set_model(offsets, start):
             prefix += 1
         assert (w.ack - start) & 0xFFFFFFFF == prefix
     assert accepted == len(seen)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1),
+       st.lists(st.tuples(st.integers(-8, 40), st.integers(1, 12), st.sampled_from(["up", "gaps", "down", "twice"])),
+                min_size=1, max_size=30))
+def test_accept_mask_matches_a_model(start, batches):
+    """Batches as the engine meets them: ascending runs (in-order RESULTs, accept's fast path), runs
+    with gaps, reversed, repeated, reaching below ack or past the window, across 2^32: the mask is
+    True exactly at each seq's first arrival within [ack, ack + size), and ack follows the prefix."""
+    size = 32
+    w = RecvWindow(size, start=start)
+    ack, got = 0, set()  # the model, in offsets from start
+    for first, count, shape in batches:
+        run = list(range(ack + first, ack + first + count * (2 if shape == "gaps" else 1), 2 if shape == "gaps" else 1))
+        offs = {"up": run, "gaps": run, "down": run[::-1], "twice": run + run}[shape]
+        want = []
+        for o in offs:
+            new = ack <= o < ack + size and o not in got
+            want.append(new)
+            if new:
+                got.add(o)
+        assert w.accept((start + np.array(offs, dtype=np.int64)) & 0xFFFFFFFF).tolist() == want
+        w.advance()
+        while ack in got:
+            got.discard(ack)
+            ack += 1
+        assert (w.ack - start) & 0xFFFFFFFF == ack
