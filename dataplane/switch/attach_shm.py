@@ -319,6 +319,20 @@ class MulticastPools:
         replicas together, in group order), as `place`'s entry matrix: row j the entries of the
         j-th packet, every row to the same 2+ distinct ports. None when the turn is not so."""
         n = len(pkt)
+        if n <= 32:  # a small turn (a packet or a few to every worker): the same test on Python ints
+            if n < 2 or not bool(eligible.all()):
+                return None
+            pk, pt = pkt.tolist(), port.tolist()
+            c = 1
+            while c < n and pk[c] == pk[0]:
+                c += 1
+            first = pt[:c]
+            if c < 2 or n % c or len(set(first)) != c:
+                return None
+            for r in range(c, n, c):
+                if pk[r] <= pk[r - c] or pt[r:r + c] != first or pk[r:r + c] != [pk[r]] * c:
+                    return None
+            return np.arange(n).reshape(-1, c)
         c = int(np.searchsorted(pkt, pkt[0], side="right")) if n else 0
         if c < 2 or n % c or not bool(eligible.all()):
             return None

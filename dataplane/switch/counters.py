@@ -29,6 +29,10 @@ class Counters:
     def _add(table: np.ndarray, codes: np.ndarray, nbytes: np.ndarray) -> None:
         if len(codes) == 0:
             return
+        if len(codes) == 1 and 0 <= (code := int(codes[0])) < len(table):  # most shm turns: one packet, no bincounts
+            table[code, 0] += 1
+            table[code, 1] += int(nbytes[0])
+            return
         # only up to the largest code: the session table has 65536 rows, a turn touches a few
         n = min(len(table), int(codes.max()) + 1)
         table[:n, 0] += np.bincount(codes, minlength=n)[:n]

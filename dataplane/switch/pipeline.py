@@ -38,17 +38,28 @@ from .controls.parser import parse
 from .controls.sender import FrameTemplate, deparse_frames, expand
 from .counters import Counters
 from .registers import Registers
+from .small_classify import classify_small
 from .stragglers import Stragglers
 from .tables import Tables
 
 INGRESS, EGRESS, LINK_IN, LINK_OUT = range(4)  # random streams spawned from the seed
 SET, SATURATED, MAX = int(Flag.SET), int(Flag.SATURATED), int(Flag.MAX)
 HEARTBEAT = int(MsgType.HEARTBEAT)
+# turns of up to this many packets are classified one packet at a time (small_classify.py: the
+# vectorised classifier's numpy calls cost the same for one packet as for hundreds); 0: never
+SMALL_TURN = 12
 
 
 def round_numbers(keys: np.ndarray) -> np.ndarray:
     """For each key, how many earlier entries carry the same key."""
     n = len(keys)
+    if n <= 8:  # a small turn: a count per key in Python instead of a sort's half-dozen numpy calls
+        seen: dict = {}
+        out = []
+        for k in keys.tolist():
+            out.append(seen.get(k, 0))
+            seen[k] = out[-1] + 1
+        return np.array(out, dtype=np.int64)
     order = np.argsort(keys, kind="stable")
     sk = keys[order]
     start = np.ones(n, dtype=bool)
@@ -142,7 +153,7 @@ class Pipeline:
         if t.any_ingress_drop:
             lost = drop_simulator.simulate(b.port, b.drop == 0, t.ingress_threshold, self.rng_ingress)
             b.drop[lost] = DropReason.SIMULATED_LOSS
-        c = classify(b, t, self.lanes, cnt)
+        c = (classify_small if len(b) <= SMALL_TURN else classify)(b, t, self.lanes, cnt)
         zero_lanes.apply(b, c, self.lanes)
         n = len(c.idx)
         agg, hb = AggregationResult(n), HeartbeatResult(n)

@@ -358,7 +358,8 @@ class SoftwareSwitch:
         if not len(em):
             return
         ports = em.port
-        uniq = np.unique(ports)
+        # a few copies (most turns): np.unique's sort costs more than a set's
+        uniq = np.unique(ports) if len(ports) > 16 else np.array(sorted(set(ports.tolist())), dtype=ports.dtype)
         if b.prow is not None:  # a split batch (shm_arena.py): the packets leave from their arena rows
             if all((a := self.ports.get(p)) is None or a.peer is None  # dropped NO_ROUTE: never read
                    or (a.kind == "shm" and not (self.links_out.get(p) is not None and self.links_out[p].active))

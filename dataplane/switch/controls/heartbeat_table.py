@@ -9,6 +9,29 @@ from __future__ import annotations
 
 import numpy as np
 
+M32 = 0xFFFFFFFF
+
+
+def _serial_min_one(a: int, b: int) -> int:
+    """`serial_min` of two uint32 ints."""
+    return a if (a - b) & 0x80000000 else b
+
+
+def _apply_one(regs, s: int, epoch: int, bit: int, mask: int, ack: int, credit: int):
+    """`apply` for one packet (its uint32 arithmetic on ints masked to 32 bits)."""
+    before = 0 if int(regs.hb_owner[s]) != epoch else int(regs.hb_bitmap[s])
+    regs.hb_owner[s] = epoch
+    after = before | bit
+    full = after == mask
+    regs.hb_bitmap[s] = 0 if full else after
+    if before == 0:
+        a, c = ack, credit
+    else:
+        a, c = _serial_min_one(int(regs.hb_ack[s]), ack), _serial_min_one(int(regs.hb_credit[s]), credit)
+    regs.hb_ack[s] = a
+    regs.hb_credit[s] = c
+    return np.array([full]), np.array([a], dtype=np.uint32), np.array([c], dtype=np.uint32)
+
 
 def serial_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """RFC 1982 minimum of uint32 arrays: a if (int32)(a - b) < 0 else b."""
@@ -18,6 +41,9 @@ def serial_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def apply(regs, session: np.ndarray, epoch: np.ndarray, bit: np.ndarray, worker_mask: np.ndarray,
           ack: np.ndarray, credit: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sessions unique within a round. Returns (full, ack, credit) of the round after each packet."""
+    if len(session) == 1:  # one heartbeat (the usual turn): the same steps on Python ints
+        return _apply_one(regs, int(session[0]), int(epoch[0]) & M32, int(bit[0]) & M32, int(worker_mask[0]) & M32,
+                          int(ack[0]) & M32, int(credit[0]) & M32)
     epoch = epoch.astype(np.uint32)
     bit = bit.astype(np.uint32)
     ack = ack.astype(np.uint32)

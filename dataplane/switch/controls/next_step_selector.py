@@ -71,6 +71,8 @@ def select(b, c: Classified, agg: AggregationResult, hb: HeartbeatResult, routes
     if len(c.idx) == 0:
         return events, drops
     hdr, hbh = b.hdr, b.hb
+    # which paths the batch holds, in one call (a few-packet turn holds one or two of the five)
+    paths = np.bincount(c.path, minlength=PATH_PULL + 1).tolist()
     root = c.next_step == ROOT
     up_worker = np.where(root, NODE, c.up_worker)
 
@@ -92,8 +94,8 @@ def select(b, c: Classified, agg: AggregationResult, hb: HeartbeatResult, routes
             events.append((code, c.idx[mask]))
 
     # -- aggregation ---------------------------------------------------------------------------
-    a = c.path == PATH_AGGREGATE
-    if a.any():
+    if paths[PATH_AGGREGATE]:
+        a = c.path == PATH_AGGREGATE
         done = agg.remaining == 0
         complete = a & ~agg.dup & done
         resent = a & agg.dup & done
@@ -123,8 +125,8 @@ def select(b, c: Classified, agg: AggregationResult, hb: HeartbeatResult, routes
             event(emit & ~grad & root & complete, Event.MULTICAST)
 
     # -- fallback: GRAD toward the node, unaggregated, worker kept so the node can aggregate ---------
-    f = c.path == PATH_FALLBACK
-    if f.any():
+    if paths[PATH_FALLBACK]:
+        f = c.path == PATH_FALLBACK
         ri = c.idx[f]
         hdr["flags"][ri] = c.flags[f] | int(Flag.FALLBACK)
         unicast(f, c.up_port, NODE)
@@ -132,8 +134,8 @@ def select(b, c: Classified, agg: AggregationResult, hb: HeartbeatResult, routes
         event(f, Event.UNICAST)
 
     # -- heartbeat rounds ----------------------------------------------------------------------
-    h = c.path == PATH_HEARTBEAT
-    if h.any():
+    if paths[PATH_HEARTBEAT]:
+        h = c.path == PATH_HEARTBEAT
         full = h & hb.full
         event(full, Event.HB_ROUND)
         event(h & ~hb.full, Event.HB_ABSORBED)
@@ -146,12 +148,12 @@ def select(b, c: Classified, agg: AggregationResult, hb: HeartbeatResult, routes
             event(full, Event.UNICAST)
 
     # -- multicast and pull --------------------------------------------------------------------
-    m = c.path == PATH_MULTICAST
-    if m.any():
+    if paths[PATH_MULTICAST]:
+        m = c.path == PATH_MULTICAST
         multicast(m)
         event(m, Event.MULTICAST)
-    p = c.path == PATH_PULL
-    if p.any():
+    if paths[PATH_PULL]:
+        p = c.path == PATH_PULL
         upstream = p & ~root
         if upstream.any():
             hdr["worker"][c.idx[upstream]] = c.up_worker[upstream]

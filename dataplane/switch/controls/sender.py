@@ -51,6 +51,13 @@ def expand(routes: Routes, t: CompiledTables, drops: list) -> Emission:
     if len(idx) == 0:
         return Emission.empty()
     kind = routes.kind[idx]
+    if len(idx) == 1 and kind[0] == ROUTE_MULTICAST:  # the common small turn: one packet to a group
+        i, g = int(idx[0]), int(routes.group[idx[0]])
+        n, s0 = int(t.g_len[g]), int(t.g_start[g])
+        if n:  # (an empty group takes the general path: its NO_ROUTE drop)
+            return Emission(np.full(n, i, dtype=np.int64), t.rep_port[s0:s0 + n].copy(),
+                            t.rep_instance[s0:s0 + n].copy(), np.full(n, int(routes.session[i]), dtype=np.int64),
+                            np.zeros(n, dtype=bool))
     mc = kind == ROUTE_MULTICAST
     n_out = np.ones(len(idx), dtype=np.int64)
     if mc.any():
