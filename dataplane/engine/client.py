@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from .. import children
-from ..net.framing import FrameError, recv_msg, send_msg
+from ..net.framing import FrameError, FrameReader, send_msg
 from ..session import EndpointPlan
 from .handles import EngineError, Handle
 from .shm import ShmBuffer
@@ -148,9 +148,10 @@ class EngineClient:
         return self._call({"op": "stats"}, "stats").wait(timeout)
 
     def _read(self) -> None:
+        reader = FrameReader(self.sock)
         try:
             while True:
-                msg, _ = recv_msg(self.sock, max_message=MAX_REPLY)
+                msg, _ = reader.recv_msg(max_message=MAX_REPLY)
                 rid = msg.get("id")
                 with self._lock:
                     h = self._pending.pop(rid, None) if isinstance(rid, int) else None

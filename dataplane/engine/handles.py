@@ -16,10 +16,14 @@ class EngineError(RuntimeError):
 
 
 class Handle:
-    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_result", "info", "name", "saturated")
+    __slots__ = ("_callbacks", "_done", "_error", "_event", "_lock", "_result", "info", "name", "saturated")
 
     def __init__(self, name: str = "op"):
-        self._event = threading.Event()
+        # the Event is made only when someone waits before completion: most handles of an engine
+        # daemon complete through callbacks, and an Event (a Condition and two locks) per request
+        # was a tenth of its control thread's CPU
+        self._event: threading.Event | None = None
+        self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[Handle], None]] = []
@@ -29,11 +33,16 @@ class Handle:
         self.info: dict = {}
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> Any:
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"{self.name} did not complete within {timeout} s")
+        if not self._done:
+            with self._lock:
+                if not self._done and self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+            if not self._done and event is not None and not event.wait(timeout):
+                raise TimeoutError(f"{self.name} did not complete within {timeout} s")
         if self._error is not None:
             raise self._error
         return self._result
@@ -44,24 +53,26 @@ class Handle:
 
     def add_done_callback(self, fn: Callable[[Handle], None]) -> None:
         with self._lock:
-            if not self._event.is_set():
+            if not self._done:
                 self._callbacks.append(fn)
                 return
         fn(self)
 
-    def _finish(self) -> None:
+    def _finish(self, result: Any, error: BaseException | None) -> None:
         with self._lock:
-            self._event.set()
+            if self._done:  # the first completion wins
+                return
+            self._result, self._error = result, error
+            self._done = True
+            event = self._event
             callbacks, self._callbacks = self._callbacks, []
+        if event is not None:
+            event.set()
         for fn in callbacks:
             fn(self)
 
     def set_result(self, result: Any = None) -> None:
-        if not self._event.is_set():
-            self._result = result
-            self._finish()
+        self._finish(result, None)
 
     def set_error(self, error: BaseException) -> None:
-        if not self._event.is_set():
-            self._error = error
-            self._finish()
+        self._finish(None, error)

@@ -44,7 +44,8 @@ class HeartbeatSender:
         ack = self.window.ack
         since = now - self.last_time
         moved = self.last_ack is None or ((ack - self.last_ack) & 0xFFFFFFFF) >= self.window.size // 4
-        if self.window.has_gap() and self.last_ack == ack and not self._gap_told:
+        # has_gap scans the window: asked last, only when its answer could matter (a loop turn each)
+        if not self._gap_told and self.last_ack == ack and self.window.has_gap():
             self.urgent = True  # tell the sender of the hole once per acknowledgement
         due = (self.urgent and since >= self.policy.min_gap) or moved
         due = due or (since >= self.policy.interval and ack != self.last_ack) or since >= self.policy.keepalive
@@ -57,19 +58,20 @@ class HeartbeatSender:
         """When `maybe_send` would next send with nothing new arriving (the engine sleeps until then)."""
         if self.last_ack is None:
             return -1.0
-        if self.urgent or (self.window.has_gap() and self.last_ack == self.window.ack and not self._gap_told):
+        if self.urgent or (not self._gap_told and self.last_ack == self.window.ack and self.window.has_gap()):
             return self.last_time + self.policy.min_gap
         if self.window.ack != self.last_ack:
             return self.last_time + self.policy.interval
         return self.last_time + self.policy.keepalive
 
     def send(self, now: float) -> None:
+        gap = self.window.has_gap()
         row = heartbeat(self.session, self.worker, self.seq, self.window.ack, self.window.credit(self.capacity),
-                        gap=self.window.has_gap())
+                        gap=gap)
         self.sock.send_rows(row, [0], [row.shape[1]])
         self.seq += 1
         self.sent += 1
-        self._gap_told = self.window.has_gap()
+        self._gap_told = gap
         self.last_ack = self.window.ack
         self.last_time = now
         self.urgent = False

@@ -22,6 +22,8 @@ from .packets import param_fill, payload_int32
 from .send_stream import RtoEstimator, SendStream, sdiff
 from .window import RecvWindow
 
+_ALL, _ANY = np.logical_and.reduce, np.logical_or.reduce  # without the ndarray methods' wrappers (per batch)
+
 
 class ParamProvider(Protocol):
     """What the node serves. `lookup` returns (flat array, wire dtype) once `tensor` has had
@@ -48,14 +50,15 @@ class GradAssembly:
         dequantize_rows_into(rows, sel, HEADER_LEN, self.buf.shape[1], shift, chunk, self.buf)
         self.got += len(chunk)
         sat = (flags & int(Flag.SATURATED)) != 0
-        if sat.any():
+        any_sat = bool(_ANY(sat))
+        if any_sat:
             # a contributor clipped (inf/NaN, or |x| >= 2^127): the fixed-point sum of the chunk is not
             # the sum, so it reaches the node as NaN, never as a plausible number (docs/protocol.md 5.1)
             self.buf[chunk[sat]] = np.float32(np.nan)
         # |sum| < 2^(e + c): finite in float32 unless that passes 2^128. Anything else that could
         # be non-finite was clipped by a quantiser, which set SATURATED; so an unsaturated sum is
         # finite by construction and the node can skip its NaN/Inf pass.
-        self.saturated |= bool(sat.any()) or bool((shift + 31 > 128).any())
+        self.saturated |= any_sat or bool(_ANY(shift + 31 > 128))
         return self.got >= self.chunks
 
 
@@ -158,15 +161,17 @@ class NodeServerSession:
         if dups:
             self.stats["agg_duplicates"] += dups
             self.hb.nudge()
-        idx = idx[new]
+            idx = idx[new]
         ok = h["dtype"][idx] == int(Dtype.FIXED32)
-        if not ok.all():
+        if not _ALL(ok):
             self.stats["bad_packets"] += int((~ok).sum())
             idx = idx[ok]
         self.stats["agg_packets"] += len(idx)
         tensors = h["tensor"][idx]
-        for t in np.unique(tensors):
-            sel = idx[tensors == t]
+        # the common batch is one layer's packets: no grouping (np.unique sorts, a dozen calls)
+        groups = [tensors[0]] if len(idx) and _ALL(tensors == tensors[0]) else np.unique(tensors)
+        for t in groups:
+            sel = idx if len(groups) == 1 else idx[tensors == t]
             t = int(t)
             numel = int(h["numel"][sel[0]])
             asm = self.assemblies.get(t)

@@ -48,6 +48,9 @@ class PullOp:
     answered: bool = False
 
 
+_ALL = np.logical_and.reduce  # without ndarray.all's wrapper (per received batch)
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -69,6 +72,10 @@ class WorkerNodeSession:
         self.pulls: dict[int, PullOp] = {}
         self.buffers: dict[int, PullBuffer] = {}  # by pull id, posted or staged
         self._to_request: list[PullOp] = []
+        # when the first of _to_request is due (a PULL to send or resend); recomputed only once
+        # something changed (_pull_stale), not per loop turn: most turns have a pull waiting
+        self._pull_due = float("inf")
+        self._pull_stale = False
         self.stats = {"pushes": 0, "pulls": 0, "param_packets": 0, "param_duplicates": 0, "staged": 0,
                       "pull_requests": 0}
 
@@ -125,6 +132,7 @@ class WorkerNodeSession:
         if buf is not None:
             op.answered = True
         self._to_request.append(op)
+        self._pull_stale = True
 
     def on_params(self, idx: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray, now: float) -> None:
         new = self.param_window.accept(h["seq"][idx])
@@ -132,10 +140,13 @@ class WorkerNodeSession:
         if dups:
             self.stats["param_duplicates"] += dups
             self.hb.nudge()
-        idx = idx[new]
+            idx = idx[new]
         pull_ids = h["slot"][idx]
-        for pid in np.unique(pull_ids):
-            self._place(int(pid), idx[pull_ids == pid], rows, lens, h)
+        if len(idx) and _ALL(pull_ids == pull_ids[0]):  # the common batch: one pull's packets, no grouping
+            self._place(int(pull_ids[0]), idx, rows, lens, h)
+        else:
+            for pid in np.unique(pull_ids):
+                self._place(int(pid), idx[pull_ids == pid], rows, lens, h)
         self.stats["param_packets"] += len(idx)
         self.param_window.advance()
 
@@ -151,7 +162,7 @@ class WorkerNodeSession:
         counts = h["count"][sel].astype(np.int64)
         offsets = h["offset"][sel].astype(np.int64)
         ok = (offsets % epp == 0) & (offsets + counts <= numel) & (HEADER_LEN + counts * wire.itemsize <= lens[sel])
-        if not ok.all():
+        if not _ALL(ok):
             self.stats["malformed"] = self.stats.get("malformed", 0) + int((~ok).sum())
             sel, counts, offsets = sel[ok], counts[ok], offsets[ok]
         buf = self.buffers.get(pull_id)
@@ -162,11 +173,20 @@ class WorkerNodeSession:
             if pull_id not in self.pulls:
                 self.stats["staged"] += 1
         op = self.pulls.get(pull_id)
-        if op is not None:
+        if op is not None and not op.answered:
             op.answered = True
+            self._pull_stale = True
         # full-width copies: a short last packet spills garbage only into the padding past numel
-        body = rows[sel, HEADER_LEN:HEADER_LEN + epp * wire.itemsize].view(wire)
-        buf.data.reshape(-1, epp)[offsets // epp] = body
+        width = HEADER_LEN + epp * wire.itemsize
+        chunk = offsets // epp
+        n = len(sel)
+        s0, c0 = (int(sel[0]), int(chunk[0])) if n else (0, 0)
+        if n and _ALL(sel == np.arange(s0, s0 + n)) and _ALL(chunk == np.arange(c0, c0 + n)):
+            # the common batch, one run of a pull's packets in order: slices, so the rows are copied
+            # once straight into the buffer (a fancy index gathers them into a temporary first)
+            buf.data.reshape(-1, epp)[c0:c0 + n] = rows[s0:s0 + n, HEADER_LEN:width].view(wire)
+        else:
+            buf.data.reshape(-1, epp)[chunk] = rows[sel, HEADER_LEN:width].view(wire)
         buf.got += int(counts.sum())
         if buf.got >= buf.numel and op is not None:
             self._complete(op, buf)
@@ -190,6 +210,11 @@ class WorkerNodeSession:
             return
         if op.out.dtype == data.dtype:
             np.copyto(op.out.reshape(-1), data)
+        elif op.out.dtype == np.float32 and buf.dtype == Dtype.BF16 and op.out.flags.c_contiguous:
+            # bf16 is a float32's top half: widen in place in the output, no temporaries
+            bits = op.out.reshape(-1).view(np.uint32)
+            np.copyto(bits, data)
+            np.left_shift(bits, 16, out=bits)
         elif op.out.dtype == np.float32:
             np.copyto(op.out.reshape(-1), as_float32(data, buf.dtype))
         else:
@@ -200,6 +225,13 @@ class WorkerNodeSession:
     # -- engine loop hooks ----------------------------------------------------------------------
     def pump(self, now: float) -> int:
         sent = self.grad.pump(now)
+        if self._to_request and now >= self._pulls_due():  # most loop turns have no pull to (re)send
+            sent += self._send_pulls(now)
+        self.hb.maybe_send(now)
+        return sent
+
+    def _send_pulls(self, now: float) -> int:
+        sent = 0
         due = [op for op in self._to_request if not op.answered and now - op.requested_at >= self._retry(op)]
         self._to_request = [op for op in self._to_request if not op.answered and op.pull_id in self.pulls]
         for i in range(0, len(due), 64):
@@ -211,8 +243,20 @@ class WorkerNodeSession:
                 op.requested_at = now
             self.stats["pull_requests"] += 1
             sent += 1
-        self.hb.maybe_send(now)
+        self._pull_stale = True
         return sent
+
+    def _pulls_due(self) -> float:
+        """When the first unanswered pull is due to be (re)requested (inf: none)."""
+        if self._pull_stale:
+            self._to_request = [op for op in self._to_request if not op.answered and op.pull_id in self.pulls]
+            at = float("inf")
+            for op in self._to_request:
+                due = op.requested_at + self._retry(op)
+                if due < at:
+                    at = due
+            self._pull_due, self._pull_stale = at, False
+        return self._pull_due
 
     def _retry(self, op: PullOp) -> float:
         return 0.0 if op.requested_at < 0 else min(self.pull_retry * (2 ** op.retries), 1.0)
@@ -222,8 +266,12 @@ class WorkerNodeSession:
 
     def wake_at(self) -> float:
         """The next retransmission, heartbeat or pull retry: the engine sleeps until then."""
-        due = [op.requested_at + self._retry(op) for op in self._to_request if not op.answered]
-        return min([self.grad.deadline(), self.hb.due_at()] + due)
+        at = self.grad.deadline()
+        hb = self.hb.due_at()
+        if hb < at:
+            at = hb
+        due = self._pulls_due()
+        return due if due < at else at
 
     def busy(self) -> bool:
         return bool(self.pulls) or not self.grad.idle()

@@ -33,7 +33,7 @@ from luwu.dataplane.engine.handles import Handle
 from luwu.dataplane.engine.shm import ShmCache
 from luwu.dataplane.heap import retain_freed_memory
 from luwu.dataplane.kernels import load_in_background
-from luwu.dataplane.net.framing import FrameError, recv_msg, send_msg
+from luwu.dataplane.net.framing import FrameError, FrameReader, send_msg
 from luwu.dataplane.quantize import warm_up
 from luwu.dataplane.session import EndpointPlan
 from luwu.dataplane.usage import positive_int
@@ -95,11 +95,12 @@ class EngineServer:
                     pass
 
         engine, own = self.engine, None
+        reader = FrameReader(conn)
         try:
             with conn:
                 while True:
                     try:
-                        req, _ = recv_msg(conn, max_message=MAX_REQUEST)
+                        req, _ = reader.recv_msg(max_message=MAX_REQUEST)
                     except FrameError as e:  # the stream cannot be followed past a bad frame: close it
                         reply({"id": None, "ok": False, "error": f"a request that is not a luwu frame: {e}"})
                         break

@@ -41,3 +41,39 @@ def test_a_foreign_client_is_refused_and_the_daemon_serves_on(tmp_path):
         client.close(timeout=5)
         if client.process.poll() is None:
             children.stop(client.process, grace=1)
+
+
+def test_frame_reader_splits_bursts_and_joins_fragments():
+    """The buffered reader the daemon and its client use: several frames in one recv, a frame cut
+    across sends, a bad header, and a close mid-frame read exactly as `recv_msg` reads them."""
+    import struct
+
+    import pytest
+
+    from luwu.dataplane.net.framing import FrameError, FrameReader
+
+    a, b = socket.socketpair()
+    a.settimeout(20)
+    b.settimeout(20)
+    try:
+        reader = FrameReader(b, chunk=64)  # smaller than the frames below: they span recv calls
+        for i in range(5):  # one burst: the reader takes them all, then hands them out one by one
+            send_msg(a, {"id": i, "pad": "x" * (37 * i)}, [bytes([i]) * (100 * i)])
+        for i in range(5):
+            header, blobs = reader.recv_msg(max_message=1 << 20)
+            assert header["id"] == i and header["pad"] == "x" * (37 * i)
+            assert blobs == ([bytes([i]) * (100 * i)] if i else [b""])
+        frame = struct.pack("!I", 11) + b'{"id": 42}\n'
+        a.sendall(frame[:3])  # a frame in fragments: the reader waits for the rest
+        a.sendall(frame[3:9])
+        a.sendall(frame[9:])
+        assert reader.recv_msg()[0] == {"id": 42}
+        a.sendall(struct.pack("!I", 3) + b"\xff\xfe!")
+        with pytest.raises(FrameError, match="not JSON"):
+            reader.recv_msg()
+        a.sendall(struct.pack("!I", 50) + b'{"id"')
+        a.close()
+        with pytest.raises(ConnectionError, match="mid-frame"):
+            reader.recv_msg()
+    finally:
+        b.close()
