@@ -257,6 +257,11 @@ def warm_up() -> None:
     quantize_into_rows(np.ones(1, np.float32), np.ones(1, np.int32), 1, 1, rows, 4)
     dequantize_rows_into(rows, np.zeros(1, np.int64), 4, 1, np.zeros(1, np.int64), np.zeros(1, np.int64),
                          np.zeros((1, 1), np.float32))
+    one = np.ones(1, np.float32)  # the engine's RESULT pass: a batch it refuses (k=1, window of 1, seq 0 != ack 1)
+    _fixed_point().absorb_fixed_results(np.zeros(32, np.uint8), 32, 1, 8, 16, 20, 1, np.uint8(1), np.zeros(1, np.bool_),
+                                        1, 0, 1, 1, rows.reshape(-1).view(np.uint32), 2, 1, one, one, one, 1,
+                                        np.zeros(0, np.float32), np.zeros(1, np.bool_), np.zeros(1, np.int64), 0,
+                                        np.zeros(1, np.int64), np.zeros(4, np.int64))
 
 
 def _compiled() -> bool:
@@ -284,3 +289,8 @@ def _as_words(rows: np.ndarray, col: int) -> np.ndarray | None:
         return None
     words = rows.reshape(-1).view(np.uint32)
     return words if words.flags.aligned else None  # aligned: the view's address is a multiple of 4
+
+
+# for the engine's compiled RESULT pass (dataplane/engine/collective.py), which reads rows the same way
+as_words = _as_words
+fixed_point_kernels = _fixed_point

@@ -13,8 +13,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..protocol import HEADER_LEN, Dtype, Flag, MsgType
-from ..quantize import num_chunks
+from ..kernels import use_numba
+from ..protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType
+from ..quantize import as_words, fixed_point_kernels, num_chunks
 from ..session import SessionSpec
 from .packets import LanesOf, aggregation_fill, payload_int32, slice_lanes
 from .send_stream import RtoEstimator, Segment, SendStream
@@ -24,6 +25,8 @@ from .window import RecvWindow
 Decode = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
 SATURATED = np.uint8(Flag.SATURATED)
 _ANY, _ALL = np.logical_or.reduce, np.logical_and.reduce  # without ndarray.any's Python wrapper (per batch)
+# header fields' byte offsets, for the compiled RESULT pass (the layout is protocol.py's)
+_SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT = (DATA_HEADER.fields[f][1] for f in ("seq", "tensor", "offset", "flags"))
 
 
 class ReduceOp:
@@ -31,6 +34,7 @@ class ReduceOp:
         "chunks",
         "decode",
         "dtype",
+        "fixed",
         "flags",
         "got",
         "numel",
@@ -56,6 +60,9 @@ class ReduceOp:
         self.on_done = on_done
         self.result = None if decode else np.zeros((self.chunks, session.lanes), dtype=np.int32)
         self.got = 0
+        # a float sum's (s1, s2, flat whole-chunk output, whole chunks, flat tail) once its factors
+        # are known: what the compiled RESULT pass decodes with (None: the reference `decode` only)
+        self.fixed: tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray] | None = None
         self.saturated = False
         self.saturated_chunks: list[np.ndarray] = []  # chunk indices whose RESULT carried SATURATED
 
@@ -87,6 +94,8 @@ class CollectiveSession:
         self.ops: dict[int, ReduceOp] = {}
         self.next_op = 0
         self.stats = {"ops": 0, "results": 0, "duplicates": 0, "stale": 0}
+        self._fresh = np.empty(spec.pool_size, dtype=np.int64)  # the compiled pass's fresh seqs (a batch fits the window)
+        self._info = np.zeros(4, dtype=np.int64)  # and its window advance and delivery summary
 
     # -- submission (engine thread) -----------------------------------------------------------------
     def new_op(self, numel: int, dtype: Dtype, lane_max: bool, on_done: Callable[[ReduceOp], None],
@@ -115,6 +124,8 @@ class CollectiveSession:
     def on_results(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
         """RESULT packets `rows[idx]` (headers `h[idx]`; idx ascending, as the engine groups a batch)."""
         every = len(idx) == len(h)  # idx is all of h's rows, in order (the engine's common batch)
+        if every and self.ops and self._compiled_results(rows, h, now):
+            return
         seqs = h["seq"] if every else h["seq"][idx]
         new = self.window.accept(seqs)
         fresh = int(np.count_nonzero(new))
@@ -137,6 +148,47 @@ class CollectiveSession:
         # RESULTs are per-packet delivery news (SACK): RTT samples only from in-order ones, and
         # every hole a later RESULT reveals is resent at once (a hole is a loss: docs/protocol.md 7.1)
         self.send.on_delivered(seqs, now)
+
+    def _compiled_results(self, rows: np.ndarray, h: np.ndarray, now: float) -> bool:
+        """`on_results` for the common batch in one compiled pass (dataplane/kernels/fixed_point.py
+        `absorb_fixed_results`): every row new or a duplicate within the window, ascending, of the
+        oldest op, a float sum, none SATURATED. False, with nothing changed, for anything else
+        (the numpy code below is the reference: tests/engine/test_compiled_results.py)."""
+        op = next(iter(self.ops.values()))  # the oldest op: the one whose RESULTs come first
+        fixed = op.fixed
+        if fixed is None or not use_numba() or not h.flags.c_contiguous:
+            return False
+        words = as_words(rows, HEADER_LEN)
+        if words is None:
+            return False
+        w = self.window
+        s1, s2, out, full, tail = fixed
+        k = len(h)
+        fresh = fixed_point_kernels().absorb_fixed_results(
+            h.view(np.uint8), HEADER_LEN, k, _SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT, SATURATED, w.bits, w.ack,
+            op.op_id, self.lanes, op.chunks, words, rows.shape[1] // 4, HEADER_LEN // 4, s1, s2, out, full, tail,
+            self.send.retx, self.send.xmit_no, self.send.sack_high, self._fresh, self._info)
+        if fresh < 0:
+            return False
+        dup = k - fresh
+        if dup:
+            w.duplicates += dup
+            self.stats["duplicates"] += dup
+        if fresh:
+            self.stats["results"] += fresh
+            op.got += fresh
+            if op.got >= op.chunks:
+                del self.ops[op.op_id]
+                op.on_done(op)
+        moved, in_order, newest, rack = self._info.tolist()
+        if moved:
+            w.ack = (w.ack + moved) & 0xFFFFFFFF
+            self.send.on_ack(w.ack, w.credit(), now, sample=False)
+        if in_order and fresh:
+            self.send.delivered_in_order(newest, rack, now)
+        elif fresh:
+            self.send.on_delivered(self._fresh[:fresh], now)
+        return True
 
     def _absorb(self, op_id: int, sel: np.ndarray, rows: np.ndarray, hs: np.ndarray) -> None:
         """Rows `sel` (headers `hs`) are op `op_id`'s first RESULTs for their chunks."""

@@ -426,9 +426,7 @@ class SendStream:
         ahead = dist < 0x80000000  # past all delivered before
         fresh = ahead & ~self.retx[rows]
         if _ALL(fresh):  # the common batch: all past sack_high, none resent: one newest for both
-            j = int(dist.argmax())
-            self._sample(now - float(self.sent_at[rows[j]]))
-            self.sack_high = int((seqs[j] + 1) & MASK32)
+            return self.delivered_in_order(int(seqs[int(dist.argmax())]), int(self.xmit_no[rows].max()), now)
         else:
             if _ANY(fresh):
                 newest = int(rows[fresh][np.argmax(dist[fresh])])
@@ -436,6 +434,17 @@ class SendStream:
             if _ANY(ahead):
                 self.sack_high = int((seqs[ahead][np.argmax(dist[ahead])] + 1) & MASK32)
         self.rack_xmit = max(self.rack_xmit, int(self.xmit_no[rows].max()))
+        self.probe_backoff = 1.0  # news: the path answers
+        return self._mark_holes(now)
+
+    def delivered_in_order(self, newest: int, rack: int, now: float) -> int:
+        """`on_delivered`'s common batch, summarised by its caller: every seq delivered is past all
+        delivered before and was never resent; `newest` is the newest of them, `rack` the latest
+        transmission (`xmit_no`) among them. The engine's compiled RESULT pass finds both while
+        it reads the batch (dataplane/engine/collective.py)."""
+        self._sample(now - float(self.sent_at[newest & self._mask]))
+        self.sack_high = (newest + 1) & MASK32
+        self.rack_xmit = max(self.rack_xmit, rack)
         self.probe_backoff = 1.0  # news: the path answers
         return self._mark_holes(now)
 

@@ -22,6 +22,7 @@ class RecvWindow:
         self.size = size
         self.ack = start & MASK32
         self._bits = np.zeros(size, dtype=bool)
+        self.bits = self._bits  # the same array (only ever changed in place), for the compiled RESULT pass
         self.duplicates = 0
 
     def credit(self, capacity: int | None = None) -> int:

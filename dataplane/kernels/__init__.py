@@ -34,11 +34,29 @@ _background = 0  # `load_in_background` threads still running in this process
 _loader = threading.local()  # .active: this thread is a background load (use_numba() stays true for it)
 
 
+# CPython keeps os.environ's values in this dict (os.environ[...] = and monkeypatch.setenv update
+# it): one C-level lookup per kernel call tells whether LUWU_KERNELS changed since it was parsed
+_ENV_DATA: dict | None = getattr(os.environ, "_data", None)
+_ENV_KEY = os.environ.encodekey(ENV) if _ENV_DATA is not None and hasattr(os.environ, "encodekey") else None
+_parsed: dict[object, str] = {}  # raw value (None: unset) -> mode; a handful of entries at most
+
+
+def _raw() -> object:
+    if _ENV_DATA is not None and _ENV_KEY is not None:
+        return _ENV_DATA.get(_ENV_KEY)
+    return os.environ.get(ENV)
+
+
 def mode() -> str:
-    """The requested kernel mode (read on every call, so tests can switch it)."""
-    m = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if m not in MODES:
-        raise UserError(f"{ENV}={m!r}: choose one of {', '.join(MODES)}")
+    """The requested kernel mode (parsed once per value of `LUWU_KERNELS`, so tests can switch it)."""
+    raw = _raw()
+    m = _parsed.get(raw)
+    if m is None:
+        text = os.environ.get(ENV, "auto")
+        m = text.strip().lower() or "auto"
+        if m not in MODES:
+            raise UserError(f"{ENV}={m!r}: choose one of {', '.join(MODES)}")
+        _parsed[raw] = m
     return m
 
 
@@ -61,7 +79,7 @@ def use_numba() -> bool:
     Raises:
         UserError: `LUWU_KERNELS` is not a known mode, or is "numba" and numba is missing.
     """
-    m = mode()
+    m = _parsed.get(_raw()) or mode()  # a dict lookup per kernel call, not os.environ's Python layers
     if m == "reference":
         return False
     if m == "auto" and _background and not getattr(_loader, "active", False):

@@ -2,7 +2,9 @@
 
 Each kernel does in one pass what the numpy reference does in several: quantise float32 lanes
 and write them big-endian straight into send-ring rows (`quantize_rows`), and read big-endian
-lanes out of received rows, convert and scale them into the result buffer (`dequantize_rows`).
+lanes out of received rows, convert and scale them into the result buffer (`dequantize_rows`),
+or do that for a whole RESULT batch of a float sum along with its window and delivery bookkeeping
+(`absorb_fixed_results`, the compiled twin of dataplane/engine/collective.py `on_results`).
 Bit for bit the reference's results (tests/engine/test_kernels.py): the scaling is a float32
 multiply by exact powers of two (`s1` then `s2`, as dataplane/quantize.py `pow2_split` explains),
 rounding is rint (half to even), the limit is compared in float32, and no fastmath (no
@@ -96,3 +98,82 @@ def chunk_absmax(words, lanes, out):
             m = v if v > m else m
         out[r] = m
     return out
+
+
+@njit(cache=True, inline="always")
+def _be32(b, at):
+    return (np.int64(b[at]) << 24) | (np.int64(b[at + 1]) << 16) | (np.int64(b[at + 2]) << 8) | np.int64(b[at + 3])
+
+
+@njit(cache=True, nogil=True)
+def absorb_fixed_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_at, sat_flag, bits, ack, op_id, lanes,
+                         chunks, words, row_words, col, s1, s2, out, full, tail, retx, xmit_no, sack_high, fresh_seqs,
+                         info):
+    """One RESULT batch of one float-sum op, the common case in one pass (dataplane/engine/collective.py
+    `on_results` is the reference): headers `hb` (k rows of `hstride` bytes, fields at the given byte
+    offsets, big-endian), window `bits` at `ack`, payload lanes as flat uint32 `words`.
+
+    First checks, changing nothing, that every row is in the window in ascending order, is op
+    `op_id`'s, names a chunk below `chunks` and is not flagged `sat_flag`: otherwise returns -1 and
+    the caller runs the reference. Then marks each row's bit; a row seen for the first time is
+    dequantised (as `dequantize_rows`) into `out` (whole chunks, flat) or `tail` (the short last
+    chunk, index `full`), and its seq goes to `fresh_seqs`. Then advances over the received prefix
+    (clearing its bits, as RecvWindow.advance): info[0] = how far. And reads the send stream's
+    ring (`retx`, `xmit_no`: SendStream.on_delivered's common case): info[1] = 1 when every fresh
+    seq is past `sack_high` and none was resent, info[2] = the newest of them, info[3] = the
+    latest transmission among them. Returns how many rows were fresh."""
+    size = bits.size
+    prev = np.int64(-1)
+    for i in range(k):
+        b = i * hstride
+        d = (_be32(hb, b + seq_at) - ack) & 0xFFFFFFFF
+        if d >= size or d <= prev:
+            return -1
+        prev = d
+        if _be32(hb, b + tensor_at) != op_id or hb[b + flags_at] & sat_flag:
+            return -1
+        if _be32(hb, b + offset_at) // lanes >= chunks:
+            return -1
+    fresh = 0
+    mask = size - 1
+    smask = retx.size - 1
+    in_order = 1
+    newest = np.int64(-1)
+    newest_d = np.int64(-1)
+    rack = np.int64(-1)
+    for i in range(k):
+        b = i * hstride
+        seq = _be32(hb, b + seq_at)
+        j = seq & mask
+        if bits[j]:
+            continue  # a duplicate
+        bits[j] = True
+        c = _be32(hb, b + offset_at) // lanes
+        src = words[i * row_words + col:i * row_words + col + lanes]
+        dst = out[c * lanes:(c + 1) * lanes] if c < full else tail[:lanes]
+        a = s1[c]
+        f = s2[c]
+        for m in range(lanes):
+            u = np.int32(_bswap32(src[m]))
+            dst[m] = (np.float32(u) * a) * f
+        fresh_seqs[fresh] = seq
+        fresh += 1
+        d = (seq - sack_high) & 0xFFFFFFFF
+        if d >= 0x80000000 or retx[seq & smask]:
+            in_order = 0
+        elif d > newest_d:
+            newest_d = d
+            newest = seq
+        x = xmit_no[seq & smask]
+        rack = x if x > rack else rack
+    pos = ack & mask
+    n = 0
+    while n < size and bits[(pos + n) & mask]:
+        n += 1
+    for m in range(n):
+        bits[(pos + m) & mask] = False
+    info[0] = n
+    info[1] = in_order
+    info[2] = newest
+    info[3] = rack
+    return fresh
