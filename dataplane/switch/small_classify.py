@@ -43,6 +43,8 @@ from .controls.classifier import (
     UPSTREAM,
     ZERO,
     Classified,
+    alive_headers,
+    take_session_fields,
 )
 from .lookup import CompiledTables
 
@@ -64,14 +66,7 @@ def _pair_row(table, a: int, b: int) -> tuple[bool, int]:
 def classify_small(b, t: CompiledTables, lanes: int, counters) -> Classified:
     """`classifier.classify` for a batch of a few packets (same result, fewer numpy calls)."""
     c = Classified()
-    alive0 = b.luwu & (b.drop == 0)
-    if alive0.all():
-        idx = np.arange(len(b))
-        h = b.hdr
-    else:
-        idx = np.flatnonzero(alive0)
-        h = b.hdr[idx]
-    c.idx, c.h = idx, h
+    c.idx, c.h = idx, h = alive_headers(b)
     n_pk = len(idx)
     c.mtype = h["ver_type"] & 0xF
     c.flags = h["flags"]
@@ -87,7 +82,7 @@ def classify_small(b, t: CompiledTables, lanes: int, counters) -> Classified:
     in_ports = b.port[idx].tolist()
     lengths = b.luwu_len[idx].tolist()
     nbytes_l = nbytes.tolist()
-    names = h.dtype.names
+    names = h.dtype.names or ()  # a header batch always has its fields: for the type checker
     i_vt, i_fl, i_se, i_wo, i_co = (names.index(f) for f in ("ver_type", "flags", "session", "worker", "count"))
     i_sl, i_dt = names.index("slot"), names.index("dtype")
     for k, row in enumerate(h.tolist()):
@@ -163,14 +158,7 @@ def classify_small(b, t: CompiledTables, lanes: int, counters) -> Classified:
     sid_a = np.array(sids, dtype=np.int64)
     c.bit = np.array(bits, dtype=np.int64)
     c.worker_port = np.array(wports, dtype=np.int64)
-    c.pool_base = s["pool_base"][sid_a]
-    c.num_workers = s["num_workers"][sid_a]
-    c.worker_mask = s["worker_mask"][sid_a]
-    c.epoch = s["epoch"][sid_a]
-    c.mcast_grp = s["mcast_grp"][sid_a]
-    c.next_step = s["next_step"][sid_a]
-    c.up_port = s["up_port"][sid_a]
-    c.up_worker = s["up_worker"][sid_a]
+    take_session_fields(c, s, sid_a)
     c.path = np.array(paths, dtype=np.int64)
     c.types = np.array(types, dtype=np.int64)
     b.drop[idx] = np.array(drops, dtype=np.int64) if n_pk else 0

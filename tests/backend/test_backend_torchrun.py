@@ -29,9 +29,14 @@ def _torchrun() -> list[str]:
 def _run(backend: str, tmp_path: Path) -> dict:
     out = tmp_path / f"{backend}.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", LUWU_WORKDIR=str(tmp_path / "luwu"))
-    proc = subprocess.run(_torchrun() + ["--standalone", "--nproc-per-node", "2", str(EXAMPLE), "--backend", backend,
-                                         "--steps", str(STEPS), "--lr", str(LR), "--out", str(out)],
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env)
+    cmd = _torchrun() + ["--standalone", "--nproc-per-node", "2", str(EXAMPLE), "--backend", backend,
+                         "--steps", str(STEPS), "--lr", str(LR), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env)
+    if backend == "gloo" and proc.returncode != 0 and "terminate called without an active exception" in proc.stderr:
+        # the Gloo baseline only: Gloo itself sometimes aborts a rank in its own teardown, after the barrier
+        # (a full suite here saw it once, after the run had printed identical replicas); the reference gets
+        # one more run, the luwu run (the system under test) none
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT, env=env)
     assert proc.returncode == 0, f"torchrun ({backend}) failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     assert f"backend {backend}, 2 ranks: replicas identical: True" in proc.stdout, proc.stdout
     return json.loads(out.read_text())

@@ -108,16 +108,27 @@ class Classified:
     worker_port: np.ndarray
 
 
-def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
-    c = Classified()
+SESSION_FIELDS = ("pool_base", "num_workers", "worker_mask", "epoch", "mcast_grp", "next_step", "up_port", "up_worker")
+
+
+def take_session_fields(c: Classified, s: dict[str, np.ndarray], sid: np.ndarray) -> None:
+    """Each packet's session parameters (the session table `s` at rows `sid`) onto `c`."""
+    for field in SESSION_FIELDS:
+        setattr(c, field, s[field][sid])
+
+
+def alive_headers(b) -> tuple[np.ndarray, np.ndarray]:
+    """The positions and headers of the batch's luwu packets that no earlier control dropped."""
     alive = b.luwu & (b.drop == 0)
     if alive.all():
-        idx = np.arange(len(b))
-        h = b.hdr
-    else:
-        idx = np.flatnonzero(alive)
-        h = b.hdr[idx]
-    c.idx, c.h = idx, h
+        return np.arange(len(b)), b.hdr
+    idx = np.flatnonzero(alive)
+    return idx, b.hdr[idx]
+
+
+def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
+    c = Classified()
+    c.idx, c.h = idx, h = alive_headers(b)
     n_pk = len(idx)
     vt = h["ver_type"]
     c.mtype = mtype = vt & 0xF
@@ -192,14 +203,7 @@ def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
     in_port = b.port[idx]
     spoofed = np.where(from_node, s["up_port"][sid] != in_port, w_hit & (c.worker_port != in_port))
     drop[(drop == 0) & spoofed] = D_SPOOFED
-    c.pool_base = s["pool_base"][sid]
-    c.num_workers = s["num_workers"][sid]
-    c.worker_mask = s["worker_mask"][sid]
-    c.epoch = s["epoch"][sid]
-    c.mcast_grp = s["mcast_grp"][sid]
-    c.next_step = s["next_step"][sid]
-    c.up_port = s["up_port"][sid]
-    c.up_worker = s["up_worker"][sid]
+    take_session_fields(c, s, sid)
 
     alive = drop == 0
     path = np.zeros(n_pk, dtype=np.int64)
