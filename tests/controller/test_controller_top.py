@@ -66,18 +66,34 @@ def test_top_names_the_delayed_worker(deployment):
     engines = [Engine(admin.join_job(created.job_id, r, f"127.0.0.1:{free_port()}", token=job_token)[0],
                       EngineConfig()).start() for r in range(2)]
     stop = threading.Event()
-    errors: list[BaseException] = []
+    errors: list[tuple[int, BaseException]] = []  # (rank, what it raised)
     x = np.arange(40 * LANES, dtype=np.int32)  # 40 slots per allreduce
 
+    rounds = threading.Barrier(2, timeout=WAIT)
+    go = [True]  # rank 0's decision for the current round
+
     def worker(rank: int) -> None:
+        # both ranks run the same number of allreduces: each round, rank 0 decides whether there is
+        # one more and rank 1 reads that decision (a rank that read `stop` on its own could start an
+        # allreduce its peer, seeing `stop` set a moment later, never joins: a 60 s wait for nothing)
         try:
-            while not stop.is_set():
+            while True:
+                if rank == 0:
+                    go[0] = not stop.is_set()
+                rounds.wait()
+                more = go[0]
+                rounds.wait()  # rank 0 writes the next decision only after both read this one
+                if not more:
+                    return
                 if rank == 1:
                     stop.wait(DELAY)
                 np.testing.assert_array_equal(engines[rank].allreduce(x).wait(WAIT), 2 * x)
+        except threading.BrokenBarrierError:
+            return  # the peer failed and said why
         except BaseException as exc:  # noqa: BLE001 - reported by the test below
-            errors.append(exc)
+            errors.append((rank, exc))
             stop.set()
+            rounds.abort()
 
     threads = [threading.Thread(target=worker, args=(r,)) for r in range(2)]
     for t in threads:
