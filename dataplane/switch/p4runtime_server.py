@@ -41,6 +41,7 @@ NO_PIPELINE = "No forwarding pipeline config set for this device."
 COUNTERS = ("drops", "events", "rx_types", "session_packets")
 READ_CHUNK = 1000  # entities per ReadResponse
 DEFAULT_WORKERS = 16  # gRPC handler threads: each open StreamChannel holds one
+REFUSED_STREAM_DRAIN = 1.0  # s a refused StreamChannel waits for the client's first message before ending it
 
 
 class UpdateError(Exception):
@@ -124,6 +125,13 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
                     election_id=U128.encode(primary), status=rpc_status.Status(code=code))))
 
     def StreamChannel(self, request_iterator, context):
+        if self.auth is not None and self.auth.refusal(context.invocation_metadata()):
+            # take the client's first message (its arbitration) before refusing, for at most a second: a
+            # stream aborted while the client still wrote it reached the client as gRPC's INTERNAL ("Internal
+            # error from Core") instead of the refusal, now and then on a loaded machine
+            first = threading.Thread(target=next, args=(request_iterator, None), name="p4rt-refused", daemon=True)
+            first.start()
+            first.join(REFUSED_STREAM_DRAIN)
         self._authenticate(context)  # before the stream exists: an unauthenticated client never arbitrates
         stream = _Stream(context)
         with self._mutex:
