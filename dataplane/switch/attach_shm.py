@@ -129,6 +129,26 @@ class ShmAttachment:
             self._name_if_gone()
         return n
 
+    def send_results(self, heads: np.ndarray, lanes: np.ndarray, reg: np.ndarray, lengths: np.ndarray) -> int:
+        """Publish packets whose header is a row of `heads` and whose lanes are lane registers
+        `reg` of `lanes` (a sum the fold left in its register: Batch.results), written straight
+        into the ring's rows (one write of the sum, no copy of a row it was first written to).
+        Returns how many went on the ring (a full ring loses the rest, as `send_rows`). Every
+        length must fit a row. Not rung: `notify()`."""
+        n_lanes = lanes.shape[1]
+
+        def write(j0: int, j1: int, rows: np.ndarray, lens: np.ndarray) -> None:
+            rows[:, :HEADER_LEN] = heads[j0:j1, :HEADER_LEN]
+            write_results(lanes, reg[j0:j1], rows[:, HEADER_LEN:HEADER_LEN + 4 * n_lanes].view(">i4"),
+                          np.arange(j1 - j0))
+            lens[:] = lengths[j0:j1]
+
+        n = self.tx.fill_rows(len(reg), write)
+        if n < len(reg):
+            self.stats["tx_ring_full"] += len(reg) - n
+            self._name_if_gone()
+        return n
+
     def send_refs(self, pool_id: int, pool_pos: np.ndarray, lengths: np.ndarray) -> int:
         """Publish references to rows of multicast pool `pool_id` (MulticastPools); returns how
         many went on the ring (a full ring loses the rest, as `send_rows`). Not rung: `notify()`."""
@@ -284,24 +304,9 @@ class MulticastPools:
             if pool is None:
                 continue
             pkts = u[which]
-            pos = pool.alloc(len(pkts))
+            pos = self.fill(pool, pkts, rows, off, lengths, prow, results, lanes)
             if not len(pos):
                 continue
-            used = min(rows.shape[1] - off, pool.shm.row_bytes)
-            done = 0
-            while done < len(pos):  # at most two pieces: up to the pool's end, then from its start
-                k = min(len(pos) - done, pool.slots - int(pos[done]))
-                sel = pkts[done:done + k]
-                width = min(used, int(lengths[sel].max()))
-                reg = None if results is None else results[sel]
-                if reg is not None and bool((reg >= 0).all()):
-                    width = HEADER_LEN  # every packet a deferred result: its header, then the sums
-                copy_rows(pool.shm.rows, int(pos[done]), rows, sel if prow is None else prow[sel], off, width)
-                if reg is not None and lanes is not None and bool((reg >= 0).any()):
-                    got = np.flatnonzero(reg >= 0)
-                    payload, flat = pool.lanes_view(lanes.shape[1])
-                    write_results(lanes, reg[got], payload, int(pos[done]) + got, flat)
-                done += k
             if ent is not None:
                 ids[ent[:len(pos)]] = pool.id
                 at[ent[:len(pos)]] = pos[:, None]
@@ -312,6 +317,30 @@ class MulticastPools:
                 ids[entries] = pool.id
                 at[entries] = pos[j]
         return ids, at
+
+    @staticmethod
+    def fill(pool: _Pool, pkts: np.ndarray, rows: np.ndarray, off: int, lengths: np.ndarray,
+             prow: np.ndarray | None = None, results: np.ndarray | None = None,
+             lanes: np.ndarray | None = None) -> np.ndarray:
+        """Write packets `pkts` (as `place` takes them) into new rows of `pool`; returns their pool
+        positions, fewer than `pkts` (the first ones) when readers still hold the pool's rows."""
+        pos = pool.alloc(len(pkts))
+        used = min(rows.shape[1] - off, pool.shm.row_bytes)
+        done = 0
+        while done < len(pos):  # at most two pieces: up to the pool's end, then from its start
+            k = min(len(pos) - done, pool.slots - int(pos[done]))
+            sel = pkts[done:done + k]
+            width = min(used, int(lengths[sel].max()))
+            reg = None if results is None else results[sel]
+            if reg is not None and bool((reg >= 0).all()):
+                width = HEADER_LEN  # every packet a deferred result: its header, then the sums
+            copy_rows(pool.shm.rows, int(pos[done]), rows, sel if prow is None else prow[sel], off, width)
+            if reg is not None and lanes is not None and bool((reg >= 0).any()):
+                got = np.flatnonzero(reg >= 0)
+                payload, flat = pool.lanes_view(lanes.shape[1])
+                write_results(lanes, reg[got], payload, int(pos[done]) + got, flat)
+            done += k
+        return pos
 
     @staticmethod
     def _uniform(pkt: np.ndarray, port: np.ndarray, eligible: np.ndarray) -> np.ndarray | None:

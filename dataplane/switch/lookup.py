@@ -8,12 +8,15 @@ keys searched with `np.searchsorted`; `ipv4_lpm` is one sorted array per prefix 
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import numpy as np
 
 from ..protocol import MAX_SESSIONS
 from .table_schema import MULTICAST_GROUP_BITS, PORT_BITS
 
 NO_ENTRY = -1
+PAIR_CACHE = 4096  # `ScalarTables.pair_row` answers kept per tables version
 SESSION_PARAMS = ("pool_base", "pool_size", "num_workers", "worker_mask", "epoch", "mcast_grp", "next_step",
                   "up_port", "up_worker")
 
@@ -87,6 +90,13 @@ class CompiledTables:
                              np.array([r[2].get("dst_mac", 0) for r in rows], dtype=np.int64)))
         act, p = defaults.get("ipv4_lpm", ("NoAction", {}))
         self.lpm_default = (act == "ipv4_forward", p.get("port", 0), p.get("dst_mac", 0))
+        self._scalar: ScalarTables | None = None
+
+    def scalar(self) -> ScalarTables:
+        """The same lookups as Python lists and dicts, for the small-turn path (made once per version)."""
+        if self._scalar is None:
+            self._scalar = ScalarTables(self)
+        return self._scalar
 
     def session_hit(self, session: np.ndarray) -> np.ndarray:
         s = session.astype(np.int64)
@@ -109,3 +119,40 @@ class CompiledTables:
             mac[hit] = macs[i[hit]]
             done |= hit
         return fwd, port, mac
+
+
+class ScalarTables:
+    """`CompiledTables` as Python objects, for turns of a few packets (small_classify.py,
+    small_route.py), where a numpy call per lookup costs more than the lookup.
+
+    `sessions[sid]`: the session's `SESSION_PARAMS` as a tuple (valid sessions only; `zeros` is
+    the row a miss reads). `workers_keys` / `workers_bit` / `workers_port`: the `workers` table's
+    sorted keys and params as lists (`pair_row` finds a key, clamping a miss's row as
+    `ExactPairs.find` does). `groups[g]`: (replica ports, replica instances) of multicast group g."""
+
+    def __init__(self, t: CompiledTables):
+        params = [t.s[n] for n in SESSION_PARAMS]
+        self.sessions = {sid: tuple(int(col[sid]) for col in params) for sid in np.flatnonzero(t.s_valid).tolist()}
+        self.zeros = tuple(int(col[0]) for col in params)
+        self.workers_keys = t.workers.keys.tolist()
+        self.workers_bit = t.workers.params["worker_bit"].tolist()
+        self.workers_port = t.workers.params["port"].tolist()
+        self.child_keys = frozenset(t.child_ports.keys.tolist())
+        self._pairs: dict[int, tuple[bool, int]] = {}  # pair_row's answers so far
+        self.decided: dict[tuple, tuple] = {}  # small_classify's per-header decisions so far
+        self.groups: dict[int, tuple[list[int], list[int]]] = {}
+        for g in np.flatnonzero(t.g_len).tolist():
+            a, n = int(t.g_start[g]), int(t.g_len[g])
+            self.groups[g] = (t.rep_port[a:a + n].tolist(), t.rep_instance[a:a + n].tolist())
+
+    def pair_row(self, a: int, b: int) -> tuple[bool, int]:
+        """`ExactPairs.find` on `workers` for one key: (hit, row), a miss's row clamped the same way."""
+        q = (a << 16) | b
+        got = self._pairs.get(q)
+        if got is None:
+            keys = self.workers_keys
+            i = min(bisect_left(keys, q), len(keys) - 1) if keys else 0
+            got = (bool(keys) and keys[i] == q, i)
+            if len(self._pairs) < PAIR_CACHE:  # (keys a sender chose: bounded)
+                self._pairs[q] = got
+        return got

@@ -36,7 +36,8 @@ class GroupPlan:
         self.pos = pos  # position j of each packet of `order` inside its group
 
 
-def fold(slot: np.ndarray, a, regs, payload: np.ndarray, agg, write_out: bool = True) -> np.ndarray | None:
+def fold(slot: np.ndarray, a, regs, payload: np.ndarray, agg, write_out: bool = True,
+         flat: tuple[np.ndarray, int] | None = None) -> np.ndarray | None:
     """Run every qualifying group of the aggregation inputs `a` (pipeline._AggInputs; `slot` per
     packet) through the slot state machine and the lane fold, writing their outcome into `agg`.
 
@@ -47,6 +48,8 @@ def fold(slot: np.ndarray, a, regs, payload: np.ndarray, agg, write_out: bool = 
             straight into a multicast pool row: Batch.results). No other packet of the batch
             touches that register (a group holds every packet of its slot), so it still holds
             the sum when the batch is emitted.
+        flat: `lane_rows` of `payload`, when the caller keeps it (a shared-memory turn's arena
+            is the same array turn after turn); used only when kernels are on.
 
     Returns:
         The mask of the packets handled (the caller runs the others in rounds), or None when no
@@ -55,11 +58,12 @@ def fold(slot: np.ndarray, a, regs, payload: np.ndarray, agg, write_out: bool = 
     Compiled when kernels are on (dataplane/kernels/switch_lanes.py `phase_groups`: one pass per
     group, same registers, outcome and bits); `plan` + `apply` are its numpy reference.
     """
-    flat = None
     if use_numba():
         from ..kernels.switch_lanes import lane_rows, phase_groups
 
-        flat = lane_rows(payload.view(np.uint32))
+        flat = flat or lane_rows(payload.view(np.uint32))
+    else:
+        flat = None
     if flat is None:  # the numpy reference (kernels off, or rows the kernel cannot stride over)
         p = plan(slot, a, regs)
         if p is None:

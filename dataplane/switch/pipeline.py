@@ -10,14 +10,21 @@ bitmaps; the session, for heartbeats). Within a round every index appears at mos
 fancy-indexed read-modify-write is exact, and rounds run in arrival order, so a batch has the
 same effect as processing its packets one at a time. Emitted copies come out in the order of
 the packets that triggered them (then replica order) -- the order a sequential run produces.
+
+Turns of up to SMALL_TURN packets (most shared-memory turns) take the same stages on Python ints
+where that is cheaper: the classifier (small_classify.py), the stages after the slot registers
+(small_route.py); the slot registers are always this module's fold and rounds.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
+from ..kernels import use_numba
 from ..protocol import DropReason, Flag, MsgType
-from . import phase_groups
+from . import phase_groups, small_route, stragglers
 from .batch import Batch, Emission
 from .config import SwitchConfig
 from .controls import (
@@ -38,7 +45,7 @@ from .controls.parser import parse
 from .controls.sender import FrameTemplate, deparse_frames, expand
 from .counters import Counters
 from .registers import Registers
-from .small_classify import classify_small
+from .small_classify import classify_rows
 from .stragglers import Stragglers
 from .tables import Tables
 
@@ -47,7 +54,7 @@ SET, SATURATED, MAX = int(Flag.SET), int(Flag.SATURATED), int(Flag.MAX)
 HEARTBEAT = int(MsgType.HEARTBEAT)
 # turns of up to this many packets are classified one packet at a time (small_classify.py: the
 # vectorised classifier's numpy calls cost the same for one packet as for hundreds); 0: never
-SMALL_TURN = 12
+SMALL_TURN = 16
 
 
 def round_numbers(keys: np.ndarray) -> np.ndarray:
@@ -138,6 +145,7 @@ class Pipeline:
         self.template = FrameTemplate(config.service_mac, config.service_ip, config.udp_port)
         # host-side bookkeeping, not part of the P4 twin; None when not asked for (config.stragglers)
         self.stragglers = Stragglers(config.slots) if config.stragglers else None
+        self._arena_lanes: tuple | None = None  # (arena, its payload view, lane_rows): _payload
 
     def link_stream(self, port: int, direction: int) -> Random32:
         """An independent seeded stream for one direction of one port's link impairments."""
@@ -148,12 +156,31 @@ class Pipeline:
         t = self.tables.compiled()
         cnt = self.counters
         parse(b, self.config.udp_port)
-        if b.luwu.any():
+        if len(b) <= SMALL_TURN:  # a few packets: counted on Python ints (no fancy-indexed temporaries)
+            rx_types = cnt.rx_types
+            for vt, n in itertools.compress(zip(b.hdr["ver_type"].tolist(), b.length.tolist()), b.luwu.tolist()):
+                rx_types[vt & 0xF, 0] += 1
+                rx_types[vt & 0xF, 1] += n
+        elif b.luwu.any():
             cnt.rx_type((b.hdr["ver_type"][b.luwu] & 0xF).astype(np.int64), b.length[b.luwu])
         if t.any_ingress_drop:
             lost = drop_simulator.simulate(b.port, b.drop == 0, t.ingress_threshold, self.rng_ingress)
             b.drop[lost] = DropReason.SIMULATED_LOSS
-        c = (classify_small if len(b) <= SMALL_TURN else classify)(b, t, self.lanes, cnt)
+        if len(b) <= SMALL_TURN:
+            c, srows = classify_rows(b, t, self.lanes, cnt)
+            if not b.framed and not t.any_egress_drop:
+                paths = c.path.tolist()
+                if small_route.eligible(paths):  # the stages after the slot registers on Python ints
+                    agg = None
+                    if PATH_AGGREGATE in paths:
+                        zero_lanes.apply(b, c, self.lanes)
+                        paths = c.path.tolist()  # (a ZERO packet the buffer cannot widen is dropped)
+                        agg = AggregationResult(len(paths))
+                        self._aggregation(b, c, agg)
+                        self._observe_small(c, agg, paths)
+                    return small_route.route(b, c, paths, srows, t, self.registers, cnt, agg)
+        else:
+            c = classify(b, t, self.lanes, cnt)
         zero_lanes.apply(b, c, self.lanes)
         n = len(c.idx)
         agg, hb = AggregationResult(n), HeartbeatResult(n)
@@ -216,20 +243,58 @@ class Pipeline:
             self.stragglers.record(c.session[ai], c.worker[ai], c.bit[ai], index, c.num_workers[ai], agg.dup[ai],
                                    agg.remaining[ai])
 
+    def _observe_small(self, c: Classified, agg: AggregationResult, paths: list[int]) -> None:
+        """`_observe` for a small turn (`paths`: c.path as a list), on Python lists."""
+        if self.stragglers is None:
+            return
+        ai = [k for k, p in enumerate(paths) if p == PATH_AGGREGATE]
+        if len(ai) > stragglers.SMALL:
+            self._observe(c, agg)
+            return
+        slots = self.registers.slots
+        flags, slot = c.flags.tolist(), c.h["slot"].tolist()
+        cols = [x.tolist() for x in (c.session, c.worker, c.bit, c.num_workers, agg.dup, agg.remaining)]
+        session, worker, bit, nw, dup, remaining = ([col[k] for k in ai] for col in cols)
+        index = [(flags[k] & SET) * slots + slot[k] for k in ai]
+        self.stragglers.record_lists(session, worker, bit, index, nw, dup, remaining)
+
     # -- register controls, in rounds -----------------------------------------------------------
     def _registers(self, b: Batch, c: Classified, agg: AggregationResult, hb: HeartbeatResult) -> None:
+        self._aggregation(b, c, agg)
+        hi = np.flatnonzero(c.path == PATH_HEARTBEAT) if c.types[HEARTBEAT] else ()
+        if len(hi):
+            rounds = round_numbers(c.session[hi])
+            n_rounds = int(rounds.max()) + 1
+            for r in range(n_rounds):
+                self._heartbeat(b, c, hi if n_rounds == 1 else hi[rounds == r], hb)
+
+    def _payload(self, b: Batch) -> tuple[np.ndarray, tuple | None]:
+        """`b.payload()` and its `lane_rows` (None: fold makes it), kept while a split batch's arena
+        stays the same array (the event loop's arena lives until ports change: shm_arena.py)."""
+        if b.arena is None or not use_numba():
+            return b.payload(self.lanes), None
+        kept = self._arena_lanes
+        if kept is None or kept[0] is not b.arena:
+            from ..kernels.switch_lanes import lane_rows
+
+            payload = b.payload(self.lanes)
+            kept = self._arena_lanes = (b.arena, payload, lane_rows(payload.view(np.uint32)))
+        return kept[1], kept[2]
+
+    def _aggregation(self, b: Batch, c: Classified, agg: AggregationResult) -> None:
+        """The slot registers (phase_groups' fold, the rest in rounds) for the aggregation packets."""
         ai = np.flatnonzero(c.path == PATH_AGGREGATE)
         if len(ai):
             slot = c.h["slot"][ai].astype(np.int64)
             a = _AggInputs(c, ai, slot, self.registers.slots, b)
-            payload = b.payload(self.lanes)
+            payload, flat = self._payload(b)
             rest = None
             # the contributions to each slot: fold the qualifying groups in one pass (None: no
             # slot has a qualifying group, nothing changed), the rest go through the rounds
             # shared-memory turns (split batches) leave the fast path's sums in the registers:
             # emission writes each once where it leaves from, a multicast pool row (Batch.results)
             split = b.prow is not None
-            fast = phase_groups.fold(slot, a, self.registers, payload, agg, write_out=not split)
+            fast = phase_groups.fold(slot, a, self.registers, payload, agg, write_out=not split, flat=flat)
             if fast is not None:
                 if split:
                     done = np.flatnonzero(fast & (agg.remaining[ai] == 0))
@@ -249,12 +314,6 @@ class Pipeline:
                     sel = np.flatnonzero(rounds == r)
                     sel = sel if rest is None else rest[sel]
                 self._aggregate(a, sel, payload, agg)
-        hi = np.flatnonzero(c.path == PATH_HEARTBEAT) if c.types[HEARTBEAT] else ()
-        if len(hi):
-            rounds = round_numbers(c.session[hi])
-            n_rounds = int(rounds.max()) + 1
-            for r in range(n_rounds):
-                self._heartbeat(b, c, hi if n_rounds == 1 else hi[rounds == r], hb)
 
     def _aggregate(self, a: _AggInputs, sel, payload: np.ndarray, agg: AggregationResult) -> None:
         """One round of the slot state machine over aggregation packets `sel` (None: all)."""

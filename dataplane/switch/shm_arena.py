@@ -32,7 +32,7 @@ import os
 import numpy as np
 
 from ..net.shm_ring import ShmRing
-from ..protocol import HEADER_LEN
+from ..protocol import DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER
 
 MAP_FIXED = 0x10  # Linux's value (shared-memory ports exist on Linux x86-64 only: shm_ring.supported)
 MAP_NORESERVE = 0x4000
@@ -116,12 +116,19 @@ class ShmTurn:
         self.truncated = np.zeros(capacity, dtype=bool)
         self._held: list[tuple[ShmRing, int]] = []
         self.filled = 0
+        # the parser's header views of the buffer, made once (a structured view costs microseconds)
+        view = self.rows[:, :HEADER_LEN]
+        self._hdr, self._hb = view.view(DATA_HEADER)[:, 0], view.view(HEARTBEAT_HEADER)[:, 0]
 
     def reset(self) -> None:
         self.filled = 0
 
     def turn_rows(self, n: int) -> np.ndarray:
         return self.rows[:n]
+
+    def headers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first `n` rows as the parser's (data header, heartbeat header) views (`Batch.hdr`, `Batch.hb`)."""
+        return self._hdr[:n], self._hb[:n]
 
     def take(self, ring: ShmRing, port: int, batch: int) -> int:
         """Borrow up to `batch` packets of `ring` (switch port `port`) into the turn; returns how many."""

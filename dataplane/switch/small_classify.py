@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..protocol import HEADER_LEN, MAX_SESSIONS, NODE, PULL_REQUEST, VERSION, aggregation_packet_len
+from ..protocol import DATA_HEADER, HEADER_LEN, NODE, PULL_REQUEST, VERSION, aggregation_packet_len
 from .controls.classifier import (
     _ITEMSIZE,
     AGG,
@@ -39,6 +39,7 @@ from .controls.classifier import (
     PATH_PULL,
     PULL,
     RESULT,
+    SESSION_FIELDS,
     TYPE_CODES,
     UPSTREAM,
     ZERO,
@@ -46,25 +47,37 @@ from .controls.classifier import (
     alive_headers,
     take_session_fields,
 )
-from .lookup import CompiledTables
+from .lookup import SESSION_PARAMS, CompiledTables, ScalarTables
+
+DECIDED = 4096  # classifications kept per tables version (ScalarTables.decided)
+
+POOL_BASE, POOL_SIZE, NEXT_STEP, UP_PORT = (SESSION_PARAMS.index(f) for f in ("pool_base", "pool_size", "next_step",
+                                                                              "up_port"))
 
 _ITEM = _ITEMSIZE.tolist()
+_NAMES = DATA_HEADER.names
+_SESSION_COLUMN = {name: SESSION_PARAMS.index(name) for name in SESSION_FIELDS}
+
+
+def _fields(names) -> tuple[int, ...]:
+    """Positions of the header fields the classifier reads in a header row (`h.tolist()`)."""
+    names = names or ()  # a header batch always has its fields: for the type checker
+    return tuple(names.index(f) for f in ("ver_type", "flags", "session", "worker", "count", "slot", "dtype"))
+
+
+_FIELDS = _fields(_NAMES)
 _PULL_ITEM = PULL_REQUEST.itemsize
-
-
-def _pair_row(table, a: int, b: int) -> tuple[bool, int]:
-    """`ExactPairs.find` for one key: (hit, row), the row clamped as the vectorised lookup's."""
-    keys = table.keys
-    n = len(keys)
-    if n == 0:
-        return False, 0
-    q = (a << 16) | b
-    i = min(int(keys.searchsorted(q)), n - 1)
-    return int(keys[i]) == q, i
 
 
 def classify_small(b, t: CompiledTables, lanes: int, counters) -> Classified:
     """`classifier.classify` for a batch of a few packets (same result, fewer numpy calls)."""
+    return classify_rows(b, t, lanes, counters)[0]
+
+
+def classify_rows(b, t: CompiledTables, lanes: int, counters) -> tuple[Classified, list[tuple]]:
+    """`classify_small`, and each classified packet's session row (`ScalarTables.sessions`, the
+    zeros row for a miss) for the later small-turn stages (small_route.py)."""
+    sc = t.scalar()
     c = Classified()
     c.idx, c.h = idx, h = alive_headers(b)
     n_pk = len(idx)
@@ -75,91 +88,119 @@ def classify_small(b, t: CompiledTables, lanes: int, counters) -> Classified:
     c.worker = h["worker"].astype(np.int64)
     c.from_node = c.worker == NODE
     agg_len = aggregation_packet_len(lanes)
-    s_valid, s = t.s_valid, t.s
-    wparams = t.workers.params if len(t.workers.keys) else None
+    s = t.s
     types = [0] * TYPE_CODES
-    drops, paths, sids, bits, wports = [], [], [], [], []
-    in_ports = b.port[idx].tolist()
-    lengths = b.luwu_len[idx].tolist()
+    drops, paths, sids, bits, wports, srows = [], [], [], [], [], []
+    every = h is b.hdr  # every packet alive (alive_headers): no gathers needed
+    in_ports = (b.port if every else b.port[idx]).tolist()
+    lengths = (b.luwu_len if every else b.luwu_len[idx]).tolist()
     nbytes_l = nbytes.tolist()
-    names = h.dtype.names or ()  # a header batch always has its fields: for the type checker
-    i_vt, i_fl, i_se, i_wo, i_co = (names.index(f) for f in ("ver_type", "flags", "session", "worker", "count"))
-    i_sl, i_dt = names.index("slot"), names.index("dtype")
+    i_vt, i_fl, i_se, i_wo, i_co, i_sl, i_dt = _FIELDS if h.dtype.names == _NAMES else _fields(h.dtype.names)
+    decided = sc.decided
+    session_packets = counters.session_packets if counters is not None else None
     for k, row in enumerate(h.tolist()):
         vt, flags, session, worker, count = row[i_vt], row[i_fl], row[i_se], row[i_wo], row[i_co]
         slot, dtype = row[i_sl], row[i_dt]
-        mtype = vt & 0xF
-        types[mtype] += 1
-        drop = D_BAD_VERSION if (vt >> 4) != VERSION else 0
-        if not drop and not 1 <= mtype <= PULL:
-            drop = D_BAD_TYPE
-        agg_type = GRAD <= mtype <= RESULT
-        if agg_type:
-            expect = agg_len
-            if flags & ZERO:  # header-only ZERO contribution: INT32 GRAD/ALLREDUCE only (protocol.md 3.2)
-                expect = HEADER_LEN if mtype in (GRAD, ALLREDUCE) and dtype == INT32 else -1
-        elif mtype == PARAM:
-            item = _ITEM[dtype]
-            expect = HEADER_LEN + count * item if item > 0 else -1
-        elif mtype == HEARTBEAT:
-            expect = HEADER_LEN
-        elif mtype == PULL:
-            expect = HEADER_LEN + _PULL_ITEM * count
-        else:
-            expect = -1
-        if not drop and (lengths[k] != expect or (agg_type and count > lanes)):
-            drop = D_MALFORMED
-        s_hit = session < MAX_SESSIONS and bool(s_valid[session])
-        if not drop and not s_hit:
-            drop = D_UNKNOWN_SESSION
-        if not drop and counters is not None:
-            counters.session_packets[session, 0] += 1
-            counters.session_packets[session, 1] += nbytes_l[k]
-        from_node = worker == NODE
-        w_hit, w_row = _pair_row(t.workers, session, worker)
-        passing = mtype == GRAD and bool(flags & FALLBACK)
-        if not drop and not from_node and not w_hit:
-            if not passing:
-                drop = D_UNKNOWN_WORKER
-            elif not _pair_row(t.child_ports, session, in_ports[k])[0]:  # passes only from a child switch's port
-                drop = D_SPOOFED
-        bit = int(wparams["worker_bit"][w_row]) if wparams is not None else 0
-        wport = int(wparams["port"][w_row]) if wparams is not None else 0
-        sid = session if s_hit else 0
-        spoofed = (int(s["up_port"][sid]) != in_ports[k]) if from_node else (w_hit and wport != in_ports[k])
-        if not drop and spoofed:
-            drop = D_SPOOFED
-        path = 0
-        if not drop:
-            contributes = mtype in (GRAD, ALLREDUCE)
-            if ((contributes and from_node) or mtype == AGG or (mtype in (PARAM, RESULT) and not from_node)
-                    or (mtype == RESULT and int(s["next_step"][sid]) != UPSTREAM) or (mtype == PULL and from_node)):
-                drop = D_BAD_DIRECTION
-            elif contributes:
-                in_pool = ((slot - int(s["pool_base"][sid])) & 0xFFFFFFFF) < int(s["pool_size"][sid])
-                fallback = bool(flags & FALLBACK)
-                if mtype == GRAD:
-                    path = PATH_FALLBACK if (not in_pool or fallback) else PATH_AGGREGATE
-                elif in_pool:
-                    path = PATH_AGGREGATE
-                else:
-                    drop = D_FOREIGN_SLOT
-            elif mtype == HEARTBEAT:
-                path = PATH_MULTICAST if from_node else PATH_HEARTBEAT
-            elif mtype in (PARAM, RESULT):
-                path = PATH_MULTICAST
-            elif mtype == PULL:
-                path = PATH_PULL
+        # every check but the pool's depends on these fields alone: decided once per tables version
+        key = (vt, flags, session, worker, count, dtype, in_ports[k], lengths[k], lanes)
+        got = decided.get(key)
+        if got is None:
+            got = _decide(sc, vt, flags, session, worker, count, dtype, in_ports[k], lengths[k], lanes, agg_len)
+            if len(decided) < DECIDED:  # (keys senders chose: bounded)
+                decided[key] = got
+        drop, counted, sid, bit, wport, srow, path, pooled = got
+        types[vt & 0xF] += 1
+        if counted and session_packets is not None:  # passed the session check
+            session_packets[session, 0] += 1
+            session_packets[session, 1] += nbytes_l[k]
+        if pooled:  # a contribution alive so far: its slot decides its path
+            in_pool = ((slot - srow[POOL_BASE]) & 0xFFFFFFFF) < srow[POOL_SIZE]
+            if vt & 0xF == GRAD:
+                path = PATH_FALLBACK if (not in_pool or flags & FALLBACK) else PATH_AGGREGATE
+            elif in_pool:
+                path = PATH_AGGREGATE
+            else:
+                drop = D_FOREIGN_SLOT
         drops.append(drop)
         paths.append(path)
         sids.append(sid)
         bits.append(bit)
         wports.append(wport)
-    sid_a = np.array(sids, dtype=np.int64)
+        srows.append(srow)
     c.bit = np.array(bits, dtype=np.int64)
     c.worker_port = np.array(wports, dtype=np.int64)
-    take_session_fields(c, s, sid_a)
+    if srows:  # every session field from the rows at once (as take_session_fields gathers them)
+        fields = np.array(srows, dtype=np.int64).T.copy()  # (one contiguous row per field)
+        for name in SESSION_FIELDS:
+            setattr(c, name, fields[_SESSION_COLUMN[name]])
+    else:
+        take_session_fields(c, s, np.array(sids, dtype=np.int64))
     c.path = np.array(paths, dtype=np.int64)
     c.types = np.array(types, dtype=np.int64)
     b.drop[idx] = np.array(drops, dtype=np.int64) if n_pk else 0
-    return c
+    return c, srows
+
+
+def _decide(sc: ScalarTables, vt: int, flags: int, session: int, worker: int, count: int, dtype: int, in_port: int,
+            length: int, lanes: int, agg_len: int) -> tuple:
+    """One packet's classification from its header fields, port and length, all but the pool check
+    (which reads its slot): (drop, counted in its session, sid, bit, worker port, session row, path,
+    pooled), `pooled` meaning a contribution still alive whose slot decides (`classify_rows`)."""
+    mtype = vt & 0xF
+    drop = D_BAD_VERSION if (vt >> 4) != VERSION else 0
+    if not drop and not 1 <= mtype <= PULL:
+        drop = D_BAD_TYPE
+    agg_type = GRAD <= mtype <= RESULT
+    if agg_type:
+        expect = agg_len
+        if flags & ZERO:  # header-only ZERO contribution: INT32 GRAD/ALLREDUCE only (protocol.md 3.2)
+            expect = HEADER_LEN if mtype in (GRAD, ALLREDUCE) and dtype == INT32 else -1
+    elif mtype == PARAM:
+        item = _ITEM[dtype]
+        expect = HEADER_LEN + count * item if item > 0 else -1
+    elif mtype == HEARTBEAT:
+        expect = HEADER_LEN
+    elif mtype == PULL:
+        expect = HEADER_LEN + _PULL_ITEM * count
+    else:
+        expect = -1
+    if not drop and (length != expect or (agg_type and count > lanes)):
+        drop = D_MALFORMED
+    srow = sc.sessions.get(session)  # (every valid session id is below MAX_SESSIONS)
+    s_hit = srow is not None
+    if not drop and not s_hit:
+        drop = D_UNKNOWN_SESSION
+    counted = not drop
+    from_node = worker == NODE
+    w_hit, w_row = sc.pair_row(session, worker)
+    passing = mtype == GRAD and bool(flags & FALLBACK)
+    if not drop and not from_node and not w_hit:
+        if not passing:
+            drop = D_UNKNOWN_WORKER
+        elif ((session << 16) | in_port) not in sc.child_keys:  # passes only from a child switch's port
+            drop = D_SPOOFED
+    has_workers = bool(sc.workers_keys)
+    bit = sc.workers_bit[w_row] if has_workers else 0
+    wport = sc.workers_port[w_row] if has_workers else 0
+    sid = session if s_hit else 0
+    if srow is None:
+        srow = sc.zeros
+    spoofed = (srow[UP_PORT] != in_port) if from_node else (w_hit and wport != in_port)
+    if not drop and spoofed:
+        drop = D_SPOOFED
+    path = 0
+    pooled = False
+    if not drop:
+        contributes = mtype in (GRAD, ALLREDUCE)
+        if ((contributes and from_node) or mtype == AGG or (mtype in (PARAM, RESULT) and not from_node)
+                or (mtype == RESULT and srow[NEXT_STEP] != UPSTREAM) or (mtype == PULL and from_node)):
+            drop = D_BAD_DIRECTION
+        elif contributes:
+            pooled = True
+        elif mtype == HEARTBEAT:
+            path = PATH_MULTICAST if from_node else PATH_HEARTBEAT
+        elif mtype in (PARAM, RESULT):
+            path = PATH_MULTICAST
+        elif mtype == PULL:
+            path = PATH_PULL
+    return drop, counted, sid, bit, wport, srow, path, pooled

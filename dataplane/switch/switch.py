@@ -36,6 +36,7 @@ from .loop import EventLoop
 from .peers import peers_from_tables
 from .pipeline import LINK_IN, LINK_OUT, Pipeline
 from .registers import Registers
+from .shm_emit import emit_small
 from .table_schema import PORT_BITS, TableError
 from .tables import Tables
 
@@ -301,12 +302,14 @@ class SoftwareSwitch:
                         learning.append((att, a, z))
                     else:
                         drop[a:z][att.foreign(rx.addr[a:z])] = DropReason.UNKNOWN_PORT
-            if hasattr(rx, "truncated"):  # longer than the receive buffer: the kernel kept only a prefix
-                drop[(drop == 0) & rx.truncated[:n]] = DropReason.MALFORMED
+            truncated = getattr(rx, "truncated", None)
+            if truncated is not None and truncated[:n].any():  # longer than the receive buffer: the kernel kept only a prefix
+                drop[(drop == 0) & truncated[:n]] = DropReason.MALFORMED
             b = Batch(rx.turn_rows(n), rx.length[:n], rx.port[:n], framed, drop)
             arena = getattr(rx, "arena", None)
             if arena is not None:  # shared-memory turn: the packets' bytes stay in their rings (shm_arena.py)
                 b.arena, b.prow = arena.rows, rx.prow[:n]
+                b.hdr, b.hb = rx.headers(n)
             if learning:
                 valid = self.pipeline.valid(b)
                 for att, a, z in learning:
@@ -355,7 +358,7 @@ class SoftwareSwitch:
                 self._send_bytes(port, [d for _, d in items])
 
     def emit(self, b: Batch, em: Emission) -> None:
-        if not len(em):
+        if not len(em) or emit_small(self, b, em):  # (a shm turn's few copies to shm ports: shm_emit.py)
             return
         ports = em.port
         # a few copies (most turns): np.unique's sort costs more than a set's

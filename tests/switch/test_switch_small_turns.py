@@ -2,18 +2,19 @@
 picked by `pipeline.SMALL_TURN`): on random small batches of every packet type, malformed ones
 included, it must give exactly what the vectorised path gives -- the classifier's every field
 (values and dtypes), drop reasons and session counters, and a whole switch's outputs (bytes and
-order), registers and counters turn after turn."""
+order), registers and counters turn after turn; turns that aggregate nothing (heartbeats,
+PULLs, PARAMs, drops) also go through small_route.py after the classifier, checked the same way."""
 
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from switch_setup import LANES, SLOTS, runtime
-from test_switch_vectorised_equivalence import packets
+from switch_setup import LANES, SESSIONS, SLOTS, agg_packet, heartbeat, param, pull, runtime, worker_port
+from test_switch_vectorised_equivalence import WRAP, packets
 
-from luwu.dataplane.protocol import DropReason, aggregation_packet_len
-from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig, pipeline
+from luwu.dataplane.protocol import NODE, DropReason, Flag, MsgType, aggregation_packet_len
+from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig, pipeline, small_route
 from luwu.dataplane.switch.batch import Batch
 from luwu.dataplane.switch.controls.classifier import Classified, classify
 from luwu.dataplane.switch.controls.parser import parse
@@ -32,9 +33,12 @@ def rt() -> dict:
     return r
 
 
-def make_switch() -> SoftwareSwitch:
-    sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS, seed=1))
+def make_switch(clock=None) -> SoftwareSwitch:
+    """The test switch; with `clock`, keeping straggler records on it (their lags compared too)."""
+    sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS, seed=1, stragglers=clock is not None))
     sw.load_runtime(rt())
+    if clock is not None:
+        sw.pipeline.stragglers.clock = clock
     return sw
 
 
@@ -67,11 +71,13 @@ def test_small_classifier_equals_the_vectorised_one(items, predropped):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(small_batches, min_size=1, max_size=10))
 def test_small_turns_equal_vectorised_turns(turns):
-    small, general = make_switch(), make_switch()
+    now = [0.0]  # one clock for both switches, a step per turn: the straggler lags compare exactly
+    small, general = make_switch(lambda: now[0]), make_switch(lambda: now[0])
     saved = pipeline.SMALL_TURN
     assert saved >= 12  # the batches above stay within the small path
     try:
         for items in turns:
+            now[0] += 0.003
             pipeline.SMALL_TURN = len(items)
             out_small = small.process_datagrams(items)
             pipeline.SMALL_TURN = 0
@@ -86,19 +92,116 @@ def test_small_turns_equal_vectorised_turns(turns):
 
 
 def test_the_small_path_is_taken_and_counts():
-    """A one-packet turn goes through classify_small (its drop reasons reach the counters)."""
+    """A one-packet turn goes through the small classifier (its drop reasons reach the counters)."""
     calls = []
-    real = pipeline.classify_small
+    real = pipeline.classify_rows
 
     def spy(*a):
         calls.append(1)
         return real(*a)
 
-    pipeline.classify_small = spy
+    pipeline.classify_rows = spy
     try:
         sw = make_switch()
         sw.process_datagrams([(1, b"\x20" + bytes(31))])  # version 2: BAD_VERSION
     finally:
-        pipeline.classify_small = real
+        pipeline.classify_rows = real
     assert calls == [1]
     assert sw.counters()["drops"][int(DropReason.BAD_VERSION)] == (1, 32)
+
+
+@st.composite
+def routed(draw):
+    """One packet that aggregates nothing: a rank's heartbeat or PULL from its port, the node's (or
+    the parent's) heartbeat or PARAM from the session's up port (group 4 has no replicas; session 3
+    is UPSTREAM), now and then from the wrong port, or a malformed packet (dropped)."""
+    session = draw(st.sampled_from([1, 2, 3, 4, 5]))
+    _, _, ranks, _, _, up_port, _ = SESSIONS[session]
+    rank = draw(st.sampled_from(ranks))
+    kind = draw(st.sampled_from(["hb"] * 5 + ["node_hb", "param", "param", "pull", "pull", "drop"]))
+    ack, credit = WRAP + draw(st.integers(0, 40)), WRAP + draw(st.integers(0, 60))
+    if kind == "hb":
+        item = (worker_port(rank), heartbeat(session, rank, ack, credit))
+    elif kind == "node_hb":
+        item = (up_port, heartbeat(session, NODE, ack, credit))
+    elif kind == "param":
+        item = (up_port, param(session, count=draw(st.integers(0, 5)), worker=NODE))
+    elif kind == "pull":
+        item = (worker_port(rank), pull(session, rank))
+    else:
+        item = (worker_port(rank), draw(st.sampled_from([b"\x20" + bytes(31), bytes(12), pull(session, rank)[:-1]])))
+    if draw(st.integers(0, 12)) == 0:
+        item = (draw(st.integers(0, 5)), item[1])  # a spoofed or misrouted one
+    return item
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(routed(), min_size=1, max_size=12), min_size=1, max_size=12))
+def test_small_routes_equal_vectorised_turns(turns):
+    """Turns of heartbeats, PULLs, PARAMs and drops: small_route.py's stages equal the vectorised
+    select + expand + counters (outputs, heartbeat registers, counters), and every such turn takes them."""
+    small, general = make_switch(), make_switch()
+    calls = []
+    real = small_route.route
+
+    def spy(*a):
+        calls.append(1)
+        return real(*a)
+
+    saved = pipeline.SMALL_TURN
+    small_route.route = spy
+    try:
+        for items in turns:
+            pipeline.SMALL_TURN = len(items)
+            out_small = small.process_datagrams(items)
+            pipeline.SMALL_TURN = 0
+            out_general = general.process_datagrams(items)
+            assert out_small == out_general
+    finally:
+        pipeline.SMALL_TURN = saved
+        small_route.route = real
+    assert len(calls) == len(turns)
+    assert small.counters() == general.counters()
+    for name in REGISTERS:
+        assert np.array_equal(getattr(small.pipeline.registers, name), getattr(general.pipeline.registers, name)), name
+    assert small.errors == general.errors == 0
+
+
+@st.composite
+def contribution(draw):
+    """A rank's GRAD or ALLREDUCE from its own port: inside its session's pool or not (slot 30),
+    marked FALLBACK or not, ZERO (header-only) now and then; or a heartbeat or PULL between them."""
+    session = draw(st.sampled_from([1, 2, 3, 5, 6]))
+    ranks = SESSIONS[session][2]
+    rank = draw(st.sampled_from(ranks))
+    if draw(st.integers(0, 4)) == 0:
+        return (worker_port(rank), draw(st.sampled_from([heartbeat(session, rank, 5, 9), pull(session, rank)])))
+    mtype = draw(st.sampled_from([MsgType.GRAD, MsgType.ALLREDUCE]))
+    flags = draw(st.sampled_from([0, 0, Flag.FALLBACK, Flag.MAX, Flag.ZERO]))
+    data = agg_packet(session, rank, draw(st.integers(0, 7)), [draw(st.integers(-5, 5))] * LANES, mtype=mtype,
+                      flags=flags, slot=draw(st.sampled_from([None, None, None, 30])), dtype=0)
+    return (worker_port(rank), data[:32] if flags == Flag.ZERO else data)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(contribution(), min_size=1, max_size=16), min_size=1, max_size=10))
+def test_small_contributions_equal_vectorised_turns(turns):
+    """Contributions of valid ranks (in and out of the pool, FALLBACK, ZERO): the small classifier's
+    paths and the small route's emissions equal the vectorised path's, turn by turn."""
+    now = [0.0]
+    small, general = make_switch(lambda: now[0]), make_switch(lambda: now[0])
+    saved = pipeline.SMALL_TURN
+    try:
+        for items in turns:
+            now[0] += 0.002
+            pipeline.SMALL_TURN = len(items)
+            out_small = small.process_datagrams(items)
+            pipeline.SMALL_TURN = 0
+            out_general = general.process_datagrams(items)
+            assert out_small == out_general
+    finally:
+        pipeline.SMALL_TURN = saved
+    assert small.counters() == general.counters()
+    for name in REGISTERS:
+        assert np.array_equal(getattr(small.pipeline.registers, name), getattr(general.pipeline.registers, name)), name
+    assert small.errors == general.errors == 0

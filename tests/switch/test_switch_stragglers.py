@@ -4,9 +4,12 @@ reading per batch; duplicates are counted apart and never complete a slot twice.
 
 from __future__ import annotations
 
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from switch_setup import LANES, SLOTS, agg_packet, runtime, worker_port
 
-from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
+from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig, stragglers
 from luwu.dataplane.switch.counters import named
 
 V = [1] * LANES
@@ -67,3 +70,29 @@ def test_off_unless_asked_for():
     sw.process_datagrams([(worker_port(w), agg_packet(1, w, 0, V)) for w in (0, 1, 2)])
     assert sw.pipeline.stragglers is None
     assert "stragglers" not in sw.counters()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 3), st.integers(0, 5), st.booleans(),
+                                   st.integers(0, 3), st.integers(1, 4)), min_size=1, max_size=16),
+                min_size=1, max_size=6))
+def test_small_batches_recorded_one_by_one_equal_the_vectorised_record(batches):
+    """Batches of up to stragglers.SMALL packets are recorded on Python ints: the same counts, lag
+    sums (bit for bit) and buckets as the vectorised `record` (forced by a larger SMALL)."""
+    got = []
+    for small in (stragglers.SMALL, 0):
+        saved, stragglers.SMALL = stragglers.SMALL, small
+        try:
+            clock = Clock()
+            rec = stragglers.Stragglers(SLOTS, clock=clock)
+            for batch in batches:
+                clock.now += 0.0013
+                cols = list(zip(*batch))
+                session, bit_no, index, dup, remaining, nw = (np.array(c) for c in cols)
+                rec.record(session, session * 10 + bit_no, (1 << bit_no).astype(np.int64), index, nw, dup,
+                           remaining.astype(np.uint32))
+        finally:
+            stragglers.SMALL = saved
+        got.append((rec.counts.copy(), rec.lag.copy(), rec.buckets.copy(), rec.worker_of.copy(), rec.first_seen.copy()))
+    for a, b in zip(*got):
+        assert a.tobytes() == b.tobytes()

@@ -19,6 +19,14 @@ def _serial_min_one(a: int, b: int) -> int:
 
 def _apply_one(regs, s: int, epoch: int, bit: int, mask: int, ack: int, credit: int):
     """`apply` for one packet (its uint32 arithmetic on ints masked to 32 bits)."""
+    full, a, c = apply_ints(regs, s, epoch, bit, mask, ack, credit)
+    return np.array([full]), np.array([a], dtype=np.uint32), np.array([c], dtype=np.uint32)
+
+
+def apply_ints(regs, s: int, epoch: int, bit: int, mask: int, ack: int, credit: int) -> tuple[bool, int, int]:
+    """One heartbeat of session `s` on Python ints (masked to 32 bits here): (full, ack, credit)
+    of its round after it, as `apply` gives for a one-packet round."""
+    epoch, bit, mask, ack, credit = epoch & M32, bit & M32, mask & M32, ack & M32, credit & M32
     before = 0 if int(regs.hb_owner[s]) != epoch else int(regs.hb_bitmap[s])
     regs.hb_owner[s] = epoch
     after = before | bit
@@ -30,7 +38,7 @@ def _apply_one(regs, s: int, epoch: int, bit: int, mask: int, ack: int, credit: 
         a, c = _serial_min_one(int(regs.hb_ack[s]), ack), _serial_min_one(int(regs.hb_credit[s]), credit)
     regs.hb_ack[s] = a
     regs.hb_credit[s] = c
-    return np.array([full]), np.array([a], dtype=np.uint32), np.array([c], dtype=np.uint32)
+    return full, a, c
 
 
 def serial_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:

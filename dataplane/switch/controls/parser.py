@@ -48,13 +48,18 @@ def parse(b: Batch, udp_port: int) -> None:
         _parse_frames(b, alive, udp_port)
     else:
         b.luwu_len = b.length
-        short = alive & (b.length < HEADER_LEN)
-        b.drop[short] = DropReason.MALFORMED
-        b.luwu = alive & ~short
+        short = b.length < HEADER_LEN
+        if short.any():  # (rare: most batches need no drop written)
+            short &= alive
+            b.drop[short] = DropReason.MALFORMED
+            b.luwu = alive & ~short
+        else:
+            b.luwu = alive
         b.ipv4 = np.zeros(len(b), dtype=bool)
-    view = b.rows[:, b.off:b.off + HEADER_LEN]
-    b.hdr = view.view(DATA_HEADER)[:, 0]
-    b.hb = view.view(HEARTBEAT_HEADER)[:, 0]
+    if b.hdr is None:  # (a shared-memory turn's batch comes with views made once: ShmTurn.headers)
+        view = b.rows[:, b.off:b.off + HEADER_LEN]
+        b.hdr = view.view(DATA_HEADER)[:, 0]
+        b.hb = view.view(HEARTBEAT_HEADER)[:, 0]
 
 
 def _parse_frames(b: Batch, alive: np.ndarray, udp_port: int) -> None:

@@ -1,0 +1,121 @@
+"""Emission of a shared-memory turn's few copies, all to shared-memory ports, on Python ints.
+
+`SoftwareSwitch.emit` handles every kind of port, impairments, routed frames and any number of
+copies with whole-array operations (a mask and a selection per port, np.unique, the multicast
+pools' grouping), some fifty numpy calls for a turn's one to a dozen copies. Most shm turns emit a
+PULL or an AGG to the node, or a PARAM, heartbeat or RESULT to every worker, and nothing else;
+this module emits those with the same primitives (`Batch.write_back`, `MulticastPools.fill`,
+`ShmAttachment.send_rows` / `send_refs`, the pools' claims) and the same outcome: the same rows
+in the same order on every ring, pool rows for the packets that go to two or more ports, the same
+counters. One thing it does better: a sum the fold left in its lane register (`Batch.results`)
+whose one copy goes to one port (an AGG to the node) is written from the register straight into
+the down ring's row (`ShmAttachment.send_results`) instead of into its own row and then copied.
+`emit_small` says False for a turn that is not of this kind (the caller emits it).
+tests/switch/test_switch_shm_arena.py compares shm turns with datagram batches either way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..protocol import HEADER_LEN
+from .attach_shm import MulticastPools, shm_row_bytes
+from .batch import Batch, Emission
+
+SMALL_EMIT = 32  # copies: turns with more take SoftwareSwitch.emit's vectorised path
+
+
+def emit_small(sw, b: Batch, em: Emission) -> bool:
+    """Emit `em` of split batch `b` (shm_arena.py) when every copy goes to a shared-memory port
+    without impairments (returns False, having done nothing observable, otherwise)."""
+    n = len(em)
+    prows, arena, luwu_len, deferred = b.prow, b.arena, b.luwu_len, b.results
+    if prows is None or arena is None or luwu_len is None or n > SMALL_EMIT:
+        return False
+    pk, pt = em.pkt.tolist(), em.port.tolist()
+    atts = {}
+    for p in sorted(set(pt)):
+        att = sw.ports.get(p)
+        link = sw.links_out.get(p)
+        if att is None or att.kind != "shm" or (link is not None and link.active):
+            return False
+        atts[p] = att
+    # the copies of a packet are adjacent (the sender's order): one run per packet
+    runs: list[tuple[int, list[int]]] = []
+    for i, p in zip(pk, pt):
+        if runs and runs[-1][0] == i:
+            runs[-1][1].append(p)
+        else:
+            runs.append((i, [p]))
+    multi: dict[tuple[int, ...], list[int]] = {}  # port set -> its packets (MulticastPools.place's groups)
+    for i, ports in runs:
+        if len(ports) >= 2:
+            key = tuple(sorted(ports))
+            if len(set(key)) != len(key):
+                return False  # two replicas on one port: place's general grouping decides those
+            multi.setdefault(key, []).append(i)
+    prow = prows.tolist()
+    heads = b.rows
+    lengths = luwu_len.tolist()
+    direct: set[int] = set()  # packets whose one copy is written from its lane register into the ring
+    if deferred is not None:  # deferred sums (Batch.results)
+        results = deferred.tolist()
+        row_bytes = min(att.row_bytes for att in atts.values())
+        direct = {i for i, ports in runs if len(ports) == 1 and results[i] >= 0 and lengths[i] <= row_bytes}
+    # the rewritten headers into the rows the other packets leave from (Batch.write_back)
+    back = [i for i, _ in runs if i not in direct]
+    if len(back) > 2:
+        b.write_back(np.array(back, dtype=np.int64))
+    else:
+        for i in back:
+            arena[prow[i], :HEADER_LEN] = heads[i, :HEADER_LEN]
+    how = dict.fromkeys(back, -1)  # packet -> pool id of its references, -1 inline, -2 direct
+    how.update(dict.fromkeys(direct, -2))
+    at: dict[int, int] = {}  # packet -> its pool position
+    if multi:
+        if sw._pools is None:
+            sw._pools = MulticastPools(shm_row_bytes(sw.config.lanes))
+        for key, pkts in multi.items():
+            pool = sw._pools.pool(key)
+            if pool is None:
+                continue
+            pos = MulticastPools.fill(pool, np.array(pkts, dtype=np.int64), arena, 0, luwu_len, prows, deferred,
+                                      b.result_lanes).tolist()
+            for i, where in zip(pkts, pos):
+                how[i] = pool.id
+                at[i] = where
+    if deferred is not None:  # deferred sums of copies that leave from their own rows
+        inline = [i for i in back if how[i] == -1]
+        if inline:
+            b.materialize(np.array(inline, dtype=np.int64))
+    holders: dict[int, list] = {}
+    for p, att in atts.items():
+        # this port's copies in emission order, as runs of references to one pool, inline rows or sums
+        mine = [i for i, q in zip(pk, pt) if q == p]
+        sent = 0
+        a = 0
+        while a < len(mine):
+            kind = how[mine[a]]
+            z = a + 1
+            while z < len(mine) and how[mine[z]] == kind:
+                z += 1
+            part = mine[a:z]
+            lens = np.array([lengths[i] for i in part], dtype=np.int64)
+            if kind == -2:  # sums straight from their registers (the packets' own rows hold headers only)
+                if deferred is None or b.result_lanes is None:  # (a batch's deferred sums come with their registers)
+                    raise RuntimeError("a deferred sum without its lane registers")
+                sel = np.array(part, dtype=np.int64)
+                sent += att.send_results(heads[sel], b.result_lanes, deferred[sel], lens)
+            elif kind == -1:
+                sent += att.send_rows(arena, np.array([prow[i] for i in part], dtype=np.int64), lens, 0, notify=False)
+            else:
+                sent += att.send_refs(kind, np.array([at[i] for i in part], dtype=np.int64), lens)
+                holders.setdefault(kind, []).append((att, att.tx.published()))
+            a = z  # a full ring loses the rest of the run (counted per port as ever)
+        sw._count_port(p, "tx_ring_full", len(mine) - sent)
+        sw._count_port(p, "tx_packets", sent)
+    if holders:
+        sw._pools.claim(holders)
+    for att in atts.values():
+        att.notify()
+    return True
