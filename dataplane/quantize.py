@@ -49,6 +49,9 @@ def chunk_exponents(x: np.ndarray, lanes: int) -> np.ndarray:
     non-finite ones are clipped and reported as saturated.
     """
     x = np.asarray(x, dtype=np.float32).reshape(-1)
+    if x.size and _compiled():  # one pass over x, the exponents read off the bits (the code below is the reference)
+        out = np.empty(num_chunks(x.size, lanes), dtype=np.int32)
+        return _fixed_point().chunk_exponents(np.ascontiguousarray(x).view(np.uint32), lanes, EXP_MIN, EXP_MAX, out)
     amax = _chunked_absmax(x, lanes)
     finite = np.isfinite(amax)
     _, e = np.frexp(np.where(finite, amax, 0).astype(np.float32))

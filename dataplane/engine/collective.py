@@ -170,6 +170,7 @@ class CollectiveSession:
             self.send.retx, self.send.xmit_no, self.send.sack_high, self._fresh, self._info)
         if fresh < 0:
             return False
+        w.changed()
         dup = k - fresh
         if dup:
             w.duplicates += dup

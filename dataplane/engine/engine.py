@@ -78,8 +78,16 @@ class Engine:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._stop = False
+        # set by the loop before its last look at the commands, cleared once it is awake: a command
+        # submitted meanwhile writes the wake pipe; one submitted while the loop runs needs not
+        self._sleeping = True
         self._thread: threading.Thread | None = None
         self._handles: set[Handle] = set()
+        # what the loop's poll() waits on: the port, the wake pipe and `add_reader`'s fds; the
+        # readers alone again for a turn that does not sleep (poll(0))
+        self._readers: dict[int, Callable[[], None]] = {}
+        self._poller = select.poll()
+        self._reader_poller = select.poll()
         self.stats = {"rx_bad": 0, "rx_unexpected": 0, "loop_turns": 0}
         self.error: BaseException | None = None
 
@@ -129,6 +137,11 @@ class Engine:
         self.sock.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+    @property
+    def stopped(self) -> bool:
+        """Closed, or its loop ended (`error` says why when it failed)."""
+        return self._stop or (self._thread is not None and not self._thread.is_alive())
 
     def __enter__(self) -> Engine:
         return self.start()
@@ -250,6 +263,36 @@ class Engine:
         self._cmds.append(retry)
         self._wake()
 
+    def add_reader(self, fd: int, on_readable: Callable[[], None]) -> None:
+        """Run `on_readable()` on the engine's thread whenever `fd` is readable (or hung up).
+
+        For a control channel served by the loop itself (luwu/daemons/engine.py): a request then
+        costs no second thread's wake-up, no hand-over of the GIL and no wake pipe. The loop
+        looks at `fd` with its packets before it sleeps, and with a poll(0) on a turn that goes on
+        at once. `on_readable` must not block, must read what made `fd` readable (or call
+        `remove_reader`), and should not raise (an exception fails the engine).
+
+        Args:
+            fd (int): a file descriptor that stays open until `remove_reader(fd)`.
+            on_readable (Callable[[], None]): called with no arguments on the engine thread.
+
+        Examples:
+            >>> engine.add_reader(conn.fileno(), lambda: handle(conn.recv(65536)))  # doctest: +SKIP
+        """
+        def add() -> None:
+            self._readers[fd] = on_readable
+            self._poller.register(fd, select.POLLIN)
+            self._reader_poller.register(fd, select.POLLIN)
+
+        self._cmds.append(add)
+        self._wake()
+
+    def remove_reader(self, fd: int) -> None:
+        """Stop watching `fd` (`add_reader`); on the engine thread only (from `on_readable`)."""
+        if self._readers.pop(fd, None) is not None:
+            self._poller.unregister(fd)
+            self._reader_poller.unregister(fd)
+
     def session_stats(self) -> dict:
         out = {"engine": dict(self.stats), "socket": dict(self.sock.stats)}
         for sid, s in self.sessions.items():
@@ -293,6 +336,8 @@ class Engine:
         self._wake()
 
     def _wake(self) -> None:
+        if not self._sleeping:
+            return  # the loop looks at its commands before it sleeps again: no byte, no extra turn
         try:
             os.write(self._wake_w, b"x")
         except (BlockingIOError, OSError):
@@ -301,22 +346,22 @@ class Engine:
     # -- the loop -----------------------------------------------------------------------------------
     def _run(self) -> None:
         cfg = self.config
-        poller = select.poll()
+        poller, readers, reader_poll = self._poller, self._readers, self._reader_poller.poll
         poller.register(self.sock.fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
+        sock_fd = self.sock.fd
         now = time.monotonic()
         for s in self.sessions.values():
             if not isinstance(s, CollectiveSession):  # node sessions greet their peer; collectives have no hello
                 s.hello(now)
-        next_timer = now
+        next_timer = deadlines_at = now
         sessions = list(self.sessions.values())
         node_sessions = [(sid, s) for sid, s in self.sessions.items() if isinstance(s, WorkerNodeSession)]
         # the loop's per-turn work in plain loops over bound methods: a turn runs a dozen times per
         # allreduce, and generators, list building and attribute lookups were a tenth of its calls
         pumps = [s.pump for s in sessions]
-        busies = [s.busy for s in sessions]
-        wakers = [(s, getattr(s, "wake_at", None)) for s in sessions]
-        recv, dispatch, stats = self.sock.recv, self._dispatch, self.stats
+        wakers = [s.wake_at for s in sessions]  # every session kind says when it next needs the loop
+        recv, dispatch, stats, shm = self.sock.recv, self._dispatch, self.stats, self._shm
         rx_batches, timer_tick = range(cfg.rx_batches_per_turn), cfg.timer_tick
         try:
             while not self._stop:
@@ -337,51 +382,70 @@ class Engine:
                 if got:
                     self.watch.heard(now)
                 sent = 0
+                if shm is not None:
+                    shm.tx_full = False
                 for pump in pumps:
                     sent += pump(now)
-                busy = False
-                for is_busy in busies:
-                    if is_busy():
-                        busy = True
-                        break
                 if now >= next_timer:
                     for s in sessions:
                         s.on_timer(now)
                     self._check_peers(now, node_sessions)
                     next_timer = now + cfg.idle_tick  # liveness checks; the sessions' own deadlines below
-                # sleep until the earliest deadline (retransmission, heartbeat, pull retry), not a fixed tick
-                for s, wake_at in wakers:
-                    at = wake_at() if wake_at is not None else self._wake_at(s, now, busy)
-                    if at < next_timer:
-                        next_timer = at
+                    deadlines_at = now  # the deadlines may have moved: ask the sessions this turn
+                self._sleeping = True  # before the look at the commands (_wake)
+                # on a shm port a turn that received or sent may sleep at once: what it received was
+                # dispatched and pumped, and arm() looks for packets that came meanwhile. That saves
+                # the empty turn that followed every busy one (half of all turns). Only a send that
+                # stopped short on a full up ring (tx_full) goes on at once, as every busy turn did:
+                # once a turn publishes nothing it sleeps (at least a tick: no spinning while the
+                # switch, which needs the core, drains the ring). A UDP socket keeps going while busy.
+                quiet = not (shm.tx_full and sent) if shm is not None else got == 0 and sent == 0
+                idle = quiet and not self._cmds and not self._stop
+                # sleep until the earliest deadline (retransmission, heartbeat, pull retry), not a fixed
+                # tick. A turn that goes on at once asks the sessions at most once per timer tick: half
+                # the turns do not sleep, and the question was a fifth of an idle turn's work
+                if idle or now >= deadlines_at:
+                    for wake_at in wakers:
+                        at = wake_at()
+                        if at < next_timer:
+                            next_timer = at
+                    deadlines_at = now + timer_tick
                 if next_timer < now + timer_tick:
                     next_timer = now + timer_tick
                 stats["loop_turns"] += 1
                 # a shm port rings its doorbell only once armed; arming may find packets: then do not sleep
-                if got == 0 and sent == 0 and not self._cmds and (self._shm is None or self._shm.arm()):
+                if idle and (shm is None or shm.arm()):
                     wait = max(0.0, next_timer - time.monotonic())
                     woken = False
-                    for fd, ev in poller.poll(max(1, int(wait * 1000 + 0.5)) if wait > 0 else 0):
-                        if ev & select.POLLERR:
-                            self._refused(now, certain=False)
-                        woken |= fd == self._wake_r
+                    ready = poller.poll(max(1, int(wait * 1000 + 0.5)) if wait > 0 else 0)
+                    self._sleeping = False
+                    for fd, ev in ready:
+                        if fd == sock_fd:
+                            if ev & select.POLLERR:
+                                self._refused(now, certain=False)
+                        elif fd == self._wake_r:
+                            woken = True
+                        else:
+                            on_readable = readers.get(fd)
+                            if on_readable is not None:
+                                on_readable()
                     if woken:  # drain the wake pipe only when poll says it holds a byte (an empty read raises)
                         try:
                             os.read(self._wake_r, 4096)
                         except BlockingIOError:
                             pass
+                else:
+                    self._sleeping = False
+                    if readers:  # a busy loop still takes requests as they come
+                        for fd, _ in reader_poll(0):
+                            on_readable = readers.get(fd)
+                            if on_readable is not None:
+                                on_readable()
         except BaseException as e:  # noqa: BLE001 - surface the failure on every waiting handle
             self.error = e
             for h in list(self._handles):
                 h.set_error(EngineError(f"the engine loop failed: {e!r}"))
             raise
-
-    def _wake_at(self, s: Session, now: float, busy: bool) -> float:
-        """When session `s` next needs the loop without a packet or a command arriving."""
-        wake_at = getattr(s, "wake_at", None)
-        if wake_at is not None:
-            return wake_at()
-        return now + (self.config.timer_tick if busy else self.config.heartbeat.interval)
 
     def _refused(self, now: float, certain: bool = True) -> None:
         """The kernel reported an error on the socket: drain its queue (else poll spins on POLLERR)
@@ -450,7 +514,8 @@ class Engine:
                 s.on_params(idx, rows, lens, h, now)
                 return True
             if t == MsgType.HEARTBEAT:
-                hb = header_view(rows[idx], HEARTBEAT_HEADER)
+                # the gathered headers seen as heartbeats (rows[idx] copied whole rows of up to 64 KiB)
+                hb = h.view(HEARTBEAT_HEADER)[idx]
                 for ack, credit, worker, flags in zip(hb["ack"].tolist(), hb["credit"].tolist(),
                                                       hb["worker"].tolist(), hb["flags"].tolist()):
                     if worker == NODE:
@@ -465,7 +530,7 @@ class Engine:
             if not fb.all():
                 return False
         elif t == MsgType.HEARTBEAT:
-            hb = header_view(rows[idx], HEARTBEAT_HEADER)
+            hb = h.view(HEARTBEAT_HEADER)[idx]
             for ack, credit in zip(hb["ack"].tolist(), hb["credit"].tolist()):
                 s.on_workers_heartbeat(ack, credit, now)
         elif t == MsgType.PULL:

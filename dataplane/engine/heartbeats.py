@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .packets import heartbeat
+from .packets import heartbeat_bytes
+from .transport import packet_sender
 from .window import RecvWindow
 
 
@@ -24,6 +25,7 @@ class HeartbeatSender:
     def __init__(self, sock, session: int, worker: int, window: RecvWindow, policy: HeartbeatPolicy,
                  capacity: int | None = None):
         self.sock = sock
+        self._send = packet_sender(sock)
         self.session = session
         self.worker = worker
         self.window = window
@@ -66,9 +68,8 @@ class HeartbeatSender:
 
     def send(self, now: float) -> None:
         gap = self.window.has_gap()
-        row = heartbeat(self.session, self.worker, self.seq, self.window.ack, self.window.credit(self.capacity),
-                        gap=gap)
-        self.sock.send_rows(row, [0], [row.shape[1]])
+        self._send(heartbeat_bytes(self.session, self.worker, self.seq, self.window.ack,
+                                   self.window.credit(self.capacity), gap=gap))
         self.seq += 1
         self.sent += 1
         self._gap_told = gap

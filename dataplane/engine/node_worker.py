@@ -19,8 +19,9 @@ from ..session import SessionSpec
 from .collective import CollectiveSession
 from .handles import EngineError, Handle
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
-from .packets import QuantizedLanes, aggregation_fill, pull_request
+from .packets import QuantizedLanes, aggregation_fill, pull_request_bytes
 from .send_stream import RtoEstimator, SendStream
+from .transport import packet_sender
 from .window import RecvWindow
 
 WIRE_DTYPES = {Dtype.FP32: np.dtype(">f4"), Dtype.FP16: np.dtype(">f2"), Dtype.BF16: np.dtype(">u2")}
@@ -32,8 +33,9 @@ class PullBuffer:
     tensor: int
     numel: int
     dtype: Dtype
-    data: np.ndarray
+    data: np.ndarray  # chunks * epp elements of the wire dtype, or (direct) the pull's `out`, flat
     got: int = 0
+    direct: bool = False  # `data` is the caller's buffer: packets are decoded straight into it
 
 
 @dataclass
@@ -62,8 +64,12 @@ class WorkerNodeSession:
         self.id = spec.session
         self.rank = rank
         self.sock = sock
+        self._send_packet = packet_sender(sock)
         self.lanes = spec.lanes
-        self.grad = SendStream(sock, spec.pool_size, rto, HEADER_LEN + 4 * spec.lanes, now)
+        # refill: a resend quantises the chunk again from the push's source, which the caller keeps
+        # unchanged until the push completes; on a shm port the packets are then written straight
+        # into the up ring (no copy of every 64 KiB row from a send ring: send_stream.py)
+        self.grad = SendStream(sock, spec.pool_size, rto, HEADER_LEN + 4 * spec.lanes, now, refill=True)
         self.node_heard = now  # last HEARTBEAT from the node (liveness.py: its silence names it dead)
         self.param_window = RecvWindow(_pow2_at_least(spec.param_window))
         self.hb = HeartbeatSender(sock, spec.session, rank, self.param_window, hb, capacity=spec.param_window)
@@ -102,7 +108,8 @@ class WorkerNodeSession:
             def saturated() -> None:
                 handle.saturated = True
 
-            lanes_of = QuantizedLanes(x, exps, lanes, n, saturated)
+            # live: once the push failed its caller may reuse x; a resend after that is zeros flagged SATURATED
+            lanes_of = QuantizedLanes(x, exps, lanes, n, saturated, live=lambda: not handle.done())
             seg.ready(aggregation_fill(
                 seg_start=seg.start, msg_type=MsgType.GRAD, session=s.session, worker=self.rank,
                 pool_base=s.pool_base, pool_size=s.pool_size, lanes=lanes, tensor=tensor, numel=numel,
@@ -166,13 +173,17 @@ class WorkerNodeSession:
             self.stats["malformed"] = self.stats.get("malformed", 0) + int((~ok).sum())
             sel, counts, offsets = sel[ok], counts[ok], offsets[ok]
         buf = self.buffers.get(pull_id)
-        if buf is None:
-            chunks = max(1, num_chunks(numel, epp))
-            buf = PullBuffer(tensor, numel, dtype, np.empty(chunks * epp, dtype=NATIVE_DTYPES[dtype]))
-            self.buffers[pull_id] = buf
-            if pull_id not in self.pulls:
-                self.stats["staged"] += 1
         op = self.pulls.get(pull_id)
+        if buf is None:
+            into = _direct_target(op, tensor, numel, dtype)
+            if into is not None:  # a posted pull into a buffer that takes these bits: no staging copy
+                buf = PullBuffer(tensor, numel, dtype, into, direct=True)
+            else:
+                chunks = max(1, num_chunks(numel, epp))
+                buf = PullBuffer(tensor, numel, dtype, np.empty(chunks * epp, dtype=NATIVE_DTYPES[dtype]))
+            self.buffers[pull_id] = buf
+            if op is None:
+                self.stats["staged"] += 1
         if op is not None and not op.answered:
             op.answered = True
             self._pull_stale = True
@@ -181,7 +192,13 @@ class WorkerNodeSession:
         chunk = offsets // epp
         n = len(sel)
         s0, c0 = (int(sel[0]), int(chunk[0])) if n else (0, 0)
-        if n and _ALL(sel == np.arange(s0, s0 + n)) and _ALL(chunk == np.arange(c0, c0 + n)):
+        if buf.direct:
+            if n and _ALL(sel == np.arange(s0, s0 + n)) and _ALL(chunk == np.arange(c0, c0 + n)):
+                _decode_run(buf, rows, s0, c0, n, wire, epp)
+            else:  # out of order (a resend, a reordered path): packet by packet
+                for row, c in zip(sel.tolist(), chunk.tolist()):
+                    _decode_run(buf, rows, row, c, 1, wire, epp)
+        elif n and _ALL(sel == np.arange(s0, s0 + n)) and _ALL(chunk == np.arange(c0, c0 + n)):
             # the common batch, one run of a pull's packets in order: slices, so the rows are copied
             # once straight into the buffer (a fancy index gathers them into a temporary first)
             buf.data.reshape(-1, epp)[c0:c0 + n] = rows[s0:s0 + n, HEADER_LEN:width].view(wire)
@@ -199,8 +216,11 @@ class WorkerNodeSession:
                 f"pull {op.pull_id}: the node sent tensor {buf.tensor} but this worker asked for {op.tensor}; "
                 "workers must issue the same pulls in the same order"))
             return
-        data = buf.data[: buf.numel]
         op.handle.info["dtype"] = buf.dtype
+        if buf.direct:  # decoded into op.out as the packets came (_direct_target checked it takes them)
+            op.handle.set_result(op.out)
+            return
+        data = buf.data[: buf.numel]
         if op.out is None:
             op.handle.set_result(data)
             return
@@ -236,8 +256,8 @@ class WorkerNodeSession:
         self._to_request = [op for op in self._to_request if not op.answered and op.pull_id in self.pulls]
         for i in range(0, len(due), 64):
             group = due[i:i + 64]
-            row = pull_request(self.id, self.rank, [(op.pull_id, op.tensor, op.version) for op in group])
-            self.sock.send_rows(row, [0], [row.shape[1]])
+            self._send_packet(pull_request_bytes(self.id, self.rank, [(op.pull_id, op.tensor, op.version)
+                                                                     for op in group]))
             for op in group:
                 op.retries += op.requested_at > 0
                 op.requested_at = now
@@ -278,6 +298,40 @@ class WorkerNodeSession:
 
     def hello(self, now: float) -> None:
         self.hb.send(now)
+
+
+def _direct_target(op: PullOp | None, tensor: int, numel: int, dtype: Dtype) -> np.ndarray | None:
+    """The pull's `out`, flat, when PARAM packets can be decoded straight into it: the layer and
+    size it asked for, C-contiguous and writable, and the wire's own dtype or bf16 into float32
+    (a float32's top half). Else None: the packets are staged and `_complete` converts or refuses."""
+    out = op.out if op is not None else None
+    if out is None or op.tensor != tensor or out.size != numel or not out.flags.c_contiguous \
+            or not out.flags.writeable:
+        return None
+    if out.dtype == NATIVE_DTYPES[dtype] or (out.dtype == np.float32 and dtype == Dtype.BF16):
+        return out.reshape(-1)
+    return None
+
+
+def _decode_run(buf: PullBuffer, rows: np.ndarray, s0: int, c0: int, n: int, wire: np.dtype, epp: int) -> None:
+    """Packets rows[s0:s0 + n] (chunks c0..c0 + n) into the caller's buffer `buf.data`: a copy of
+    the big-endian values (or bf16 -> float32: the 16 bits widened, then shifted to the top half),
+    whole chunks in one slice, the short last chunk by itself (the buffer ends at numel)."""
+    widen = buf.data.dtype == np.float32 and buf.dtype == Dtype.BF16
+    dst = buf.data.view(np.uint32) if widen else buf.data
+    whole = max(0, min(n, buf.numel // epp - c0))
+    if whole:
+        d = dst[c0 * epp:(c0 + whole) * epp].reshape(whole, epp)
+        d[...] = rows[s0:s0 + whole, HEADER_LEN:HEADER_LEN + epp * wire.itemsize].view(wire)
+        if widen:
+            np.left_shift(d, 16, out=d)
+    if whole < n:  # the last chunk, short of epp elements
+        c = c0 + whole
+        count = buf.numel - c * epp
+        d = dst[c * epp:buf.numel]
+        d[...] = rows[s0 + whole, HEADER_LEN:HEADER_LEN + count * wire.itemsize].view(wire)
+        if widen:
+            np.left_shift(d, 16, out=d)
 
 
 def wire_dtype(dtype: Dtype) -> np.dtype:

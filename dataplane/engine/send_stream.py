@@ -5,8 +5,8 @@ its first transmission by the operation that owns it, and kept for retransmissio
 acknowledged (the window guarantees `seq - ring` was acknowledged before `seq` is written).
 Each operation owns a `Segment`: a contiguous range of sequence numbers reserved when it is
 submitted, so every worker numbers the same chunk the same way (docs/protocol.md 1).
-A stream whose fills can be run again (`refill`: collectives) on a shared-memory port has no
-ring: the fill writes each packet straight into the switch port's up ring, and a resend runs the
+A stream whose fills can be run again (`refill`: collectives, and a worker's gradient pushes,
+whose source stays unchanged until the push completes) on a shared-memory port has no ring: the fill writes each packet straight into the switch port's up ring, and a resend runs the
 fill again (docs/architecture.md "Zero-copy send").
 
 The retransmission timeout adapts like TCP's (RFC 6298): SRTT/RTTVAR give RTO = SRTT + max(G,
@@ -142,7 +142,8 @@ class SendStream:
         credit: the receiver's initial credit (default: the window).
         received: which packets already got through; resends skip them.
         refill: the fills may be run again for a packet until it is acknowledged or `received`
-            says it got through (their sources stay unchanged until then). On a shared-memory
+            says it got through (their sources stay unchanged until then; a stream whose
+            source is overwritten in place as results arrive must pass `received`). On a shared-memory
             port the stream then writes each packet straight into the up ring and keeps no
             copy: a retransmission runs the fill again (docs/architecture.md "Zero-copy send").
     """
@@ -153,10 +154,9 @@ class SendStream:
         self.window = window
         self.rto = rto
         rows = _pow2_at_least(window)
-        # direct: fill into the shm up ring (needs resends to be refillable, and `received` so
-        # that no chunk whose result was already written into an in-place buffer is read again)
-        self.direct = (refill and received is not None and hasattr(sock, "send_filled")
-                       and row_bytes <= sock.tx_row_bytes)
+        # direct: fill into the shm up ring (needs resends to be refillable; an in-place collective
+        # also passes `received`, so that no chunk whose result overwrote its source is read again)
+        self.direct = refill and hasattr(sock, "send_filled") and row_bytes <= sock.tx_row_bytes
         self.ring = None if self.direct else np.zeros((rows, row_bytes), dtype=np.uint8)
         self.ring_len = None if self.direct else np.zeros(rows, dtype=np.int64)
         self.sent_at = np.zeros(rows, dtype=np.float64)  # latest transmission of each row (RTT samples, hole waits)
@@ -225,6 +225,8 @@ class SendStream:
         return lim
 
     def pump(self, now: float) -> int:
+        if self.send_next == self.next_seq:
+            return 0  # everything reserved has gone (most loop turns of most streams): no limit to work out
         limit = self._limit()
         if limit == self.send_next or sdiff(limit, self.send_next) <= 0:
             return 0  # nothing may go now (most loop turns): the loop below would send nothing
@@ -322,7 +324,9 @@ class SendStream:
         chunks = np.arange(rel, stop, dtype=np.int64)
         if resend:
             head = (seg.start + chunks[:resend]) & self._mask
-            keep = self.lost[head] & ~self.received((seg.start + rel) & MASK32, resend)
+            keep = self.lost[head]
+            if self.received is not None:
+                keep &= ~self.received((seg.start + rel) & MASK32, resend)
             if not keep.all():
                 chunks = np.concatenate((chunks[:resend][keep], chunks[resend:]))
             nres = int(keep.sum())

@@ -14,6 +14,10 @@ above never sees which one it has.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
+
 from ..net.mmsg import BatchSocket, udp_socket
 from ..net.shm_endpoint import ShmEndpoint
 from ..session import Wiring
@@ -30,6 +34,19 @@ def open_transport(wiring: Wiring, batch: int, max_len: int, socket_buffer: int)
     out.set_peer(0, wiring.switch[0], wiring.switch[1])
     out.default_peer = 0
     return out
+
+
+def packet_sender(sock) -> Callable[[bytes], object]:
+    """How to send one packet given as bytes on `sock`: the shm endpoint's `send_packet` (no numpy
+    row, no batch bookkeeping: heartbeats and PULLs go one at a time), else `send_rows` of a row."""
+    fast = getattr(sock, "send_packet", None)
+    if fast is not None:
+        return fast
+
+    def send(data: bytes) -> object:
+        return sock.send_rows(np.frombuffer(bytearray(data), dtype=np.uint8)[None], [0], [len(data)])
+
+    return send
 
 
 def switch_name(wiring: Wiring) -> str:

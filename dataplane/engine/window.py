@@ -12,7 +12,7 @@ import numpy as np
 MASK32 = 0xFFFFFFFF
 # the ufuncs' reductions called directly: the ndarray methods' Python wrappers cost more than the
 # work on a batch of a few dozen sequence numbers
-_MAX, _ALL, _COUNT = np.maximum.reduce, np.logical_and.reduce, np.count_nonzero
+_MAX, _ALL, _ANY, _COUNT = np.maximum.reduce, np.logical_and.reduce, np.logical_or.reduce, np.count_nonzero
 
 
 class RecvWindow:
@@ -24,6 +24,9 @@ class RecvWindow:
         self._bits = np.zeros(size, dtype=bool)
         self.bits = self._bits  # the same array (only ever changed in place), for the compiled RESULT pass
         self.duplicates = 0
+        # has_gap's answer until the bits change (accept, advance, or `changed()` from a writer of
+        # `bits`): heartbeat senders ask it on every loop turn, and most turns receive nothing
+        self._gap: bool | None = False
 
     def credit(self, capacity: int | None = None) -> int:
         """Highest sequence number this receiver can take (inclusive)."""
@@ -31,6 +34,7 @@ class RecvWindow:
 
     def accept(self, seqs: np.ndarray) -> np.ndarray:
         """Mark `seqs` received; returns a mask of the ones seen for the first time."""
+        self._gap = None
         s64 = np.asarray(seqs, dtype=np.uint32).astype(np.int64)
         dist = (s64 - self.ack) & MASK32
         idx = s64 & (self.size - 1)
@@ -58,6 +62,7 @@ class RecvWindow:
         pos = self.ack & (self.size - 1)
         if not self._bits[pos]:
             return 0
+        self._gap = None
         end = int(self._bits[pos:].argmin())  # the first hole at or after pos, else 0 (all received to the end)
         if end:
             n = end  # stops before the ring's end (the common case): no rotated copy of the window
@@ -74,7 +79,14 @@ class RecvWindow:
 
     def has_gap(self) -> bool:
         """Something past `ack` has arrived while `ack` itself has not: a packet was lost."""
-        return bool(self._bits.any())
+        gap = self._gap
+        if gap is None:
+            gap = self._gap = bool(_ANY(self._bits))
+        return gap
+
+    def changed(self) -> None:
+        """`bits` or `ack` were changed from outside (the compiled RESULT pass): forget has_gap's answer."""
+        self._gap = None
 
     def received_mask(self, first: int, count: int) -> np.ndarray:
         """For seqs first..first+count-1: True where already received (or below ack)."""

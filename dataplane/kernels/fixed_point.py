@@ -100,6 +100,36 @@ def chunk_absmax(words, lanes, out):
     return out
 
 
+@njit(cache=True, nogil=True)
+def chunk_exponents(words, lanes, exp_min, exp_max, out):
+    """out[r] = dataplane/quantize.py `chunk_exponents` of chunk r of float32 x given as its uint32
+    `words`: the exponent e of frexp(max |chunk|) (max |chunk| < 2^e), exp_min for an all-zero
+    chunk, exp_max for one holding inf or NaN, clipped to [exp_min, exp_max]. Read off the
+    largest magnitude's bits (as `chunk_absmax` finds them): a normal value with biased exponent
+    E is 0.1f * 2^(E - 126); a subnormal m * 2^-149 has e = bit_length(m) - 149."""
+    n = words.size
+    for r in range(out.size):
+        src = words[r * lanes:min(n, (r + 1) * lanes)]
+        m = np.uint32(0)
+        for j in range(src.size):
+            v = src[j] & np.uint32(0x7FFFFFFF)
+            m = v if v > m else m
+        biased = np.int32(m >> np.uint32(23))
+        if m == 0:
+            e = exp_min
+        elif biased == 255:  # inf or NaN
+            e = exp_max
+        elif biased == 0:  # subnormal
+            e = np.int32(-149)
+            while m:
+                m >>= np.uint32(1)
+                e += 1
+        else:
+            e = biased - 126
+        out[r] = min(max(e, exp_min), exp_max)
+    return out
+
+
 @njit(cache=True, inline="always")
 def _be32(b, at):
     return (np.int64(b[at]) << 24) | (np.int64(b[at + 1]) << 16) | (np.int64(b[at + 2]) << 8) | np.int64(b[at + 3])

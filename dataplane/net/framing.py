@@ -5,6 +5,7 @@ the header lists by size. Claims are checked before anything is allocated for th
     send_msg(sock, {"op": "add_job", ...}, [array.data])
     header, blobs = recv_msg(sock, max_message=1 << 30)
     reader = FrameReader(sock); header, blobs = reader.recv_msg()   # buffered: one recv per burst
+    reader.feed(data); msg = reader.next_msg()   # an event loop that reads the socket itself
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ def send_msg(sock: socket.socket, header: dict, blobs: Sequence[Any] = ()) -> No
     sock.sendall(LENGTH.pack(len(data)) + data)
     for b in blobs:
         sock.sendall(memoryview(b).cast("B"))
+
+
+def send_json_text(sock: socket.socket, text: str) -> None:
+    """One frame with no blobs whose header is `text`, a JSON object the caller formatted itself
+    (a reply of fixed shape, sent thousands of times a second: luwu/daemons/engine.py); it must
+    be what `send_msg` would send for that header, `"blobs": []` aside (readers default to none)."""
+    data = text.encode()
+    sock.sendall(LENGTH.pack(len(data)) + data)
 
 
 def recv_msg(sock: socket.socket, max_message: int | None = None,
@@ -107,6 +116,61 @@ class FrameReader:
                  reserve: Callable[[int], Callable[[], None]] | None = None) -> tuple[dict, list[bytes]]:
         """One frame, as the module's `recv_msg`."""
         return _read_msg(self._exact, max_message, reserve)
+
+    def has_buffered(self) -> bool:
+        """Whether bytes past the last frame handed out are buffered (read, not yet a frame)."""
+        return len(self._buf) > self._pos
+
+    def feed(self, data: bytes) -> None:
+        """Add bytes the caller received itself (an event loop that owns the socket's readiness:
+        luwu/daemons/engine.py); `next_msg` then hands out the frames they complete."""
+        if self._pos:
+            del self._buf[:self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def next_msg(self, max_message: int | None = None) -> tuple[dict, list[bytes]] | None:
+        """The next frame if `feed` has buffered all of it, else None (nothing consumed). A frame
+        that cannot be one (FrameError, FrameTooLarge) raises as soon as its length or header is
+        buffered, as `recv_msg` does: a garbage length is never waited for.
+
+        Examples:
+            >>> reader.feed(sock.recv(1 << 16))  # doctest: +SKIP
+            >>> while (msg := reader.next_msg(max_message=1 << 20)) is not None:  # doctest: +SKIP
+            ...     header, blobs = msg
+        """
+        start = self._pos
+        buf = self._buf
+        if len(buf) - start >= LENGTH.size:  # the common frame, a header with no blobs, in a few calls
+            (n,) = LENGTH.unpack_from(buf, start)
+            end = start + LENGTH.size + n
+            if n <= min(MAX_HEADER, max_message or MAX_HEADER) and len(buf) >= end:
+                try:
+                    header = json.loads(buf[start + LENGTH.size:end].decode())
+                except ValueError:
+                    header = None  # the full path below says what is wrong with it
+                if type(header) is dict:
+                    blobs = header.get("blobs")
+                    if blobs is None or (type(blobs) is list and not blobs):
+                        self._pos = end
+                        return header, []
+
+        def buffered(n: int) -> bytes:
+            if len(self._buf) - self._pos < n:
+                raise _Incomplete
+            out = bytes(self._buf[self._pos:self._pos + n])
+            self._pos += n
+            return out
+
+        try:
+            return _read_msg(buffered, max_message, None)
+        except _Incomplete:
+            self._pos = start
+            return None
+
+
+class _Incomplete(Exception):
+    """`FrameReader.next_msg`: the buffered bytes end inside the frame."""
 
 
 def _read_msg(read: Callable[[int], bytes], max_message: int | None,

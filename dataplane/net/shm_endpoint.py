@@ -63,6 +63,10 @@ class ShmEndpoint:
                       "rx_lost": 0}
         self._checked = -1e9
         self._gone = False
+        # set when `send_filled` found the up ring full (the rest is sent later): the engine then
+        # takes another turn at once if that turn published something (no doorbell tells a
+        # producer that the switch made room); the engine clears it before each turn's sends
+        self.tx_full = False
 
     @property
     def fd(self) -> int:
@@ -151,6 +155,17 @@ class ShmEndpoint:
         self.stats["tx_errors"] += len(idx) - n
         return len(idx)
 
+    def send_packet(self, data: bytes) -> int:
+        """Publish one packet given as bytes (ShmRing.push_packet: a heartbeat or a PULL, with no
+        numpy row built for it); returns 1 (a full ring loses it, counted in tx_errors)."""
+        if self.up.push_packet(data):
+            self.up.notify()
+            self.stats["tx_packets"] += 1
+            self.stats["tx_bytes"] += len(data)
+        else:
+            self.stats["tx_errors"] += 1
+        return 1
+
     @property
     def tx_row_bytes(self) -> int:
         """The largest packet `send_filled` can write (the up ring's row)."""
@@ -168,6 +183,8 @@ class ShmEndpoint:
             nbytes += int(lengths.sum())
 
         k = self.up.fill_rows(n, counted)
+        if k < n:
+            self.tx_full = True
         if k:
             self.up.notify()
             self.stats["tx_packets"] += k

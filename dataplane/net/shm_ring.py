@@ -322,6 +322,21 @@ class ShmRing:
             self.notify()
         return n, too_long, int(lengths[:n].sum())
 
+    def push_packet(self, data: bytes) -> int:
+        """Publish one packet given as bytes (a heartbeat, a PULL: built with struct, not as a numpy
+        row) without `push_rows`' batch machinery; returns 1, or 0 when the ring is full or the
+        packet is longer than a row (the caller counts it lost, as `push_rows` does). Not rung:
+        call `notify()`."""
+        n = len(data)
+        head = int(self.h[H_HEAD])
+        if n > self.row_bytes or head - int(self.h[H_TAIL]) >= self.slots:
+            return 0
+        pos = head & self._mask
+        self.rows[pos, :n] = np.frombuffer(data, dtype=np.uint8)
+        self.lengths[pos] = n
+        self.h[H_HEAD] = head + 1  # publish: after the row (x86 keeps stores in order)
+        return 1
+
     def push_refs(self, pool_id: int, pool_pos: np.ndarray, lengths: np.ndarray) -> int:
         """Publish references to rows `pool_pos` of multicast pool `pool_id` (packets of
         `lengths` bytes, written there by the caller) instead of the packets; returns how many fit

@@ -9,7 +9,8 @@ carries an `id`; the reply `{"id", "ok", ...}` comes when the operation complete
 One daemon can host several engines: a connection whose first request is `{"op": "open", "plan":
 EndpointPlan}` gets an engine of its own, closed with the connection (`close` on it closes only
 that engine). Connections that open none use the `--plan` engine, and their `close` stops the
-daemon. Started without `--plan`, the daemon waits for `open`s: a worker starts it before it
+daemon. Once a connection has an engine, that engine's own loop reads its requests
+(`Engine.add_reader`): a request costs no thread switch; the connection's thread waits for the end. Started without `--plan`, the daemon waits for `open`s: a worker starts it before it
 knows its plan (the plan and the process start overlap) and each of its process groups opens an
 engine in it instead of starting a process (worker/engine_link.py, for the torch backend and ModelInNetwork).
 Its compiled kernels load in the background (dataplane/kernels `load_in_background`) once its
@@ -31,14 +32,15 @@ import numpy as np
 from luwu.dataplane.engine.engine import Engine, EngineConfig
 from luwu.dataplane.engine.handles import Handle
 from luwu.dataplane.engine.shm import ShmCache
-from luwu.dataplane.heap import retain_freed_memory
+from luwu.dataplane.heap import freeze_collector, refreeze, retain_freed_memory
 from luwu.dataplane.kernels import load_in_background
-from luwu.dataplane.net.framing import FrameError, FrameReader, send_msg
+from luwu.dataplane.net.framing import FrameError, FrameReader, send_json_text, send_msg
 from luwu.dataplane.quantize import warm_up
 from luwu.dataplane.session import EndpointPlan
 from luwu.dataplane.usage import positive_int
 
 MAX_REQUEST = 16 << 20  # bytes of one request (a plan is the largest)
+ENGINE_CHECK = 1.0  # s between a connection thread's looks at whether its engine's loop still runs
 KERNELS_DEFER = 5.0  # s an engine process waits for its first completed operation before loading its kernels
 DTYPES = {"float32": np.float32, "int32": np.int32, "float16": np.float16, "bfloat16": np.uint16}
 
@@ -94,42 +96,113 @@ class EngineServer:
                 except OSError:
                     pass
 
-        engine, own = self.engine, None
+        def reply_text(text: str) -> None:
+            with lock:
+                try:
+                    send_json_text(conn, text)
+                except OSError:
+                    pass
+
+        state = {"engine": self.engine, "own": None}
         reader = FrameReader(conn)
+
+        def serve(req: dict) -> bool:
+            """One request; False once the connection is to end (`close`)."""
+            engine, own = state["engine"], state["own"]
+            try:
+                if req.get("op") == "close":
+                    reply({"id": req.get("id"), "ok": True})
+                    if own is None:
+                        self.stop()
+                    return False
+                if req.get("op") == "open":
+                    if own is not None:
+                        raise ValueError("this connection already has an engine (one per connection)")
+                    own = engine = Engine(EndpointPlan.from_json(json.dumps(req["plan"])), self.config).start()
+                    state["engine"] = state["own"] = own
+                    host, port = engine.address
+                    reply({"id": req.get("id"), "ok": True, "udp": f"{host}:{port}"})
+                    return True
+                if engine is None:
+                    raise ValueError("no engine on this connection: send {'op': 'open', 'plan': ...} first")
+                self._request(engine, req, shm, reply, reply_text)
+            except Exception as e:  # a bad request fails alone
+                reply({"id": req.get("id"), "ok": False, "error": f"{type(e).__name__}: {e}"})
+            return True
+
+        def refuse(e: FrameError) -> None:  # the stream cannot be followed past a bad frame: close it
+            reply({"id": None, "ok": False, "error": f"a request that is not a luwu frame: {e}"})
+
         try:
             with conn:
-                while True:
+                # this thread reads the requests until the connection has an engine; then the
+                # engine's own loop does (Engine.add_reader): no thread switch per request
+                while state["engine"] is None or reader.has_buffered():
                     try:
                         req, _ = reader.recv_msg(max_message=MAX_REQUEST)
-                    except FrameError as e:  # the stream cannot be followed past a bad frame: close it
-                        reply({"id": None, "ok": False, "error": f"a request that is not a luwu frame: {e}"})
-                        break
+                    except FrameError as e:
+                        refuse(e)
+                        return
                     except OSError:  # the client closed or died
-                        break
+                        return
+                    if not serve(req):
+                        return
+                if self._served_by_engine(conn, reader, state["engine"], serve, refuse):
+                    return
+                while True:  # the engine stopped (closed, or its loop failed): its requests get its error here
                     try:
-                        if req.get("op") == "close":
-                            reply({"id": req.get("id"), "ok": True})
-                            if own is None:
-                                self.stop()
-                            break
-                        if req.get("op") == "open":
-                            if own is not None:
-                                raise ValueError("this connection already has an engine (one per connection)")
-                            own = engine = Engine(EndpointPlan.from_json(json.dumps(req["plan"])), self.config).start()
-                            host, port = engine.address
-                            reply({"id": req.get("id"), "ok": True, "udp": f"{host}:{port}"})
-                            continue
-                        if engine is None:
-                            raise ValueError("no engine on this connection: send {'op': 'open', 'plan': ...} first")
-                        self._request(engine, req, shm, reply)
-                    except Exception as e:  # a bad request fails alone
-                        reply({"id": req.get("id"), "ok": False, "error": f"{type(e).__name__}: {e}"})
+                        req, _ = reader.recv_msg(max_message=MAX_REQUEST)
+                    except FrameError as e:
+                        refuse(e)
+                        return
+                    except OSError:
+                        return
+                    if not serve(req):
+                        return
         finally:
-            if own is not None:
-                own.close()
+            if state["own"] is not None:
+                state["own"].close()
             shm.close()
 
-    def _request(self, engine: Engine, req: dict, shm: ShmCache, reply) -> None:
+    def _served_by_engine(self, conn: socket.socket, reader: FrameReader, engine: Engine, serve, refuse) -> bool:
+        """Hand the connection's reading to `engine`'s loop; returns True once the connection ended
+        there, False if the engine stopped first (the caller reads on in this thread)."""
+        ended = threading.Event()
+        fd = conn.fileno()
+
+        def end() -> None:
+            engine.remove_reader(fd)
+            ended.set()
+
+        def on_readable() -> None:  # on the engine thread: poll said readable, so recv does not block
+            try:
+                data = conn.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:  # the client closed or died
+                end()
+                return
+            reader.feed(data)
+            while True:
+                try:
+                    msg = reader.next_msg(max_message=MAX_REQUEST)
+                except FrameError as e:
+                    refuse(e)
+                    end()
+                    return
+                if msg is None:
+                    return
+                if not serve(msg[0]):
+                    end()
+                    return
+
+        engine.add_reader(fd, on_readable)
+        while not ended.wait(ENGINE_CHECK):
+            if engine.error is not None or engine.stopped:
+                return False  # its loop is gone: nothing reads the connection there any more
+        return True
+
+    def _request(self, engine: Engine, req: dict, shm: ShmCache, reply, reply_text) -> None:
         rid, op = req.get("id"), req.get("op")
         if op == "stats":
             reply({"id": rid, "ok": True, "stats": engine.session_stats()})
@@ -148,7 +221,9 @@ class EngineServer:
             if h.error is not None:
                 reply({"id": rid, "ok": False, "error": str(h.error)})
                 return
-            reply({"id": rid, "ok": True, "saturated": h.saturated})
+            # the common reply, formatted directly (a client's ids are ints; anything else as JSON)
+            reply_text(f'{{"id": {rid if type(rid) is int else json.dumps(rid)}, "ok": true, '
+                       f'"saturated": {"true" if h.saturated else "false"}}}')
 
         if op == "allreduce":
             # in place: the result is decoded straight into the worker's buffer (the worker keeps
@@ -181,6 +256,7 @@ def run(args) -> int:
     def load() -> None:
         served.wait(KERNELS_DEFER)
         warm_up()
+        refreeze()  # numba's objects are long-lived too (dataplane/heap.py)
 
     load_in_background(load, "luwu-kernels-load")
     config = EngineConfig(batch=args.batch)
@@ -195,6 +271,9 @@ def run(args) -> int:
     if engine is not None:
         host, port = engine.address
         ready.update(rank=plan.wiring.rank, udp=f"{host}:{port}")
+    # start-up objects leave the garbage collector's traversals: the engine's garbage is young, and
+    # full collections over numpy's and the engine's long-lived objects were ~2% of its CPU (perf)
+    freeze_collector()
     print(json.dumps(ready), flush=True)
     try:
         server.serve_forever()

@@ -77,3 +77,65 @@ def test_frame_reader_splits_bursts_and_joins_fragments():
             reader.recv_msg()
     finally:
         b.close()
+
+
+def test_frame_reader_fed_by_an_event_loop_hands_out_only_whole_frames():
+    """`feed`/`next_msg` (the engine loop reads the daemon's requests itself): a burst cut at every
+    byte gives the same frames as one read, a partial frame consumes nothing, and a garbage length
+    is refused as soon as it is buffered, not waited for."""
+    import pytest
+
+    from luwu.dataplane.net.framing import FrameError, FrameReader
+
+    a, b = socket.socketpair()
+    try:
+        for i in range(3):
+            send_msg(a, {"id": i}, [b"ab" * i])
+        a.close()
+        data = b""
+        while chunk := b.recv(1 << 16):
+            data += chunk
+    finally:
+        b.close()
+    for cut in range(len(data) + 1):
+        reader = FrameReader(None)
+        got = []
+        for piece in (data[:cut], data[cut:]):
+            reader.feed(piece)
+            while (msg := reader.next_msg(max_message=1 << 20)) is not None:
+                got.append(msg)
+        assert [(h["id"], blobs) for h, blobs in got] == [(0, [b""]), (1, [b"ab"]), (2, [b"abab"])], cut
+        assert not reader.has_buffered()
+    reader = FrameReader(None)
+    reader.feed(b"GET / HTTP/1.1")
+    with pytest.raises(FrameError, match="larger than"):
+        reader.next_msg(max_message=1 << 20)
+
+
+def test_requests_are_served_by_the_engine_loop(tmp_path):
+    """After `open`, the engine's own thread reads the connection (Engine.add_reader): a burst of
+    pushes and pulls sent without waiting all complete, and `close` ends the connection there."""
+    import numpy as np
+
+    from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+
+    plan = StarPlan(workers=1, nodes=0, mode="tofino")
+    with LoopbackSwitch(plan):
+        client = EngineClient.spawn(None, str(tmp_path))
+        try:
+            client.open(plan.worker_plan(0))
+            buf = client.buffer(4 * 64 * 20)
+            xs = buf.view(np.int32, 64 * 20).reshape(20, 64)
+            xs[:] = np.arange(20, dtype=np.int32)[:, None] * 3 + np.arange(64, dtype=np.int32)
+            want = xs.copy()
+            # sent back to back, no waiting: the daemon reads them in bursts
+            handles = [client.allreduce(buf, xs[i], "sum") for i in range(20)]
+            for h in handles:
+                h.wait(60)
+            assert np.array_equal(xs, want)  # one worker: each sum is its own values, each in its place
+            stats = client.stats()
+            assert stats["engine"]["loop_turns"] > 0
+        finally:
+            client.close(timeout=10)
+            if client.process.poll() is None:
+                children.stop(client.process, grace=1)

@@ -152,6 +152,24 @@ def test_chunk_absmax_kernel_matches_reference(x, lanes, monkeypatch_module):
     assert np.array_equal(e0, e1)
 
 
+@pytest.mark.parametrize("lanes", [1, 3, 64])
+def test_chunk_exponents_kernel_every_exponent_class(lanes, monkeypatch):
+    """The compiled exponents are read off the bits: every biased exponent (zero, subnormals,
+    normals, the largest, inf/NaN), both signs, against the numpy (frexp) reference."""
+    biased = np.arange(256, dtype=np.uint32)[:, None] << 23
+    mant = np.array([0, 1, 2, 0x400000, 0x7FFFFF, 12345], dtype=np.uint32)[None, :]
+    words = (biased | mant).reshape(-1)
+    x = np.concatenate([words, words | 0x80000000]).view(np.float32)
+    got = {}
+    for mode in ("reference", "numba"):
+        monkeypatch.setenv("LUWU_KERNELS", mode)
+        got[mode] = Q.chunk_exponents(x, lanes)
+    assert got["numba"].dtype == got["reference"].dtype == np.int32
+    assert np.array_equal(got["numba"], got["reference"])
+    if lanes == 1:  # one value a chunk: zero, the smallest subnormals and the largest normals reach both clips
+        assert got["reference"].min() == Q.EXP_MIN and got["reference"].max() == Q.EXP_MAX
+
+
 def test_kernel_mode_switch(monkeypatch):
     """LUWU_KERNELS picks the path; a typo is a clear error, not a silent fallback."""
     monkeypatch.setenv("LUWU_KERNELS", "reference")

@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from luwu.dataplane.engine import Engine
+from luwu.dataplane.engine.node_worker import as_float32
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+from luwu.dataplane.protocol import Dtype
 from luwu.dataplane.quantize import chunk_exponents, error_bound
 from luwu.mininet.paramstore import SgdParamStore
 
 
-def _run(workers: int, layers: dict[int, np.ndarray], grads, drop=None, runtime_edit=None, bf16=False):
+def _run(workers: int, layers: dict[int, np.ndarray], grads, drop=None, runtime_edit=None, bf16=False, pull_out=True):
     plan = StarPlan(workers=workers, nodes=1, mode="tofino", node_pool=32, param_window=64)
     runtime = plan.runtime()
     if runtime_edit:
@@ -31,7 +33,8 @@ def _run(workers: int, layers: dict[int, np.ndarray], grads, drop=None, runtime_
             for h in pushes:
                 h.wait(60)
             outs = {t: [np.empty(layers[t].size, np.float32) for _ in engines] for t in layers}
-            second = {t: [e.pull(sid, t, 1, out=o).wait(60) for e, o in zip(engines, outs[t])] for t in layers}
+            second = {t: [e.pull(sid, t, 1, out=o if pull_out else None).wait(60) for e, o in zip(engines, outs[t])]
+                      for t in layers}
             stats = node.session_stats()
         finally:
             for e in engines:
@@ -97,3 +100,18 @@ def test_bf16_parameters_arrive_as_bf16():
         want = ((p.view(np.uint32) >> 16).astype(np.uint16))
         for got in first[t]:
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_pulls_into_a_buffer_are_the_staged_bits(bf16):
+    """A pull with `out` decodes the PARAM packets straight into it (node_worker.py `_decode_run`:
+    whole chunks, the short last one, bf16 widened to float32): every bit equals the staged pull's
+    (no `out`) converted as `_complete` converts it, for layers of 1, 70 and 1000 elements."""
+    layers, grads = _layers_and_grads(2, seed=4)
+    _, second, _, _, _ = _run(2, layers, grads, bf16=bf16)
+    _, second_staged, _, _, _ = _run(2, layers, grads, bf16=bf16, pull_out=False)
+    for t in layers:
+        for direct, staged in zip(second[t], second_staged[t]):
+            want = as_float32(staged, Dtype.BF16) if bf16 else staged
+            assert direct.dtype == np.float32 and staged.dtype == (np.uint16 if bf16 else np.float32)
+            np.testing.assert_array_equal(direct.view(np.uint32), want.view(np.uint32))

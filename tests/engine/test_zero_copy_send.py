@@ -112,6 +112,46 @@ def test_a_resend_is_filled_again_flagged_and_skips_what_got_through(port):
     assert s.stats["rtt_samples"] == 1 and s.idle()
 
 
+def test_a_stream_without_delivery_news_resends_what_is_outstanding_filled_again(port):
+    """A worker's gradient push stream (refill, no `received`: the node acknowledges cumulatively
+    by heartbeat): no send ring on a shm port, and a timeout resends every unacknowledged packet,
+    filled again from the source, flagged RETX, byte for byte the first transmission."""
+    ep, up = port
+    s = SendStream(ep, window=32, rto=RtoEstimator(RtoPolicy(initial=0.1, minimum=0.01)), row_bytes=ROW, refill=True)
+    assert s.direct and s.ring is None
+    seg = s.reserve(5)
+    seg.ready(_fill)
+    assert s.pump(now=1.0) == 5
+    first, _ = _drain(up)
+    s.on_ack(2, 40, now=1.01)  # 0 and 1 acknowledged, 2-4 lost
+    s.burst = 8
+    assert s.check_timeout(now=5.0)
+    assert s.pump(now=5.0) == 3
+    rows, lens = _drain(up)
+    assert [int(r[4]) for r in rows] == [2, 3, 4]
+    for r, n in zip(rows, lens):
+        i = int(r[4])
+        assert r[1] & int(Flag.RETX) and n == _want(i)[1]
+        assert np.array_equal(r[8:n], first[i][8:n]), "a resent packet is the first one, filled again"
+    s.on_ack(5, 40, now=5.2)
+    assert s.idle() and s.stats["retransmitted"] == 3
+
+
+def test_a_workers_push_stream_writes_straight_into_the_up_ring():
+    """The worker engine's gradient stream on a shm port is the zero-copy kind (node_worker.py)."""
+    from luwu.dataplane.engine.engine import Engine
+    from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+
+    plan = StarPlan(workers=2, nodes=1, mode="tofino", node_pool=32, param_window=64, transport="shm")
+    with LoopbackSwitch(plan):
+        eng = Engine(plan.worker_plan(0))
+        try:
+            grad = eng.sessions[plan.node_session(0)].grad
+            assert grad.direct and grad.ring is None
+        finally:
+            eng.close()
+
+
 def test_a_refill_after_the_callers_handle_failed_sends_no_plausible_number():
     """Once the caller's handle failed, its buffer may be reused: a resend then carries zeros flagged
     SATURATED (the switch's sum of that chunk is SATURATED: an exact recomputation or NaN)."""
