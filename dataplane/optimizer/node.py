@@ -242,8 +242,10 @@ class OptimizerNode(CheckpointMixin):
                 that no contributor saturated is finite by construction), which saves a read pass.
 
         Returns:
-            None, at once; `params` (blocking) or a listener (`add_listener`) tells when the new
-            version is published.
+            None, once the step is queued; `params` (blocking) or a listener (`add_listener`)
+            tells when the new version is published. A layer of at most `NodeConfig.inline_elems`
+            elements whose state is in RAM is stepped and published before this returns (on the
+            caller's thread, listeners included).
 
         Raises:
             OptimizerInputError: (counted by reason) an unknown job or layer, a step out of order,
@@ -292,11 +294,13 @@ class OptimizerNode(CheckpointMixin):
             self.counts["submitted"] += 1
             self.counts["saturated_gradients"] += bool(saturated)
             self._note_arrival(job, int(step), lr.plan.layer_id)
-            if lr.in_flight is None:
+            start = lr.in_flight is None
+            if start:
                 lr.in_flight = item
-                self.pipeline.submit(item)
             else:
                 lr.pending.append(item)
+        if start:  # outside the lock: a small layer in RAM is stepped right here (Pipeline.submit_inline)
+            self.pipeline.submit_inline(item)
 
     def _check_gradient(self, job_id: str, plan: LayerPlan, grad: object, finite: bool = False) -> np.ndarray:
         where = f"job {job_id!r} layer {plan.layer_id}"
@@ -393,14 +397,22 @@ class OptimizerNode(CheckpointMixin):
         from luwu.dataplane.protocol import Dtype
 
         node = self
+        job = self._job(job_id)
+        layers, served, dtype = job.layers, self.served, Dtype[WIRE_DTYPE_NAMES[job.spec.served_dtype]]
 
         class _Provider:
+            # `lookup` without its name lookups (the engine's loop asks once per pull)
             def lookup(self, tensor: int, version: int) -> tuple[np.ndarray, Dtype] | None:
-                try:
-                    found = node.lookup(job_id, tensor, version)
-                except UnknownLayer as e:
-                    raise KeyError(str(e)) from None
-                return None if found is None else (found[0], Dtype[found[1]])
+                lr = layers.get(tensor)
+                if lr is None:
+                    try:
+                        node._layer(job_id, tensor)  # raises the error that says why
+                    except UnknownLayer as e:
+                        raise KeyError(str(e)) from None
+                    raise KeyError(f"job {job_id!r} has no layer {tensor!r}")
+                if lr.version < version:
+                    return None
+                return served.get((job_id, tensor))[0], dtype
 
         return _Provider()
 

@@ -14,7 +14,8 @@ steps every such shard queued for it in one GIL-releasing call, unpins them and 
 finished layers itself when nothing else waits (else the publish thread does, in batches). Shards that need I/O (out of core) go through the
 read and write threads as before, as do a checkpoint capture and a store that needs room.
 Thread hand-offs and GIL hand-overs, not Python, were most of the pipeline's cost
-(docs/optimizer.md "Memory traffic").
+(docs/optimizer.md "Memory traffic"). A small layer in RAM (`NodeConfig.inline_elems`) skips
+them all: the submitting thread runs the fast lane's steps itself (`submit_inline`).
 
 Gradient clipping by the global norm needs every layer's gradient of a step before any layer
 can step: the receive step holds the step's gradients in a gate until the last one arrives.
@@ -87,9 +88,12 @@ class Pipeline:
         self.work: collections.deque = collections.deque()  # ("recv" | "run", LayerStep)
         self.gates: dict[tuple[str, int], list[LayerStep]] = {}
         self.busy = dict.fromkeys(STAGES, 0.0)
-        self.fast = {"fast_reads": 0, "fast_writes": 0}  # shards that skipped the read / write thread
+        # shards that skipped the read / write thread; layers stepped on their submitter's thread
+        self.fast = {"fast_reads": 0, "fast_writes": 0, "inline_layers": 0}
         self.stopping = False
         self.queue_depth = cfg.queue_depth
+        self.inline_elems = cfg.inline_elems
+        self._scales: dict[int, torch.Tensor] = {}
         self.threads: list[threading.Thread] = []
         if self.mode == "step":
             self.queues: dict[str, queue.Queue] = {s: queue.Queue(maxsize=cfg.queue_depth) for s in STAGES[1:]}
@@ -117,6 +121,84 @@ class Pipeline:
             self.work.append(("recv", item))
             self.work_cv.notify()
 
+    def submit_inline(self, item: LayerStep) -> None:
+        """`submit`, but a small layer whose state is in RAM is stepped and published on the
+        calling thread (the inline lane), when nothing would make that thread wait: the step
+        pipeline, at most `inline_elems` elements, no global-norm clipping gate, every shard
+        resident (`StateStore.try_acquire`). Anything else goes to the receive thread as before.
+
+        For a layer of the demo's size (100-300k elements) the step is 0.1-0.4 ms of kernel,
+        while the receive, optimize and publish hand-offs of the threaded lane cost more CPU
+        than that in wake-ups and GIL hand-overs (docs/optimizer.md "Pipeline")."""
+        entries = self._inline_entries(item)
+        if entries is None:
+            self.submit(item)
+            return
+        try:
+            self._run_inline(item, entries)
+        except BaseException as e:
+            self.node.fail(e, "inline")
+
+    def _inline_entries(self, item: LayerStep) -> list[Entry] | None:
+        """Every shard of the layer pinned (the fast lane's read step), or None (nothing pinned)
+        when the layer is not for the inline lane."""
+        opt = item.opt
+        if (self.mode != "step" or item.plan.numel > self.inline_elems or self.stopping or self.node.failed()
+                or (opt.clip_grad_norm is not None and opt.clip_scope != "layer")):
+            return None
+        entries: list[Entry] = []
+        for shard in item.plan.shards:
+            e = self.node.store.try_acquire(shard.key)
+            if e is None:
+                for got in entries:
+                    self.node.store.release(got, dirty=False)
+                return None
+            entries.append(e)
+        return entries
+
+    def _run_inline(self, item: LayerStep, entries: list[Entry]) -> None:
+        """The fast lane's receive, read, optimize, write and publish steps of one layer in a row
+        (same calls, so the same bits); a capture or a store that needs room still goes to the
+        write thread. A single shard's kernel is called directly: `fused.run_batch` exists to
+        release the GIL once for several shards, and building its arguments cost several times
+        the call (the same compiled function per shard, so the same bits)."""
+        perf = time.perf_counter
+        layer_id, step = item.plan.layer_id, item.step
+        t0 = perf()
+        with trace.span("receive", "optimizer", layer=layer_id, step=step):
+            self._receive(item)  # no gate (see _inline_entries): returns [item]
+        t1 = perf()
+        tasks = self._prepare(item)
+        ckpt = self.node.ckpt
+        for task, entry in zip(tasks, entries):
+            task.entry, task.fast = entry, True
+            if ckpt is not None:
+                ckpt.before_modify(entry)
+            self._ready(task, batch=len(tasks) > 1)
+        t2 = perf()
+        with trace.span("optimize", "optimizer", layer=layer_id, step=step, shards=len(tasks),
+                        layers=[[layer_id, step]]):
+            self._optimize_many(tasks)
+        t3 = perf()
+        done: list[LayerStep] = []
+        written = 0
+        for task in tasks:
+            if self._fast_write(task, done, account=False):
+                written += 1
+            else:
+                self._put("write", task)  # the write thread publishes the layer after its last shard
+        t4 = perf()
+        with self.lock:  # one acquisition for the layer's accounting, not one per step
+            busy, fast = self.busy, self.fast
+            busy["receive"] += t1 - t0
+            busy["read"] += t2 - t1
+            busy["optimize"] += t3 - t2
+            busy["write"] += t4 - t3
+            fast["inline_layers"] += 1
+            fast["fast_reads"] += len(tasks)
+            fast["fast_writes"] += written
+        self._publish_items(done)
+
     def _take(self, kinds: tuple[str, ...]):
         with self.work_cv:
             while True:
@@ -142,7 +224,7 @@ class Pipeline:
             item.grad_t = torch.from_numpy(item.grad)
             if item.contributors > 1:
                 if opt.clip_grad_norm is None:
-                    item.grad_scale = torch.tensor(float(item.contributors))  # divided inside the kernel
+                    item.grad_scale = self._scale(item.contributors)  # divided inside the kernel
                 else:
                     item.grad_t.div_(item.contributors)  # the norm is the mean's norm
             if opt.clip_grad_norm is None:
@@ -186,7 +268,7 @@ class Pipeline:
         if self.node.ckpt is not None:
             self.node.ckpt.before_modify(task.entry)
 
-    def _ready(self, task: ShardTask) -> None:
+    def _ready(self, task: ShardTask, batch: bool = True) -> None:
         """Everything of the shard's step that can run before the optimizer's thread takes it:
         clipping its gradient slice, torch's scalar remainders, the kernel's arguments
         (`kernels.prepare_step`). Every torch call releases the GIL and has to take it back,
@@ -203,7 +285,8 @@ class Pipeline:
         kernels.apply_clip(g, item.coef)
         task.call = kernels.prepare_step(item.opt, shard, e.views, g, item.step, item.grad_scale,
                                          kernels.served_view(item.plan, item.served_buf, shard))
-        task.batch = fused.batch_entry(task.call)
+        if batch:  # else `_optimize_many` makes the call itself
+            task.batch = fused.batch_entry(task.call)
 
     def _optimize(self, task: ShardTask) -> None:
         self._optimize_many([task])
@@ -387,7 +470,7 @@ class Pipeline:
         self._account("read", t0, "fast_reads")
         return True
 
-    def _fast_write(self, task: ShardTask, done: list[LayerStep]) -> bool:
+    def _fast_write(self, task: ShardTask, done: list[LayerStep], account: bool = True) -> bool:
         """The write step on the optimizer's thread, for a shard of the fast lane when it is only
         an unpin: no checkpoint capture of this version and no write-back or eviction to make
         room. A layer whose last shard this was is appended to `done` (published in a batch).
@@ -409,8 +492,17 @@ class Pipeline:
             last = item.remaining == 0
         if last:
             done.append(item)
-        self._account("write", t0, "fast_writes")
+        if account:
+            self._account("write", t0, "fast_writes")
         return True
+
+    def _scale(self, contributors: int) -> torch.Tensor:
+        """The kernel's gradient divisor as a tensor, one per value (read only; making one per
+        layer step was a tenth of the inline lane's Python)."""
+        t = self._scales.get(contributors)
+        if t is None:
+            t = self._scales[contributors] = torch.tensor(float(contributors))
+        return t
 
     def _put(self, stage: str, task) -> None:
         q = self.queues[stage]

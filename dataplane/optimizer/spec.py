@@ -244,6 +244,9 @@ class NodeConfig:
     pipeline: "step" (step-centric: a thread pool per step, layers rotate through them) or
         "layer" (layer-centric: each layer's whole sequence on one thread of a pool of the same size).
     queue_depth: bound of the queues between steps.
+    inline_elems: a layer of at most this many elements whose state is in RAM is stepped and
+        published on the thread that submits its gradient (the engine's, on the network), not
+        handed to the pipeline's threads; 0 turns that off (docs/optimizer.md "Pipeline").
     max_shard_elems: a layer larger than this is split into shards (a multiple of 4096).
     prefetch: shards whose state is read ahead, in predicted arrival (backward) order.
     direct_io: O_DIRECT for state files; None tries it and falls back to buffered I/O plus
@@ -263,6 +266,7 @@ class NodeConfig:
     threads_per_step: int = 1
     pipeline: str = "step"
     queue_depth: int = 4
+    inline_elems: int = 1 << 18
     max_shard_elems: int = 1 << 22
     prefetch: int = 2
     served_fraction: float = 0.25
@@ -282,6 +286,8 @@ class NodeConfig:
             raise _bad(f"ram_budget must be > 0 bytes, got {self.ram_budget}")
         if self.threads_per_step < 1 or self.queue_depth < 1:
             raise _bad("threads_per_step and queue_depth must be >= 1")
+        if self.inline_elems < 0:
+            raise _bad(f"inline_elems must be >= 0 (0: never inline), got {self.inline_elems}")
         if self.pipeline not in PIPELINES:
             raise _bad(f"pipeline {self.pipeline!r}: choose one of {', '.join(PIPELINES)}")
         if self.max_shard_elems < SHARD_ALIGN_ELEMS or self.max_shard_elems % SHARD_ALIGN_ELEMS:

@@ -150,6 +150,8 @@ def test_bad_jobs_and_configs(tmp_path):
         JobSpec("j", OptimizerSpec(), [LayerSpec(0, {"w": (2,)})], served_dtype="int8")
     with pytest.raises(OptimizerInputError, match="max_shard_elems"):
         NodeConfig(tmp_path, max_shard_elems=1000)
+    with pytest.raises(OptimizerInputError, match="inline_elems"):
+        NodeConfig(tmp_path, inline_elems=-1)
     with OptimizerNode(NodeConfig(tmp_path / "s", ram_budget=1 << 16, max_shard_elems=1 << 20)) as node:
         with pytest.raises(OptimizerInputError, match="ram_budget .* too small"):
             node.add_job(JobSpec("big", OptimizerSpec(), [LayerSpec(0, {"w": (1 << 20,)})]))

@@ -91,12 +91,21 @@ def test_concurrent_pipeline_equals_sequential(tmp_path, clip):
     shard_steps = STEPS * st["store"]["shards"]
     # in RAM every shard takes the fast lane (no read or write thread); out of core, misses do not
     assert st["pipeline"]["fast_reads"] == st["pipeline"]["fast_writes"] == shard_steps
+    # small layers in RAM are stepped on the submitting thread, but for a global-norm gate
+    assert st["pipeline"]["inline_layers"] == (0 if clip == "global" else LAYERS * STEPS)
     # several threads per step, depth-1 queues, submitters racing, every step submitted at once
     busy, log, st = _run(tmp_path, "busy", spec, submitters=4, ahead=True, ram_budget=32 << 20,
                       threads_per_step=3, queue_depth=1)
     _check_log(log)
     assert st["pipeline"]["fast_reads"] == st["pipeline"]["fast_writes"] == shard_steps
     _same(base, busy)
+    # the same through the pipeline's threads only (no inline lane)
+    threaded, log, st = _run(tmp_path, "threaded", spec, submitters=4, ahead=True, ram_budget=32 << 20,
+                             threads_per_step=3, queue_depth=1, inline_elems=0)
+    _check_log(log)
+    assert st["pipeline"]["inline_layers"] == 0
+    assert st["pipeline"]["fast_reads"] == st["pipeline"]["fast_writes"] == shard_steps
+    _same(base, threaded)
     # the same, out of core: a budget of a few shards, shards of 4096 elements
     tight, log, st = _run(tmp_path, "tight", spec, submitters=3, ahead=True, ram_budget=120_000, max_shard_elems=4096,
                       threads_per_step=2, queue_depth=1, prefetch=3)
