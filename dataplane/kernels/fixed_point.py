@@ -82,6 +82,16 @@ def dequantize_rows(words, row_words, col, lanes, sel, s1, s2, chunk, out):
             dst[j] = (np.float32(u) * a) * b
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _magnitude_bits(src):
+    """The bits of max |x| over float32 `src` given as uint32 (see `chunk_absmax`)."""
+    m = np.uint32(0)
+    for j in range(src.size):
+        v = src[j] & np.uint32(0x7FFFFFFF)
+        m = v if v > m else m
+    return m
+
+
 @njit(cache=True, nogil=True)
 def chunk_absmax(words, lanes, out):
     """out[r] = the bits of max |x[r * lanes:(r + 1) * lanes]| for float32 x given as its uint32
@@ -91,12 +101,7 @@ def chunk_absmax(words, lanes, out):
     is the largest magnitude, or a NaN where the chunk holds one: what `np.abs(chunk).max()` gives."""
     n = words.size
     for r in range(out.size):
-        src = words[r * lanes:min(n, (r + 1) * lanes)]
-        m = np.uint32(0)
-        for j in range(src.size):
-            v = src[j] & np.uint32(0x7FFFFFFF)
-            m = v if v > m else m
-        out[r] = m
+        out[r] = _magnitude_bits(words[r * lanes:min(n, (r + 1) * lanes)])
     return out
 
 
@@ -109,11 +114,7 @@ def chunk_exponents(words, lanes, exp_min, exp_max, out):
     E is 0.1f * 2^(E - 126); a subnormal m * 2^-149 has e = bit_length(m) - 149."""
     n = words.size
     for r in range(out.size):
-        src = words[r * lanes:min(n, (r + 1) * lanes)]
-        m = np.uint32(0)
-        for j in range(src.size):
-            v = src[j] & np.uint32(0x7FFFFFFF)
-            m = v if v > m else m
+        m = _magnitude_bits(words[r * lanes:min(n, (r + 1) * lanes)])
         biased = np.int32(m >> np.uint32(23))
         if m == 0:
             e = exp_min

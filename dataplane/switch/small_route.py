@@ -63,6 +63,30 @@ def route(b, c: Classified, paths: list[int], srows: list[tuple], t: CompiledTab
         if agg is not None:
             dup, remaining, saturated = agg.dup.tolist(), agg.remaining.tolist(), agg.saturated.tolist()
             rewrite: list[tuple[int, int, int]] = []  # (k, new type, new worker) of emitted aggregation packets
+
+        def multicast(i: int, k: int, n: int, row: tuple) -> None:
+            """Packet i (the turn's k-th classified) to its session's multicast group (sender.expand)."""
+            ev_n[MULTICAST] += 1
+            ev_b[MULTICAST] += n
+            group = groups.get(row[MCAST_GRP])
+            if group is None:  # a multicast with no replicas: the packet itself is dropped
+                b.drop[i] = NO_ROUTE
+                return
+            count = len(group[0])
+            pkt.extend([i] * count)
+            port.extend(group[0])
+            dst.extend(group[1])
+            sess.extend([session[k]] * count)
+
+        def up(i: int, k: int, n: int, row: tuple) -> None:
+            """Packet i (the turn's k-th classified) unicast toward the node (its session's up port)."""
+            pkt.append(i)
+            port.append(row[UP_PORT])
+            dst.append(NODE)
+            sess.append(session[k])
+            ev_n[UNICAST] += 1
+            ev_b[UNICAST] += n
+
         for k, path in enumerate(paths):
             if path == PATH_NONE:
                 continue
@@ -97,17 +121,7 @@ def route(b, c: Classified, paths: list[int], srows: list[tuple], t: CompiledTab
                     dst.append(int(c.worker[k]))
                     sess.append(session[k])
                 else:  # an ALLREDUCE completed at the root: to every worker
-                    ev_n[MULTICAST] += 1
-                    ev_b[MULTICAST] += n
-                    group = groups.get(row[MCAST_GRP])
-                    if group is None:  # a multicast with no replicas: the packet itself is dropped
-                        b.drop[i] = NO_ROUTE
-                        continue
-                    count = len(group[0])
-                    pkt.extend([i] * count)
-                    port.extend(group[0])
-                    dst.extend(group[1])
-                    sess.extend([session[k]] * count)
+                    multicast(i, k, n, row)
                     continue
                 ev_n[UNICAST] += 1
                 ev_b[UNICAST] += n
@@ -123,33 +137,13 @@ def route(b, c: Classified, paths: list[int], srows: list[tuple], t: CompiledTab
                 hb["worker"] = NODE if row[NEXT_STEP] == ROOT else row[UP_WORKER]
                 hb["ack"] = ack
                 hb["credit"] = credit
-                pkt.append(i)
-                port.append(row[UP_PORT])
-                dst.append(NODE)
-                sess.append(session[k])
-                ev_n[UNICAST] += 1
-                ev_b[UNICAST] += n
+                up(i, k, n, row)
             elif path == PATH_MULTICAST:
-                ev_n[MULTICAST] += 1
-                ev_b[MULTICAST] += n
-                group = groups.get(row[MCAST_GRP])
-                if group is None:  # a multicast with no replicas: the packet itself is dropped (sender.expand)
-                    b.drop[i] = NO_ROUTE
-                    continue
-                count = len(group[0])
-                pkt.extend([i] * count)
-                port.extend(group[0])
-                dst.extend(group[1])
-                sess.extend([session[k]] * count)
+                multicast(i, k, n, row)
             else:  # PATH_PULL: unicast toward the node; an UPSTREAM switch speaks as its up_worker
                 if row[NEXT_STEP] != ROOT:
                     b.hdr["worker"][i] = row[UP_WORKER]
-                pkt.append(i)
-                port.append(row[UP_PORT])
-                dst.append(NODE)
-                sess.append(session[k])
-                ev_n[UNICAST] += 1
-                ev_b[UNICAST] += n
+                up(i, k, n, row)
         if agg is not None and rewrite:  # the emitted aggregation headers, all at once (select's rewrites)
             ks = np.array([r[0] for r in rewrite], dtype=np.int64)
             ri = c.idx[ks]

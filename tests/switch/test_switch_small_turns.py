@@ -71,24 +71,8 @@ def test_small_classifier_equals_the_vectorised_one(items, predropped):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(small_batches, min_size=1, max_size=10))
 def test_small_turns_equal_vectorised_turns(turns):
-    now = [0.0]  # one clock for both switches, a step per turn: the straggler lags compare exactly
-    small, general = make_switch(lambda: now[0]), make_switch(lambda: now[0])
-    saved = pipeline.SMALL_TURN
-    assert saved >= 12  # the batches above stay within the small path
-    try:
-        for items in turns:
-            now[0] += 0.003
-            pipeline.SMALL_TURN = len(items)
-            out_small = small.process_datagrams(items)
-            pipeline.SMALL_TURN = 0
-            out_general = general.process_datagrams(items)
-            assert out_small == out_general
-    finally:
-        pipeline.SMALL_TURN = saved
-    assert small.counters() == general.counters()
-    for name in REGISTERS:
-        assert np.array_equal(getattr(small.pipeline.registers, name), getattr(general.pipeline.registers, name)), name
-    assert small.errors == general.errors == 0
+    assert pipeline.SMALL_TURN >= 12  # the batches above stay within the small path
+    _small_equals_vectorised(turns, tick=0.003)
 
 
 def test_the_small_path_is_taken_and_counts():
@@ -188,12 +172,19 @@ def contribution(draw):
 def test_small_contributions_equal_vectorised_turns(turns):
     """Contributions of valid ranks (in and out of the pool, FALLBACK, ZERO): the small classifier's
     paths and the small route's emissions equal the vectorised path's, turn by turn."""
+    _small_equals_vectorised(turns, tick=0.002)
+
+
+def _small_equals_vectorised(turns, tick: float) -> None:
+    """Two switches on one clock (a tick per turn: the straggler lags compare exactly), one taking
+    every turn down the small path and one down the vectorised path: the same outputs turn by
+    turn, then the same counters and registers."""
     now = [0.0]
     small, general = make_switch(lambda: now[0]), make_switch(lambda: now[0])
     saved = pipeline.SMALL_TURN
     try:
         for items in turns:
-            now[0] += 0.002
+            now[0] += tick
             pipeline.SMALL_TURN = len(items)
             out_small = small.process_datagrams(items)
             pipeline.SMALL_TURN = 0
