@@ -201,8 +201,9 @@ class Engine:
         Args:
             session (int): the node session (EndpointPlan) of the node that serves the layer.
             tensor (int): the layer id.
-            x (np.ndarray): the gradient, flattened to float32 (not modified; may be reused once
-                the handle is done).
+            x (np.ndarray): the gradient, flattened to float32 (not modified). It must stay
+                unchanged until the handle is done: a resend quantises it again (nothing is
+                copied); once done it may be reused.
 
         Returns:
             Handle: completes when the node has acknowledged the whole gradient; its error names
