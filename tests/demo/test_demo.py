@@ -63,7 +63,10 @@ def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     assert "skipped" not in proc.stdout and "SATURATED" not in proc.stdout
     # CPU per step by role, measured from /proc: every luwu process kind used some; DDP has workers only
     cpu = report["cpu_per_step"]
-    assert all(cpu["luwu"][k] > 0 for k in ("workers", "engines", "switch", "optimizer nodes")), cpu
+    assert all(cpu["luwu"][k] > 0 for k in ("workers", "switch", "optimizer nodes")), cpu
+    # the default engine is a thread of each worker: no engine daemon ran, and the summary says where they were
+    assert report["settings"]["engine"] == "embedded" and not cpu["luwu"].get("engines"), cpu
+    assert "engines in the workers" in proc.stdout, proc.stdout
     assert cpu["luwu"]["total"] == pytest.approx(sum(v for k, v in cpu["luwu"].items() if k not in ("total", "steps")))
     assert cpu["ddp"]["workers"] > 0 and "switch" not in cpu["ddp"], cpu
     assert "CPU per step" in proc.stdout
@@ -101,17 +104,19 @@ def test_a_diverging_run_says_which_steps_the_nodes_skipped(tmp_path):
     assert all(f" {int(step)} (" in " ".join(proc.stdout.split()) for step in list(skipped)[:5]), proc.stdout
 
 
-def test_five_percent_loss_and_either_transport_give_bit_identical_losses(tmp_path):
+def test_five_percent_loss_either_transport_and_either_engine_give_bit_identical_losses(tmp_path):
     clean, lossy, udp = tmp_path / "clean", tmp_path / "lossy", tmp_path / "udp"
     for d in (clean, lossy, udp):
         d.mkdir()
     _demo(clean / "out", "--steps", "3", "--no-baseline", "--packet-mode", "jumbo")
     _demo(lossy / "out", "--steps", "3", "--no-baseline", "--packet-mode", "jumbo", "--drop", "0.05")
-    _demo(udp / "out", "--steps", "3", "--no-baseline", "--packet-mode", "jumbo", "--transport", "udp")
+    _demo(udp / "out", "--steps", "3", "--no-baseline", "--packet-mode", "jumbo", "--transport", "udp",
+          "--engine", "process")
     a, b, c = (json.loads((d / "out" / "report.json").read_text()) for d in (clean, lossy, udp))
     assert b["switch_counters"]["drops"]["SIMULATED_LOSS"][0] > 0  # loss did happen ...
     assert a["luwu"]["losses"] == b["luwu"]["losses"]  # ... and recovery did not change a single sum
-    assert c["control_plane"]["transport"] == "udp"  # the switch's ports, not the sums, differ
+    # the switch's ports and where the engines run (daemons here, threads of the workers above), not the sums, differ
+    assert c["control_plane"]["transport"] == "udp" and c["settings"]["engine"] == "process"
     assert a["luwu"]["losses"] == c["luwu"]["losses"], (a["control_plane"]["transport"], c["control_plane"])
 
 
@@ -147,7 +152,7 @@ def _group(pgid: int) -> list[int]:
 def test_an_interrupted_demo_stops_every_process_it_started(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
     proc = subprocess.Popen([str(LUWU), "demo", "--out", str(tmp_path / "out"), *TINY, "--steps", "100000",
-                             "--no-baseline"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                             "--no-baseline", "--engine", "process"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         port = None
         deadline = time.monotonic() + RUN_TIMEOUT
