@@ -45,9 +45,19 @@ class _Span:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        end = time.time_ns() // 1000
-        self.tracer.emit({"name": self.name, "cat": self.cat, "ph": "X", "ts": self.start, "dur": end - self.start,
-                          "pid": self.tracer.pid, "tid": threading.get_native_id(), "args": self.args})
+        self.tracer.complete(self.name, self.cat, self.start, time.time_ns() // 1000 - self.start, self.args)
+
+
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: json.dumps(separators=...) builds one a call
+PENDING = 512  # complete events held before they are formatted and written (lost, like the file buffer, if killed)
+
+
+def _complete_line(pid: int, name: str, cat: str, ts: int, dur: int, tid: int, args: dict) -> str:
+    """`_encode` of the event's dict, written out: the fixed fields are ints and two strings, and `args`
+    holds a span's keyword arguments (identifiers as keys), so only non-int values need the encoder."""
+    body = ",".join(f'"{k}":{v}' if type(v) is int else f'"{k}":{_encode(v)}' for k, v in args.items())
+    return (f'{{"name":{_encode(name)},"cat":{_encode(cat)},"ph":"X","ts":{ts},"dur":{dur},"pid":{pid},"tid":{tid},'
+            f'"args":{{{body}}}}}\n')
 
 
 class _Tracer:
@@ -57,14 +67,30 @@ class _Tracer:
         self.path = Path(directory) / f"trace-{self.pid}.jsonl"
         self._lock = threading.Lock()
         self._file = open(self.path, "a", buffering=1 << 16)  # noqa: SIM115 - closed at exit by flush()
+        # spans end on hot paths (a switch turn, a gradient hook): they are kept as tuples and formatted in batches
+        self._pending: list[tuple] = []
         self.emit({"name": "process_name", "ph": "M", "pid": self.pid, "args": {"name": process_name}})
 
+    def complete(self, name: str, cat: str, ts: int, dur: int, args: dict) -> None:
+        """One complete ("X") event on the calling thread."""
+        with self._lock:  # not a bare append: a batch being taken must not lose an event appended meanwhile
+            self._pending.append((name, cat, ts, dur, threading.get_native_id(), args))
+            full = len(self._pending) >= PENDING
+        if full:
+            self._write_pending()
+
     def emit(self, event: dict) -> None:
-        line = json.dumps(event, separators=(",", ":")) + "\n"
+        line = _encode(event) + "\n"
         with self._lock:
             self._file.write(line)
 
+    def _write_pending(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+            self._file.write("".join(_complete_line(self.pid, *event) for event in batch))
+
     def flush(self) -> None:
+        self._write_pending()
         with self._lock:
             self._file.flush()
 

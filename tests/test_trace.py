@@ -57,3 +57,35 @@ def test_merge_labels_the_processes_a_caller_names(tmp_path):
     out = trace.merge(tmp_path, tmp_path / "labelled.json", labels={pids["switch"]: "switch-s1"})
     names = {e["args"]["name"] for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "M"}
     assert names == {"switch (switch-s1)", "worker 0 (w0)"}
+
+
+ARGS_CHILD = """
+import threading
+from luwu.dataplane import trace
+trace.start("args")
+ARGS = [{"i": 0}, {"layer": 'a"b\\\\c', "x": 1.5, "ok": True, "none": None, "l": [1, "\\u00e9"], "big": 2 ** 70},
+        {"neg": -3, "label": "unit 7"}, {}]
+def spans(tag):
+    for i in range(trace.PENDING + 7):  # more than one batch of pending events per thread
+        with trace.span(f"s{tag}", "test", **ARGS[i % len(ARGS)], n=i):
+            pass
+threads = [threading.Thread(target=spans, args=(t,)) for t in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+def test_every_span_and_its_arguments_reach_the_trace(tmp_path):
+    env = dict(os.environ, **{trace.ENV: str(tmp_path)})
+    out = subprocess.run([sys.executable, "-c", ARGS_CHILD], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    spans = [e for e in json.loads(trace.merge(tmp_path).read_text())["traceEvents"] if e["ph"] == "X"]
+    args = [{"i": 0}, {"layer": 'a"b\\c', "x": 1.5, "ok": True, "none": None, "l": [1, "\u00e9"], "big": 2 ** 70},
+            {"neg": -3, "label": "unit 7"}, {}]
+    for tag in (0, 1):
+        mine = sorted((e for e in spans if e["name"] == f"s{tag}"), key=lambda e: e["args"]["n"])
+        assert [e["args"]["n"] for e in mine] == list(range(trace.PENDING + 7))
+        assert all(e["args"] == dict(args[e["args"]["n"] % len(args)], n=e["args"]["n"]) for e in mine)
+        assert len({e["tid"] for e in mine}) == 1 and all(e["cat"] == "test" and e["dur"] >= 0 for e in mine)
