@@ -337,7 +337,7 @@ class ShmRing:
         self.h[H_HEAD] = head + 1  # publish: after the row (x86 keeps stores in order)
         return 1
 
-    def push_refs(self, pool_id: int, pool_pos: np.ndarray, lengths: np.ndarray) -> int:
+    def push_refs(self, pool_id: int, pool_pos: np.ndarray | list[int], lengths: np.ndarray | list[int]) -> int:
         """Publish references to rows `pool_pos` of multicast pool `pool_id` (packets of
         `lengths` bytes, written there by the caller) instead of the packets; returns how many fit
         (a full ring leaves the rest out, as `push_rows` does). Not rung: call `notify()`."""
@@ -381,12 +381,15 @@ class ShmRing:
             pass  # the FIFO is full: the consumer has wake-ups pending already
 
     # -- consumer --------------------------------------------------------------------------------
-    def arm(self) -> bool:
+    def arm(self, drain: bool = True) -> bool:
         """Before sleeping in poll() on `fd`: ask the producer to ring, and look once more.
-        Returns True when the ring is still empty (sleep), False when packets came meanwhile."""
+        Returns True when the ring is still empty (sleep), False when packets came meanwhile.
+        `drain=False` leaves the doorbell as it is: for a caller that knows it holds no byte (a
+        byte left there only wakes poll() at once, it never loses a wake-up)."""
         self.h[H_WAITING] = 1
         full_fence()  # the store of waiting before the load of head (Dekker)
-        self.drain()
+        if drain:
+            self.drain()
         return self.pending() == 0
 
     def pop_into(self, rows: np.ndarray, lengths: np.ndarray, start: int, n: int) -> int:

@@ -103,9 +103,10 @@ class ShmAttachment:
     def fd(self) -> int:
         return self.rx.fd
 
-    def arm(self) -> bool:
-        """Before the event loop sleeps in poll(): False when packets arrived meanwhile (ShmRing.arm)."""
-        return self.rx.arm()
+    def arm(self, drain: bool = True) -> bool:
+        """Before the event loop sleeps in poll(): False when packets arrived meanwhile (ShmRing.arm;
+        `drain=False`: the doorbell cannot hold a byte, event loop)."""
+        return self.rx.arm(drain)
 
     def recv_into(self, rx, batch: int) -> int:
         """Move up to `batch` packets into the next free rows of the event loop's shared buffer."""
@@ -129,6 +130,26 @@ class ShmAttachment:
             self._name_if_gone()
         return n
 
+    def send_list(self, src: np.ndarray, rows: list[int], lengths: list[int]) -> int:
+        """`send_rows` for a few packets given as Python ints (the datagram of packet i is
+        `src[rows[i], :lengths[i]]`): one slice copy per packet instead of `push_rows`' array
+        calls (shm_emit.py's turns of one to a few copies). Not rung: `notify()`."""
+        if max(lengths) > self.row_bytes:  # (never from the pipeline) counted as send_rows counts it
+            return self.send_rows(src, np.array(rows, dtype=np.int64), np.array(lengths, dtype=np.int64), 0,
+                                  notify=False)
+
+        def write(j0: int, j1: int, dst: np.ndarray, lens: np.ndarray) -> None:
+            for j in range(j0, j1):
+                n = lengths[j]
+                dst[j - j0, :n] = src[rows[j], :n]
+            lens[:] = lengths[j0:j1]
+
+        n = self.tx.fill_rows(len(rows), write)
+        if n < len(rows):
+            self.stats["tx_ring_full"] += len(rows) - n
+            self._name_if_gone()
+        return n
+
     def send_results(self, heads: np.ndarray, lanes: np.ndarray, reg: np.ndarray, lengths: np.ndarray) -> int:
         """Publish packets whose header is a row of `heads` and whose lanes are lane registers
         `reg` of `lanes` (a sum the fold left in its register: Batch.results), written straight
@@ -149,7 +170,7 @@ class ShmAttachment:
             self._name_if_gone()
         return n
 
-    def send_refs(self, pool_id: int, pool_pos: np.ndarray, lengths: np.ndarray) -> int:
+    def send_refs(self, pool_id: int, pool_pos: np.ndarray | list[int], lengths: np.ndarray | list[int]) -> int:
         """Publish references to rows of multicast pool `pool_id` (MulticastPools); returns how
         many went on the ring (a full ring loses the rest, as `send_rows`). Not rung: `notify()`."""
         n = self.tx.push_refs(pool_id, pool_pos, lengths)
@@ -340,6 +361,29 @@ class MulticastPools:
                 payload, flat = pool.lanes_view(lanes.shape[1])
                 write_results(lanes, reg[got], payload, int(pos[done]) + got, flat)
             done += k
+        return pos
+
+    @staticmethod
+    def fill_list(pool: _Pool, pkts: list[int], rows: np.ndarray, prow: list[int], lengths: list[int],
+                  results: list[int] | None = None, lanes: np.ndarray | None = None) -> list[int]:
+        """`fill` for a few packets given as Python ints (packet i's datagram is
+        `rows[prow[i], :lengths[i]]`, its deferred sum lane register `results[i]` >= 0 of `lanes`):
+        one slice copy per packet instead of `fill`'s array calls. Returns the pool positions."""
+        pos = pool.alloc(len(pkts)).tolist()
+        dst = pool.shm.rows
+        used = dst.shape[1]
+        regs, at = [], []
+        for i, where in zip(pkts, pos):
+            if results is not None and results[i] >= 0:  # its header, then the sum from its register
+                dst[where, :HEADER_LEN] = rows[prow[i], :HEADER_LEN]
+                regs.append(results[i])
+                at.append(where)
+            else:
+                n = min(used, lengths[i])
+                dst[where, :n] = rows[prow[i], :n]
+        if regs and lanes is not None:
+            payload, flat = pool.lanes_view(lanes.shape[1])
+            write_results(lanes, np.array(regs, dtype=np.int64), payload, np.array(at, dtype=np.int64), flat)
         return pos
 
     @staticmethod

@@ -140,6 +140,7 @@ class ScalarTables:
         self.child_keys = frozenset(t.child_ports.keys.tolist())
         self._pairs: dict[int, tuple[bool, int]] = {}  # pair_row's answers so far
         self.decided: dict[tuple, tuple] = {}  # small_classify's per-header decisions so far
+        self.turns: dict[tuple, tuple] = {}  # small_classify's per-turn arrays of turns without contributions
         self.groups: dict[int, tuple[list[int], list[int]]] = {}
         for g in np.flatnonzero(t.g_len).tolist():
             a, n = int(t.g_start[g]), int(t.g_len[g])

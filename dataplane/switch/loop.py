@@ -101,7 +101,11 @@ class EventLoop:
         registered: set[int] = set()
         seen_ports = None
         groups: list = []
-        rings: list = []  # shared-memory ports: armed before every sleep (their doorbells ring only then)
+        rings: list = []  # shared-memory ports and their doorbell fds: armed before every sleep (they ring only then)
+        # rings whose doorbell may hold a byte: a producer rings only after publishing to an armed
+        # ring, so a ring that had no packets since its last drain (and that poll did not report)
+        # has none, and arming it needs no read() (a byte left behind only wakes poll at once)
+        rung: set[int] = set()
         turn = 0
         ready: set[int] | None = None  # None: try every port (the last turn was busy)
         while not self._stop.is_set():
@@ -114,8 +118,9 @@ class EventLoop:
                 for fd in fds - registered:
                     poller.register(fd, select.POLLIN)
                 registered = fds
-                rings = [a for a in atts if a.kind == "shm"]
-                shm_rx = self._shm_turn(rings) if rings else None
+                rings = [(a, a.fd) for a in atts if a.kind == "shm"]
+                rung = {fd for _, fd in rings}
+                shm_rx = self._shm_turn([a for a, _ in rings]) if rings else None
                 groups = [(kind, [a for a in atts if a.kind == kind]) for kind in KINDS]
                 groups = [(kind, g, shm_rx if kind == "shm" and shm_rx is not None else self._receiver(kind, len(g)))
                           for kind, g in groups if g]
@@ -128,7 +133,7 @@ class EventLoop:
                 share = max(batch, rx.capacity // n)  # a socket port's rows this turn (drained)
                 for i in range(n):  # rotate the start so no port always gets the leftovers
                     att = group[(turn + i) % n]
-                    if ready is not None and att.fd not in ready and kind != "shm":
+                    if kind != "shm" and ready is not None and att.fd not in ready:
                         continue  # (a ring is looked at without a system call: every ring, always)
                     start = rx.filled
                     try:
@@ -143,6 +148,8 @@ class EventLoop:
                         continue
                     if k:
                         segments.append((att, start, start + k))
+                        if kind == "shm":
+                            rung.add(att.rx.fd)
                 if segments:
                     busy = True
                     try:
@@ -155,13 +162,16 @@ class EventLoop:
             if sw.links_in or sw.links_out:
                 with sw.lock:
                     sw.release_stale()
-            if busy or not all([a.arm() for a in rings]):  # noqa: C419 - arm every ring, no short cut
+            if busy or not all([a.arm(fd in rung) for a, fd in rings]):  # noqa: C419 - arm every ring, no short cut
                 ready = None
             else:
+                rung.clear()  # every ring armed and drained where it could hold a byte
                 try:
                     ready = {fd for fd, _ in poller.poll(poll_ms)}
                 except InterruptedError:
                     ready = None
+                else:
+                    rung |= ready
         groups = []
         if self._arena is not None:  # the loop's last turn is over: no view of it is left
             self._arena.close()

@@ -157,10 +157,18 @@ class Pipeline:
         cnt = self.counters
         parse(b, self.config.udp_port)
         if len(b) <= SMALL_TURN:  # a few packets: counted on Python ints (no fancy-indexed temporaries)
-            rx_types = cnt.rx_types
+            seen: dict[int, list[int]] = {}  # type -> [packets, bytes]: one counter update per type (turns hold one or two)
             for vt, n in itertools.compress(zip(b.hdr["ver_type"].tolist(), b.length.tolist()), b.luwu.tolist()):
-                rx_types[vt & 0xF, 0] += 1
-                rx_types[vt & 0xF, 1] += n
+                got = seen.get(vt & 0xF)
+                if got is None:
+                    seen[vt & 0xF] = [1, n]
+                else:
+                    got[0] += 1
+                    got[1] += n
+            rx_types = cnt.rx_types
+            for code, (k, n) in seen.items():
+                rx_types[code, 0] += k
+                rx_types[code, 1] += n
         elif b.luwu.any():
             cnt.rx_type((b.hdr["ver_type"][b.luwu] & 0xF).astype(np.int64), b.length[b.luwu])
         if t.any_ingress_drop:

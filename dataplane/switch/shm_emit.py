@@ -32,6 +32,8 @@ def emit_small(sw, b: Batch, em: Emission) -> bool:
     prows, arena, luwu_len, deferred = b.prow, b.arena, b.luwu_len, b.results
     if prows is None or arena is None or luwu_len is None or n > SMALL_EMIT:
         return False
+    if n == 1:  # (most turns: a PULL, a heartbeat or an AGG to the node) the general steps, for one copy
+        return _emit_one(sw, b, arena, int(em.pkt[0]), int(em.port[0]), int(luwu_len[em.pkt[0]]), int(prows[em.pkt[0]]))
     pk, pt = em.pkt.tolist(), em.port.tolist()
     atts = {}
     for p in sorted(set(pt)):
@@ -58,6 +60,7 @@ def emit_small(sw, b: Batch, em: Emission) -> bool:
     heads = b.rows
     lengths = luwu_len.tolist()
     direct: set[int] = set()  # packets whose one copy is written from its lane register into the ring
+    results = None
     if deferred is not None:  # deferred sums (Batch.results)
         results = deferred.tolist()
         row_bytes = min(att.row_bytes for att in atts.values())
@@ -79,8 +82,7 @@ def emit_small(sw, b: Batch, em: Emission) -> bool:
             pool = sw._pools.pool(key)
             if pool is None:
                 continue
-            pos = MulticastPools.fill(pool, np.array(pkts, dtype=np.int64), arena, 0, luwu_len, prows, deferred,
-                                      b.result_lanes).tolist()
+            pos = MulticastPools.fill_list(pool, pkts, arena, prow, lengths, results, b.result_lanes)
             for i, where in zip(pkts, pos):
                 how[i] = pool.id
                 at[i] = where
@@ -94,22 +96,23 @@ def emit_small(sw, b: Batch, em: Emission) -> bool:
         mine = [i for i, q in zip(pk, pt) if q == p]
         sent = 0
         a = 0
-        while a < len(mine):
+        m = len(mine)
+        while a < m:
             kind = how[mine[a]]
             z = a + 1
-            while z < len(mine) and how[mine[z]] == kind:
+            while z < m and how[mine[z]] == kind:
                 z += 1
             part = mine[a:z]
-            lens = np.array([lengths[i] for i in part], dtype=np.int64)
+            lens = [lengths[i] for i in part]
             if kind == -2:  # sums straight from their registers (the packets' own rows hold headers only)
                 if deferred is None or b.result_lanes is None:  # (a batch's deferred sums come with their registers)
                     raise RuntimeError("a deferred sum without its lane registers")
                 sel = np.array(part, dtype=np.int64)
-                sent += att.send_results(heads[sel], b.result_lanes, deferred[sel], lens)
+                sent += att.send_results(heads[sel], b.result_lanes, deferred[sel], np.array(lens, dtype=np.int64))
             elif kind == -1:
-                sent += att.send_rows(arena, np.array([prow[i] for i in part], dtype=np.int64), lens, 0, notify=False)
+                sent += att.send_list(arena, [prow[i] for i in part], lens)
             else:
-                sent += att.send_refs(kind, np.array([at[i] for i in part], dtype=np.int64), lens)
+                sent += att.send_refs(kind, [at[i] for i in part], lens)
                 holders.setdefault(kind, []).append((att, att.tx.published()))
             a = z  # a full ring loses the rest of the run (counted per port as ever)
         sw._count_port(p, "tx_ring_full", len(mine) - sent)
@@ -118,4 +121,26 @@ def emit_small(sw, b: Batch, em: Emission) -> bool:
         sw._pools.claim(holders)
     for att in atts.values():
         att.notify()
+    return True
+
+
+def _emit_one(sw, b: Batch, arena: np.ndarray, i: int, p: int, n: int, r: int) -> bool:
+    """`emit_small` of a turn whose one copy is packet i (`n` bytes, arena row `r`) to port p (the same outcome)."""
+    att = sw.ports.get(p)
+    link = sw.links_out.get(p)
+    if att is None or att.kind != "shm" or (link is not None and link.active):
+        return False
+    deferred = b.results
+    if deferred is not None and deferred[i] >= 0 and n <= att.row_bytes:  # its sum straight from its register
+        if b.result_lanes is None:  # (a batch's deferred sums come with their registers)
+            raise RuntimeError("a deferred sum without its lane registers")
+        sent = att.send_results(b.rows[i:i + 1], b.result_lanes, deferred[i:i + 1], np.array([n], dtype=np.int64))
+    else:
+        arena[r, :HEADER_LEN] = b.rows[i, :HEADER_LEN]  # the rewritten header into the row it leaves from
+        if deferred is not None and deferred[i] >= 0:
+            b.materialize(np.array([i], dtype=np.int64))
+        sent = att.send_list(arena, [r], [n])
+    sw._count_port(p, "tx_ring_full", 1 - sent)
+    sw._count_port(p, "tx_packets", sent)
+    att.notify()
     return True

@@ -7,7 +7,10 @@ order, on Python ints per packet and returns the same `Classified` (same fields,
 values, including the table rows the vectorised lookups read for packets that miss), the same
 drop reasons in `b.drop` and the same session counters. `pipeline.SMALL_TURN` picks it;
 tests/switch/test_switch_small_turns.py checks it equals the vectorised classifier on random
-small batches of every type, malformed ones included.
+small batches of every type, malformed ones included. A turn whose packets all passed the parser
+and none contributes (no path read off a slot) has per-packet arrays that follow from the packets'
+header keys alone: they are made once per tables version (`ScalarTables.turns`, read-only, so a
+stage that wrote into one would fail loudly instead of changing later turns).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from .controls.classifier import (
 from .lookup import SESSION_PARAMS, CompiledTables, ScalarTables
 
 DECIDED = 4096  # classifications kept per tables version (ScalarTables.decided)
+TURNS = 1024  # turns' arrays kept per tables version (ScalarTables.turns)
 
 POOL_BASE, POOL_SIZE, NEXT_STEP, UP_PORT = (SESSION_PARAMS.index(f) for f in ("pool_base", "pool_size", "next_step",
                                                                               "up_port"))
@@ -80,13 +84,8 @@ def classify_rows(b, t: CompiledTables, lanes: int, counters) -> tuple[Classifie
     sc = t.scalar()
     c = Classified()
     c.idx, c.h = idx, h = alive_headers(b)
-    n_pk = len(idx)
-    c.mtype = h["ver_type"] & 0xF
-    c.flags = h["flags"]
+    c.flags = h["flags"]  # (a view: zero_lanes rewrites the header's flags through it)
     c.nbytes = nbytes = b.length[idx]
-    c.session = h["session"].astype(np.int64)
-    c.worker = h["worker"].astype(np.int64)
-    c.from_node = c.worker == NODE
     agg_len = aggregation_packet_len(lanes)
     s = t.s
     types = [0] * TYPE_CODES
@@ -98,11 +97,13 @@ def classify_rows(b, t: CompiledTables, lanes: int, counters) -> tuple[Classifie
     i_vt, i_fl, i_se, i_wo, i_co, i_sl, i_dt = _FIELDS if h.dtype.names == _NAMES else _fields(h.dtype.names)
     decided = sc.decided
     session_packets = counters.session_packets if counters is not None else None
+    keys = []
     for k, row in enumerate(h.tolist()):
         vt, flags, session, worker, count = row[i_vt], row[i_fl], row[i_se], row[i_wo], row[i_co]
         slot, dtype = row[i_sl], row[i_dt]
         # every check but the pool's depends on these fields alone: decided once per tables version
         key = (vt, flags, session, worker, count, dtype, in_ports[k], lengths[k], lanes)
+        keys.append(key)
         got = decided.get(key)
         if got is None:
             got = _decide(sc, vt, flags, session, worker, count, dtype, in_ports[k], lengths[k], lanes, agg_len)
@@ -127,18 +128,40 @@ def classify_rows(b, t: CompiledTables, lanes: int, counters) -> tuple[Classifie
         bits.append(bit)
         wports.append(wport)
         srows.append(srow)
-    c.bit = np.array(bits, dtype=np.int64)
-    c.worker_port = np.array(wports, dtype=np.int64)
+    # a turn whose packets all passed the parser and none contributes (no path read off a slot)
+    # has arrays that depend on the packets' keys alone: made once per tables version, read-only
+    memo = every and PATH_AGGREGATE not in paths and PATH_FALLBACK not in paths
+    got = sc.turns.get(tuple(keys)) if memo else None
+    if got is None:
+        got = _turn_arrays(h, s, bits, wports, srows, sids, paths, types)
+        if memo and len(sc.turns) < TURNS:
+            for a in got:
+                a.flags.writeable = False
+            sc.turns[tuple(keys)] = got
+    c.mtype, c.session, c.worker, c.from_node, c.bit, c.worker_port, c.path, c.types = got[:8]
+    for name, a in zip(SESSION_FIELDS, got[8:]):
+        setattr(c, name, a)
+    if any(drops):  # (the packets classified were alive: their drop is 0 already)
+        b.drop[idx] = np.array(drops, dtype=np.int64)
+    return c, srows
+
+
+def _turn_arrays(h: np.ndarray, s, bits: list, wports: list, srows: list, sids: list, paths: list,
+                 types: list) -> tuple[np.ndarray, ...]:
+    """A classified turn's per-packet arrays: (mtype, session, worker, from_node, bit, worker_port,
+    path, types, then the session fields in SESSION_FIELDS order)."""
+    worker = h["worker"].astype(np.int64)
+    out = [h["ver_type"] & 0xF, h["session"].astype(np.int64), worker, worker == NODE,
+           np.array(bits, dtype=np.int64), np.array(wports, dtype=np.int64), np.array(paths, dtype=np.int64),
+           np.array(types, dtype=np.int64)]
     if srows:  # every session field from the rows at once (as take_session_fields gathers them)
         fields = np.array(srows, dtype=np.int64).T.copy()  # (one contiguous row per field)
-        for name in SESSION_FIELDS:
-            setattr(c, name, fields[_SESSION_COLUMN[name]])
+        out += [fields[_SESSION_COLUMN[name]] for name in SESSION_FIELDS]
     else:
+        c = Classified()
         take_session_fields(c, s, np.array(sids, dtype=np.int64))
-    c.path = np.array(paths, dtype=np.int64)
-    c.types = np.array(types, dtype=np.int64)
-    b.drop[idx] = np.array(drops, dtype=np.int64) if n_pk else 0
-    return c, srows
+        out += [getattr(c, name) for name in SESSION_FIELDS]
+    return tuple(out)
 
 
 def _decide(sc: ScalarTables, vt: int, flags: int, session: int, worker: int, count: int, dtype: int, in_port: int,

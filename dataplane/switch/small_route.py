@@ -39,6 +39,11 @@ EPOCH, WORKER_MASK, MCAST_GRP, NEXT_STEP, UP_PORT, UP_WORKER = (
 ROUTED = frozenset((PATH_NONE, PATH_AGGREGATE, PATH_HEARTBEAT, PATH_MULTICAST, PATH_PULL))  # the paths this module takes
 
 
+_NOTHING = Emission.empty()
+for _a in (_NOTHING.pkt, _NOTHING.port, _NOTHING.dst, _NOTHING.session, _NOTHING.l3):
+    _a.flags.writeable = False
+
+
 def eligible(paths: list[int]) -> bool:
     """Whether a small turn whose classified packets took `paths` goes through `route`."""
     return all(p in ROUTED for p in paths)
@@ -169,5 +174,7 @@ def route(b, c: Classified, paths: list[int], srows: list[tuple], t: CompiledTab
                     drops[code, 1] += length[i]
                 counters.port(in_port[i], "rx_dropped", 1)
     m = len(pkt)
+    if not m:  # (a heartbeat absorbed, a first worker's GRADs: nothing leaves) one shared, read-only
+        return _NOTHING
     return Emission(np.array(pkt, dtype=np.int64), np.array(port, dtype=np.int64), np.array(dst, dtype=np.int64),
                     np.array(sess, dtype=np.int64), np.zeros(m, dtype=bool))

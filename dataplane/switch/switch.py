@@ -314,8 +314,8 @@ class SoftwareSwitch:
                 valid = self.pipeline.valid(b)
                 for att, a, z in learning:
                     att.learn(rx.addr[a:z], valid[a:z], b.drop[a:z])
-            if any(self.links_in.get(att.port) is not None and self.links_in[att.port].active
-                   for att, _, _ in segments):
+            if self.links_in and any(self.links_in.get(att.port) is not None and self.links_in[att.port].active
+                                     for att, _, _ in segments):
                 b = self._impair_turn(b.whole(), framed)
                 if b is None:
                     return

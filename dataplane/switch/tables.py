@@ -182,6 +182,9 @@ class Tables:
     # -- the pipeline's view -----------------------------------------------------------------
     def compiled(self):
         """Dense lookups for the current contents (cached until the next change)."""
+        done = self._compiled  # (every turn asks: the current one without the lock or the import)
+        if done is not None and done.version == self.version:
+            return done
         from .lookup import CompiledTables
 
         with self._mutex:
