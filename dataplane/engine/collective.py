@@ -124,7 +124,8 @@ class CollectiveSession:
     def on_results(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
         """RESULT packets `rows[idx]` (headers `h[idx]`; idx ascending, as the engine groups a batch)."""
         every = len(idx) == len(h)  # idx is all of h's rows, in order (the engine's common batch)
-        if every and self.ops and self._compiled_results(rows, h, now):
+        if every and self.ops and (self._compiled_results(rows, h, now)
+                                   or (len(h) == 1 and self._one_result(rows, h, now))):
             return
         seqs = h["seq"] if every else h["seq"][idx]
         new = self.window.accept(seqs)
@@ -189,6 +190,41 @@ class CollectiveSession:
             self.send.delivered_in_order(newest, rack, now)
         elif fresh:
             self.send.on_delivered(self._fresh[:fresh], now)
+        return True
+
+    def _one_result(self, rows: np.ndarray, h: np.ndarray, now: float) -> bool:
+        """`on_results` for a batch of one new RESULT of an op without a `decode` (an exponent
+        agreement before a push: one chunk, exact) in Python scalars, as the numpy code below
+        does it (the reference: tests/engine/test_allreduce.py runs both): a dozen numpy calls on
+        arrays of one cost more than the packet. False, with nothing changed, for anything else
+        (a duplicate, out of the window, an unknown op or chunk)."""
+        _vt, flags, _s, _w, _c, seq, _slot, tensor, offset = h[0].item()[:9]
+        w = self.window
+        op = self.ops.get(tensor)
+        chunk = offset // self.lanes
+        pos = seq & (w.size - 1)
+        if op is None or op.decode is not None or ((seq - w.ack) & 0xFFFFFFFF) >= w.size or w.bits[pos] \
+                or chunk >= op.chunks:
+            return False
+        w.bits[pos] = True
+        w.changed()
+        op.result[chunk] = rows[0, HEADER_LEN:HEADER_LEN + 4 * self.lanes].view(">i4")
+        self.stats["results"] += 1
+        op.got += 1
+        if flags & SATURATED:
+            op.saturated = True
+            op.saturated_chunks.append(np.array([chunk], dtype=np.int64))
+        if op.got >= op.chunks:
+            del self.ops[op.op_id]
+            op.on_done(op)
+        send = self.send
+        if w.advance():
+            send.on_ack(w.ack, w.credit(), now, sample=False)
+        row = seq & (len(send.retx) - 1)
+        if ((seq - send.sack_high) & 0xFFFFFFFF) < 0x80000000 and not send.retx[row]:
+            send.delivered_in_order(seq, int(send.xmit_no[row]), now)  # on_delivered's common batch
+        else:
+            send.on_delivered(np.array([seq], dtype=np.int64), now)
         return True
 
     def _absorb(self, op_id: int, sel: np.ndarray, rows: np.ndarray, hs: np.ndarray) -> None:

@@ -2,7 +2,9 @@
 
 A worker's engine runs allreduce (collective sessions), push and pull (node sessions); an
 optimizer node's engine assembles summed gradients and serves parameters. API calls may come
-from any thread: they are queued and run on the engine thread, and return a `Handle` at once.
+from any thread and return a `Handle` at once: while the loop sleeps, the call runs on the
+caller's thread under the loop's lock (with the sends it makes: no wake-up of the loop), else it
+is queued for the loop's next turn (`_submit`).
 The loop drains received batches, lets every session send what its window allows, and runs
 timers (retransmission, heartbeats, pull retries).
 """
@@ -21,7 +23,7 @@ import numpy as np
 
 from ..kernels import mode as kernel_mode
 from ..net.shm_endpoint import ShmEndpoint
-from ..protocol import HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Flag, MsgType, header_view
+from ..protocol import DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Flag, MsgType
 from ..session import EndpointPlan, SessionSpec
 from .collective import CollectiveSession
 from .handles import EngineError, Handle
@@ -48,6 +50,9 @@ class EngineConfig:
     pull_retry: float = 0.05  # s before a PULL with no answer is sent again (doubles, up to 1 s)
     timer_tick: float = 0.001  # s between timer checks while anything is outstanding
     idle_tick: float = 0.05  # s the loop sleeps when nothing is outstanding
+    # s a deadline made on a caller's thread (Engine._run_here: a retransmission timer, a pull
+    # retry, both >= 40 ms out) may run late rather than wake the sleeping loop early for it
+    caller_slack: float = 0.01
     socket_buffer: int = 8 << 20  # bytes asked for SO_RCVBUF/SO_SNDBUF
     peer_timeout: float = DEFAULT_PEER_TIMEOUT  # s a dead switch/node may starve pending ops (liveness.py; 0: off)
 
@@ -81,6 +86,13 @@ class Engine:
         # set by the loop before its last look at the commands, cleared once it is awake: a command
         # submitted meanwhile writes the wake pipe; one submitted while the loop runs needs not
         self._sleeping = True
+        # held by the loop for all of a turn, free while it sleeps in poll(): a caller that takes it
+        # runs its command (and the sends it makes) on its own thread, so a pull's PULL or a push's
+        # exponent row goes out with no wake-up of the loop and no hand-over of the GIL (_submit)
+        self._lock = threading.Lock()
+        self._sleep_until = 0.0  # when the sleeping loop wakes by itself (its earliest deadline)
+        self._pumps: list[Callable[[float], int]] = []
+        self._wakers: list[Callable[[], float]] = []
         self._thread: threading.Thread | None = None
         self._handles: set[Handle] = set()
         # what the loop's poll() waits on: the port, the wake pipe and `add_reader`'s fds; the
@@ -88,7 +100,9 @@ class Engine:
         self._readers: dict[int, Callable[[], None]] = {}
         self._poller = select.poll()
         self._reader_poller = select.poll()
-        self.stats = {"rx_bad": 0, "rx_unexpected": 0, "loop_turns": 0}
+        # direct: commands run on the caller's thread while the loop slept; direct_wakes: those
+        # whose new deadline came before the loop's, which then had to be woken after all
+        self.stats = {"rx_bad": 0, "rx_unexpected": 0, "loop_turns": 0, "direct": 0, "direct_wakes": 0}
         self.error: BaseException | None = None
 
     def _make_session(self, spec: SessionSpec, provider: ParamProvider | None, on_gradient: GradientSink | None,
@@ -334,7 +348,44 @@ class Engine:
                 handle.set_error(e)
 
         self._cmds.append(guarded)
-        self._wake()
+        if self._lock.acquire(blocking=False):
+            self._run_here()
+        else:
+            self._wake()  # the loop is in a turn (it looks at the commands before it sleeps) or is this thread
+
+    def _run_here(self) -> None:
+        """With the loop's lock, on the caller's thread: run the queued commands in their order
+        (sequence numbers and pull ids are given out in submission order), send what they made
+        sendable, and wake the loop only when it must act before it would wake by itself: a
+        deadline more than `caller_slack` earlier than its own, or sends left over by a full up
+        ring. Usually the answer (a RESULT, the PARAMs) is what wakes it: one wake-up per
+        operation instead of two."""
+        try:
+            if self._stop or not self._pumps:  # closing, or the loop has not set up yet: its turn runs them
+                wake = True
+            else:
+                while self._cmds:
+                    self._cmds.popleft()()
+                now = time.monotonic()
+                shm = self._shm
+                if shm is not None:
+                    shm.tx_full = False
+                for pump in self._pumps:
+                    pump(now)
+                wake = shm is not None and shm.tx_full  # the rest waits for room: the loop's to send
+                if not wake:
+                    until = self._sleep_until - self.config.caller_slack
+                    for wake_at in self._wakers:
+                        if wake_at() < until:
+                            wake = True
+                            break
+                self.stats["direct"] += 1
+                if wake:
+                    self.stats["direct_wakes"] += 1
+        finally:
+            self._lock.release()
+        if wake:
+            self._wake()
 
     def _wake(self) -> None:
         if not self._sleeping:
@@ -360,10 +411,13 @@ class Engine:
         node_sessions = [(sid, s) for sid, s in self.sessions.items() if isinstance(s, WorkerNodeSession)]
         # the loop's per-turn work in plain loops over bound methods: a turn runs a dozen times per
         # allreduce, and generators, list building and attribute lookups were a tenth of its calls
-        pumps = [s.pump for s in sessions]
-        wakers = [s.wake_at for s in sessions]  # every session kind says when it next needs the loop
+        pumps: list[Callable[[float], int]] = [s.pump for s in sessions]
+        wakers: list[Callable[[], float]] = [s.wake_at for s in sessions]  # every session kind says when it next needs the loop
         recv, dispatch, stats, shm = self.sock.recv, self._dispatch, self.stats, self._shm
         rx_batches, timer_tick = range(cfg.rx_batches_per_turn), cfg.timer_tick
+        lock = self._lock
+        lock.acquire()  # held for every turn, given up only while asleep in poll() (_run_here)
+        self._pumps, self._wakers = pumps, wakers
         try:
             while not self._stop:
                 while self._cmds:
@@ -418,7 +472,12 @@ class Engine:
                 if idle and (shm is None or shm.arm()):
                     wait = max(0.0, next_timer - time.monotonic())
                     woken = False
-                    ready = poller.poll(max(1, int(wait * 1000 + 0.5)) if wait > 0 else 0)
+                    self._sleep_until = next_timer
+                    lock.release()
+                    try:
+                        ready = poller.poll(max(1, int(wait * 1000 + 0.5)) if wait > 0 else 0)
+                    finally:
+                        lock.acquire()
                     self._sleeping = False
                     for fd, ev in ready:
                         if fd == sock_fd:
@@ -447,6 +506,9 @@ class Engine:
             for h in list(self._handles):
                 h.set_error(EngineError(f"the engine loop failed: {e!r}"))
             raise
+        finally:
+            self._pumps = []  # callers queue again (and find the loop stopped)
+            lock.release()
 
     def _refused(self, now: float, certain: bool = True) -> None:
         """The kernel reported an error on the socket: drain its queue (else poll spins on POLLERR)
@@ -477,13 +539,19 @@ class Engine:
         # the headers gathered once into 32-byte rows: the sessions read a dozen fields, and each
         # read of the packet rows themselves (64 KiB apart, a page each) missed cache and TLB per row
         hb = np.ascontiguousarray(rows[:, :HEADER_LEN])
-        h = header_view(hb)
+        h = hb.view(DATA_HEADER)[:, 0]  # header_view's checks hold: hb is (k, 32) uint8
         # the common batch, one session's packets of one type: every header's first word (ver_type,
         # flags, session) the same but for the flags, checked in a few calls before any grouping
-        word = hb.view(np.uint32)[:, 0] & _SAME_BATCH
-        if _ALL(word == word[0]) and hb[0, 0] >> 4 == VERSION and _MIN(lens) >= HEADER_LEN:
-            s = self.sessions.get(int(h["session"][0]))
-            if s is None or not self._handle(s, int(hb[0, 0]) & 0xF, np.arange(k), rows, lens, h, now):
+        # (a lone packet, a third of all batches, is one by itself)
+        vt, _flags, s_hi, s_lo = hb[0, :4].tolist()
+        if k == 1:
+            same = True
+        else:
+            word = hb.view(np.uint32)[:, 0] & _SAME_BATCH
+            same = _ALL(word == word[0])
+        if same and vt >> 4 == VERSION and _MIN(lens) >= HEADER_LEN:
+            s = self.sessions.get((s_hi << 8) | s_lo)
+            if s is None or not self._handle(s, vt & 0xF, np.arange(k), rows, lens, h, now):
                 self.stats["rx_unexpected"] += k
             return
         vt = h["ver_type"].astype(np.int64)
@@ -516,9 +584,8 @@ class Engine:
                 return True
             if t == MsgType.HEARTBEAT:
                 # the gathered headers seen as heartbeats (rows[idx] copied whole rows of up to 64 KiB)
-                hb = h.view(HEARTBEAT_HEADER)[idx]
-                for ack, credit, worker, flags in zip(hb["ack"].tolist(), hb["credit"].tolist(),
-                                                      hb["worker"].tolist(), hb["flags"].tolist()):
+                # one tolist() of the records: four field views and their lists cost more than a few packets
+                for _vt, flags, _s, worker, _c, _seq, ack, credit, _r in h.view(HEARTBEAT_HEADER)[idx].tolist():
                     if worker == NODE:
                         s.on_node_heartbeat(ack, credit, now, bool(flags & int(Flag.GAP)))
                 return True
@@ -531,8 +598,7 @@ class Engine:
             if not fb.all():
                 return False
         elif t == MsgType.HEARTBEAT:
-            hb = h.view(HEARTBEAT_HEADER)[idx]
-            for ack, credit in zip(hb["ack"].tolist(), hb["credit"].tolist()):
+            for _vt, _f, _s, _w, _c, _seq, ack, credit, _r in h.view(HEARTBEAT_HEADER)[idx].tolist():
                 s.on_workers_heartbeat(ack, credit, now)
         elif t == MsgType.PULL:
             s.on_pull(idx, rows, lens, h, now)

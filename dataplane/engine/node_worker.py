@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels import use_numba
 from ..protocol import DTYPE_ITEMSIZE, HEADER_LEN, Dtype, MsgType
-from ..quantize import chunk_exponents, num_chunks
+from ..quantize import chunk_exponents, fixed_point_kernels, num_chunks
 from ..session import SessionSpec
 from .collective import CollectiveSession
 from .handles import EngineError, Handle
@@ -50,7 +51,7 @@ class PullOp:
     answered: bool = False
 
 
-_ALL = np.logical_and.reduce  # without ndarray.all's wrapper (per received batch)
+_ALL, _ANY = np.logical_and.reduce, np.logical_or.reduce  # without ndarray.all's wrapper (per received batch)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -142,6 +143,8 @@ class WorkerNodeSession:
         self._pull_stale = True
 
     def on_params(self, idx: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray, now: float) -> None:
+        if len(idx) == len(h) and self._params_in_order(rows, lens, h):
+            return
         new = self.param_window.accept(h["seq"][idx])
         dups = int(len(idx) - new.sum())
         if dups:
@@ -156,6 +159,42 @@ class WorkerNodeSession:
                 self._place(int(pid), idx[pull_ids == pid], rows, lens, h)
         self.stats["param_packets"] += len(idx)
         self.param_window.advance()
+
+    def _params_in_order(self, rows: np.ndarray, lens: np.ndarray, h: np.ndarray) -> bool:
+        """`on_params` for the common batch, read in Python scalars (a pull's few packets: the
+        vectorised code's thirty numpy calls on arrays of five cost more than the packets): every
+        packet new, consecutive seqs inside the window, one pull's consecutive chunks, all well
+        formed. False, with nothing changed, for anything else (the code below is the reference;
+        tests/engine/test_push_pull.py's lossy runs take both)."""
+        n = len(h)
+        w = self.param_window
+        seqs = h["seq"].tolist()
+        s0 = seqs[0]
+        p0 = s0 & (w.size - 1)
+        if ((s0 - w.ack) & 0xFFFFFFFF) + n > w.size or p0 + n > w.size or seqs != list(range(s0, s0 + n)) \
+                or _ANY(w.bits[p0:p0 + n]):
+            return False
+        _vt, _f, _s, _w, _c, _seq, pull_id, tensor, off0, _e, dtype, _r, numel = h[0].item()
+        wire = WIRE_DTYPES.get(dtype)
+        slots, counts, offsets, lengths = h["slot"].tolist(), h["count"].tolist(), h["offset"].tolist(), lens.tolist()
+        if wire is None or slots.count(pull_id) != n:
+            return False
+        dtype = Dtype(dtype)
+        epp = elems_per_param_packet(self.lanes, dtype)
+        c0, rem = divmod(off0, epp)
+        if rem:
+            return False
+        item = wire.itemsize
+        for i in range(n):
+            at, count = offsets[i], counts[i]
+            if at != off0 + i * epp or at + count > numel or HEADER_LEN + count * item > lengths[i]:
+                return False
+        w.bits[p0:p0 + n] = True
+        w.changed()
+        self._store(pull_id, tensor, numel, dtype, wire, epp, None, None, 0, c0, n, sum(counts), rows)
+        self.stats["param_packets"] += n
+        w.advance()
+        return True
 
     def _place(self, pull_id: int, sel: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray) -> None:
         first = h[sel[0]]
@@ -172,6 +211,19 @@ class WorkerNodeSession:
         if not _ALL(ok):
             self.stats["malformed"] = self.stats.get("malformed", 0) + int((~ok).sum())
             sel, counts, offsets = sel[ok], counts[ok], offsets[ok]
+        chunk = offsets // epp
+        n = len(sel)
+        s0, c0 = (int(sel[0]), int(chunk[0])) if n else (0, 0)
+        run = bool(n) and _ALL(sel == np.arange(s0, s0 + n)) and _ALL(chunk == np.arange(c0, c0 + n))
+        self._store(pull_id, tensor, numel, dtype, wire, epp, None if run else sel, None if run else chunk,
+                    s0, c0, n, int(counts.sum()), rows)
+
+    def _store(self, pull_id: int, tensor: int, numel: int, dtype: Dtype, wire: np.dtype, epp: int,
+               sel: np.ndarray | None, chunk: np.ndarray | None, s0: int, c0: int, n: int, got: int,
+               rows: np.ndarray) -> None:
+        """Well-formed PARAM packets of pull `pull_id` (`got` elements) into its buffer: rows
+        s0..s0+n holding chunks c0..c0+n (sel and chunk None: one run in order), else rows `sel`
+        holding chunks `chunk`."""
         buf = self.buffers.get(pull_id)
         op = self.pulls.get(pull_id)
         if buf is None:
@@ -189,22 +241,19 @@ class WorkerNodeSession:
             self._pull_stale = True
         # full-width copies: a short last packet spills garbage only into the padding past numel
         width = HEADER_LEN + epp * wire.itemsize
-        chunk = offsets // epp
-        n = len(sel)
-        s0, c0 = (int(sel[0]), int(chunk[0])) if n else (0, 0)
         if buf.direct:
-            if n and _ALL(sel == np.arange(s0, s0 + n)) and _ALL(chunk == np.arange(c0, c0 + n)):
+            if sel is None:
                 _decode_run(buf, rows, s0, c0, n, wire, epp)
             else:  # out of order (a resend, a reordered path): packet by packet
                 for row, c in zip(sel.tolist(), chunk.tolist()):
                     _decode_run(buf, rows, row, c, 1, wire, epp)
-        elif n and _ALL(sel == np.arange(s0, s0 + n)) and _ALL(chunk == np.arange(c0, c0 + n)):
+        elif sel is None:
             # the common batch, one run of a pull's packets in order: slices, so the rows are copied
             # once straight into the buffer (a fancy index gathers them into a temporary first)
             buf.data.reshape(-1, epp)[c0:c0 + n] = rows[s0:s0 + n, HEADER_LEN:width].view(wire)
         else:
             buf.data.reshape(-1, epp)[chunk] = rows[sel, HEADER_LEN:width].view(wire)
-        buf.got += int(counts.sum())
+        buf.got += got
         if buf.got >= buf.numel and op is not None:
             self._complete(op, buf)
 
@@ -319,6 +368,11 @@ def _decode_run(buf: PullBuffer, rows: np.ndarray, s0: int, c0: int, n: int, wir
     whole chunks in one slice, the short last chunk by itself (the buffer ends at numel)."""
     widen = buf.data.dtype == np.float32 and buf.dtype == Dtype.BF16
     dst = buf.data.view(np.uint32) if widen else buf.data
+    if widen and rows.flags.c_contiguous and rows.dtype == np.uint8 and rows.shape[1] % 2 == 0 and use_numba():
+        # one compiled pass (kernels/fixed_point.py; this numpy code is the reference: tests/engine/test_kernels.py)
+        fixed_point_kernels().widen_bf16_rows(rows.view(np.uint16), s0, n, HEADER_LEN // 2, epp, dst,
+                                              c0 * epp, buf.numel)
+        return
     whole = max(0, min(n, buf.numel // epp - c0))
     if whole:
         d = dst[c0 * epp:(c0 + whole) * epp].reshape(whole, epp)

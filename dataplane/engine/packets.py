@@ -47,14 +47,7 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
     # headers from this in a contiguous scratch and copies them into the rows once at the end: the
     # rows lie a packet (up to 64 KiB) apart, and each field written there in place was a strided
     # pass costing a cache and TLB miss per row (a third of the fill's CPU besides quantising)
-    template = np.zeros((1, HEADER_LEN), dtype=np.uint8)
-    t = header_view(template)
-    t["ver_type"] = ver_type(msg_type)
-    t["session"] = session
-    t["worker"] = worker
-    t["tensor"] = tensor
-    t["dtype"] = int(dtype)
-    t["numel"] = numel
+    template = _template(ver_type(msg_type), session, worker, 0, tensor, int(dtype), numel)
     set_flag = int(Flag.SET)
 
     def fill(i0: int, i1: int, rows: np.ndarray, lens: np.ndarray) -> None:
@@ -159,15 +152,7 @@ def param_fill(*, seg_start: int, session: int, pull_id: int, tensor: int, data:
     # the fields every packet of the pull shares, written once; a fill builds its block's headers
     # from this in a contiguous scratch and copies them into the rows (64 KiB apart) in one pass,
     # as aggregation_fill does, and writes the values straight into the rows (no zeroed staging copy)
-    template = np.zeros((1, HEADER_LEN), dtype=np.uint8)
-    t = header_view(template)
-    t["ver_type"] = ver_type(MsgType.PARAM)
-    t["session"] = session
-    t["worker"] = NODE
-    t["slot"] = pull_id
-    t["tensor"] = tensor
-    t["dtype"] = int(dtype)
-    t["numel"] = numel
+    template = _template(ver_type(MsgType.PARAM), session, NODE, pull_id, tensor, int(dtype), numel)
 
     def fill(i0: int, i1: int, rows: np.ndarray, lens: np.ndarray) -> None:
         n = i1 - i0
@@ -211,6 +196,16 @@ def _struct_of(layout: np.dtype, names: tuple[str, ...]) -> struct.Struct:
     out = struct.Struct(fmt)
     assert out.size == layout.itemsize
     return out
+
+
+_DATA = _struct_of(DATA_HEADER, DATA_HEADER.names)
+
+
+def _template(vt: int, session: int, worker: int, slot: int, tensor: int, dtype: int, numel: int) -> np.ndarray:
+    """A (1, 32) header row with the fields every packet of a buffer shares (the rest zero),
+    packed in one call: per operation, where six structured-field writes cost ~10x more."""
+    return np.frombuffer(_DATA.pack(vt, 0, session, worker, 0, 0, slot, tensor, 0, 0, dtype, 0, numel),
+                         dtype=np.uint8).reshape(1, HEADER_LEN)
 
 
 _HEARTBEAT = _struct_of(HEARTBEAT_HEADER, ("ver_type", "flags", "session", "worker", "count", "seq", "ack", "credit"))

@@ -4,7 +4,8 @@ Each kernel does in one pass what the numpy reference does in several: quantise 
 and write them big-endian straight into send-ring rows (`quantize_rows`), and read big-endian
 lanes out of received rows, convert and scale them into the result buffer (`dequantize_rows`),
 or do that for a whole RESULT batch of a float sum along with its window and delivery bookkeeping
-(`absorb_fixed_results`, the compiled twin of dataplane/engine/collective.py `on_results`).
+(`absorb_fixed_results`, the compiled twin of dataplane/engine/collective.py `on_results`), and
+widen a pull's bf16 PARAM rows into its float32 buffer (`widen_bf16_rows`).
 Bit for bit the reference's results (tests/engine/test_kernels.py): the scaling is a float32
 multiply by exact powers of two (`s1` then `s2`, as dataplane/quantize.py `pow2_split` explains),
 rounding is rint (half to even), the limit is compared in float32, and no fastmath (no
@@ -208,3 +209,22 @@ def absorb_fixed_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_at,
     info[2] = newest
     info[3] = rack
     return fresh
+
+
+@njit(cache=True, nogil=True)
+def widen_bf16_rows(half, s0, n, col, epp, out, o0, numel):
+    """PARAM packets half[s0:s0 + n] (the rows as native uint16 words; `epp` big-endian bf16
+    values each from word `col`) into float32 bits: packet i's values to out[o0 + i * epp:],
+    each the bf16's 16 bits byte-swapped into a float32's top half, stopping at `numel` (the
+    short last packet). One pass, where the numpy reference (dataplane/engine/node_worker.py
+    `_decode_run`) converts, then shifts in place: two passes over the output."""
+    for i in range(n):
+        start = o0 + i * epp
+        m = min(epp, numel - start)
+        if m <= 0:
+            break
+        src = half[s0 + i, col:col + m]
+        dst = out[start:start + m]
+        for j in range(m):
+            v = np.uint32(src[j])
+            dst[j] = ((v & np.uint32(0xFF)) << np.uint32(24)) | ((v >> np.uint32(8)) << np.uint32(16))

@@ -17,6 +17,7 @@ from .shm_ring import LEN_MASK, REF, ShmPool, ShmRing, pool_path
 
 # the ufuncs' reductions, without the ndarray methods' Python wrappers (several per recv)
 _ANY, _ALL, _MIN = np.logical_or.reduce, np.logical_and.reduce, np.minimum.reduce
+_REF = int(REF)
 
 
 def check_prefix(prefix: str) -> None:
@@ -55,7 +56,7 @@ class ShmEndpoint:
         self.batch = batch
         # rx is a view of the down ring's rows, lent until the next recv() or arm() (no copy: the
         # engine decodes results straight from shared memory); rx_len their lengths
-        self.rx = self.down.rows[:0]
+        self._empty = self.rx = self.down.rows[:0]  # the one empty view, not a new slice per give-back
         self.rx_len = np.zeros(batch, dtype=np.int64)
         self._lent = 0
         self._pools: dict[int, ShmPool] = {}  # the switch's multicast pools this port was sent rows of
@@ -81,7 +82,7 @@ class ShmEndpoint:
     def _give_back(self) -> None:
         self.down.release(self._lent)
         self._lent = 0
-        self.rx = self.down.rows[:0]
+        self.rx = self._empty
 
     def recv(self, block: bool = False) -> int:
         """Lend up to `batch` received packets as `rx[:k]` / `rx_len[:k]` (rows of the ring
@@ -96,16 +97,22 @@ class ShmEndpoint:
             if not k:
                 return 0
             lengths = self.down.lengths[pos:pos + k]
-            if _MIN(lengths) >= REF:  # every entry a reference (REF is the top bit): the usual batch
-                words = np.ascontiguousarray(self.down.rows[pos:pos + k, :16]).view(np.uint64)
-                at, ids = words[:, 0], words[:, 1]
-                first, pool = int(at[0]), self._pool(int(ids[0]))
-                # one pool, consecutive rows inside it (unsigned differences: a step back is huge):
-                # the whole batch is one run, lent as below without building its masks
-                if pool is not None and first + k <= pool.slots and _ALL(ids == ids[0]) \
-                        and _ALL(at[1:] - at[:-1] == 1):
+            lens = lengths.tolist()
+            if min(lens) >= _REF:  # every entry a reference (REF is the top bit): the usual batch
+                # read as Python ints: a batch is a few entries, and a dozen numpy calls on them
+                # cost more than the entries (the general code below is the reference)
+                refs_at = np.ascontiguousarray(self.down.rows[pos:pos + k, :16]).view(np.uint64).tolist()
+                first, pool_id = refs_at[0]
+                pool = self._pool(pool_id)
+                # one pool, consecutive rows inside it: the whole batch is one run, lent as is
+                if pool is not None and first + k <= pool.slots \
+                        and all(refs_at[i] == [first + i, pool_id] for i in range(1, k)):
                     self.rx = pool.rows[first:first + k]
-                    break
+                    self._lent = k
+                    self.rx_len[:k] = lengths & LEN_MASK
+                    self.stats["rx_packets"] += k
+                    self.stats["rx_bytes"] += sum(lens) - k * _REF  # every length carries the REF bit
+                    return k
             refs = (lengths & REF) != 0
             if not refs[0]:  # packets in the ring itself, up to the first reference
                 k = int(np.argmax(refs)) if _ANY(refs) else k
@@ -201,7 +208,7 @@ class ShmEndpoint:
         return f"the switch process (pid {self.down.peer_pid()}) that owns {self.prefix} has exited"
 
     def close(self) -> None:
-        self.rx = np.empty((0, self.rx.shape[1]), dtype=np.uint8)  # no view left: the ring's mapping can go
+        self._empty = self.rx = np.empty((0, self.rx.shape[1]), dtype=np.uint8)  # no view left: the mapping can go
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()

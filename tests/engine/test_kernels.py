@@ -152,6 +152,31 @@ def test_chunk_absmax_kernel_matches_reference(x, lanes, monkeypatch_module):
     assert np.array_equal(e0, e1)
 
 
+@pytest.mark.skipif(not use_numba(), reason="numba is not installed: only the reference path exists")
+@pytest.mark.parametrize("epp,numel,c0,n", [(8, 40, 0, 5), (8, 37, 0, 5), (8, 37, 3, 2), (6, 1, 0, 1), (4, 9, 2, 1)])
+def test_bf16_widen_kernel_matches_the_reference(epp, numel, c0, n, monkeypatch):
+    """A pull's bf16 PARAM rows widened into a float32 buffer (node_worker._decode_run): the
+    compiled pass writes exactly the reference's bits, the short last packet stopping at numel,
+    and nothing outside the packets' chunks."""
+    from luwu.dataplane.engine.node_worker import PullBuffer, _decode_run, wire_dtype
+    from luwu.dataplane.protocol import Dtype
+
+    rng = np.random.default_rng(epp * 1000 + numel)
+    rows = rng.integers(0, 256, size=(n + 3, HEADER + 2 * epp + 4), dtype=np.uint8)
+    got = {}
+    for mode in ("reference", "numba"):
+        monkeypatch.setenv("LUWU_KERNELS", mode)
+        out = np.full(numel, 7.5, dtype=np.float32)
+        _decode_run(PullBuffer(1, numel, Dtype.BF16, out, direct=True), rows, 2, c0, n, wire_dtype(Dtype.BF16), epp)
+        got[mode] = out.view(np.uint32).copy()
+    assert np.array_equal(got["numba"], got["reference"])
+    lo, hi = c0 * epp, min(numel, (c0 + n) * epp)
+    assert np.all(got["reference"][:lo] == np.float32(7.5).view(np.uint32))  # untouched outside the run
+    assert np.all(got["reference"][hi:] == np.float32(7.5).view(np.uint32))
+    first = rows[2, HEADER:HEADER + 2].tolist()  # the first value: big-endian bf16 -> a float32's top half
+    assert got["reference"][lo] == (first[0] << 24) | (first[1] << 16)
+
+
 @pytest.mark.parametrize("lanes", [1, 3, 64])
 def test_chunk_exponents_kernel_every_exponent_class(lanes, monkeypatch):
     """The compiled exponents are read off the bits: every biased exponent (zero, subnormals,

@@ -1,0 +1,77 @@
+"""The engine's scalar fast paths against the vectorised reference code they stand in for.
+
+A worker's engine reads a lone RESULT (a push's exponent agreement: `CollectiveSession._one_result`)
+and a pull's in-order PARAM batch (`WorkerNodeSession._params_in_order`) in Python scalars; the
+numpy code they skip is the reference. The same pushes and pulls, one at a time (so that each
+RESULT arrives alone, as in training), run once with the fast paths and once with them off must
+give bit-identical parameters, with and without loss, and the fast paths must actually have run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from luwu.dataplane.engine import Engine
+from luwu.dataplane.engine.collective import CollectiveSession
+from luwu.dataplane.engine.node_worker import WorkerNodeSession
+from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+from luwu.mininet.paramstore import SgdParamStore
+
+LOSSY = {"ingress": 0.05, "egress": 0.05, "duplicate": 0.02, "reorder": 0.02}
+
+
+def _train(fast: bool, drop, monkeypatch) -> tuple[dict[int, list[np.ndarray]], dict[str, int]]:
+    """Three rounds of push-then-pull of three layers by two workers, each push and pull waited
+    for before the next; returns every pulled array and how often each fast path took a batch."""
+    taken = {"_one_result": 0, "_params_in_order": 0}
+    for cls, name in ((CollectiveSession, "_one_result"), (WorkerNodeSession, "_params_in_order")):
+        real = getattr(cls, name)
+
+        def counted(self, *a, _real=real, _name=name):
+            ok = fast and _real(self, *a)
+            taken[_name] += bool(ok)
+            return ok
+
+        monkeypatch.setattr(cls, name, counted)
+    rng = np.random.default_rng(3)
+    layers = {4: rng.standard_normal(5000).astype(np.float32), 5: rng.standard_normal(70).astype(np.float32),
+              6: rng.standard_normal(1).astype(np.float32)}
+    workers = 2
+    plan = StarPlan(workers=workers, nodes=1, mode="tofino", node_pool=32, param_window=64)
+    server = SgdParamStore(layers, lr=0.5)
+    sid = plan.node_session(0)
+    pulled: dict[int, list[np.ndarray]] = {t: [] for t in layers}
+    with LoopbackSwitch(plan, drop=drop, seed=11) as _sw:
+        node = Engine(plan.node_plan(0), provider=server, on_gradient=server.on_gradient)
+        server.engine = node
+        node.start()
+        engines = [Engine(plan.worker_plan(r)).start() for r in range(workers)]
+        try:
+            for version in range(3):
+                for t, p in layers.items():
+                    outs = [np.empty(p.size, np.float32) for _ in engines]
+                    for h in [e.pull(sid, t, version, out=o) for e, o in zip(engines, outs)]:
+                        h.wait(60)
+                    pulled[t] += outs
+                for t, p in layers.items():
+                    grads = [(rng.standard_normal(p.size) * 0.01).astype(np.float32) for _ in engines]
+                    for h in [e.push(sid, t, g) for e, g in zip(engines, grads)]:
+                        h.wait(60)
+        finally:
+            for e in engines:
+                e.close()
+            node.close()
+    return pulled, taken
+
+
+@pytest.mark.parametrize("drop", [None, LOSSY], ids=["clean", "lossy"])
+def test_scalar_paths_match_the_reference(drop, monkeypatch):
+    fast, taken = _train(True, drop, monkeypatch)
+    ref, untaken = _train(False, drop, monkeypatch)
+    assert taken["_one_result"] > 0 and taken["_params_in_order"] > 0, taken
+    assert untaken == {"_one_result": 0, "_params_in_order": 0}
+    for t in fast:
+        assert len(fast[t]) == len(ref[t]) == 6
+        for a, b in zip(fast[t], ref[t]):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
