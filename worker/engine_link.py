@@ -34,12 +34,13 @@ class Staging:
     """One staging buffer of `capacity` float32 elements: a unit's values (a pull lands there) or
     its gradient (a push reads it until the push completes)."""
 
-    __slots__ = ("array", "buf", "capacity")
+    __slots__ = ("array", "buf", "capacity", "tensor")
 
     def __init__(self, array: np.ndarray, buf: ShmBuffer | None = None):
         self.array = array
         self.buf = buf  # the ShmBuffer behind `array` (engine daemon) or None
         self.capacity = array.size
+        self.tensor = None  # a torch view of `array`, made once by a user that copies tensors in (ModelInNetwork)
 
     def view(self, numel: int, offset: int = 0) -> np.ndarray:
         return self.array[offset:offset + numel]

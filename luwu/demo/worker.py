@@ -99,9 +99,10 @@ def train(spec: dict, rank: int) -> dict:
                     ddp_state = _ddp_state_bytes(model, opt)
                 opt.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
-            report["losses"].append(loss.item())
+            value = loss.item()
+            report["losses"].append(value)
             report["step_seconds"].append(dt)
-            _emit({"event": "step", "rank": rank, "step": step, "loss": loss.item(), "tokens": int(x.numel()),
+            _emit({"event": "step", "rank": rank, "step": step, "loss": value, "tokens": int(x.numel()),
                    "seconds": dt, "pushed_bytes": int(getattr(runner, "stats", {}).get("pushed_bytes", 0))
                    if spec["mode"] == "mnn" else 0})
         if mnn is not None:

@@ -12,7 +12,7 @@ from mnn_reference import run_ranks_in_threads, single_process
 
 from luwu.demo.data import CharCorpus, shard
 from luwu.demo.model import GPTConfig, build, loss_fn
-from luwu.worker.model_in_network import AdamW, ModelInNetwork
+from luwu.worker.model_in_network import SGD, AdamW, ModelInNetwork
 from luwu.worker.model_in_network.flat import FlatParams
 from luwu.worker.model_in_network.local import LocalNetwork
 from luwu.worker.model_in_network.memory import MemoryTracker
@@ -161,3 +161,67 @@ def test_a_non_finite_gradient_skips_that_units_step_and_training_goes_on(tmp_pa
     for name in ("0.weight", "0.bias"):  # the other unit stepped as usual
         assert not torch.equal(seen[1][name], seen[0][name])
     assert all(torch.isfinite(t).all() for s in seen for t in s.values())
+
+
+class _Toggle(torch.nn.Module):
+    """A unit whose forward saves its weight for backward only when `saves` is set (x @ w saves w;
+    x + w.sum(0) saves nothing of w): the graph changes between steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 8) / 8)
+        self.saves = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight if self.saves else x + self.weight.sum(0)
+
+
+def test_a_unit_that_starts_or_stops_saving_its_parameters_keeps_training_right(tmp_path):
+    # the saved-tensor watch stops for a unit once seen saving (a needless pull at worst if it stops);
+    # a unit seen not saving stays watched, so the step where it starts gets its backward pull
+    saves = [False, False, True, False, True]
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Embedding(16, 8), _Toggle(), torch.nn.Linear(8, 16, bias=False))
+    ref = torch.nn.Sequential(torch.nn.Embedding(16, 8), _Toggle(), torch.nn.Linear(8, 16, bias=False))
+    ref.load_state_dict(model.state_dict())
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    x = torch.randint(0, 16, (4, 6))
+    with LocalNetwork(1, 1, mode="tofino", state_dir=tmp_path, switch_process=False) as net:
+        mnn = ModelInNetwork(model, SGD(lr=0.5), net.network(0), served_dtype="fp32", engine="embedded")
+        try:
+            pulls, losses = [], []
+            for s in saves:
+                model[1].saves = ref[1].saves = s
+                before = mnn.stats["pulls"]
+                loss = mnn(x).pow(2).mean()
+                loss.backward()
+                mnn.step()
+                pulls.append(mnn.stats["pulls"] - before)
+                losses.append(loss.item())
+                want = ref(x).pow(2).mean()
+                want.backward()
+                opt.step()
+                opt.zero_grad()
+                np.testing.assert_allclose(losses[-1], want.item(), rtol=0, atol=1e-6)
+            params = mnn.gather()
+        finally:
+            mnn.close()
+    for name, p in ref.named_parameters():
+        np.testing.assert_allclose(params[name].numpy(), p.detach().numpy(), rtol=0, atol=1e-6, err_msg=name)
+    # per step: 2 forward pulls (the first unit's was prefetched by the step before) + the next step's
+    # prefetch + the toggle's backward pull from the first step it saved on, even on the step it did
+    # not (the head is kept, the embedding never saves its weight)
+    assert pulls == [3, 3, 4, 4, 4]
+
+
+def test_memory_transient_leaves_the_peaks_add_then_sub_would():
+    a, b = MemoryTracker(), MemoryTracker()
+    for m in (a, b):
+        m.add("params", 100)
+        m.add("staging", 50)
+    a.add("grads", 30)
+    a.sub("grads", 30)
+    b.transient("grads", 30)
+    assert a.snapshot()["peak_bytes_by_kind"] == b.snapshot()["peak_bytes_by_kind"] == {"params": 100, "grads": 30,
+                                                                                          "staging": 50}
+    assert a.peak_total == b.peak_total == 180 and a.current == b.current and a.total == b.total == 150

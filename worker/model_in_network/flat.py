@@ -45,6 +45,11 @@ class FlatParams:
                 self.flat[lo:hi].copy_(p.data.reshape(-1))
                 p.data = self.flat[lo:hi].view(p.shape)
         self.storage = self.flat.untyped_storage()
+        self.nbytes = unit.nbytes
+        self._on_cpu = self.device.type == "cpu"
+        # the tensor materialise writes through (its own version counter), kept across free/resize:
+        # like the parameters' views, it follows the storage wherever resize_ puts its bytes
+        self._writer = torch.empty(0, dtype=self.dtype, device=self.device).set_(self.storage, 0, (self.numel,), (1,))
         self.resident = True
         self.version = 0  # the optimizer version the resident values are
         memory.add("params", unit.nbytes)
@@ -61,7 +66,7 @@ class FlatParams:
         if self.resident:
             self.storage.resize_(0)
             self.resident = False
-            self.memory.sub("params", self.unit.nbytes)
+            self.memory.sub("params", self.nbytes)
 
     def materialise(self, values: np.ndarray, version: int) -> None:
         """Make the parameters hold `values` (flat float32 on the host, the unit's numel), rounded
@@ -73,19 +78,19 @@ class FlatParams:
         if values.size != self.numel:
             raise ValueError(f"unit {self.unit.label()}: got {values.size} values for {self.numel} parameters")
         if not self.resident:
-            self.storage.resize_(self.unit.nbytes)
+            self.storage.resize_(self.nbytes)
             self.resident = True
-            self.memory.add("params", self.unit.nbytes)
-        writer = torch.empty(0, dtype=self.dtype, device=self.device).set_(self.storage, 0, (self.numel,), (1,))
+            self.memory.add("params", self.nbytes)
+        writer = self._writer
         src = torch.from_numpy(values)
-        if self.device.type == "cpu":
+        if self._on_cpu:
             writer.copy_(src)  # converts in the same pass
             host = writer
         else:
             host = src if self.dtype == torch.float32 else src.to(self.dtype)
         if self.dtype != torch.float32:
             check_range(src, host, f"unit {self.unit.label()}")
-        if self.device.type != "cpu":
+        if not self._on_cpu:
             self.stage.to_device(writer, host)
         self.version = version
 

@@ -27,14 +27,26 @@ class MemoryTracker:
         self.peak_total = 0
 
     def add(self, kind: str, nbytes: int) -> None:
-        with self._lock:
-            self.current[kind] += nbytes
-            self.total += nbytes
-            self.peak[kind] = max(self.peak[kind], self.current[kind])
-            self.peak_total = max(self.peak_total, self.total)
+        with self._lock:  # comparisons, not max(): a hundred calls per training step
+            cur = self.current[kind] = self.current[kind] + nbytes
+            total = self.total = self.total + nbytes
+            if cur > self.peak[kind]:
+                self.peak[kind] = cur
+            if total > self.peak_total:
+                self.peak_total = total
 
     def sub(self, kind: str, nbytes: int) -> None:
         self.add(kind, -nbytes)
+
+    def transient(self, kind: str, nbytes: int) -> None:
+        """`nbytes` held for a moment and released (a gradient between autograd and its staging
+        buffer): the peaks as `add` then `sub` would leave them, in one call."""
+        with self._lock:
+            cur, total = self.current[kind] + nbytes, self.total + nbytes
+            if cur > self.peak[kind]:
+                self.peak[kind] = cur
+            if total > self.peak_total:
+                self.peak_total = total
 
     def reset_peak(self) -> None:
         with self._lock:

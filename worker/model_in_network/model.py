@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # annotations only: torch.distributed and the engine client l
     from luwu.dataplane.engine import Engine
     from luwu.dataplane.engine.client import EngineClient
 
+_SAVES_KNOWN = object()  # in _saving: a forward with autograd on, of a unit known to save its parameters
 DEFAULT_TIMEOUT = 300.0  # s a pull or push may take before the worker gives up (shared, slow machines)
 END_BARRIER_TIMEOUT = 60.0  # s close() waits for the other workers to close too
 
@@ -133,6 +134,7 @@ class ModelInNetwork(nn.Module):
                             "computed there; train without gradient clipping, or with one node and no rails")
         self.placement = {i: r.pieces[0].node for i, r in self.routes.items() if r.pieces}  # unit -> (first) node
         self.session_of = {i: r.pieces[0].session for i, r in self.routes.items() if r.pieces}
+        self._wire_bytes = {i: 4 * sum(p.numel for p in r.pieces) for i, r in self.routes.items()}  # a push's or pull's
         self.server: ServerSteps | None = None
         self.keep_last, self.keep_budget = keep_last, keep_budget
         self.keep = self._keep_set([u.index for u in self.units])
@@ -145,10 +147,10 @@ class ModelInNetwork(nn.Module):
         self.max_inflight_pushes = max(1, max_inflight_pushes)
         self.schedule = PullSchedule([u.index for u in self.units], self.keep, prefetch, self._issue_pull)
         self._pushes: collections.deque[tuple[int, Handle, Staging]] = collections.deque()  # in push order
-        # unit -> (staging, done flag per parameter) while its gradients arrive
-        self._grad: dict[int, tuple[Staging, list[bool]] | None] = {u.index: None for u in self.units}
+        self._grad: dict[int, _Grads | None] = {u.index: None for u in self.units}  # unit -> its gradients arriving
         self._pushed: dict[int, int] = {}  # unit -> version its gradient was pushed for
-        self._saving: dict[int, torch.autograd.graph.saved_tensors_hooks] = {}  # unit -> active saved-tensor detector
+        # unit -> active saved-tensor detector, or _SAVES_KNOWN (no detector needed: _watch_saved)
+        self._saving: dict[int, torch.autograd.graph.saved_tensors_hooks | object] = {}
         self._spans: dict[tuple[str, int], trace.OpenSpan] = {}  # open timeline events (luwu.dataplane.trace)
         self._saw_saved: dict[int, bool] = {}
         self._observed: list[int] = []
@@ -209,22 +211,29 @@ class ModelInNetwork(nn.Module):
     def _pull_pieces(self, st: Staging, unit: int, version: int) -> Handle:
         """Pull this rank's pieces of `unit` into their places in `st` (all of it on a flat plan)."""
         pieces = self.routes[unit].pieces
-        self.stats["pulled_bytes"] += 4 * sum(p.numel for p in pieces)
+        self.stats["pulled_bytes"] += self._wire_bytes[unit]
+        if len(pieces) == 1:  # a whole unit: its one handle (no name to build)
+            p = pieces[0]
+            return self.engine.pull(st, p.numel, p.session, unit, version, p.offset)
         return _joined([self.engine.pull(st, p.numel, p.session, unit, version, p.offset) for p in pieces],
                        f"pull of unit {self.units[unit].label()} at version {version}")
 
-    def _wait(self, handle: Handle, what: str, kind: str) -> Any:
+    def _wait(self, handle: Handle, what: str | Callable[[], str], kind: str) -> Any:
+        """handle.wait() within the timeout; `what` (or what it returns: built only for an error)
+        names the operation in the error."""
         t0 = time.perf_counter()
         try:
             return handle.wait(self.timeout)
         except TimeoutError:
             self._failed = True
+            what = what() if callable(what) else what
             raise TimeoutError(f"rank {self.rank}: {what} did not complete within {self.timeout} s; check that the "
                                "switch and optimizer node(s) run and that every worker runs the same steps") from None
         except EngineError as e:  # LuwuPeerDead in process, its message from an engine daemon
             self._failed = True
             found = re.search(r"optimizer node of session (\d+)", str(e))
             if found is not None:  # the engine knows the node by its session only: add index, control channel, job
+                what = what() if callable(what) else what
                 named = f"optimizer node {self.network.describe_node(int(found.group(1)))}"
                 e.args = (f"rank {self.rank}: {what}: {str(e).replace(found.group(0), named)}",)
                 if isinstance(e, LuwuPeerDead):
@@ -238,11 +247,12 @@ class ModelInNetwork(nn.Module):
             return
         handle, staging = _issued(ticket)
         try:
-            what = f"pull of unit {self.units[unit].label()} at version {ticket.version}"
+            def what() -> str:  # built only for an error message (a dozen pulls per step)
+                return f"pull of unit {self.units[unit].label()} at version {ticket.version}"
             with trace.span("pull wait", "worker", unit=unit, version=ticket.version):
                 self._wait(handle, what, "pull")
             if self.server is not None:
-                self._server_step("all_gather", unit, ticket.version, staging.view(self.units[unit].numel), what)
+                self._server_step("all_gather", unit, ticket.version, staging.view(self.units[unit].numel), what())
             self.flats[unit].materialise(staging.view(self.units[unit].numel), ticket.version)
         finally:
             self.pool.release(staging)
@@ -265,7 +275,16 @@ class ModelInNetwork(nn.Module):
         return pre
 
     def _watch_saved(self, unit: int) -> None:
-        """Learn whether autograd saves this unit's parameters (then backward needs them back)."""
+        """Learn whether autograd saves this unit's parameters (then backward needs them back).
+
+        Once a forward has seen it save them, the unit is taken to save them from then on and is not
+        watched again: a pack hook per saved tensor (a hundred per step) is then spared, and were the
+        model to stop saving them, the cost would be a needless pull before its backward, never a
+        backward without its parameters. A unit seen not to save them stays watched (its backward
+        pull is skipped only while each forward confirms it)."""
+        if self._saw_saved.get(unit):
+            self._saving[unit] = _SAVES_KNOWN
+            return
         storage = self.flats[unit].storage
         self._saw_saved[unit] = False
 
@@ -282,9 +301,10 @@ class ModelInNetwork(nn.Module):
         def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             trace.end(self._spans.pop(("forward", unit), None))
             ctx = self._saving.pop(unit, None)
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
-                self.schedule.saves_params[unit] = self._saw_saved[unit]
+            if ctx is not None:  # a forward with autograd on
+                if isinstance(ctx, torch.autograd.graph.saved_tensors_hooks):  # else _SAVES_KNOWN
+                    ctx.__exit__(None, None, None)
+                    self.schedule.saves_params[unit] = self._saw_saved[unit]
                 self._hook_outputs(unit, output)
             if unit not in self.keep:
                 self.flats[unit].free()
@@ -312,26 +332,33 @@ class ModelInNetwork(nn.Module):
         return hook
 
     def _make_grad_hook(self, unit: int, index: int) -> Callable[[torch.Tensor], None]:
-        def hook(p: torch.Tensor) -> None:
-            if self._pushed.get(unit) == self.version:
-                raise RuntimeError(f"unit {self.units[unit].label()} got a second gradient before step(): "
+        u = self.units[unit]
+        lo, hi = u.offsets[index]
+        nbytes = u.params[index][1].numel() * u.params[index][1].element_size()  # the gradient's: torch keeps p's dtype
+        on_cpu = u.device.type == "cpu"  # used in place; another device's gradient comes through a pinned buffer
+        nparams = len(u.params)
+        grads, pushed, memory, to_host = self._grad, self._pushed, self.memory, self._push_stage.to_host
+
+        def hook(p: torch.Tensor) -> None:  # ~50 calls per step: what can be known here is known above
+            if pushed.get(unit) == self.version:
+                raise RuntimeError(f"unit {u.label()} got a second gradient before step(): "
                                    "ModelInNetwork pushes each unit's gradient once per step (call mnn.step() after "
                                    "every backward; gradient accumulation over micro-batches is not supported)")
-            state = self._grad[unit]
+            state = grads[unit]
             if state is None:
-                state = self._grad[unit] = (self._push_staging(), [False] * len(self.units[unit].params))
-            lo, hi = self.units[unit].offsets[index]
+                state = grads[unit] = _Grads(self._push_staging(), nparams)
             g = p.grad
             if g is None:  # torch calls this hook after accumulating into .grad: None would be torch's bug
-                raise RuntimeError(f"unit {self.units[unit].label()}: a gradient hook ran with no gradient")
-            self.memory.add("grads", g.numel() * g.element_size())
+                raise RuntimeError(f"unit {u.label()}: a gradient hook ran with no gradient")
+            memory.transient("grads", nbytes)  # resident from autograd's write until here
             # widened to float32 on the host (exact from bf16/fp16): what the switch sums
-            torch.from_numpy(state[0].array[lo:hi]).copy_(self._push_stage.to_host(g))
+            state.staging.tensor[lo:hi].copy_(g.reshape(-1) if on_cpu else to_host(g))
             p.grad = None
-            self.memory.sub("grads", g.numel() * g.element_size())
-            state[1][index] = True
-            if all(state[1]):
-                self._push(unit)
+            if not state.done[index]:
+                state.done[index] = True
+                state.left -= 1
+                if state.left == 0:
+                    self._push(unit)
         return hook
 
     def _push_staging(self) -> Staging:
@@ -343,7 +370,7 @@ class ModelInNetwork(nn.Module):
         unit, handle, st = self._pushes.popleft()
         try:
             with trace.span("push wait", "worker", unit=unit, version=self.version):
-                self._wait(handle, f"push of unit {self.units[unit].label()} for step {self.version}", "push")
+                self._wait(handle, lambda: f"push of unit {self.units[unit].label()} for step {self.version}", "push")
         finally:
             self.pool.release(st)
 
@@ -352,7 +379,7 @@ class ModelInNetwork(nn.Module):
         u = self.units[unit]
         if state is None:  # the gradient hook and step() stage a buffer before pushing
             raise RuntimeError(f"unit {u.label()}: pushed with no gradient staged")
-        st, done = state
+        st, done = state.staging, state.done
         for ok, (lo, hi) in zip(done, u.offsets):
             if not ok:  # a parameter this step did not use: like torch's zero gradient, but the step still runs
                 st.array[lo:hi] = 0.0
@@ -361,13 +388,18 @@ class ModelInNetwork(nn.Module):
         if self.server is not None:  # rail-only: this rank pushes the server's sum of its shard
             self._server_step("reduce_scatter", unit, self.version, st.view(u.numel),
                               f"unit {u.label()}'s gradient for step {self.version}")
+        pieces = self.routes[unit].pieces
         with trace.span("push", "worker", unit=unit, version=self.version, bytes=u.wire_nbytes):
-            handle = _joined([self.engine.push(st, p.numel, p.session, unit, p.offset)
-                              for p in self.routes[unit].pieces], f"push of unit {u.label()}")
+            if len(pieces) == 1:  # a whole unit: its one handle (no name to build)
+                p = pieces[0]
+                handle = self.engine.push(st, p.numel, p.session, unit, p.offset)
+            else:
+                handle = _joined([self.engine.push(st, p.numel, p.session, unit, p.offset) for p in pieces],
+                                 f"push of unit {u.label()}")
         self._pushes.append((unit, handle, st))
         self._pushed[unit] = self.version
         self.stats["pushes"] += 1
-        self.stats["pushed_bytes"] += 4 * sum(p.numel for p in self.routes[unit].pieces)
+        self.stats["pushed_bytes"] += self._wire_bytes[unit]
         self.flats[unit].free()
 
     # -- the step -----------------------------------------------------------------------------------
@@ -378,7 +410,7 @@ class ModelInNetwork(nn.Module):
         for u in self.units:  # units backward never reached (unused this step): every rank pushes them in order
             if self._pushed.get(u.index) != self.version:
                 if self._grad[u.index] is None:
-                    self._grad[u.index] = (self._push_staging(), [False] * len(u.params))
+                    self._grad[u.index] = _Grads(self._push_staging(), len(u.params))
                 self._push(u.index)
         while self._pushes:
             self._finish_oldest_push()
@@ -545,6 +577,18 @@ class ModelInNetwork(nn.Module):
             self.close()
         except Exception:
             pass
+
+
+class _Grads:
+    """A unit's gradient while its parameters' gradients arrive: the staging buffer they are copied
+    into, which parameters have arrived, and how many are still to come (0: push)."""
+
+    __slots__ = ("done", "left", "staging")
+
+    def __init__(self, staging: Staging, nparams: int):
+        self.staging = staging
+        self.done = [False] * nparams
+        self.left = nparams
 
 
 def _joined(handles: list[Handle], name: str) -> Handle:

@@ -5,6 +5,8 @@ bytes count as the worker's resident memory."""
 
 from __future__ import annotations
 
+import torch
+
 from luwu.worker.engine_link import EngineLink, Staging
 
 from .memory import MemoryTracker
@@ -24,6 +26,7 @@ class StagingPool:
             st = self._free.pop()
         else:
             st = self.engine.staging(self.capacity)
+            st.tensor = torch.from_numpy(st.array)  # once: gradients are copied in through it every step
             self.created += 1
             self.memory.add("staging", 4 * self.capacity)
         self.in_use += 1
