@@ -131,7 +131,10 @@ class NodeServerSession:
         self.lanes = spec.lanes
         self.grad_window = RecvWindow(spec.pool_size)
         self.hb = HeartbeatSender(sock, spec.session, NODE, self.grad_window, hb)
-        self.params = SendStream(sock, spec.param_window, rto, HEADER_LEN + 4 * spec.lanes, now)
+        # refill: a pull's fill reads a served copy that is never written again while the fill holds
+        # it (served.py), so a resend may fill again; on a shm port the PARAM rows are then written
+        # straight into the up ring (no copy in the stream's own ring first: two 64 KiB copies per row)
+        self.params = SendStream(sock, spec.param_window, rto, HEADER_LEN + 4 * spec.lanes, now, refill=True)
         self.provider = provider
         self.on_gradient = on_gradient
         self.assemblies: dict[int, GradAssembly] = {}
@@ -205,9 +208,10 @@ class NodeServerSession:
         if not self.bound:
             self.stats["unbound"] += len(idx)
             return
-        for i in idx:
-            count = int(h["count"][i])
-            if HEADER_LEN + count * PULL_REQUEST.itemsize > lens[i]:
+        # the batch's counts and lengths as Python ints at once: a field view and an element read
+        # per packet cost more than the usual PULL's one request
+        for i, count, n in zip(idx.tolist(), h["count"][idx].tolist(), lens[idx].tolist()):
+            if HEADER_LEN + count * PULL_REQUEST.itemsize > n:
                 self.stats["bad_pulls"] += 1
                 continue
             self.stats["pull_requests"] += 1
@@ -221,7 +225,11 @@ class NodeServerSession:
     def retry_waiting(self) -> None:
         if not self.bound:
             return
-        for pull_id, (tensor, version) in sorted(self.waiting.items()):
+        waiting = self.waiting
+        if not waiting:
+            return
+        # in pull-id order (a lone waiting pull, the usual case, needs no sort)
+        for pull_id, (tensor, version) in (sorted(waiting.items()) if len(waiting) > 1 else list(waiting.items())):
             try:
                 found = self.provider.lookup(tensor, version)
             except KeyError:

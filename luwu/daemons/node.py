@@ -56,8 +56,13 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from luwu.dataplane import trace
+    from luwu.dataplane import kernels, trace
+    from luwu.dataplane.heap import freeze_collector, refreeze, retain_freed_memory
 
+    # as the switch and engine daemons do (dataplane/heap.py): each layer's gradient assembly and the
+    # step's temporaries (hundreds of KiB to MiB) stay mapped instead of an mmap, page faults and
+    # munmap per layer step; the state and served copies are mappings of their own (buffers.py)
+    retain_freed_memory()
     plan = EndpointPlan.from_file(args.plan)
     trace.start(f"optimizer node ({Path(args.plan).stem})")
     config = NodeConfig(state_dir=args.state_dir, ram_budget=args.ram_budget, checkpoint_dir=args.checkpoint_dir,
@@ -102,6 +107,10 @@ def run(args) -> int:
         from luwu.dataplane.metrics import NodeCollector, serve
 
         metrics = "{}:{}".format(*serve(args.metrics, NodeCollector(service.node.stats)))
+    # torch's and the node's start-up objects leave the collector's sight: a full collection traversed
+    # them all again while the engine loop's garbage is young (again once the compiled kernels are in)
+    freeze_collector()
+    refrozen = False
     print(json.dumps({"ready": True, "udp": None if plan.wiring.transport == "shm" else address,
                       "data_address": address, "metrics": metrics,
                       "control": service.control.address if service.control else None,
@@ -110,6 +119,9 @@ def run(args) -> int:
         while not stop.wait(0.5):
             if service.engine.error is not None:
                 raise SystemExit(f"the engine failed: {service.engine.error!r}")
+            if not refrozen and kernels.wait_loaded(0):
+                refreeze()  # numba's objects are long-lived too
+                refrozen = True
     finally:
         if beat is not None:
             beat.stop()
