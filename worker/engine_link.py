@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from luwu.dataplane.engine import Engine, EngineConfig, EngineError, Handle
 from luwu.dataplane.engine.client import EngineClient
 from luwu.dataplane.engine.shm import ShmBuffer
 from luwu.dataplane.session import EndpointPlan
+
+if TYPE_CHECKING:  # annotations only: the engine link itself does not need torch
+    import torch
 
 MIN_SHM_BUFFER = 1 << 16  # bytes; smaller requests share this size class
 
@@ -40,7 +44,7 @@ class Staging:
         self.array = array
         self.buf = buf  # the ShmBuffer behind `array` (engine daemon) or None
         self.capacity = array.size
-        self.tensor = None  # a torch view of `array`, made once by a user that copies tensors in (ModelInNetwork)
+        self.tensor: torch.Tensor | None = None  # a torch view of `array`, made once by a user that copies tensors in (ModelInNetwork)
 
     def view(self, numel: int, offset: int = 0) -> np.ndarray:
         return self.array[offset:offset + numel]

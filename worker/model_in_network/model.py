@@ -352,7 +352,7 @@ class ModelInNetwork(nn.Module):
                 raise RuntimeError(f"unit {u.label()}: a gradient hook ran with no gradient")
             memory.transient("grads", nbytes)  # resident from autograd's write until here
             # widened to float32 on the host (exact from bf16/fp16): what the switch sums
-            state.staging.tensor[lo:hi].copy_(g.reshape(-1) if on_cpu else to_host(g))
+            state.tensor[lo:hi].copy_(g.reshape(-1) if on_cpu else to_host(g))
             p.grad = None
             if not state.done[index]:
                 state.done[index] = True
@@ -583,10 +583,13 @@ class _Grads:
     """A unit's gradient while its parameters' gradients arrive: the staging buffer they are copied
     into, which parameters have arrived, and how many are still to come (0: push)."""
 
-    __slots__ = ("done", "left", "staging")
+    __slots__ = ("done", "left", "staging", "tensor")
 
     def __init__(self, staging: Staging, nparams: int):
+        if staging.tensor is None:
+            raise RuntimeError("a gradient staging buffer without its torch view (StagingPool.acquire makes it)")
         self.staging = staging
+        self.tensor: torch.Tensor = staging.tensor
         self.done = [False] * nparams
         self.left = nparams
 
