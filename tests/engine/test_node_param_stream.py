@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from node_star import node_star
 
-from luwu.dataplane.engine import Engine
-from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+from luwu.dataplane.loopback import StarPlan
 from luwu.dataplane.net.shm_ring import supported
 from luwu.dataplane.protocol import DropReason
 from luwu.mininet.paramstore import SgdParamStore
@@ -26,21 +26,12 @@ def _layers(seed: int) -> dict[int, np.ndarray]:
 def _pull_all(plan: StarPlan, layers: dict[int, np.ndarray], drop=None, rounds: int = 3):
     server = SgdParamStore(layers, lr=0.5)
     sid = plan.node_session(0)
-    with LoopbackSwitch(plan, drop=drop, seed=11) as sw:
-        node = Engine(plan.node_plan(0), provider=server, on_gradient=server.on_gradient)
-        server.engine = node
-        node.start()
-        engines = [Engine(plan.worker_plan(r)).start() for r in range(plan.workers)]
-        try:
-            direct = node.sessions[sid].params.direct, node.sessions[sid].params.ring
-            got = [{t: [e.pull(sid, t, 0).wait(60).copy() for e in engines] for t in layers} for _ in range(rounds)]
-            stats = node.session_stats()
-        finally:
-            for e in engines:
-                e.close()
-            node.close()
-        counters = sw.counters()
-    return direct, got, stats, counters
+    with node_star(plan, server, drop=drop, seed=11) as star:
+        node, engines = star.node, star.engines
+        direct = node.sessions[sid].params.direct, node.sessions[sid].params.ring
+        got = [{t: [e.pull(sid, t, 0).wait(60).copy() for e in engines] for t in layers} for _ in range(rounds)]
+        stats = node.session_stats()
+    return direct, got, stats, star.counters
 
 
 def test_the_node_writes_param_rows_straight_into_the_up_ring():

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from node_star import node_star
 
-from luwu.dataplane.engine import Engine
 from luwu.dataplane.engine.node_worker import as_float32
-from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+from luwu.dataplane.loopback import StarPlan
 from luwu.dataplane.protocol import Dtype
 from luwu.dataplane.quantize import chunk_exponents, error_bound
 from luwu.mininet.paramstore import SgdParamStore
@@ -22,26 +22,17 @@ def _run(workers: int, layers: dict[int, np.ndarray], grads, drop=None, runtime_
         runtime_edit(runtime)
     server = SgdParamStore(layers, lr=0.5, bf16=bf16)
     sid = plan.node_session(0)
-    with LoopbackSwitch(plan, drop=drop, seed=5, runtime=runtime) as sw:
-        node = Engine(plan.node_plan(0), provider=server, on_gradient=server.on_gradient)
-        server.engine = node
-        node.start()
-        engines = [Engine(plan.worker_plan(r)).start() for r in range(workers)]
-        try:
-            first = {t: [e.pull(sid, t, 0).wait(60) for e in engines] for t in layers}
-            pushes = [e.push(sid, t, grads[r][t]) for t in layers for r, e in enumerate(engines)]
-            for h in pushes:
-                h.wait(60)
-            outs = {t: [np.empty(layers[t].size, np.float32) for _ in engines] for t in layers}
-            second = {t: [e.pull(sid, t, 1, out=o if pull_out else None).wait(60) for e, o in zip(engines, outs[t])]
-                      for t in layers}
-            stats = node.session_stats()
-        finally:
-            for e in engines:
-                e.close()
-            node.close()
-        counters = sw.counters()
-    return first, second, server, stats, counters
+    with node_star(plan, server, drop=drop, seed=5, runtime=runtime) as star:
+        engines = star.engines
+        first = {t: [e.pull(sid, t, 0).wait(60) for e in engines] for t in layers}
+        pushes = [e.push(sid, t, grads[r][t]) for t in layers for r, e in enumerate(engines)]
+        for h in pushes:
+            h.wait(60)
+        outs = {t: [np.empty(layers[t].size, np.float32) for _ in engines] for t in layers}
+        second = {t: [e.pull(sid, t, 1, out=o if pull_out else None).wait(60) for e, o in zip(engines, outs[t])]
+                  for t in layers}
+        stats = star.node.session_stats()
+    return first, second, server, stats, star.counters
 
 
 def _expected(layers, grads, t, lr=0.5):

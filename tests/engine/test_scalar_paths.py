@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from node_star import node_star
 
-from luwu.dataplane.engine import Engine
 from luwu.dataplane.engine.collective import CollectiveSession
 from luwu.dataplane.engine.node_worker import WorkerNodeSession
-from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+from luwu.dataplane.loopback import StarPlan
 from luwu.mininet.paramstore import SgdParamStore
 
 LOSSY = {"ingress": 0.05, "egress": 0.05, "duplicate": 0.02, "reorder": 0.02}
@@ -42,26 +42,18 @@ def _train(fast: bool, drop, monkeypatch) -> tuple[dict[int, list[np.ndarray]], 
     server = SgdParamStore(layers, lr=0.5)
     sid = plan.node_session(0)
     pulled: dict[int, list[np.ndarray]] = {t: [] for t in layers}
-    with LoopbackSwitch(plan, drop=drop, seed=11) as _sw:
-        node = Engine(plan.node_plan(0), provider=server, on_gradient=server.on_gradient)
-        server.engine = node
-        node.start()
-        engines = [Engine(plan.worker_plan(r)).start() for r in range(workers)]
-        try:
-            for version in range(3):
-                for t, p in layers.items():
-                    outs = [np.empty(p.size, np.float32) for _ in engines]
-                    for h in [e.pull(sid, t, version, out=o) for e, o in zip(engines, outs)]:
-                        h.wait(60)
-                    pulled[t] += outs
-                for t, p in layers.items():
-                    grads = [(rng.standard_normal(p.size) * 0.01).astype(np.float32) for _ in engines]
-                    for h in [e.push(sid, t, g) for e, g in zip(engines, grads)]:
-                        h.wait(60)
-        finally:
-            for e in engines:
-                e.close()
-            node.close()
+    with node_star(plan, server, drop=drop, seed=11) as star:
+        engines = star.engines
+        for version in range(3):
+            for t, p in layers.items():
+                outs = [np.empty(p.size, np.float32) for _ in engines]
+                for h in [e.pull(sid, t, version, out=o) for e, o in zip(engines, outs)]:
+                    h.wait(60)
+                pulled[t] += outs
+            for t, p in layers.items():
+                grads = [(rng.standard_normal(p.size) * 0.01).astype(np.float32) for _ in engines]
+                for h in [e.push(sid, t, g) for e, g in zip(engines, grads)]:
+                    h.wait(60)
     return pulled, taken
 
 
