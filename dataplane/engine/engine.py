@@ -17,7 +17,6 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,35 +25,19 @@ from ..net.shm_endpoint import ShmEndpoint
 from ..protocol import DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Flag, MsgType
 from ..session import EndpointPlan, SessionSpec
 from .collective import CollectiveSession
+from .config import EngineConfig
 from .handles import EngineError, Handle
-from .heartbeats import HeartbeatPolicy
-from .liveness import DEFAULT_PEER_TIMEOUT, PeerWatch, drain_error_reports
+from .liveness import PeerWatch, drain_error_reports
 from .node_server import GradientSink, NodeServerSession, ParamProvider
 from .node_worker import WorkerNodeSession
 from .reductions import AllreduceOp, check_reduction
-from .send_stream import RtoEstimator, RtoPolicy
+from .send_stream import RtoEstimator
 from .transport import open_transport, switch_name
 
 Session = CollectiveSession | NodeServerSession | WorkerNodeSession  # what an endpoint's session id names
 _ALL, _MIN = np.logical_and.reduce, np.minimum.reduce  # without the ndarray methods' wrappers (per batch)
 # a header's first 32-bit word less its flags byte (ver_type, flags, session: bytes 0-3), in either byte order
 _SAME_BATCH = np.frombuffer(bytes([0xFF, 0x00, 0xFF, 0xFF]), dtype=np.uint32)[0]
-
-
-@dataclass
-class EngineConfig:
-    batch: int = 64  # datagrams per recvmmsg / sendmmsg
-    rx_batches_per_turn: int = 16  # drained before the loop lets sessions send again
-    rto: RtoPolicy = field(default_factory=RtoPolicy)
-    heartbeat: HeartbeatPolicy = field(default_factory=HeartbeatPolicy)
-    pull_retry: float = 0.05  # s before a PULL with no answer is sent again (doubles, up to 1 s)
-    timer_tick: float = 0.001  # s between timer checks while anything is outstanding
-    idle_tick: float = 0.05  # s the loop sleeps when nothing is outstanding
-    # s a deadline made on a caller's thread (Engine._run_here: a retransmission timer, a pull
-    # retry, both >= 40 ms out) may run late rather than wake the sleeping loop early for it
-    caller_slack: float = 0.01
-    socket_buffer: int = 8 << 20  # bytes asked for SO_RCVBUF/SO_SNDBUF
-    peer_timeout: float = DEFAULT_PEER_TIMEOUT  # s a dead switch/node may starve pending ops (liveness.py; 0: off)
 
 
 class Engine:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import re
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -38,6 +37,7 @@ from luwu.worker.engine_link import Staging, open_engine
 from .devices import HostStage
 from .flat import FlatParams, check_range
 from .hierarchy import ServerSteps
+from .inflight import ArrivingGrads, issued, joined
 from .job import barrier, hand_over, node_jobs
 from .memory import MemoryTracker
 from .network import JobNetwork
@@ -147,7 +147,7 @@ class ModelInNetwork(nn.Module):
         self.max_inflight_pushes = max(1, max_inflight_pushes)
         self.schedule = PullSchedule([u.index for u in self.units], self.keep, prefetch, self._issue_pull)
         self._pushes: collections.deque[tuple[int, Handle, Staging]] = collections.deque()  # in push order
-        self._grad: dict[int, _Grads | None] = {u.index: None for u in self.units}  # unit -> its gradients arriving
+        self._grad: dict[int, ArrivingGrads | None] = {u.index: None for u in self.units}  # unit -> its gradients arriving
         self._pushed: dict[int, int] = {}  # unit -> version its gradient was pushed for
         # unit -> active saved-tensor detector, or _SAVES_KNOWN (no detector needed: _watch_saved)
         self._saving: dict[int, torch.autograd.graph.saved_tensors_hooks | object] = {}
@@ -215,7 +215,7 @@ class ModelInNetwork(nn.Module):
         if len(pieces) == 1:  # a whole unit: its one handle (no name to build)
             p = pieces[0]
             return self.engine.pull(st, p.numel, p.session, unit, version, p.offset)
-        return _joined([self.engine.pull(st, p.numel, p.session, unit, version, p.offset) for p in pieces],
+        return joined([self.engine.pull(st, p.numel, p.session, unit, version, p.offset) for p in pieces],
                        f"pull of unit {self.units[unit].label()} at version {version}")
 
     def _wait(self, handle: Handle, what: str | Callable[[], str], kind: str) -> Any:
@@ -245,7 +245,7 @@ class ModelInNetwork(nn.Module):
     def _take(self, ticket: Ticket | None, unit: int) -> None:
         if ticket is None:
             return
-        handle, staging = _issued(ticket)
+        handle, staging = issued(ticket)
         try:
             def what() -> str:  # built only for an error message (a dozen pulls per step)
                 return f"pull of unit {self.units[unit].label()} at version {ticket.version}"
@@ -346,7 +346,7 @@ class ModelInNetwork(nn.Module):
                                    "every backward; gradient accumulation over micro-batches is not supported)")
             state = grads[unit]
             if state is None:
-                state = grads[unit] = _Grads(self._push_staging(), nparams)
+                state = grads[unit] = ArrivingGrads(self._push_staging(), nparams)
             g = p.grad
             if g is None:  # torch calls this hook after accumulating into .grad: None would be torch's bug
                 raise RuntimeError(f"unit {u.label()}: a gradient hook ran with no gradient")
@@ -394,7 +394,7 @@ class ModelInNetwork(nn.Module):
                 p = pieces[0]
                 handle = self.engine.push(st, p.numel, p.session, unit, p.offset)
             else:
-                handle = _joined([self.engine.push(st, p.numel, p.session, unit, p.offset) for p in pieces],
+                handle = joined([self.engine.push(st, p.numel, p.session, unit, p.offset) for p in pieces],
                                  f"push of unit {u.label()}")
         self._pushes.append((unit, handle, st))
         self._pushed[unit] = self.version
@@ -410,14 +410,14 @@ class ModelInNetwork(nn.Module):
         for u in self.units:  # units backward never reached (unused this step): every rank pushes them in order
             if self._pushed.get(u.index) != self.version:
                 if self._grad[u.index] is None:
-                    self._grad[u.index] = _Grads(self._push_staging(), len(u.params))
+                    self._grad[u.index] = ArrivingGrads(self._push_staging(), len(u.params))
                 self._push(u.index)
         while self._pushes:
             self._finish_oldest_push()
         for f in self.flats:
             f.free()
         for t in self.schedule.drain():
-            handle, staging = _issued(t)
+            handle, staging = issued(t)
             try:
                 self._wait(handle, f"prefetched pull of unit {self.units[t.unit].label()}", "pull")
             finally:
@@ -577,55 +577,6 @@ class ModelInNetwork(nn.Module):
             self.close()
         except Exception:
             pass
-
-
-class _Grads:
-    """A unit's gradient while its parameters' gradients arrive: the staging buffer they are copied
-    into, which parameters have arrived, and how many are still to come (0: push)."""
-
-    __slots__ = ("done", "left", "staging", "tensor")
-
-    def __init__(self, staging: Staging, nparams: int):
-        if staging.tensor is None:
-            raise RuntimeError("a gradient staging buffer without its torch view (StagingPool.acquire makes it)")
-        self.staging = staging
-        self.tensor: torch.Tensor = staging.tensor
-        self.done = [False] * nparams
-        self.left = nparams
-
-
-def _joined(handles: list[Handle], name: str) -> Handle:
-    """One handle for a unit's pieces: done when every piece is (the first error fails it)."""
-    if len(handles) == 1:
-        return handles[0]
-    out = Handle(name)
-    left = [len(handles)]
-    lock = threading.Lock()
-
-    def one(h: Handle) -> None:
-        with lock:
-            if out.done() or left[0] == 0:
-                return
-            left[0] = 0 if h.error is not None else left[0] - 1
-            finished = left[0] == 0
-        if finished:
-            if h.error is not None:
-                out.set_error(h.error)
-            else:
-                out.set_result(None)
-
-    if not handles:  # an empty shard (a unit smaller than the rails): nothing to move
-        out.set_result(None)
-    for h in handles:
-        h.add_done_callback(one)
-    return out
-
-
-def _issued(ticket: Ticket) -> tuple[Handle, Staging]:
-    """A pull ticket's handle and staging buffer (`_issue_pull` fills both; only a bug leaves one out)."""
-    if ticket.handle is None or ticket.staging is None:
-        raise RuntimeError(f"the pull ticket of unit {ticket.unit} carries no engine handle or staging buffer")
-    return ticket.handle, ticket.staging
 
 
 def _tensors(obj: object) -> Iterator[torch.Tensor]:
