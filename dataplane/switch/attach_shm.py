@@ -125,8 +125,13 @@ class ShmAttachment:
         full = len(idx) - too_long - n
         if too_long:
             self.stats["tx_too_long"] += too_long
-        if full:
-            self.stats["tx_ring_full"] += full
+        return self._published(n, n + full)
+
+    def _published(self, n: int, wanted: int) -> int:
+        """`n` of `wanted` packets went on the ring: the rest were lost to a full ring (counted, and
+        the endpoint named if it is gone). Returns n."""
+        if n < wanted:
+            self.stats["tx_ring_full"] += wanted - n
             self._name_if_gone()
         return n
 
@@ -145,10 +150,7 @@ class ShmAttachment:
             lens[:] = lengths[j0:j1]
 
         n = self.tx.fill_rows(len(rows), write)
-        if n < len(rows):
-            self.stats["tx_ring_full"] += len(rows) - n
-            self._name_if_gone()
-        return n
+        return self._published(n, len(rows))
 
     def send_results(self, heads: np.ndarray, lanes: np.ndarray, reg: np.ndarray, lengths: np.ndarray) -> int:
         """Publish packets whose header is a row of `heads` and whose lanes are lane registers
@@ -165,19 +167,13 @@ class ShmAttachment:
             lens[:] = lengths[j0:j1]
 
         n = self.tx.fill_rows(len(reg), write)
-        if n < len(reg):
-            self.stats["tx_ring_full"] += len(reg) - n
-            self._name_if_gone()
-        return n
+        return self._published(n, len(reg))
 
     def send_refs(self, pool_id: int, pool_pos: np.ndarray | list[int], lengths: np.ndarray | list[int]) -> int:
         """Publish references to rows of multicast pool `pool_id` (MulticastPools); returns how
         many went on the ring (a full ring loses the rest, as `send_rows`). Not rung: `notify()`."""
         n = self.tx.push_refs(pool_id, pool_pos, lengths)
-        if n < len(pool_pos):
-            self.stats["tx_ring_full"] += len(pool_pos) - n
-            self._name_if_gone()
-        return n
+        return self._published(n, len(pool_pos))
 
     def notify(self) -> None:
         self.tx.notify()

@@ -7,6 +7,9 @@ PULLs, PARAMs, drops) also go through small_route.py after the classifier, check
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -75,21 +78,28 @@ def test_small_turns_equal_vectorised_turns(turns):
     _small_equals_vectorised(turns, tick=0.003)
 
 
-def test_the_small_path_is_taken_and_counts():
-    """A one-packet turn goes through the small classifier (its drop reasons reach the counters)."""
-    calls = []
-    real = pipeline.classify_rows
+@contextmanager
+def _counted(module, name: str) -> Iterator[list]:
+    """`module.name` wrapped for the block: the list yielded gets an entry per call."""
+    calls: list = []
+    real = getattr(module, name)
 
     def spy(*a):
         calls.append(1)
         return real(*a)
 
-    pipeline.classify_rows = spy
+    setattr(module, name, spy)
     try:
+        yield calls
+    finally:
+        setattr(module, name, real)
+
+
+def test_the_small_path_is_taken_and_counts():
+    """A one-packet turn goes through the small classifier (its drop reasons reach the counters)."""
+    with _counted(pipeline, "classify_rows") as calls:
         sw = make_switch()
         sw.process_datagrams([(1, b"\x20" + bytes(31))])  # version 2: BAD_VERSION
-    finally:
-        pipeline.classify_rows = real
     assert calls == [1]
     assert sw.counters()["drops"][int(DropReason.BAD_VERSION)] == (1, 32)
 
@@ -124,18 +134,8 @@ def routed(draw):
 def test_small_routes_equal_vectorised_turns(turns):
     """Turns of heartbeats, PULLs, PARAMs and drops: small_route.py's stages equal the vectorised
     select + expand + counters (outputs, heartbeat registers, counters), and every such turn takes them."""
-    calls = []
-    real = small_route.route
-
-    def spy(*a):
-        calls.append(1)
-        return real(*a)
-
-    small_route.route = spy
-    try:
+    with _counted(small_route, "route") as calls:
         _small_equals_vectorised(turns, tick=0.002)
-    finally:
-        small_route.route = real
     assert len(calls) == len(turns)
 
 
