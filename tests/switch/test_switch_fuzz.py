@@ -16,13 +16,14 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw, fuzz
 from switch_reference import ReferenceSwitch
-from switch_setup import LANES, SLOTS, agg_packet, heartbeat, runtime
+from switch_setup import LANES, SESSIONS, SLOTS, agg_packet, heartbeat, runtime
 
 from luwu.dataplane.protocol import HEADER_LEN, DropReason, Event, Flag, MsgType, Packet
 from luwu.dataplane.scapy_layer import Luwu
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
 
 PHASES = 12
+POOL = SESSIONS[1][1]  # session 1's aggregation slots
 
 
 def valid_session(seed: int):
@@ -186,7 +187,28 @@ def test_socket_fuzz_switch_keeps_serving():
         rnd = random.Random(3)
         good, expected = valid_session(9)
         sent_bad = 0
-        for port, data in good:
+        got: dict[int, list] = {r: [] for r in range(3)}
+
+        def drain() -> None:  # read as a worker would: a full receive buffer loses results in the kernel
+            for r, s in enumerate(socks):
+                while True:
+                    try:
+                        got[r].append(Packet.unpack(s.recv(65536)))
+                    except BlockingIOError:
+                        break
+
+        def results(r: int) -> set[int]:
+            return {p.seq for p in got[r] if p.type == MsgType.RESULT}
+
+        for k, (port, data) in enumerate(good):
+            # as a worker would, send phase s only once phase s - POOL is complete (its slot is free
+            # again): a switch thread starved of the GIL could otherwise take a later phase's packet
+            # in the same turn before an earlier phase's last one, and the slot would see the reuse first
+            wait_for = k // 3 - POOL
+            until = time.monotonic() + 20
+            while wait_for >= 0 and time.monotonic() < until and not all(wait_for in results(r) for r in range(3)):
+                drain()
+                time.sleep(0.001)
             for _ in range(60):  # junk from the same (valid) peers, so it reaches the pipeline
                 s = socks[rnd.randrange(3)]
                 try:
@@ -197,14 +219,10 @@ def test_socket_fuzz_switch_keeps_serving():
                     pass
             socks[port - 1].send(data)
             time.sleep(0.001)
-        got = {r: [] for r in range(3)}
+            drain()
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and any(len(v) < PHASES for v in got.values()):
-            for r, s in enumerate(socks):
-                try:
-                    got[r].append(Packet.unpack(s.recv(65536)))
-                except BlockingIOError:
-                    pass
+        while time.monotonic() < deadline and any(len(results(r)) < PHASES for r in range(3)):
+            drain()
             time.sleep(0.001)
         for r in range(3):
             by_seq = {p.seq: p.lanes().tolist() for p in got[r] if p.type == MsgType.RESULT}
