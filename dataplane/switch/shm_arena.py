@@ -117,6 +117,7 @@ class ShmTurn:
         # a length past the row (only a broken endpoint writes one): dropped MALFORMED, as a
         # truncated datagram is, and never read past its row
         self.truncated = np.zeros(capacity, dtype=bool)
+        self.cut = False  # whether this turn's `truncated` has a True (handle_turn skips the look)
         self._held: list[tuple[ShmRing, int]] = []
         self.filled = 0
         # the parser's header views of the buffer, made once (a structured view costs microseconds)
@@ -125,6 +126,7 @@ class ShmTurn:
 
     def reset(self) -> None:
         self.filled = 0
+        self.cut = False
 
     def turn_rows(self, n: int) -> np.ndarray:
         return self.rows[:n]
@@ -149,6 +151,7 @@ class ShmTurn:
             n = int(ring.lengths[pos])
             self.rows[start, :HEADER_LEN] = ring.rows[pos, :HEADER_LEN]
             self.truncated[start] = cut = n > ring.row_bytes
+            self.cut |= cut
             self.length[start] = ring.row_bytes if cut else n
             self.prow[start] = base + pos
             self.port[start] = port
@@ -166,6 +169,7 @@ class ShmTurn:
         over = self.length[start:start + k] > ring.row_bytes
         self.truncated[start:start + k] = over
         if over.any():
+            self.cut = True
             self.length[start:start + k][over] = ring.row_bytes
         self.port[start:start + k] = port
         self.filled = start + k

@@ -47,7 +47,6 @@ from .controls.classifier import (
     UPSTREAM,
     ZERO,
     Classified,
-    alive_headers,
     take_session_fields,
 )
 from .lookup import SESSION_PARAMS, CompiledTables, ScalarTables
@@ -83,9 +82,9 @@ def classify_rows(b, t: CompiledTables, lanes: int, counters) -> tuple[Classifie
     zeros row for a miss) for the later small-turn stages (small_route.py)."""
     sc = t.scalar()
     c = Classified()
-    c.idx, c.h = idx, h = alive_headers(b)
+    c.idx, c.h = idx, h = _alive_headers(b)
     c.flags = h["flags"]  # (a view: zero_lanes rewrites the header's flags through it)
-    c.nbytes = nbytes = b.length[idx]
+    c.nbytes = nbytes = b.length.copy() if h is b.hdr else b.length[idx]  # (every packet: no gather)
     agg_len = aggregation_packet_len(lanes)
     s = t.s
     types = [0] * TYPE_CODES
@@ -106,9 +105,7 @@ def classify_rows(b, t: CompiledTables, lanes: int, counters) -> tuple[Classifie
         keys.append(key)
         got = decided.get(key)
         if got is None:
-            got = _decide(sc, vt, flags, session, worker, count, dtype, in_ports[k], lengths[k], lanes, agg_len)
-            if len(decided) < DECIDED:  # (keys senders chose: bounded)
-                decided[key] = got
+            got = decision(sc, key, agg_len)
         drop, counted, sid, bit, wport, srow, path, pooled = got
         types[vt & 0xF] += 1
         if counted and session_packets is not None:  # passed the session check
@@ -144,6 +141,31 @@ def classify_rows(b, t: CompiledTables, lanes: int, counters) -> tuple[Classifie
     if any(drops):  # (the packets classified were alive: their drop is 0 already)
         b.drop[idx] = np.array(drops, dtype=np.int64)
     return c, srows
+
+
+# a packet's classification key: (vt, flags, session, worker, count, dtype, in_port, length, lanes)
+DecisionKey = tuple[int, int, int, int, int, int, int, int, int]
+
+
+def decision(sc: ScalarTables, key: DecisionKey, agg_len: int) -> tuple:
+    """The classification of a packet of `key` (vt, flags, session, worker, count, dtype, in_port,
+    length, lanes): `_decide`'s tuple, kept in `sc.decided` for the next packets of that key."""
+    got = sc.decided.get(key)
+    if got is None:
+        got = _decide(sc, *key, agg_len)
+        if len(sc.decided) < DECIDED:  # (keys senders chose: bounded)
+            sc.decided[key] = got
+    return got
+
+
+def _alive_headers(b) -> tuple[np.ndarray, np.ndarray]:
+    """`classifier.alive_headers` of a few packets (the same positions and headers), decided on
+    Python lists instead of three array calls."""
+    luwu, drop = b.luwu.tolist(), b.drop.tolist()
+    if all(luwu) and not any(drop):
+        return np.arange(len(luwu)), b.hdr
+    idx = np.array([k for k, (ok, d) in enumerate(zip(luwu, drop)) if ok and not d], dtype=np.int64)
+    return idx, b.hdr[idx]
 
 
 def _turn_arrays(h: np.ndarray, s, bits: list, wports: list, srows: list, sids: list, paths: list,

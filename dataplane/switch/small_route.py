@@ -46,7 +46,7 @@ for _a in (_NOTHING.pkt, _NOTHING.port, _NOTHING.dst, _NOTHING.session, _NOTHING
 
 def eligible(paths: list[int]) -> bool:
     """Whether a small turn whose classified packets took `paths` goes through `route`."""
-    return all(p in ROUTED for p in paths)
+    return ROUTED.issuperset(paths)
 
 
 def route(b, c: Classified, paths: list[int], srows: list[tuple], t: CompiledTables, registers, counters,

@@ -23,7 +23,7 @@ import numpy as np
 from .. import trace
 from ..net.mmsg import addr_of
 from ..protocol import ETH_IP_UDP_LEN, DropReason, aggregation_packet_len
-from . import runtime_json
+from . import lone, runtime_json
 from .attach_raw import RawAttachment
 from .attach_shm import MulticastPools, ShmAttachment, shm_row_bytes
 from .attach_udp import UdpAttachment
@@ -292,9 +292,11 @@ class SoftwareSwitch:
         try:
             n = rx.filled
             framed = segments[0][0].framed
+            self.sync_peers()
+            if n == 1 and lone.eligible(self, rx, segments[0][0]) and lone.turn(self, rx, segments[0][0]):
+                return  # a lone heartbeat or PULL (lone.py)
             drop = np.zeros(n, dtype=np.int64)
             learning = []
-            self.sync_peers()
             for att, a, z in segments:
                 self._count_port(att.port, "rx_packets", z - a)
                 if att.kind == "udp":
@@ -303,7 +305,8 @@ class SoftwareSwitch:
                     else:
                         drop[a:z][att.foreign(rx.addr[a:z])] = DropReason.UNKNOWN_PORT
             truncated = getattr(rx, "truncated", None)
-            if truncated is not None and truncated[:n].any():  # longer than the receive buffer: the kernel kept only a prefix
+            # (a shm turn knows whether it cut a row: no array look for the usual none)
+            if truncated is not None and getattr(rx, "cut", True) and truncated[:n].any():  # longer than the receive buffer: the kernel kept only a prefix
                 drop[(drop == 0) & truncated[:n]] = DropReason.MALFORMED
             b = Batch(rx.turn_rows(n), rx.length[:n], rx.port[:n], framed, drop)
             arena = getattr(rx, "arena", None)

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from switch_setup import LANES, SLOTS, agg_packet, runtime
+from switch_setup import LANES, SLOTS, agg_packet, param, runtime
 from test_switch_vectorised_equivalence import packets
 
 from luwu.dataplane.net.shm_endpoint import ShmEndpoint
-from luwu.dataplane.net.shm_ring import supported
-from luwu.dataplane.protocol import HEADER_LEN
+from luwu.dataplane.net.shm_ring import H_HEAD, supported
+from luwu.dataplane.protocol import HEADER_LEN, DropReason
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
 from luwu.dataplane.switch.shm_arena import RingArena, ShmTurn
 
@@ -55,9 +55,10 @@ class ShmRig:
         self.arena = RingArena(rings)
         self.turn = ShmTurn(64, self.arena, rings)
 
-    def run_turn(self, items: list[tuple[int, bytes]]) -> dict[int, list[bytes]]:
+    def run_turn(self, items: list[tuple[int, bytes]], take: tuple = ()) -> dict[int, list[bytes]]:
         """Put `items` on their ports' up rings, run one turn taking the ports in the items'
-        order of first appearance, and return what every port's endpoint receives."""
+        order of first appearance (then ports `take`, whose rings hold packets put there
+        otherwise), and return what every port's endpoint receives."""
         width = self.ep[1].up.row_bytes
         for p in PORTS:
             datas = [d[:width] for q, d in items if q == p]
@@ -69,7 +70,7 @@ class ShmRig:
                 assert self.ep[p].up.push_rows(rows, np.arange(len(datas)), lengths)[0] == len(datas)
         self.turn.reset()
         segments = []
-        for p in dict.fromkeys(q for q, _ in items):
+        for p in dict.fromkeys([*(q for q, _ in items), *take]):
             start = self.turn.filled
             k = self.turn.take(self.sw.ports[p].rx, p, 64)
             segments.append((self.sw.ports[p], start, start + k))
@@ -279,3 +280,29 @@ def test_rows_leaving_by_udp_or_through_impaired_links_are_whole(impaired):
             ep.close()
         sw.stop()
         node.close()
+
+
+def test_a_length_past_its_row_is_dropped_malformed_in_one_and_in_many_packet_turns():
+    """A ring length word beyond the row (only a broken endpoint writes one) drops the packet
+    MALFORMED whether it comes alone (ShmTurn.take's scalar path) or among others -- a PARAM as
+    long as the row, which the row's bytes alone would pass -- and the turn after it (ShmTurn.cut
+    reset) forwards valid packets as ever."""
+    rig = ShmRig()
+    try:
+        up = rig.ep[0].up  # session 1's up port: its PARAMs go to the workers' ports 1..3
+        width = up.row_bytes
+        data = param(1, count=(width - HEADER_LEN) // 4, dtype=1)
+        assert len(data) == width
+        for count in (1, 3):
+            rows = np.zeros((count, width), dtype=np.uint8)
+            rows[:] = np.frombuffer(data, dtype=np.uint8)
+            assert up.push_rows(rows, np.arange(count), np.full(count, width))[0] == count
+            up.lengths[(int(up.h[H_HEAD]) - 1) & (up.slots - 1)] = width + 8  # the last one claims more than its row
+            before = rig.sw.counters()["drops"][int(DropReason.MALFORMED)][0]
+            out = rig.run_turn([], take=(0,))  # (the packets are on port 0's ring already)
+            assert rig.sw.counters()["drops"][int(DropReason.MALFORMED)][0] == before + 1
+            assert len(out[1]) == count - 1
+            assert len(rig.run_turn([(0, data)])[1]) == 1  # the next turn: forwarded
+        assert rig.sw.errors == 0
+    finally:
+        rig.close()

@@ -19,6 +19,7 @@ from test_switch_vectorised_equivalence import WRAP, packets
 from luwu.dataplane.protocol import NODE, DropReason, Flag, MsgType, aggregation_packet_len
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig, pipeline, small_route
 from luwu.dataplane.switch.batch import Batch
+from luwu.dataplane.switch.controls import parser
 from luwu.dataplane.switch.controls.classifier import Classified, classify
 from luwu.dataplane.switch.controls.parser import parse
 from luwu.dataplane.switch.counters import Counters
@@ -51,14 +52,17 @@ small_batches = st.lists(packets(), min_size=1, max_size=6).map(lambda runs: [p 
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(small_batches, st.lists(st.booleans(), min_size=12, max_size=12))
-def test_small_classifier_equals_the_vectorised_one(items, predropped):
+@given(small_batches, st.lists(st.booleans(), min_size=12, max_size=12),
+       st.lists(st.booleans(), min_size=12, max_size=12))
+def test_small_classifier_equals_the_vectorised_one(items, predropped, lost):
     tables = make_switch().tables.compiled()
     got = {}
     for name, fn in (("vectorised", classify), ("small", classify_small)):
         b = Batch.from_bytes(items, False, aggregation_packet_len(LANES))
-        b.drop[np.array(predropped[:len(items)])] = 7  # dropped before the classifier (an attachment, the simulator)
+        b.drop[np.array(predropped[:len(items)])] = 7  # dropped before the parser (an attachment)
         parse(b, 0)
+        # and after it, as the ingress drop simulator drops (luwu packets it leaves marked luwu)
+        b.drop[np.array(lost[:len(items)]) & (b.drop == 0)] = DropReason.SIMULATED_LOSS
         cnt = Counters()
         c = fn(b, tables, LANES, cnt)
         got[name] = (c, b.drop.copy(), cnt.session_packets.copy())
@@ -184,3 +188,23 @@ def _small_equals_vectorised(turns, tick: float) -> None:
     for name in REGISTERS:
         assert np.array_equal(getattr(small.pipeline.registers, name), getattr(general.pipeline.registers, name)), name
     assert small.errors == general.errors == 0
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_batches, st.lists(st.booleans(), min_size=12, max_size=12))
+def test_the_parsers_small_length_check_equals_the_array_one(items, predropped):
+    """parser.parse looks at a few packets' lengths on Python ints (parser.SMALL): the same drops,
+    luwu and ipv4 marks as its array check (short packets and earlier drops included)."""
+    got = []
+    saved = parser.SMALL
+    try:
+        for small in (saved, 0):
+            parser.SMALL = small
+            b = Batch.from_bytes(items, False, aggregation_packet_len(LANES))
+            b.length[:] = [len(d) for _, d in items]
+            b.drop[np.array(predropped[:len(items)])] = 7
+            parse(b, 0)
+            got.append((b.drop.tolist(), b.luwu.tolist(), b.ipv4.tolist(), b.luwu_len.tolist()))
+    finally:
+        parser.SMALL = saved
+    assert got[0] == got[1]
