@@ -67,9 +67,14 @@ def usable(opt: OptimizerSpec, served: torch.Tensor | None) -> bool:
     match (for bf16, whose NaN casts it is known to match)."""
     if opt.name != "adamw" or served is None or served.dtype not in (torch.bfloat16, torch.float32):
         return False
+    return _usable_copy(served.dtype == torch.float32)
+
+
+def _usable_copy(fp32: bool) -> bool:
+    """`usable` once the optimizer is AdamW and the served copy bf16 (False) or fp32 (True)."""
     if not kernel_mode.use_numba() or vector_lanes() is None:
         return False
-    return served.dtype == torch.float32 or _torch_casts_nan_as() == {int(BF16_NAN)}
+    return fp32 or _torch_casts_nan_as() == {int(BF16_NAN)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -140,12 +145,35 @@ def split_step(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tensor], 
                                     [step_t] * len(sel), lr=opt.lr_at(step), beta1=opt.betas[0],
                                     beta2=opt.betas[1], weight_decay=wd, eps=opt.eps, amsgrad=False,
                                     maximize=False, grad_scale=grad_scale, found_inf=None)
+    out = served.numpy() if served.dtype == torch.float32 else served.view(torch.int16).numpy().view(np.uint16)
+    return _call([s.numpy() for s in states], grad.numpy(), out, rows, hp, scale, small)
+
+
+def _call(states: list[np.ndarray], grad: np.ndarray, out: np.ndarray, rows: np.ndarray, hp: np.ndarray,
+          scale: float | None, small: bool) -> tuple[Callable[..., None], tuple]:
+    """The compiled call, (function, arguments), for the served copy `out` (uint16 bf16 bits or float32)."""
     to_bf16, to_fp32 = _compiled()
-    if served.dtype == torch.float32:
-        return to_fp32, (states[0].numpy(), states[1].numpy(), states[2].numpy(), grad.numpy(), served.numpy(), rows,
-                         hp, scale is not None, small)
-    return to_bf16, (states[0].numpy(), states[1].numpy(), states[2].numpy(), grad.numpy(),
-                     served.view(torch.int16).numpy().view(np.uint16), rows, hp, scale is not None, small)
+    return (to_fp32 if out.dtype == np.float32 else to_bf16), (states[0], states[1], states[2], grad, out, rows, hp,
+                                                                scale is not None, small)
+
+
+def lean_call(opt: OptimizerSpec, plan: ShardPlan, states: list[np.ndarray], grad: np.ndarray, step: int,
+              scale: float | None, served: np.ndarray) -> tuple[Callable[..., None], tuple] | None:
+    """`split_step`'s call from numpy arrays alone (the state, the shard's gradient slice, its slice of
+    the served copy as uint16 bf16 bits or float32; `scale` as a float), for a shard with nothing
+    for torch to step first (no scalar remainder): the same function and arguments, without the
+    torch views, slices and conversions (most of a small layer's step on the engine's thread).
+    None when `split_step` must run instead (another optimizer, a remainder, no compiled kernel)."""
+    if opt.name != "adamw" or served.dtype not in (_U16, _F32) or not _usable_copy(served.dtype == _F32):
+        return None
+    rows, tails = _split(plan, vector_lanes())
+    if tails[0] or tails[1]:
+        return None
+    hp, small, _ = hyper(opt, step, scale)
+    return _call(states, grad, served, rows, hp, scale, small)
+
+
+_U16, _F32 = np.dtype(np.uint16), np.dtype(np.float32)
 
 
 def batch_entry(call: tuple[Callable[..., None], tuple]) -> tuple | None:

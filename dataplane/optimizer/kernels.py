@@ -120,13 +120,28 @@ def _step_reference(opt: OptimizerSpec, plan: ShardPlan, states: list[torch.Tens
             served[lo:hi].copy_(states[0][lo:hi])
 
 
+def served_array(plan: LayerPlan, buf: np.ndarray, shard: ShardPlan) -> np.ndarray:
+    """The shard's slice of a served-copy buffer as numpy: bf16 as uint16 bits, else the served dtype."""
+    itemsize = plan.served_dtype.itemsize
+    return buf[shard.elem_lo * itemsize: (shard.elem_lo + shard.numel) * itemsize].view(plan.served_dtype)
+
+
 def served_view(plan: LayerPlan, buf: np.ndarray, shard: ShardPlan) -> torch.Tensor:
     """The shard's slice of a served-copy buffer, as a torch tensor of the served dtype."""
-    itemsize = plan.served_dtype.itemsize
-    raw = buf[shard.elem_lo * itemsize: (shard.elem_lo + shard.numel) * itemsize]
+    raw = served_array(plan, buf, shard)
     if plan.served_dtype == np.uint16:
         return torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(raw.view(plan.served_dtype))
+    return torch.from_numpy(raw)
+
+
+def lean_step(opt: OptimizerSpec, shard: ShardPlan, states: list[np.ndarray], grad: np.ndarray, step: int,
+              scale: float | None, plan: LayerPlan, served_buf: np.ndarray) -> tuple[Callable[..., None], tuple] | None:
+    """`prepare_step`'s call built from numpy arrays (`states`: the shard's state arrays; `grad`:
+    the layer's flat gradient; `scale`: the gradient divisor as a float), when nothing has to run
+    ahead of it (no clipping here, no torch remainder): the same call, bit for bit (fused.lean_call).
+    None: use `prepare_step`."""
+    return fused.lean_call(opt, shard, states, grad[shard.elem_lo: shard.elem_lo + shard.numel], step, scale,
+                           served_array(plan, served_buf, shard))
 
 
 def publish_copy(plan: LayerPlan, buf: np.ndarray, shard: ShardPlan, master: torch.Tensor) -> None:

@@ -94,6 +94,7 @@ class Pipeline:
         self.queue_depth = cfg.queue_depth
         self.inline_elems = cfg.inline_elems
         self._scales: dict[int, torch.Tensor] = {}
+        self._scale_floats: dict[int, float] = {}
         self.threads: list[threading.Thread] = []
         if self.mode == "step":
             self.queues: dict[str, queue.Queue] = {s: queue.Queue(maxsize=cfg.queue_depth) for s in STAGES[1:]}
@@ -221,14 +222,13 @@ class Pipeline:
         else:
             if item.grad is None:  # only a skipped step comes without one
                 raise AssertionError(f"layer {item.plan.layer_id} step {item.step} has no gradient")
+            if opt.clip_grad_norm is None:
+                if item.contributors > 1:
+                    item.grad_scale = self._scale(item.contributors)  # divided inside the kernel
+                return [item]  # the torch view of the gradient is made if _ready needs it
             item.grad_t = torch.from_numpy(item.grad)
             if item.contributors > 1:
-                if opt.clip_grad_norm is None:
-                    item.grad_scale = self._scale(item.contributors)  # divided inside the kernel
-                else:
-                    item.grad_t.div_(item.contributors)  # the norm is the mean's norm
-            if opt.clip_grad_norm is None:
-                return [item]
+                item.grad_t.div_(item.contributors)  # the norm is the mean's norm
             item.norms = kernels.tensor_norms(item.plan, item.grad_t)
             if opt.clip_scope == "layer":
                 item.coef = kernels.clip_coefficient(item.norms, opt.clip_grad_norm)
@@ -279,8 +279,22 @@ class Pipeline:
             return
         if e is None or e.views is None:  # acquired just before
             raise AssertionError(f"shard {shard.name()} readied while not in memory")
-        if item.grad_t is None or item.served_buf is None:  # set by _receive and _prepare
+        if item.grad is None or item.served_buf is None:  # set by the submitter and _prepare
             raise AssertionError(f"layer {item.plan.layer_id} step {item.step} reached the optimizer unprepared")
+        call = None
+        if item.coef is None and e.arrays is not None:
+            # nothing to clip: the compiled call straight from numpy arrays (torch's views and slices of
+            # the general path were most of a small layer's step on the engine's thread)
+            scale = None if item.grad_scale is None else self._scale_floats[item.contributors]
+            call = kernels.lean_step(item.opt, shard, e.arrays, item.grad, item.step, scale, item.plan,
+                                     item.served_buf)
+        if call is not None:
+            task.call = call
+            if batch:
+                task.batch = fused.batch_entry(call)
+            return
+        if item.grad_t is None:  # with clipping, _receive made it (and divided the gradient through it)
+            item.grad_t = torch.from_numpy(item.grad)
         g = item.grad_t[shard.elem_lo: shard.elem_lo + shard.numel]
         kernels.apply_clip(g, item.coef)
         task.call = kernels.prepare_step(item.opt, shard, e.views, g, item.step, item.grad_scale,
@@ -502,6 +516,7 @@ class Pipeline:
         t = self._scales.get(contributors)
         if t is None:
             t = self._scales[contributors] = torch.tensor(float(contributors))
+            self._scale_floats[contributors] = float(t)  # what fused.split_step makes of it
         return t
 
     def _put(self, stage: str, task) -> None:

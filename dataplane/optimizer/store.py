@@ -27,13 +27,14 @@ WAIT_SLICE = 1.0  # seconds between re-checks of a condition wait (waits are als
 
 
 class Entry:
-    __slots__ = ("buf", "dirty", "fd", "holds", "path", "pins",
+    __slots__ = ("arrays", "buf", "dirty", "fd", "holds", "path", "pins",
                  "plan", "prefetched", "state", "step", "views", "wanted")
 
     def __init__(self, plan: ShardPlan, path: Path, fd: int):
         self.plan, self.path, self.fd = plan, path, fd
         self.buf: np.ndarray | None = None
         self.views: list[torch.Tensor] | None = None
+        self.arrays: list[np.ndarray] | None = None  # the same state as numpy arrays (the compiled kernel's)
         self.state = ABSENT
         self.dirty = False
         self.pins = self.holds = self.wanted = 0
@@ -42,7 +43,8 @@ class Entry:
 
     def attach(self, buf: np.ndarray) -> None:
         self.buf = buf
-        self.views = [torch.from_numpy(v) for v in self.plan.state_views(buf)]
+        self.arrays = self.plan.state_views(buf)
+        self.views = [torch.from_numpy(v) for v in self.arrays]
 
     @property
     def nbytes(self) -> int:
@@ -106,7 +108,7 @@ class StateStore:
                 if e.buf is not None:
                     self.used -= e.nbytes
                     self.pool.give(e.buf)
-                    e.buf = e.views = None
+                    e.buf = e.views = e.arrays = None
 
     def set_budget(self, budget: int) -> None:
         with self.cv:
@@ -312,7 +314,7 @@ class StateStore:
             return  # wanted again, pinned or held while it was being written: keep it
         e.state = ABSENT
         self.pool.give(e.buf)
-        e.buf = e.views = None
+        e.buf = e.views = e.arrays = None
         self.used -= e.nbytes
         self.counts["evictions"] += 1
         self.cv.notify_all()

@@ -105,6 +105,48 @@ def test_fp32_served_copy_bit_identical_to_torch_fused_adamw(data, sizes, lr, be
     np.testing.assert_array_equal(got[4], got[0])  # the copy is the master
 
 
+def _lean(opt, shard, states, grad, step, scale, served):
+    """The pipeline's lean call (`fused.lean_call`, from numpy arrays) in `_run`'s shape; a shard
+    with a torch remainder has none, and goes through `split_step` as the pipeline's does."""
+    out = served.numpy() if served.dtype == torch.float32 else served.view(torch.int16).numpy().view(np.uint16)
+    call = fused.lean_call(opt, shard, [s.numpy() for s in states], grad.numpy(), step,
+                           None if scale is None else float(scale), out)
+    _rows, tails = fused._split(shard, fused.vector_lanes())
+    assert (call is None) == bool(tails[0] or tails[1])
+    if call is None:
+        fused.step_shard(opt, shard, states, grad, step, scale, served)
+    else:
+        fn, args = call
+        fn(*args)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data(), sizes=st.lists(st.sampled_from([1, 15, 16, 32, 48, 64, 70]), min_size=1, max_size=4),
+       lr=st.floats(1e-6, 1.0), beta1=st.sampled_from([0.0, 0.9]), wd=st.sampled_from([0.0, 0.1]),
+       step=st.integers(0, 5000), scale=st.sampled_from([None, 2, 3]), fp32=st.booleans())
+def test_lean_call_bit_identical_to_torch(data, sizes, lr, beta1, wd, step, scale, fp32):
+    """The inline lane's call built from numpy arrays (no torch views) steps the same bits as torch
+    (sizes on and off torch's vector grid: off it, there is no lean call and split_step runs)."""
+    opt = OptimizerSpec("adamw", lr=lr, betas=(beta1, 0.95), eps=1e-8, weight_decay=wd)
+    shard, arrays = _case(data, sizes, opt)
+    dtype = torch.float32 if fp32 else torch.bfloat16
+    got = _run(_lean, opt, shard, arrays, step, scale, dtype)
+    want = _run(_torch_step, opt, shard, arrays, step, scale, dtype)
+    for name, a, b in zip(("master", "exp_avg", "exp_avg_sq", "grad", "served"), got, want):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_lean_call_only_for_the_compiled_adamw():
+    """fp16 copies, other optimizers and the reference kernels get no lean call (prepare_step runs)."""
+    layer = LayerSpec(0, {"w": (64,)})
+    shard = plan_layer(JobSpec("j", OptimizerSpec("adamw"), [layer], "bf16"), layer, 1 << 22).shards[0]
+    states = [np.zeros(64, np.float32) for _ in range(3)]
+    grad = np.zeros(64, np.float32)
+    assert fused.lean_call(OptimizerSpec("adamw"), shard, states, grad, 0, None, np.zeros(64, np.uint16)) is not None
+    assert fused.lean_call(OptimizerSpec("adamw"), shard, states, grad, 0, None, np.zeros(64, np.float16)) is None
+    assert fused.lean_call(OptimizerSpec("sgd"), shard, states, grad, 0, None, np.zeros(64, np.uint16)) is None
+
+
 def _batched(cases, served_dtype):
     """Every case's step through one `fused.run_batch` call (the pipeline's optimizer thread)."""
     out, calls = [], []
