@@ -26,6 +26,7 @@ import numpy as np
 
 from .buffers import BufferPool
 from .checkpoint_files import (
+    MANIFEST,
     MANIFEST_FORMAT,
     RecordWriter,
     checkpoint_dirs,
@@ -314,12 +315,20 @@ class CheckpointManager:
         """Keep the newest `keep` committed checkpoints; drop interrupted ones older than newest."""
         with self.cv:
             active = {ck.seq for ck in self.pending}
-        committed = [(s, p) for s, p in checkpoint_dirs(self.root) if (p / "manifest.json").is_file()]
-        keep = {s for s, _ in committed[-self.keep:]}
-        for s, p in checkpoint_dirs(self.root):
-            if s in keep or s in active or s > newest:
-                continue
-            shutil.rmtree(p, ignore_errors=True)
+        dirs = checkpoint_dirs(self.root)  # listed once: the manifests are looked at only where they decide
+        old = [(s, p) for s, p in dirs if s not in active and s <= newest]
+        # the newest `keep` committed ones stay: committed, newest first, until `keep` are found
+        kept = 0
+        keep: set[int] = set()
+        for s, p in reversed(dirs):
+            if kept >= self.keep:
+                break
+            if s == newest or (p / MANIFEST).is_file():
+                keep.add(s)
+                kept += 1
+        for s, p in old:
+            if s not in keep:
+                shutil.rmtree(p, ignore_errors=True)
 
     def fail_all(self, err: BaseException) -> None:
         """The node failed: every pending checkpoint fails (its partial directory is removed)."""

@@ -3,8 +3,9 @@ checkpoint exist.
 
 A checkpoint is a directory `ckpt-NNNNNN/` holding one record per shard (`<job>/L<layer>.S<k>.ckpt`:
 the shard's header page and fp32 state, exactly as in RAM) and `manifest.json`, written last,
-atomically (temp file, fsync, rename, fsync of the directory). A directory without a valid
-manifest is an interrupted checkpoint and is never loaded. The manifest lists every file with
+atomically (temp file, fsync, rename, fsync of the directory), after the records' folders are
+fsynced and before the root is. A directory without a valid manifest is an interrupted checkpoint
+and is never loaded. The manifest lists every file with
 its size and CRC-32; a file that is missing, shorter or longer, or whose bytes do not match is
 refused with `CheckpointError` naming it.
 """
@@ -35,13 +36,16 @@ DIR_RE = re.compile(r"^ckpt-(\d{6,})$")
 
 def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
     """(sequence number, path) of every checkpoint directory under root, oldest first."""
-    if not root.is_dir():
-        return []
     out = []
-    for p in root.iterdir():
-        m = DIR_RE.match(p.name)
-        if m and p.is_dir():
-            out.append((int(m.group(1)), p))
+    try:
+        # scandir: the entry's type comes with the listing (d_type), not a stat per entry
+        with os.scandir(root) as it:
+            for entry in it:
+                m = DIR_RE.match(entry.name)
+                if m and entry.is_dir():
+                    out.append((int(m.group(1)), Path(entry.path)))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
     return sorted(out)
 
 
@@ -58,6 +62,12 @@ def shard_file_name(plan: ShardPlan) -> str:
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:
+    """Commit the checkpoint in `directory`: its records' directory entries made durable first, then
+    the manifest (temp file, fsync, rename), then the entries of the manifest and of the checkpoint
+    itself in the root -- so a checkpoint whose manifest survives a crash has every file it names."""
+    for entry in os.scandir(directory):  # the records' folders (<job>/): their files' names
+        if entry.is_dir(follow_symlinks=False):
+            fsync_dir(Path(entry.path))
     tmp = directory / (MANIFEST + ".tmp")
     data = json.dumps(manifest, indent=1, sort_keys=True).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -68,6 +78,7 @@ def write_manifest(directory: Path, manifest: dict) -> None:
         os.close(fd)
     os.rename(tmp, directory / MANIFEST)
     fsync_dir(directory)
+    fsync_dir(directory.parent)  # ckpt-NNNNNN's own entry in the root
 
 
 def fsync_dir(directory: Path) -> None:
@@ -115,13 +126,16 @@ class RecordWriter:
         self.rate = rate
         self.sleep = sleep  # interruptible sleep(seconds) -> None
         self.budget_t: float | None = None
+        self._made: Path | None = None  # the directory the last file went to (it exists)
         self.io = ThreadPoolExecutor(1, thread_name_prefix="luwu-opt-ckpt-io",
                                      initializer=lower_priority, initargs=(nice,))
 
     def write(self, path: Path, nbytes: int, source: Callable[[], np.ndarray], lock: threading.Lock) -> int:
         """Write `nbytes` of `source()` (re-read at every chunk, under `lock`: the source may
         switch to a snapshot between chunks) to a new file, fsync it; returns the CRC-32."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.parent != self._made:  # a checkpoint's files share their directory: one mkdir for all
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._made = path.parent
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         fd = None
         if self.direct() and hasattr(os, "O_DIRECT"):

@@ -21,6 +21,7 @@ from luwu.dataplane.optimizer import (
     OptimizerSpec,
     ScheduleSpec,
 )
+from luwu.dataplane.optimizer.checkpoint_files import checkpoint_dirs
 
 STEPS = 6
 
@@ -143,6 +144,32 @@ def test_checkpoint_now_and_restore_equal_the_live_state(tmp_path):
         _assert_same(live, _states(node, spec))
 
 
+def test_a_commit_makes_every_name_durable_before_and_after_its_manifest(tmp_path, monkeypatch):
+    """A manifest that survives a crash must not outlive the names of the files it lists: the
+    records' folders are fsynced before the manifest's rename, the checkpoint and the root after."""
+    synced: list[str] = []  # the paths fsync was called on, in order (os.fsync itself still runs)
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append(os.path.realpath(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    spec = _spec()
+    with OptimizerNode(_cfg(tmp_path, "a", ram_budget=32 << 20)) as node:
+        node.add_job(spec)
+        _train(node, spec, 0, 1)
+        monkeypatch.setattr(os, "fsync", recording_fsync)
+        path = node.checkpoint_now(timeout=120)
+        monkeypatch.undo()
+    path, root = os.path.realpath(path), os.path.realpath(tmp_path / "ckpts")
+    manifest = synced.index(os.path.join(path, "manifest.json.tmp"))
+    job_dirs = [d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))]
+    assert job_dirs
+    for d in job_dirs:  # each records' folder, before the manifest
+        assert os.path.join(path, d) in synced[:manifest]
+    assert path in synced[manifest + 1:] and root in synced[manifest + 1:]
+
+
 def test_too_late_and_retention(tmp_path):
     spec = _spec()
     with OptimizerNode(_cfg(tmp_path, "a", ram_budget=32 << 20, checkpoint_keep=2)) as node:
@@ -154,6 +181,30 @@ def test_too_late_and_retention(tmp_path):
         assert [p.exists() for p in paths] == [False, True, True]  # only the newest two are kept
         handle = node.request_checkpoint(1)  # version 2: the current one, taken at once
         assert handle.wait(60).exists()
+
+
+def test_retention_lists_once_and_keeps_what_it_must(tmp_path):
+    """_retire_old (one listing, manifests looked at only from the newest down): an older interrupted
+    checkpoint is deleted, a committed one from an earlier run counts towards `keep`, and entries
+    that are not checkpoint directories (a file named like one, other names) are left alone."""
+    spec = _spec()
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    (root / "ckpt-000001").mkdir()  # interrupted: no manifest
+    (root / "ckpt-000002").mkdir()  # committed by an earlier run
+    (root / "ckpt-000002" / "manifest.json").write_text("{}")
+    (root / "ckpt-000000").write_text("not a directory")
+    (root / "notes").mkdir()
+    with OptimizerNode(_cfg(tmp_path, "a", ram_budget=32 << 20, checkpoint_keep=2)) as node:
+        node.add_job(spec)
+        _train(node, spec, 0, 1)
+        first = node.checkpoint_now(timeout=60)
+        assert first.name == "ckpt-000003"  # numbered after the highest checkpoint directory
+        assert sorted(p.name for p in root.iterdir()) == ["ckpt-000000", "ckpt-000002", "ckpt-000003", "notes"]
+        second = node.checkpoint_now(timeout=60)
+        assert sorted(p.name for p in root.iterdir()) == ["ckpt-000000", "ckpt-000003", "ckpt-000004", "notes"]
+        assert OptimizerNode.latest_checkpoint(root) == second
+    assert checkpoint_dirs(tmp_path / "missing") == []
 
 
 def _checkpoint(tmp_path) -> tuple:
