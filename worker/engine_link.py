@@ -38,13 +38,14 @@ class Staging:
     """One staging buffer of `capacity` float32 elements: a unit's values (a pull lands there) or
     its gradient (a push reads it until the push completes)."""
 
-    __slots__ = ("array", "buf", "capacity", "tensor")
+    __slots__ = ("array", "buf", "capacity", "tensor", "views")
 
     def __init__(self, array: np.ndarray, buf: ShmBuffer | None = None):
         self.array = array
         self.buf = buf  # the ShmBuffer behind `array` (engine daemon) or None
         self.capacity = array.size
         self.tensor: torch.Tensor | None = None  # a torch view of `array`, made once by a user that copies tensors in (ModelInNetwork)
+        self.views: dict = {}  # views of `tensor` a user makes once and keeps (ModelInNetwork: a unit's gradient slots)
 
     def view(self, numel: int, offset: int = 0) -> np.ndarray:
         return self.array[offset:offset + numel]

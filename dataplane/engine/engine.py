@@ -23,6 +23,7 @@ import numpy as np
 from ..kernels import mode as kernel_mode
 from ..net.shm_endpoint import ShmEndpoint
 from ..protocol import DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Flag, MsgType
+from ..quantize import chunk_exponents
 from ..session import EndpointPlan, SessionSpec
 from .collective import CollectiveSession
 from .config import EngineConfig
@@ -216,8 +217,6 @@ class Engine:
             raise EngineError("push needs the job's meta session (exponent agreement); the plan has none")
         meta = self.meta  # the narrowed session, for the command that runs later on the engine thread
         handle = Handle(f"push(layer {tensor}, {x.size})")
-        from ..quantize import chunk_exponents
-
         exps = chunk_exponents(x, s.lanes) if x.size else None
         self._submit(handle, lambda: s.push(tensor, x, meta, handle, exps))
         return handle

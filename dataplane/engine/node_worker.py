@@ -280,10 +280,7 @@ class WorkerNodeSession:
         if op.out.dtype == data.dtype:
             np.copyto(op.out.reshape(-1), data)
         elif op.out.dtype == np.float32 and buf.dtype == Dtype.BF16 and op.out.flags.c_contiguous:
-            # bf16 is a float32's top half: widen in place in the output, no temporaries
-            bits = op.out.reshape(-1).view(np.uint32)
-            np.copyto(bits, data)
-            np.left_shift(bits, 16, out=bits)
+            widen_staged_bf16(data, op.out.reshape(-1).view(np.uint32))
         elif op.out.dtype == np.float32:
             np.copyto(op.out.reshape(-1), as_float32(data, buf.dtype))
         else:
@@ -386,6 +383,18 @@ def _decode_run(buf: PullBuffer, rows: np.ndarray, s0: int, c0: int, n: int, wir
         d[...] = rows[s0 + whole, HEADER_LEN:HEADER_LEN + count * wire.itemsize].view(wire)
         if widen:
             np.left_shift(d, 16, out=d)
+
+
+def widen_staged_bf16(data: np.ndarray, bits: np.ndarray, compiled: bool | None = None) -> None:
+    """A staged pull's bf16 values (native uint16) into `bits` (its float32 output as uint32):
+    bf16 is a float32's top half, widened in place in the output with no temporaries; one
+    compiled pass (kernels/fixed_point.py `widen_bf16`), else this numpy code, the reference.
+    `compiled` None: as `use_numba()` says (tests/engine/test_kernels.py compares the two)."""
+    if use_numba() if compiled is None else compiled:
+        fixed_point_kernels().widen_bf16(data, bits)
+        return
+    np.copyto(bits, data)
+    np.left_shift(bits, 16, out=bits)
 
 
 def wire_dtype(dtype: Dtype) -> np.dtype:

@@ -228,3 +228,12 @@ def widen_bf16_rows(half, s0, n, col, epp, out, o0, numel):
         for j in range(m):
             v = np.uint32(src[j])
             dst[j] = ((v & np.uint32(0xFF)) << np.uint32(24)) | ((v >> np.uint32(8)) << np.uint32(16))
+
+
+@njit(cache=True, nogil=True)
+def widen_bf16(half, out):
+    """bf16 values (native uint16 bits: a pull's staged PARAM data) into float32 bits, each in a
+    float32's top half. One pass, where the numpy reference (dataplane/engine/node_worker.py
+    `widen_staged_bf16`) copies, then shifts in place: two passes over the output."""
+    for j in range(half.size):
+        out[j] = np.uint32(half[j]) << np.uint32(16)

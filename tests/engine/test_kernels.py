@@ -255,3 +255,22 @@ def test_row_decoding_matches_the_readable_dequantize(n, monkeypatch):
         out = np.zeros((k, lanes), dtype=np.float32)
         Q.dequantize_rows_into(rows, np.arange(k), HEADER, lanes, Q.sum_shift(exps, n), np.arange(k), out)
         assert _same_bits(out.reshape(-1), want), mode
+
+
+@pytest.mark.skipif(not use_numba(), reason="numba is not installed: only the reference path exists")
+@pytest.mark.parametrize("numel", [0, 1, 7, 4099])
+def test_staged_bf16_widen_kernel_matches_the_reference(numel):
+    """A staged pull's bf16 values widened into its float32 output (node_worker._complete): the
+    compiled pass writes exactly the reference's bits, every uint16 pattern included."""
+    from luwu.dataplane.engine.node_worker import widen_staged_bf16
+
+    rng = np.random.default_rng(numel)
+    data = rng.integers(0, 1 << 16, size=numel, dtype=np.uint16)
+    data[:min(numel, 4)] = np.array([0, 0xFFFF, 0x7F80, 0x8001], dtype=np.uint16)[:min(numel, 4)]
+    got = {}
+    for compiled in (False, True):
+        out = np.full(numel, 7.5, dtype=np.float32)
+        widen_staged_bf16(data, out.view(np.uint32), compiled)
+        got[compiled] = out.view(np.uint32).copy()
+    assert np.array_equal(got[True], got[False])
+    assert np.array_equal(got[False], data.astype(np.uint32) << 16)

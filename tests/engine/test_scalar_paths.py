@@ -67,3 +67,28 @@ def test_scalar_paths_match_the_reference(drop, monkeypatch):
         assert len(fast[t]) == len(ref[t]) == 6
         for a, b in zip(fast[t], ref[t]):
             np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("lanes,pool_size,numel", [(64, 8, 1000), (16000, 1024, 70001), (3, 2, 7)])
+def test_scalar_headers_match_the_reference(lanes, pool_size, numel):
+    """aggregation_fill packs a few rows' headers one struct call per row: every field as the
+    vectorised reference writes it, with sequence numbers wrapping past 2^32, flags set, and
+    exponents across the int8 field's whole range (and past it: numpy's wrap)."""
+    from luwu.dataplane.engine.packets import _template, aggregation_headers, aggregation_headers_scalar
+    from luwu.dataplane.protocol import Dtype, MsgType, ver_type
+    from luwu.dataplane.quantize import num_chunks
+
+    rng = np.random.default_rng(lanes)
+    chunks = num_chunks(numel, lanes)
+    for seg_start in (0, 5, 0xFFFFFFFF - 2, int(rng.integers(0, 2**32))):
+        for flags in (0, 0x40):
+            exps = rng.integers(-140, 140, size=chunks).astype(np.int32)
+            exps[:2] = (-128, 127)[: min(2, chunks)]
+            vt = ver_type(MsgType.GRAD)
+            shared = (vt, 9, 1, 77, int(Dtype.FIXED32), numel, seg_start, 16, pool_size, lanes, flags)
+            template = _template(vt, 9, 1, 0, 77, int(Dtype.FIXED32), numel)
+            for i0, i1 in ((0, 1), (0, min(chunks, 8)), (chunks - 1, chunks), (max(0, chunks - 3), chunks)):
+                for e in (exps, None):
+                    ref = aggregation_headers(template, shared, i0, i1, e)
+                    fast = aggregation_headers_scalar(shared, i0, i1, e)
+                    assert fast.shape == ref.shape and fast.tobytes() == ref.tobytes(), (seg_start, i0, i1)

@@ -179,3 +179,26 @@ def test_deeper_prefetch_issues_the_same_pulls_earlier():
         _one_step(s, 0)
     assert sorted(a) == sorted(b) and a == b  # same pulls, same order: only their timing differs
     assert s3.issued_count == s1.issued_count == 9
+
+
+def test_gradient_slots_are_each_parameters_place_in_the_staging_buffer():
+    """The gradient hook copies each parameter's gradient into its slot (inflight.grad_slots):
+    a view shaped as the parameter over exactly its offsets in the unit's flat staging buffer,
+    made once per buffer and unit; a copy through it lands where the push reads it, bit for bit."""
+    import numpy as np
+
+    from luwu.worker.engine_link import Staging
+    from luwu.worker.model_in_network.inflight import grad_slots
+
+    unit = split_units(build(CFG, 0))[1]
+    st = Staging(np.full(unit.numel + 5, -1.0, dtype=np.float32))
+    st.tensor = torch.from_numpy(st.array)
+    slots = grad_slots(st, unit)
+    assert grad_slots(st, unit) is slots  # kept on the buffer
+    grads = [torch.randn(p.shape) for _, p in unit.params]
+    for slot, g in zip(slots, grads):
+        slot.copy_(g)
+    want = torch.cat([g.reshape(-1) for g in grads])
+    assert torch.equal(st.tensor[:unit.numel].view(torch.int32), want.view(torch.int32))
+    assert [(s.data_ptr() - st.tensor.data_ptr()) // 4 for s in slots] == [lo for lo, _ in unit.offsets]
+    assert bool((st.tensor[unit.numel:] == -1.0).all())  # nothing past the unit

@@ -12,21 +12,36 @@ from luwu.dataplane.engine.handles import Handle
 from luwu.worker.engine_link import Staging
 
 from .schedule import Ticket
+from .units import Unit
 
 
 class ArrivingGrads:
     """A unit's gradient while its parameters' gradients arrive: the staging buffer they are copied
     into, which parameters have arrived, and how many are still to come (0: push)."""
 
-    __slots__ = ("done", "left", "staging", "tensor")
+    __slots__ = ("done", "left", "slots", "staging", "tensor")
 
-    def __init__(self, staging: Staging, nparams: int):
+    def __init__(self, staging: Staging, unit: Unit):
         if staging.tensor is None:
             raise RuntimeError("a gradient staging buffer without its torch view (StagingPool.acquire makes it)")
         self.staging = staging
         self.tensor: torch.Tensor = staging.tensor
-        self.done = [False] * nparams
-        self.left = nparams
+        self.slots = grad_slots(staging, unit)
+        self.done = [False] * len(unit.params)
+        self.left = len(unit.params)
+
+
+def grad_slots(staging: Staging, unit: Unit) -> list[torch.Tensor]:
+    """Each parameter's place in `staging` for `unit`'s gradient, shaped as the parameter: its
+    gradient is copied in with no slice or reshape per call (~50 per step). Made once per buffer
+    and unit and kept on the buffer (views: they hold no memory of their own)."""
+    slots = staging.views.get(unit.index)
+    if slots is None:
+        t = staging.tensor
+        if t is None:  # ArrivingGrads says so first
+            raise RuntimeError("a gradient staging buffer without its torch view")
+        slots = staging.views[unit.index] = [t[lo:hi].view(p.shape) for (_, p), (lo, hi) in zip(unit.params, unit.offsets)]
+    return slots
 
 
 def joined(handles: list[Handle], name: str) -> Handle:

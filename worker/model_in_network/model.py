@@ -336,7 +336,6 @@ class ModelInNetwork(nn.Module):
         lo, hi = u.offsets[index]
         nbytes = u.params[index][1].numel() * u.params[index][1].element_size()  # the gradient's: torch keeps p's dtype
         on_cpu = u.device.type == "cpu"  # used in place; another device's gradient comes through a pinned buffer
-        nparams = len(u.params)
         grads, pushed, memory, to_host = self._grad, self._pushed, self.memory, self._push_stage.to_host
 
         def hook(p: torch.Tensor) -> None:  # ~50 calls per step: what can be known here is known above
@@ -346,13 +345,17 @@ class ModelInNetwork(nn.Module):
                                    "every backward; gradient accumulation over micro-batches is not supported)")
             state = grads[unit]
             if state is None:
-                state = grads[unit] = ArrivingGrads(self._push_staging(), nparams)
+                state = grads[unit] = ArrivingGrads(self._push_staging(), u)
             g = p.grad
             if g is None:  # torch calls this hook after accumulating into .grad: None would be torch's bug
                 raise RuntimeError(f"unit {u.label()}: a gradient hook ran with no gradient")
             memory.transient("grads", nbytes)  # resident from autograd's write until here
-            # widened to float32 on the host (exact from bf16/fp16): what the switch sums
-            state.tensor[lo:hi].copy_(g.reshape(-1) if on_cpu else to_host(g))
+            # widened to float32 on the host (exact from bf16/fp16): what the switch sums. On the CPU
+            # straight into the slot shaped as p (made once per staging buffer: no slicing, no reshape)
+            if on_cpu:
+                state.slots[index].copy_(g)
+            else:
+                state.tensor[lo:hi].copy_(to_host(g))
             p.grad = None
             if not state.done[index]:
                 state.done[index] = True
@@ -410,7 +413,7 @@ class ModelInNetwork(nn.Module):
         for u in self.units:  # units backward never reached (unused this step): every rank pushes them in order
             if self._pushed.get(u.index) != self.version:
                 if self._grad[u.index] is None:
-                    self._grad[u.index] = ArrivingGrads(self._push_staging(), len(u.params))
+                    self._grad[u.index] = ArrivingGrads(self._push_staging(), u)
                 self._push(u.index)
         while self._pushes:
             self._finish_oldest_push()
