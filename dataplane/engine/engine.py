@@ -27,6 +27,7 @@ from ..quantize import chunk_exponents
 from ..session import EndpointPlan, SessionSpec
 from .collective import CollectiveSession
 from .config import EngineConfig
+from .grouping import SCALAR_BATCH, groups_reference, groups_scalar
 from .handles import EngineError, Handle
 from .liveness import PeerWatch, drain_error_reports
 from .node_server import GradientSink, NodeServerSession, ParamProvider
@@ -389,6 +390,7 @@ class Engine:
             if not isinstance(s, CollectiveSession):  # node sessions greet their peer; collectives have no hello
                 s.hello(now)
         next_timer = deadlines_at = now
+        rung = True  # the doorbell may hold a byte: drained at the first arm, then only once poll() reports it
         sessions = list(self.sessions.values())
         node_sessions = [(sid, s) for sid, s in self.sessions.items() if isinstance(s, WorkerNodeSession)]
         # the loop's per-turn work in plain loops over bound methods: a turn runs a dozen times per
@@ -450,8 +452,12 @@ class Engine:
                 if next_timer < now + timer_tick:
                     next_timer = now + timer_tick
                 stats["loop_turns"] += 1
-                # a shm port rings its doorbell only once armed; arming may find packets: then do not sleep
-                if idle and (shm is None or shm.arm()):
+                # a shm port rings its doorbell only once armed; arming may find packets: then do not
+                # sleep. Its doorbell is read only when the last poll() reported it (rung): most sleeps
+                # end by a timer or a command, and an empty read was a system call and an exception each
+                if idle and shm is not None:
+                    idle, rung = shm.arm(rung), False
+                if idle:
                     wait = max(0.0, next_timer - time.monotonic())
                     woken = False
                     self._sleep_until = next_timer
@@ -463,6 +469,7 @@ class Engine:
                     self._sleeping = False
                     for fd, ev in ready:
                         if fd == sock_fd:
+                            rung = True
                             if ev & select.POLLERR:
                                 self._refused(now, certain=False)
                         elif fd == self._wake_r:
@@ -536,15 +543,11 @@ class Engine:
             if s is None or not self._handle(s, vt & 0xF, np.arange(k), rows, lens, h, now):
                 self.stats["rx_unexpected"] += k
             return
-        vt = h["ver_type"].astype(np.int64)
-        ok = ((vt >> 4) == VERSION) & (lens >= HEADER_LEN)
-        key = (h["session"].astype(np.int64) << 4) | (vt & 0xF)
-        key[~ok] = -1
-        self.stats["rx_bad"] += int((~ok).sum())
-        for kv in np.unique(key[ok]):
-            idx = np.flatnonzero(key == kv)
-            s = self.sessions.get(int(kv) >> 4)
-            t = int(kv) & 0xF
+        # a mixed batch (a PARAM and a HEARTBEAT...): one group per (session, type), in that order
+        groups, bad = groups_scalar(hb, lens) if k <= SCALAR_BATCH else groups_reference(h, lens)
+        self.stats["rx_bad"] += bad
+        for sid, t, idx in groups:
+            s = self.sessions.get(sid)
             if s is None or not self._handle(s, t, idx, rows, lens, h, now):
                 self.stats["rx_unexpected"] += len(idx)
 

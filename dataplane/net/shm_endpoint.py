@@ -73,11 +73,12 @@ class ShmEndpoint:
     def fd(self) -> int:
         return self.down.fd
 
-    def arm(self) -> bool:
+    def arm(self, drain: bool = True) -> bool:
         """Call before sleeping in poll() on `fd`; False: packets arrived, do not sleep (ShmRing.arm).
-        Gives back the rows the last `recv()` lent."""
+        Gives back the rows the last `recv()` lent. `drain=False` skips the doorbell's read for a
+        caller whose last poll() did not report `fd` (no byte to take: a late one only wakes poll)."""
         self._give_back()
-        return self.down.arm()
+        return self.down.arm(drain)
 
     def _give_back(self) -> None:
         self.down.release(self._lent)

@@ -31,7 +31,8 @@ calls `arm()`: it sets `waiting`, issues a full fence, drains the doorbell and l
 if the ring is still empty does it sleep in poll() on the doorbell's fd (it clears `waiting`
 when it next finds packets; a consumer that merely found the ring empty between two pieces of
 work does not arm it, so a busy peer is not rung). The producer publishes `head`, issues a
-full fence, and writes one byte to the doorbell only if `waiting` is set. This is Dekker's
+full fence, and writes one byte to the doorbell only if `waiting` is set (and not again until
+the consumer's `tail` has passed what that byte announced: `notify`). This is Dekker's
 pattern: with a fence on both sides, either the consumer's second look sees the new `head` or
 the producer sees `waiting` and rings -- no lost wake-up, no busy polling, and no system call
 at all while the consumer is busy (a doorbell write costs the producer a wake-up in the kernel:
@@ -78,6 +79,7 @@ H_HEAD = 8  # byte 64
 H_TAIL = 16  # byte 128
 H_WAITING = 24  # byte 192: the consumer may be asleep in poll() (written by the consumer only)
 _FENCE = threading.Lock()
+_DRAIN = 65536  # bytes a doorbell read takes at most
 # A down-ring entry whose length has this bit is a reference, not a packet: its row holds (uint64
 # pool position, uint64 pool id) and the packet is that row of the switch's multicast pool
 # `pool_path(producer pid, id)` (ShmPool), written once for every port of the multicast group
@@ -250,6 +252,7 @@ class ShmRing:
         if size < self._size(self.slots, self.row_bytes) or not stat.S_ISFIFO(os.stat(self.bell_path).st_mode):
             raise ValueError(f"{path} is truncated or has no doorbell")
         self._mask = self.slots - 1
+        self._rung_head = 0  # `head` when this producer last rang: notify() rings once per wake-up
         len_off = HEADER_BYTES
         rows_off = HEADER_BYTES + self._len_bytes(self.slots)
         self.lengths = np.frombuffer(self._map, dtype=np.uint32, count=self.slots, offset=len_off)
@@ -369,9 +372,17 @@ class ShmRing:
         return max(n, 0)
 
     def notify(self) -> None:
-        """Ring the doorbell if the consumer is armed (after publishing: see the module docstring)."""
+        """Ring the doorbell if the consumer is armed (after publishing: see the module docstring).
+
+        Not again while the consumer has not consumed up to what the last ring announced: it
+        cannot sleep before it has (it sleeps only on an empty ring), and once it has, its next
+        arm() sees this publication or this side sees its `tail` move and rings (the same Dekker
+        pair of fences). A producer that publishes twice in a turn (a worker's gradients, then
+        its heartbeat) then writes the doorbell once, and the consumer finds one byte, not two."""
         full_fence()  # the store of head before the load of waiting (Dekker)
-        if self.h[H_WAITING]:
+        h = self.h
+        if h[H_WAITING] and int(h[H_TAIL]) >= self._rung_head:
+            self._rung_head = int(h[H_HEAD])
             self.ring()
 
     def ring(self) -> None:
@@ -445,8 +456,10 @@ class ShmRing:
             self.h[H_TAIL] = int(self.h[H_TAIL]) + k
 
     def drain(self) -> None:
+        """Empty the doorbell: one read, or more only while reads come back full (a byte rung
+        after a short read is a later wake-up, which poll() reports: never lost)."""
         try:
-            while os.read(self.bell, 65536):
+            while len(os.read(self.bell, _DRAIN)) == _DRAIN:
                 pass
         except BlockingIOError:
             pass

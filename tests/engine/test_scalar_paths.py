@@ -92,3 +92,26 @@ def test_scalar_headers_match_the_reference(lanes, pool_size, numel):
                     ref = aggregation_headers(template, shared, i0, i1, e)
                     fast = aggregation_headers_scalar(shared, i0, i1, e)
                     assert fast.shape == ref.shape and fast.tobytes() == ref.tobytes(), (seg_start, i0, i1)
+
+
+def test_scalar_batch_grouping_matches_the_reference():
+    """A received batch mixing sessions and types (PARAM + HEARTBEAT, AGG + PULL), with packets
+    of another version and shorter than a header among them: the Python grouping of small
+    batches gives the reference's groups, in its order, and the same count of bad packets."""
+    from luwu.dataplane.engine.grouping import groups_reference, groups_scalar
+    from luwu.dataplane.protocol import DATA_HEADER, HEADER_LEN, VERSION
+
+    rng = np.random.default_rng(11)
+    for k in list(range(1, 17)) * 40:
+        hb = rng.integers(0, 256, size=(k, HEADER_LEN), dtype=np.uint8)
+        versions = rng.choice([VERSION, VERSION, VERSION, (VERSION + 1) & 0xF], size=k)
+        hb[:, 0] = (versions << 4) | rng.choice([1, 2, 5, 7, 15], size=k)  # a few types, some repeated
+        session = rng.choice([0, 1, 3, 0x1FF, 0xFFFF], size=k)
+        hb[:, 2], hb[:, 3] = session >> 8, session & 0xFF
+        lens = rng.choice([HEADER_LEN - 1, HEADER_LEN, 100, 65536], size=k).astype(np.int64)
+        ref, ref_bad = groups_reference(hb.view(DATA_HEADER)[:, 0], lens)
+        fast, fast_bad = groups_scalar(hb, lens)
+        assert fast_bad == ref_bad
+        assert [(s, t) for s, t, _ in fast] == [(s, t) for s, t, _ in ref]
+        for (_, _, a), (_, _, b) in zip(fast, ref):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
