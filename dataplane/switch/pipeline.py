@@ -23,7 +23,7 @@ import itertools
 import numpy as np
 
 from ..kernels import use_numba
-from ..protocol import DropReason, Flag, MsgType
+from ..protocol import HEADER_LEN, DropReason, Flag, MsgType
 from . import phase_groups, small_route, stragglers
 from .batch import Batch, Emission
 from .config import SwitchConfig
@@ -281,12 +281,17 @@ class Pipeline:
         stays the same array (the event loop's arena lives until ports change: shm_arena.py)."""
         if b.arena is None or not use_numba():
             return b.payload(self.lanes), None
+        return self.arena_lanes(b.arena)
+
+    def arena_lanes(self, arena: np.ndarray) -> tuple[np.ndarray, tuple | None]:
+        """The lanes of a shared-memory turn's `arena` rows (a split batch's `payload()`: datagrams
+        at offset 0) and their `lane_rows` (kernels on), made once per arena array."""
         kept = self._arena_lanes
-        if kept is None or kept[0] is not b.arena:
+        if kept is None or kept[0] is not arena:
             from ..kernels.switch_lanes import lane_rows
 
-            payload = b.payload(self.lanes)
-            kept = self._arena_lanes = (b.arena, payload, lane_rows(payload.view(np.uint32)))
+            payload = arena[:, HEADER_LEN:HEADER_LEN + 4 * self.lanes].view(">i4")
+            kept = self._arena_lanes = (arena, payload, lane_rows(payload.view(np.uint32)))
         return kept[1], kept[2]
 
     def _aggregation(self, b: Batch, c: Classified, agg: AggregationResult) -> None:

@@ -112,13 +112,7 @@ def classify_rows(b, t: CompiledTables, lanes: int, counters) -> tuple[Classifie
             session_packets[session, 0] += 1
             session_packets[session, 1] += nbytes_l[k]
         if pooled:  # a contribution alive so far: its slot decides its path
-            in_pool = ((slot - srow[POOL_BASE]) & 0xFFFFFFFF) < srow[POOL_SIZE]
-            if vt & 0xF == GRAD:
-                path = PATH_FALLBACK if (not in_pool or flags & FALLBACK) else PATH_AGGREGATE
-            elif in_pool:
-                path = PATH_AGGREGATE
-            else:
-                drop = D_FOREIGN_SLOT
+            path, drop = contribution_path(vt, flags, slot, srow)
         drops.append(drop)
         paths.append(path)
         sids.append(sid)
@@ -141,6 +135,15 @@ def classify_rows(b, t: CompiledTables, lanes: int, counters) -> tuple[Classifie
     if any(drops):  # (the packets classified were alive: their drop is 0 already)
         b.drop[idx] = np.array(drops, dtype=np.int64)
     return c, srows
+
+
+def contribution_path(vt: int, flags: int, slot: int, srow: tuple) -> tuple[int, int]:
+    """(path, drop) of a contribution `decision` left `pooled`: its slot inside its session's pool
+    (row `srow`) or not decides it."""
+    in_pool = ((slot - srow[POOL_BASE]) & 0xFFFFFFFF) < srow[POOL_SIZE]
+    if vt & 0xF == GRAD:
+        return (PATH_FALLBACK if (not in_pool or flags & FALLBACK) else PATH_AGGREGATE), 0
+    return (PATH_AGGREGATE, 0) if in_pool else (0, D_FOREIGN_SLOT)
 
 
 # a packet's classification key: (vt, flags, session, worker, count, dtype, in_port, length, lanes)

@@ -23,7 +23,7 @@ import numpy as np
 from .. import trace
 from ..net.mmsg import addr_of
 from ..protocol import ETH_IP_UDP_LEN, DropReason, aggregation_packet_len
-from . import lone, runtime_json
+from . import lone, lone_agg, runtime_json
 from .attach_raw import RawAttachment
 from .attach_shm import MulticastPools, ShmAttachment, shm_row_bytes
 from .attach_udp import UdpAttachment
@@ -57,6 +57,7 @@ class SoftwareSwitch:
         self._loop: EventLoop | None = None
         self._peers_version = -1  # the tables version the UDP ports' peers were derived from (peers.py)
         self.errors = 0  # batches whose processing raised (logged, never fatal)
+        self.lone_scratch: lone_agg.Scratch | None = None  # lone_agg's kernel arguments (made on first use)
 
     @property
     def lanes(self) -> int:
@@ -293,8 +294,9 @@ class SoftwareSwitch:
             n = rx.filled
             framed = segments[0][0].framed
             self.sync_peers()
-            if n == 1 and lone.eligible(self, rx, segments[0][0]) and lone.turn(self, rx, segments[0][0]):
-                return  # a lone heartbeat or PULL (lone.py)
+            if n == 1 and lone.eligible(self, rx, segments[0][0]) and (lone.turn(self, rx, segments[0][0])
+                                                                       or lone_agg.turn(self, rx, segments[0][0])):
+                return  # a lone heartbeat, PULL or multicast (lone.py), or contribution (lone_agg.py)
             drop = np.zeros(n, dtype=np.int64)
             learning = []
             for att, a, z in segments:

@@ -55,10 +55,11 @@ class ShmRig:
         self.arena = RingArena(rings)
         self.turn = ShmTurn(64, self.arena, rings)
 
-    def run_turn(self, items: list[tuple[int, bytes]], take: tuple = ()) -> dict[int, list[bytes]]:
+    def run_turn(self, items: list[tuple[int, bytes]], take: tuple = (), read: bool = True) -> dict[int, list[bytes]]:
         """Put `items` on their ports' up rings, run one turn taking the ports in the items'
         order of first appearance (then ports `take`, whose rings hold packets put there
-        otherwise), and return what every port's endpoint receives."""
+        otherwise), and return what every port's endpoint receives (`read=False`: nothing is
+        read, the down rings and multicast pools keep what the turn left there; {} returned)."""
         width = self.ep[1].up.row_bytes
         for p in PORTS:
             datas = [d[:width] for q, d in items if q == p]
@@ -79,6 +80,8 @@ class ShmRig:
                 self.sw.handle_turn(self.turn, segments)
         finally:
             self.turn.release()
+        if not read:
+            return {}
         out = {}
         for p, ep in self.ep.items():
             got = []

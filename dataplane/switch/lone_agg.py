@@ -1,0 +1,175 @@
+"""A shared-memory turn of one aggregation packet (a rank's ALLREDUCE or GRAD) on Python ints and
+one call of the compiled slot kernel.
+
+The workers' exponent-agreement rows and many gradient packets arrive one to a turn. Through
+`Pipeline.run` and `SoftwareSwitch.emit` such a packet costs some hundred microseconds of per-turn
+machinery (a `Batch`, the classifier's arrays, `_AggInputs`, `AggregationResult`, the route's
+lists, an `Emission`, the emission's grouping) around the work itself: the slot registers and one
+pass over the lanes. This path reads the header once (`struct`), classifies it with the small
+classifier's own decision (`small_classify.decision`, `contribution_path`), runs the slot state
+machine and the lane fold through the very kernel the general path runs for a one-packet group
+(`kernels.switch_lanes.phase_groups`, on one-element arrays), and, when the packet completes its
+phase, rewrites its header as `small_route.route` does and sends the sum from its lane register
+as `shm_emit.emit_small` does (one copy up: straight into the ring's row; several: one pool row
+the rings reference, or inline copies when the pool is full) -- with the same counters, registers,
+straggler records, ring entries and pool rows as the general path.
+
+It takes only what it can finish: kernels on, a packet on the aggregation path that is not ZERO,
+whose completion would leave for shared-memory ports only (checked before anything is touched),
+and that the kernel takes (not a duplicate, the countdown not passing zero: the kernel changes
+nothing otherwise). Anything else says False with no state changed, and the turn goes the general way.
+tests/switch/test_switch_lone_turns.py runs it side by side with the general path.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from .. import trace
+from ..kernels import use_numba
+from ..protocol import HEADER_LEN, NODE, Event, Flag, MsgType, NextStep, aggregation_packet_len
+from .controls.classifier import PATH_AGGREGATE
+from .controls.next_step_selector import KEEP_FLAGS
+from .lone import to_ports
+from .lookup import SESSION_PARAMS
+from .shm_emit import SMALL_EMIT
+from .small_classify import contribution_path, decision
+from .small_route import EPOCH, MCAST_GRP, NEXT_STEP, UP_PORT, UP_WORKER
+
+_HEAD = struct.Struct("!BBHHHIIIIbBHI")  # the data header (protocol._DATA)
+_REWRITE = struct.Struct("!BB")  # ver_type, flags at offset 0
+_WORKER = struct.Struct("!H")  # at offset 4
+_EXPONENT = struct.Struct("!b")  # at offset 24
+ROOT, GRAD, AGG, RESULT = int(NextStep.ROOT), int(MsgType.GRAD), int(MsgType.AGG), int(MsgType.RESULT)
+SET, SATURATED, MAX, ZERO = int(Flag.SET), int(Flag.SATURATED), int(Flag.MAX), int(Flag.ZERO)
+COMPLETED, ABSORBED, SATURATED_EV = int(Event.COMPLETED), int(Event.ABSORBED), int(Event.SATURATED)
+UNICAST, MULTICAST = int(Event.UNICAST), int(Event.MULTICAST)
+NUM_WORKERS = SESSION_PARAMS.index("num_workers")
+
+
+class Scratch:
+    """The kernel's one-packet arguments, made once per switch (the dtypes the general path passes:
+    one compiled specialisation) and rewritten in place each turn."""
+
+    def __init__(self):
+        i64, u32 = np.int64, np.uint32
+        self.order = np.zeros(1, dtype=i64)
+        self.slot, self.s, self.other, self.rows = (np.zeros(1, dtype=i64) for _ in range(4))
+        self.epoch, self.bit, self.nw = (np.zeros(1, dtype=u32) for _ in range(3))
+        self.is_max, self.saturated = np.zeros(1, dtype=bool), np.zeros(1, dtype=bool)
+        self.exponent = np.zeros(1, dtype=np.int8)
+        self.fast, self.last, self.out_saturated = (np.zeros(1, dtype=bool) for _ in range(3))
+        self.remaining = np.zeros(1, dtype=u32)
+        self.out_exponent = np.zeros(1, dtype=np.int8)
+        self.head = np.zeros((1, HEADER_LEN), dtype=np.uint8)  # a unicast sum's rewritten header
+
+
+def turn(sw, rx, att) -> bool:
+    """Handle the one packet of shm turn `rx` (from attachment `att`, lone.eligible) when it is an
+    aggregation packet this path takes; False (nothing done) otherwise."""
+    pipe = sw.pipeline
+    t = pipe.tables.compiled()
+    if t.any_ingress_drop or t.any_egress_drop or not use_numba():
+        return False
+    n = int(rx.length[0])
+    if n < HEADER_LEN:
+        return False
+    head = _HEAD.unpack_from(rx.rows, 0)
+    vt, flags, session, worker, count = head[:5]
+    if flags & ZERO:
+        return False
+    sc = t.scalar()
+    drop, counted, _, bit, _, row, _, pooled = decision(sc, (vt, flags, session, worker, count, head[10], att.port, n,
+                                                             pipe.lanes), aggregation_packet_len(pipe.lanes))
+    if drop or not pooled or contribution_path(vt, flags, head[6], row) != (PATH_AGGREGATE, 0):
+        return False
+    root = row[NEXT_STEP] == ROOT
+    grad = vt & 0xF == GRAD
+    if grad or not root:
+        outs = [sw.ports.get(row[UP_PORT])]
+    else:  # an ALLREDUCE completed at the root goes to every worker
+        group = sc.groups.get(row[MCAST_GRP])
+        if group is None or not group[0] or len(group[0]) > SMALL_EMIT or len(set(group[0])) != len(group[0]):
+            return False
+        outs = [sw.ports.get(p) for p in sorted(group[0])]
+    if any(o is None or o.kind != "shm" or n > o.row_bytes for o in outs):
+        return False
+    flat = pipe.arena_lanes(rx.arena.rows)[1]
+    if flat is None:
+        return False
+    r = int(rx.prow[0])
+    regs = pipe.registers
+    k = sw.lone_scratch
+    if k is None:
+        k = sw.lone_scratch = Scratch()
+    base = regs.slots if flags & SET else 0  # the slot's register index: set * slots + slot
+    index = base + head[6]
+    k.slot[0], k.s[0], k.other[0], k.rows[0] = head[6], index, regs.slots - base + head[6], r
+    k.epoch[0], k.bit[0], k.nw[0] = row[EPOCH], bit, row[NUM_WORKERS]
+    k.is_max[0], k.saturated[0], k.exponent[0] = flags & MAX, flags & SATURATED, head[9]
+    k.fast[0] = k.last[0] = False
+    from ..kernels.switch_lanes import phase_groups
+
+    if not phase_groups(k.order, k.slot, k.s, k.other, k.epoch, k.is_max, k.bit, k.nw, k.exponent, k.saturated,
+                        k.rows, regs.slot_owner, regs.bitmap, regs.contributors, regs.exponents, regs.slot_flags,
+                        regs.lanes.view(np.uint32), flat[0], flat[1], k.fast, k.remaining, k.out_exponent,
+                        k.out_saturated, k.last, False):
+        return False  # (a duplicate, or a countdown past zero: the rounds' cases; nothing changed)
+    with trace.span("pipeline turn", "switch", packets=1):  # (the span the general path's turn has)
+        _count(sw, att, n, head, counted, row, bit, index, int(k.remaining[0]))
+        if k.remaining[0] == 0:
+            sat = bool(k.out_saturated[0])
+            multicast = root and not grad
+            arena = rx.arena.rows
+            if multicast:  # rewritten in its ring row, which the pool row (or inline copies) copy
+                dst = arena[r]
+            else:  # sent straight from the register under a rewritten copy of its header (as _emit_one)
+                k.head[0] = arena[r, :HEADER_LEN]
+                dst = k.head[0]
+            _rewrite(dst, vt, flags, root, grad, row, int(k.out_exponent[0]), sat)
+            _emit(sw, arena, r, n, index, outs, sat, multicast, k.head)
+    return True
+
+
+def _count(sw, att, n: int, head: tuple, counted: bool, row: tuple, bit: int, index: int, remaining: int) -> None:
+    """The counters and straggler records of the packet the kernel took (before what it emits)."""
+    pipe = sw.pipeline
+    cnt = pipe.counters
+    vt, session = head[0], head[2]
+    sw._count_port(att.port, "rx_packets", 1)
+    cnt.rx_types[vt & 0xF, 0] += 1
+    cnt.rx_types[vt & 0xF, 1] += n
+    if counted:
+        cnt.session_packets[session, 0] += 1
+        cnt.session_packets[session, 1] += n
+    code = COMPLETED if remaining == 0 else ABSORBED
+    cnt.events[code, 0] += 1
+    cnt.events[code, 1] += n
+    if pipe.stragglers is not None:  # (Pipeline._observe_small for one packet)
+        pipe.stragglers.record_lists([session], [head[3]], [bit], [index], [row[NUM_WORKERS]], [False], [remaining])
+
+
+def _rewrite(dst: np.ndarray, vt: int, flags: int, root: bool, grad: bool, row: tuple, exponent: int,
+             sat: bool) -> None:
+    """The emitted header (small_route.route's rewrite of a completed, not duplicate, packet) into `dst`."""
+    mtype = (AGG if grad else RESULT) if root else vt & 0xF
+    buf = dst.data  # (a C-contiguous row: its memoryview)
+    _REWRITE.pack_into(buf, 0, (vt & 0xF0) | mtype, (flags & KEEP_FLAGS) | (SATURATED if sat else 0))
+    _WORKER.pack_into(buf, 4, NODE if root else row[UP_WORKER])
+    _EXPONENT.pack_into(buf, 24, exponent)
+
+
+def _emit(sw, arena: np.ndarray, r: int, n: int, reg: int, outs: list, sat: bool, multicast: bool,
+          head: np.ndarray) -> None:
+    """The completed sum (lane register `reg`) to ports `outs` (lone.to_ports) with its events: a
+    multicast under the header in arena row `r`, a unicast under `head`."""
+    cnt = sw.pipeline.counters
+    if sat:
+        cnt.events[SATURATED_EV, 0] += 1
+        cnt.events[SATURATED_EV, 1] += n
+    code = MULTICAST if multicast else UNICAST
+    cnt.events[code, 0] += 1
+    cnt.events[code, 1] += n
+    to_ports(sw, arena, r, n, outs, reg, None if multicast else head)
