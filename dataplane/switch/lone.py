@@ -90,7 +90,7 @@ def _forward(sw, rx, att, n: int, head: tuple, bit: int, row: tuple, counted: bo
     pipe = sw.pipeline
     session = head[2]
     cnt = pipe.counters
-    _count_rx(sw, att, n, head, counted)
+    count_rx(sw, att, n, head, counted)
     r = int(rx.prow[0])
     dst = rx.arena.rows[r]  # the packet's own ring row: it leaves from there (header rewritten in place)
     if heartbeat:
@@ -113,7 +113,7 @@ def _forward(sw, rx, att, n: int, head: tuple, bit: int, row: tuple, counted: bo
     out.notify()
 
 
-def _count_rx(sw, att, n: int, head: tuple, counted: bool) -> None:
+def count_rx(sw, att, n: int, head: tuple, counted: bool) -> None:
     """The receive counters of the turn's packet (port, type, and its session once it passed that check)."""
     cnt = sw.pipeline.counters
     vt, session = head[0], head[2]
@@ -135,7 +135,7 @@ def _multicast(sw, rx, att, n: int, head: tuple, row: tuple, counted: bool, grou
     if len(ports) > SMALL_EMIT or len(set(ports)) != len(ports) or any(o is None or o.kind != "shm" or n > o.row_bytes for o in outs):
         return False
     with trace.span("pipeline turn", "switch", packets=1):
-        _count_rx(sw, att, n, head, counted)
+        count_rx(sw, att, n, head, counted)
         cnt = sw.pipeline.counters
         cnt.events[MULTICAST, 0] += 1
         cnt.events[MULTICAST, 1] += n

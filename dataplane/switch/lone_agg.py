@@ -32,7 +32,7 @@ from ..kernels import use_numba
 from ..protocol import HEADER_LEN, NODE, Event, Flag, MsgType, NextStep, aggregation_packet_len
 from .controls.classifier import PATH_AGGREGATE
 from .controls.next_step_selector import KEEP_FLAGS
-from .lone import to_ports
+from .lone import count_rx, to_ports
 from .lookup import SESSION_PARAMS
 from .shm_emit import SMALL_EMIT
 from .small_classify import contribution_path, decision
@@ -137,18 +137,12 @@ def _count(sw, att, n: int, head: tuple, counted: bool, row: tuple, bit: int, in
     """The counters and straggler records of the packet the kernel took (before what it emits)."""
     pipe = sw.pipeline
     cnt = pipe.counters
-    vt, session = head[0], head[2]
-    sw._count_port(att.port, "rx_packets", 1)
-    cnt.rx_types[vt & 0xF, 0] += 1
-    cnt.rx_types[vt & 0xF, 1] += n
-    if counted:
-        cnt.session_packets[session, 0] += 1
-        cnt.session_packets[session, 1] += n
+    count_rx(sw, att, n, head, counted)
     code = COMPLETED if remaining == 0 else ABSORBED
     cnt.events[code, 0] += 1
     cnt.events[code, 1] += n
     if pipe.stragglers is not None:  # (Pipeline._observe_small for one packet)
-        pipe.stragglers.record_lists([session], [head[3]], [bit], [index], [row[NUM_WORKERS]], [False], [remaining])
+        pipe.stragglers.record_lists([head[2]], [head[3]], [bit], [index], [row[NUM_WORKERS]], [False], [remaining])
 
 
 def _rewrite(dst: np.ndarray, vt: int, flags: int, root: bool, grad: bool, row: tuple, exponent: int,

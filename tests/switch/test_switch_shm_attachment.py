@@ -192,55 +192,6 @@ def test_endpoint_lends_rows_until_its_next_receive(tmp_path):
         down.close()
 
 
-PRODUCER = """
-import sys, time, numpy as np
-from luwu.dataplane.net.shm_ring import ShmRing
-ring = ShmRing(sys.argv[1], "producer")
-rows = np.zeros((1, 64), dtype=np.uint8)
-rng = np.random.default_rng(0)
-for i in range(int(sys.argv[2])):
-    rows[0, :8] = np.frombuffer(np.int64(i).tobytes(), np.uint8)
-    while ring.push_rows(rows, [0], [8])[0] == 0:  # full: wait for the consumer
-        time.sleep(0.0005)
-    if rng.random() < 0.3:
-        time.sleep(rng.random() * 0.001)  # sometimes the consumer catches up and goes to sleep
-"""
-
-
-def test_no_wake_up_is_lost_between_processes():
-    """A producer process publishes one packet at a time at irregular intervals; the consumer
-    sleeps in poll() whenever it finds the ring empty. A lost wake-up would leave packets on the
-    ring while poll() sleeps out its (generous) timeout: the test fails on that, not on speed."""
-    count = 3000
-    path = f"/dev/shm/luwu-test-{os.getpid()}-{time.monotonic_ns()}"
-    cons = ShmRing(path, "consumer", slots=16, row_bytes=64, create=True)
-    child = subprocess.Popen([sys.executable, "-c", PRODUCER, path, str(count)])
-    try:
-        out = np.zeros((16, 64), dtype=np.uint8)
-        lens = np.zeros(16, dtype=np.int64)
-        poller = select.poll()
-        poller.register(cons.fd, select.POLLIN)
-        seen, sleeps = [], 0
-        while len(seen) < count:
-            k = cons.pop_into(out, lens, 0, 16)
-            if k:
-                seen += out[:k, :8].copy().view(np.int64).ravel().tolist()
-                continue
-            if not cons.arm():
-                continue  # packets came while arming: do not sleep
-            sleeps += 1
-            woke = poller.poll(10_000)
-            assert woke or cons.pending() == 0, f"lost wake-up after {len(seen)} packets: poll slept on a queue"
-            assert woke or child.poll() is None, f"the producer exited ({child.returncode}) after {len(seen)} packets"
-        assert seen == list(range(count)) and sleeps > 0
-        assert child.wait(30) == 0
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(10)
-        cons.close()
-
-
 def test_a_port_takes_one_endpoint_process():
     sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS))
     prefix = sw.attach_shm(1)
