@@ -515,8 +515,10 @@ class Pipeline:
         layer step was a tenth of the inline lane's Python)."""
         t = self._scales.get(contributors)
         if t is None:
-            t = self._scales[contributors] = torch.tensor(float(contributors))
+            t = torch.tensor(float(contributors))
+            # the float first: submitters race here, and one that finds the tensor reads the float
             self._scale_floats[contributors] = float(t)  # what fused.split_step makes of it
+            self._scales[contributors] = t
         return t
 
     def _put(self, stage: str, task) -> None:
