@@ -93,8 +93,7 @@ class Pipeline:
         self.stopping = False
         self.queue_depth = cfg.queue_depth
         self.inline_elems = cfg.inline_elems
-        self._scales: dict[int, torch.Tensor] = {}
-        self._scale_floats: dict[int, float] = {}
+        self._scales: dict[int, tuple[torch.Tensor, float]] = {}  # contributors -> divisor (one entry: threads race)
         self.threads: list[threading.Thread] = []
         if self.mode == "step":
             self.queues: dict[str, queue.Queue] = {s: queue.Queue(maxsize=cfg.queue_depth) for s in STAGES[1:]}
@@ -224,7 +223,7 @@ class Pipeline:
                 raise AssertionError(f"layer {item.plan.layer_id} step {item.step} has no gradient")
             if opt.clip_grad_norm is None:
                 if item.contributors > 1:
-                    item.grad_scale = self._scale(item.contributors)  # divided inside the kernel
+                    item.grad_scale = self._scale(item.contributors)[0]  # divided inside the kernel
                 return [item]  # the torch view of the gradient is made if _ready needs it
             item.grad_t = torch.from_numpy(item.grad)
             if item.contributors > 1:
@@ -285,7 +284,7 @@ class Pipeline:
         if item.coef is None and e.arrays is not None:
             # nothing to clip: the compiled call straight from numpy arrays (torch's views and slices of
             # the general path were most of a small layer's step on the engine's thread)
-            scale = None if item.grad_scale is None else self._scale_floats[item.contributors]
+            scale = None if item.grad_scale is None else self._scale(item.contributors)[1]
             call = kernels.lean_step(item.opt, shard, e.arrays, item.grad, item.step, scale, item.plan,
                                      item.served_buf)
         if call is not None:
@@ -510,16 +509,16 @@ class Pipeline:
             self._account("write", t0, "fast_writes")
         return True
 
-    def _scale(self, contributors: int) -> torch.Tensor:
-        """The kernel's gradient divisor as a tensor, one per value (read only; making one per
-        layer step was a tenth of the inline lane's Python)."""
-        t = self._scales.get(contributors)
-        if t is None:
+    def _scale(self, contributors: int) -> tuple[torch.Tensor, float]:
+        """The kernel's gradient divisor, one per value: as a tensor (read only; making one per
+        layer step was a tenth of the inline lane's Python) and as the float `fused.split_step`
+        makes of it. One dict entry holds both: the inline lane's submitters race here, and a
+        thread that found one half published without the other failed the node (KeyError)."""
+        got = self._scales.get(contributors)
+        if got is None:
             t = torch.tensor(float(contributors))
-            # the float first: submitters race here, and one that finds the tensor reads the float
-            self._scale_floats[contributors] = float(t)  # what fused.split_step makes of it
-            self._scales[contributors] = t
-        return t
+            got = self._scales[contributors] = (t, float(t))
+        return got
 
     def _put(self, stage: str, task) -> None:
         q = self.queues[stage]
