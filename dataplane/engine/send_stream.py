@@ -7,7 +7,7 @@ Each operation owns a `Segment`: a contiguous range of sequence numbers reserved
 submitted, so every worker numbers the same chunk the same way (docs/protocol.md 1).
 A stream whose fills can be run again (`refill`: collectives, and a worker's gradient pushes,
 whose source stays unchanged until the push completes) on a shared-memory port has no ring: the fill writes each packet straight into the switch port's up ring, and a resend runs the
-fill again (docs/architecture.md "Zero-copy send").
+fill again (docs/shared_memory.md "Zero-copy send").
 
 The retransmission timeout adapts like TCP's (RFC 6298): SRTT/RTTVAR give RTO = SRTT + max(G,
 4 RTTVAR) within [minimum, maximum], doubled per timeout (backoff) until the next RTT sample.
@@ -145,7 +145,7 @@ class SendStream:
             says it got through (their sources stay unchanged until then; a stream whose
             source is overwritten in place as results arrive must pass `received`). On a shared-memory
             port the stream then writes each packet straight into the up ring and keeps no
-            copy: a retransmission runs the fill again (docs/architecture.md "Zero-copy send").
+            copy: a retransmission runs the fill again (docs/shared_memory.md "Zero-copy send").
     """
 
     def __init__(self, sock: BatchSocket, window: int, rto: RtoEstimator, row_bytes: int, now: float = 0.0,
