@@ -14,7 +14,11 @@ engines and the switch, `luwu` / `ratio_to_gloo`) and over UDP sockets (`luwu_ud
 every process involved (workers with their engines, and the switch) during the timed
 iterations, per GB of one worker's buffer reduced -- robust on a shared machine, where wall
 time is not; the relay's (`udp_ceiling_cpu_s_per_gb`, senders and relay alike) is what moving
-the bytes over UDP costs before any aggregation (`cpu_ratio_to_udp_ceiling` for the UDP run). `retransmit_fraction` is the share of the workers' packets sent more than once:
+the bytes over UDP costs before any aggregation (`cpu_ratio_to_udp_ceiling` for the UDP run).
+`cores_busy` (and `gloo_cores_busy`) is those CPU seconds over the timed iterations' wall time:
+how many of the machine's `cores` the run kept busy on average. With as much CPU per GB as Gloo,
+a run that keeps fewer cores busy (waiting on the switch process, or on wake-ups the scheduler
+places behind busy processes) is that much slower. `retransmit_fraction` is the share of the workers' packets sent more than once:
 with no simulated loss, every resend is a timeout that fired early. Each worker's results are
 decoded into one reused buffer (`Engine.allreduce(out=)`), as the torch backend's engine daemon
 decodes into the rank's buffer and as Gloo reduces in place.
@@ -169,6 +173,7 @@ def run_luwu(workers: int, numel: int, dtype: str, mode: str, iters: int, verify
     gb = iters * numel * 4 / 1e9
     out = {"transport": plan.transport, "seconds": per_iter.tolist(), "best_s": float(per_iter.min()),
            "median_s": float(np.median(per_iter)), "cpu_s": cpu, "cpu_s_per_gb": (cpu["workers"] + cpu["switch"]) / gb,
+           "cores_busy": (cpu["workers"] + cpu["switch"]) / float(per_iter.sum()),
            "counters": counters, "engine_stats": {r["rank"]: r["stats"] for r in reports}}
     out["retransmits"] = retransmits(out["engine_stats"])
     for r in reports:
@@ -216,7 +221,7 @@ def run_gloo(workers: int, numel: int, iters: int) -> dict:
         p.join(30)
     cpu = sum(c for _, c in got)
     return {"seconds": times.tolist(), "best_s": float(times.min()), "median_s": float(np.median(times)),
-            "cpu_s": cpu, "cpu_s_per_gb": cpu / (iters * numel * 4 / 1e9)}
+            "cpu_s": cpu, "cpu_s_per_gb": cpu / (iters * numel * 4 / 1e9), "cores_busy": cpu / float(times.sum())}
 
 
 def run(args) -> int:
@@ -242,7 +247,8 @@ def run(args) -> int:
     from rich.console import Console
 
     console = Console(stderr=True)
-    res: dict = {"workers": args.workers, "bytes": numel * 4, "dtype": args.dtype, "mode": args.mode,
+    res: dict = {"workers": args.workers, "cores": len(os.sched_getaffinity(0)), "bytes": numel * 4,
+                 "dtype": args.dtype, "mode": args.mode,
                  "lanes": lanes, "packet_bytes": aggregation_packet_len(lanes), "iters": args.iters, "drop": args.drop}
     with console.status("raw UDP ceiling") as status:
         if not args.no_ceiling:
@@ -274,6 +280,7 @@ def run(args) -> int:
     if "gloo" in res:
         res["gloo_goodput_gbps"] = numel * 4 / res["gloo"]["median_s"] / 1e9
         res["gloo_cpu_s_per_gb"] = res["gloo"]["cpu_s_per_gb"]
+        res["gloo_cores_busy"] = res["gloo"]["cores_busy"]
     if "udp_ceiling" in res:
         res["udp_ceiling_gbps"] = res["udp_ceiling"]["goodput_gbps"]
         res["udp_ceiling_cpu_s_per_gb"] = res["udp_ceiling"]["cpu_s_per_gb"]
@@ -283,6 +290,7 @@ def run(args) -> int:
         res["transport" + sfx] = run_["transport"]
         res["goodput_gbps" + sfx] = g
         res["cpu_s_per_gb" + sfx] = run_["cpu_s_per_gb"]
+        res["cores_busy" + sfx] = run_["cores_busy"]
         res["retransmit_fraction" + sfx] = run_["retransmits"]["fraction"]
         if "gloo" in res:
             res["ratio_to_gloo" + sfx] = g / res["gloo_goodput_gbps"]
@@ -303,9 +311,10 @@ def run(args) -> int:
 
 
 def _print(res: dict) -> None:
-    keys = ["workers", "bytes", "dtype", "mode", "packet_bytes", "transport", "goodput_gbps", "cpu_s_per_gb",
-            "ratio_to_gloo", "cpu_ratio_to_gloo", "retransmit_fraction", "transport_udp", "goodput_gbps_udp",
-            "cpu_s_per_gb_udp", "ratio_to_gloo_udp", "cpu_ratio_to_gloo_udp", "retransmit_fraction_udp", "gloo_goodput_gbps", "gloo_cpu_s_per_gb",
+    keys = ["workers", "cores", "bytes", "dtype", "mode", "packet_bytes", "transport", "goodput_gbps", "cpu_s_per_gb",
+            "cores_busy", "ratio_to_gloo", "cpu_ratio_to_gloo", "retransmit_fraction", "transport_udp", "goodput_gbps_udp",
+            "cpu_s_per_gb_udp", "cores_busy_udp", "ratio_to_gloo_udp", "cpu_ratio_to_gloo_udp", "retransmit_fraction_udp",
+            "gloo_goodput_gbps", "gloo_cpu_s_per_gb", "gloo_cores_busy",
             "udp_ceiling_gbps", "udp_ceiling_cpu_s_per_gb", "fraction_of_udp_ceiling", "cpu_ratio_to_udp_ceiling",
             "init_s", "gloo_init_s", "new_group_s",
             "gloo_new_group_s", "verified"]

@@ -1,6 +1,7 @@
 """`luwu bench allreduce` as a user runs it, tiny: both luwu transports and the relay ceiling run,
 every element is verified, and each CPU-per-GB figure the issue asks for (luwu, the relay) is
-there and positive, with the ratios derived from them. Figures are printed, never asserted on."""
+there and positive, with the ratios derived from them and the cores each run kept busy. Figures
+are printed, never asserted on."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 LUWU = Path(sys.executable).parent / "luwu"
 
@@ -26,5 +29,10 @@ def test_allreduce_bench_reports_cpu_per_gb_for_luwu_and_the_relay(tmp_path):
         assert res[key] > 0, key
     assert res["cpu_ratio_to_udp_ceiling"] == res["cpu_s_per_gb_udp"] / res["udp_ceiling_cpu_s_per_gb"]
     assert res["fraction_of_udp_ceiling"] == res["goodput_gbps_udp"] / res["udp_ceiling_gbps"]
+    # cores kept busy: the run's CPU seconds over its timed iterations' wall time (none of it idle time)
+    for key, run in (("cores_busy", res["luwu"]), ("cores_busy_udp", res["luwu_udp"])):
+        assert res[key] == pytest.approx((run["cpu_s"]["workers"] + run["cpu_s"]["switch"]) / sum(run["seconds"])), key
+        assert res[key] > 0, key
+    assert res["cores"] == len(os.sched_getaffinity(0))
     assert (tmp_path / "allreduce.png").stat().st_size > 1000
     print({k: v for k, v in res.items() if not isinstance(v, dict)})
