@@ -295,6 +295,41 @@ def test_multicast_rows_are_written_once_into_a_pool_and_referenced_from_every_r
     assert all(sw.counters()["ports"][p]["tx_packets"] == 12 for p in (1, 2, 3))
 
 
+def test_a_turn_takes_at_most_its_share_of_each_ring_and_the_rest_in_the_next_turns(monkeypatch):
+    """A shared-memory port gives a turn at most SHM_TURN_BYTES of packets (loop.py: a smaller
+    turn sends its results sooner); the rest of a ring's backlog goes into the next turns without
+    waiting for a doorbell, and every sum is exact."""
+    from luwu.dataplane.switch import loop
+
+    sw = SoftwareSwitch(SwitchConfig(lanes=LANES, slots=SLOTS, seed=3))
+    peers = {p: ShmPeer(sw.attach_shm(p)) for p in PORTS}
+    monkeypatch.setattr(loop, "SHM_TURN_BYTES", 2 * peers[1].ep.up.row_bytes)  # two packets a ring a turn
+    taken: list[int] = []  # packets each ring gave each turn
+    handle_turn = sw.handle_turn
+
+    def recording(rx, segments):
+        taken.extend(z - a for _, a, z in segments)
+        handle_turn(rx, segments)
+    sw.handle_turn = recording
+    sw.load_runtime(runtime())
+    sw.start()
+    try:
+        workers = [peers[1], peers[2], peers[3]]
+        x = np.random.default_rng(2).integers(-2**31, 2**31, (12, 3, LANES)).astype(np.int32)
+        got: dict[int, dict] = {r: {} for r in range(3)}
+        _phases(workers, range(3), x, range(12), got)  # each worker pushes 4 packets at once, 3 times
+    finally:
+        sw.stop()
+        for p in peers.values():
+            p.close()
+    for r in range(3):
+        assert sorted(got[r]) == list(range(12))
+        for seq, p in got[r].items():
+            assert p.type == MsgType.RESULT and p.lanes().tolist() == x[seq].sum(axis=0, dtype=np.int32).tolist()
+    assert sum(taken) == 36 and max(taken) == 2, taken  # a backlog of 4 split over turns, none lost
+    assert sw.errors == 0
+
+
 def test_a_reader_that_stops_does_not_block_the_others_and_keeps_its_rows(star, monkeypatch):
     """Rank 2 stops reading: its references pin the pool's rows, so once the pool is full the
     multicast goes inline to every ring (the others are served), and the rows it was referenced
