@@ -17,6 +17,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue
 import select
 import time
 from collections.abc import Callable
@@ -141,10 +142,14 @@ def _relay_server(max_len: int, batch: int, conn) -> None:
 
 # --- a worker ------------------------------------------------------------------------------------
 
-def _worker(rank: int, local: tuple[str, int], target: tuple[str, int], lanes: int, npkts: int, pool: int, batch: int, start, result_q) -> None:
+def _worker(rank: int, bound, target: tuple[str, int], lanes: int, npkts: int, pool: int, batch: int, start,
+            result_q) -> None:
+    """Rank `rank`'s run over `bound`, its UDP socket (bound by the parent for the server's life)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     plen = aggregation_packet_len(lanes)
-    sock = BatchSocket(udp_socket(*local), batch=batch, max_len=plen + 64, peers=1)
+    sock = BatchSocket(bound, batch=batch, max_len=plen + 64, peers=1)
+    while sock.recv():  # late datagrams of the previous run (a fresh socket would never see them)
+        pass
     sock.set_peer(0, *target)
     sock.default_peer = 0
     rows = np.zeros((npkts, plen), dtype=np.uint8)
@@ -199,11 +204,13 @@ class _Server:
     """A switch or relay process kept up across the interleaved runs."""
 
     def __init__(self, ctx, kind: str, args, lanes: int, profile: str | None):
-        from luwu.dataplane.loopback import free_udp_port
-
         self.kind = kind
         self.conn, child = ctx.Pipe()
-        self.local = [(HOST, free_udp_port(HOST)) for _ in range(args.workers)]
+        # the workers' sockets, bound here once and handed to each run's worker processes: the
+        # server is wired to their addresses, so they stay taken for its life (a port found free
+        # and bound again later could be taken meanwhile by any socket bound to port 0)
+        self.sockets = [udp_socket(HOST) for _ in range(args.workers)]
+        self.local = [s.getsockname()[:2] for s in self.sockets]
         target: Callable[..., None]
         a: tuple
         if kind == "switch":
@@ -234,21 +241,44 @@ class _Server:
         self.proc.join(10)
         if self.proc.is_alive():
             self.proc.kill()
+        for sock in self.sockets:
+            sock.close()
         return counters
+
+
+def _results(server: _Server, procs: list, result_q) -> list:
+    """Every worker's result; a worker that exits without one fails the run at once, by name."""
+    res: list = []
+    deadline = time.monotonic() + RUN_TIMEOUT + STARTUP_TIMEOUT
+    while len(res) < len(procs):
+        try:
+            res.append(result_q.get(timeout=1.0))
+            continue
+        except queue.Empty:
+            pass
+        done = {r[0] for r in res}
+        for rank, p in enumerate(procs):
+            if rank not in done and p.exitcode is not None:
+                raise RuntimeError(f"{server.kind} run: worker {rank} exited with code {p.exitcode} before its "
+                                   "result (its error is above)")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{server.kind} run: no result from workers {sorted(set(range(len(procs))) - done)} "
+                               f"within {RUN_TIMEOUT + STARTUP_TIMEOUT} s")
+    return res
 
 
 def _one_run(ctx, server: _Server, index: int, args, lanes: int, npkts: int) -> dict:
     if server.kind == "switch":
         server.ask(("epoch", EPOCH + index))  # a new session instance for every run
     start, result_q = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, server.local[r], server.target(r), lanes, npkts, args.pool,
+    procs = [ctx.Process(target=_worker, args=(r, server.sockets[r], server.target(r), lanes, npkts, args.pool,
                                                args.batch, start, result_q)) for r in range(args.workers)]
     for p in procs:
         p.start()
     time.sleep(1.0)  # let every worker import and build its packets
     cpu0 = server.ask("cpu")
     start.set()
-    res = [result_q.get(timeout=RUN_TIMEOUT) for _ in procs]
+    res = _results(server, procs, result_q)
     cpu1 = server.ask("cpu")
     for p in procs:
         p.join(10)
