@@ -250,6 +250,7 @@ def _results(server: _Server, procs: list, result_q) -> list:
     """Every worker's result; a worker that exits without one fails the run at once, by name."""
     res: list = []
     deadline = time.monotonic() + RUN_TIMEOUT + STARTUP_TIMEOUT
+    gone: dict[int, float] = {}  # rank -> when it was first seen exited with no result read yet
     while len(res) < len(procs):
         try:
             res.append(result_q.get(timeout=1.0))
@@ -257,8 +258,11 @@ def _results(server: _Server, procs: list, result_q) -> list:
         except queue.Empty:
             pass
         done = {r[0] for r in res}
+        now = time.monotonic()
         for rank, p in enumerate(procs):
-            if rank not in done and p.exitcode is not None:
+            # a worker that put its result and exited cleanly may still have it in flight: a grace
+            # period for those, none for a worker that failed
+            if rank not in done and p.exitcode is not None and (p.exitcode != 0 or now - gone.setdefault(rank, now) > 5):
                 raise RuntimeError(f"{server.kind} run: worker {rank} exited with code {p.exitcode} before its "
                                    "result (its error is above)")
         if time.monotonic() > deadline:
