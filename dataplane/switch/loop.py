@@ -43,9 +43,10 @@ MAX_TURN_BYTES = 64 << 20  # and at most this much receive buffer (64 KiB packet
 # a shared-memory port gives a turn at most this many bytes of packets (64 KiB packets: 64 rows).
 # A turn's results go out only once the whole turn is folded, so a turn of every port's whole
 # backlog (up to its window: 128 rows of 64 KiB) holds every worker's results back for
-# milliseconds while their cores idle; smaller turns overlap the switch's sums with the workers' own work. 4-worker 16 MiB
-# allreduce on 2 cores: 1.56 -> 1.66-1.74 cores kept busy, 4% less time per allreduce for 4% more
-# CPU (more turns); 32 rows: no faster, up to 17% more CPU (docs/shared_memory.md)
+# milliseconds while their cores idle; smaller turns overlap the switch's sums with the workers'
+# own work. 4-worker 16 MiB allreduce on 2 cores: 1.56 -> 1.66-1.74 cores kept busy, 4% less time
+# per allreduce for 4% more CPU (more turns); 32 rows: no faster, up to 17% more CPU
+# (docs/shared_memory.md)
 SHM_TURN_BYTES = 4 << 20
 KINDS = ("udp", "raw", "shm")
 

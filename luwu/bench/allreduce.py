@@ -18,8 +18,9 @@ the bytes over UDP costs before any aggregation (`cpu_ratio_to_udp_ceiling` for 
 `cores_busy` (and `gloo_cores_busy`) is those CPU seconds over the timed iterations' wall time:
 how many of the machine's `cores` the run kept busy on average. With as much CPU per GB as Gloo,
 a run that keeps fewer cores busy (waiting on the switch process, or on wake-ups the scheduler
-places behind busy processes) is that much slower. `retransmit_fraction` is the share of the workers' packets sent more than once:
-with no simulated loss, every resend is a timeout that fired early. Each worker's results are
+places behind busy processes) is that much slower. `retransmit_fraction` is the share of the
+workers' packets sent more than once: with no simulated loss, every resend is a timeout that fired
+early. Each worker's results are
 decoded into one reused buffer (`Engine.allreduce(out=)`), as the torch backend's engine daemon
 decodes into the rank's buffer and as Gloo reduces in place.
 
