@@ -5,11 +5,11 @@ go through it. Each rank listens on one TCP port (its address is published in th
 a connection between two ranks is opened on first use by whichever sends first and is then used
 by that sender for every message to that peer, so messages with the same tag arrive in the order
 they were sent (TCP keeps order; a simultaneous first send from both sides may open a second
-connection, and each sender keeps to the one it uses first). A message is a fixed header
-`magic, source rank, tag, length` and the payload bytes. Nothing blocks the caller: a sender
-thread writes queued messages and completes their send handles; a receiver thread reads every
-connection and hands each message to the matching posted `recv` (by source and tag, in order),
-or keeps it until one is posted.
+connection, and each sender keeps to the one it uses first; both stay open, as either side may be
+sending on either). A message is a fixed header `magic, source rank, tag, length` and the payload
+bytes. Nothing blocks the caller: a sender thread writes queued messages and completes their send
+handles; a receiver thread reads every connection and hands each message to the matching posted
+`recv` (by source and tag, in order), or keeps it until one is posted.
 """
 
 from __future__ import annotations
@@ -126,7 +126,10 @@ class P2PChannel:
             self._posted_any.clear()
         for _, done in posted:
             done(error)
-        for sock in set(self._out.values()) | {c.sock for c in self._conns.values()}:
+        unread = []  # dialled but not yet taken up by the receiver thread
+        while not self._new_socks.empty():
+            unread.append(self._new_socks.get())
+        for sock in set(self._out.values()) | {c.sock for c in self._conns.values()} | set(unread):
             sock.close()
         self._sel.close()
         self.listener.close()
@@ -167,12 +170,12 @@ class P2PChannel:
         sock.sendall(HEADER.pack(MAGIC, self.rank, HELLO_TAG, 0))  # hello: tells the peer who dialled
         with self._out_lock:
             existing = self._out.setdefault(peer, sock)
-        if existing is not sock:
-            sock.close()
-            return existing
-        self._new_socks.put(sock)  # the peer may answer on it too
+        # The receiver reads it even when this rank sends on another: the peer may answer on it, and
+        # it must stay open -- if the peer's hello on its own connection arrived first here (so this
+        # rank sends on that one), our hello may have arrived first there, and the peer sends on this.
+        self._new_socks.put(sock)
         self._wake_w.send(b"x")
-        return sock
+        return existing
 
     def _send_loop(self) -> None:
         while True:
