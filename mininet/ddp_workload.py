@@ -151,6 +151,9 @@ def collectives(rank: int, world: int, seed: int) -> dict:
                 raise RuntimeError(f"rank {rank} is not in the default process group")
             w.wait()
         mismatches += not torch.equal(got, _block(seed, peer, rank) * 2)
+    # A completed isend only means the bytes are in the socket's send buffer; once every rank has
+    # received everything (the barrier), every byte this host sent or forwarded has left nv0.
+    dist.barrier()
     after = _forwarding()
     return {"collective_mismatches": int(mismatches), "collective_bytes": 3 * (world - 1) * BLOCK * 4,
             **{k: after[k] - before[k] for k in after}}
