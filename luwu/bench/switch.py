@@ -45,6 +45,7 @@ RETRY_TIMEOUT = 0.2  # s without progress before a worker goes back to its oldes
 STARTUP_TIMEOUT = 60  # s for processes to come up
 RUN_TIMEOUT = 600  # s for one measured run
 STALL_TIMEOUT = 10  # s without any new result before a worker gives up
+SEQ_SPACE = 1 << 32  # the header's seq field
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -143,8 +144,11 @@ def _relay_server(max_len: int, batch: int, conn) -> None:
 # --- a worker ------------------------------------------------------------------------------------
 
 def _worker(rank: int, bound, target: tuple[str, int], lanes: int, npkts: int, pool: int, batch: int, start,
-            result_q) -> None:
-    """Rank `rank`'s run over `bound`, its UDP socket (bound by the parent for the server's life)."""
+            result_q, run: int = 0) -> None:
+    """Rank `rank`'s run number `run` over `bound`, its UDP socket (bound by the parent for the
+    server's life). The run's packets carry sequence numbers from run * npkts (the switch echoes
+    `seq` and never reads it), so a late datagram of an earlier run on the same socket -- a result
+    of a resend, arriving after the drain below -- is not taken for one of this run's results."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     plen = aggregation_packet_len(lanes)
     sock = BatchSocket(bound, batch=batch, max_len=plen + 64, peers=1)
@@ -155,12 +159,13 @@ def _worker(rank: int, bound, target: tuple[str, int], lanes: int, npkts: int, p
     rows = np.zeros((npkts, plen), dtype=np.uint8)
     h = header_view(rows)
     seqs = np.arange(npkts, dtype=np.int64)
+    base = run * npkts % SEQ_SPACE
     h["ver_type"] = ver_type(MsgType.ALLREDUCE)
     h["flags"] = ((seqs // pool) & 1).astype(np.uint8)
     h["session"] = SESSION
     h["worker"] = rank
     h["count"] = lanes
-    h["seq"] = seqs
+    h["seq"] = (base + seqs) % SEQ_SPACE
     h["slot"] = seqs % pool
     h["dtype"] = int(Dtype.INT32)
     h["numel"] = npkts * lanes
@@ -179,8 +184,8 @@ def _worker(rank: int, bound, target: tuple[str, int], lanes: int, npkts: int, p
             nxt += n
         k = sock.recv()
         if k:
-            s = header_view(sock.rx[:k])["seq"].astype(np.int64)
-            s = s[s < npkts]
+            s = (header_view(sock.rx[:k])["seq"].astype(np.int64) - base) % SEQ_SPACE
+            s = s[s < npkts]  # this run's results only
             fresh = np.unique(s[~got[s]])
             got[fresh] = True
             if len(fresh):
@@ -276,7 +281,7 @@ def _one_run(ctx, server: _Server, index: int, args, lanes: int, npkts: int) -> 
         server.ask(("epoch", EPOCH + index))  # a new session instance for every run
     start, result_q = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(r, server.sockets[r], server.target(r), lanes, npkts, args.pool,
-                                               args.batch, start, result_q)) for r in range(args.workers)]
+                                               args.batch, start, result_q, index)) for r in range(args.workers)]
     for p in procs:
         p.start()
     time.sleep(1.0)  # let every worker import and build its packets
