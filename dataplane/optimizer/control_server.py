@@ -73,13 +73,14 @@ class ControlLimits:
 class _Pending:
     """A connection between accept and a good hello (the event loop's; `dead` once it let go)."""
 
-    __slots__ = ("conn", "dead", "deadline", "heard", "peer", "reader")
+    __slots__ = ("conn", "dead", "deadline", "heard", "peer", "reader", "verifying")
 
     def __init__(self, conn: socket.socket, peer: str, deadline: float):
         self.conn, self.peer, self.deadline = conn, peer, deadline
         self.reader = framing.FrameReader(conn, chunk=HELLO_MAX)
         self.dead = False
         self.heard = False  # a byte of its hello has arrived (evicted after the silent ones)
+        self.verifying = False  # its job token is being checked (VERIFY_THREADS)
 
 
 class ControlServer:
@@ -248,6 +249,7 @@ class ControlServer:
             self._authenticated(sel, p, grant)
         elif header.get("op") == "hello" and not header.get("blobs") and self.auth.can_verify(job_id, token):
             sel.unregister(p.conn)  # nothing more is read until the token is checked
+            p.verifying = True
             if self._verifier is None:
                 self._verifier = ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="luwu-node-control-verify")
             self._verifier.submit(self._verify, p, job_id, token)
@@ -295,7 +297,9 @@ class ControlServer:
                 return
             with self._lock:
                 self.refused["handshake"] += 1
-            self._drop(sel, p, f"control handshake failed: no hello within {self.limits.hello_timeout:g} s")
+            self._drop(sel, p, f"control handshake failed: the job's token could not be checked within "
+                               f"{self.limits.hello_timeout:g} s (is the controller slow?)" if p.verifying else
+                               f"control handshake failed: no hello within {self.limits.hello_timeout:g} s")
 
     def _drop(self, sel: selectors.BaseSelector, p: _Pending, error: str | None) -> None:
         """Close a pending connection with a best-effort error (never blocking the loop)."""
@@ -333,8 +337,14 @@ class ControlServer:
                           f"{lim.max_authenticated} in all, {lim.max_authenticated_per_peer} per peer): close idle "
                           "ones and retry, or raise `luwu node --control-max-authenticated`", blocking=False)
             return
-        threading.Thread(target=self._serve, args=(conn, grant, buffered), name="luwu-node-control-conn",
-                         daemon=True).start()
+        try:
+            threading.Thread(target=self._serve, args=(conn, grant, buffered), name="luwu-node-control-conn",
+                             daemon=True).start()
+        except RuntimeError as e:  # "can't start new thread": the process is out of threads; the loop goes on
+            with self._lock:
+                self._served.pop(conn, None)
+                self.refused["busy"] += 1
+            _refuse(conn, f"the node cannot start a thread for this connection ({e}): retry later", blocking=False)
 
     # -- authenticated connections: one thread each --------------------------------------------
     def _reserve(self, total: int) -> Callable[[], None]:

@@ -5,10 +5,13 @@ memory only as its bytes arrive and is dropped when idle, authenticated connecti
 
 from __future__ import annotations
 
+import array
+import fcntl
 import json
 import os
 import socket
 import struct
+import termios
 import threading
 
 import pytest
@@ -77,6 +80,14 @@ def closed_with(sock: socket.socket) -> str:
     return reply["error"]
 
 
+def queued(sock: socket.socket | int, request: int) -> int:
+    """Bytes a socket's kernel queue holds: termios.FIONREAD (received, not yet read) or
+    termios.TIOCOUTQ (sent, not yet acknowledged)."""
+    out = array.array("i", [0])
+    fcntl.ioctl(sock if isinstance(sock, int) else sock.fileno(), request, out, True)
+    return out[0]
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -86,11 +97,11 @@ def rss_bytes() -> int:
 def test_silent_connections_never_lock_out_the_token_holder(server, sockets, silent):
     """Before: the 9th connection was refused ("too many unauthenticated control connections")
     until a silent one's 10 s hello deadline ran out. Now the oldest silent one is evicted."""
-    srv = server()  # the defaults `luwu node` runs with
+    srv = server(hello_timeout=600.0)  # `luwu node`'s defaults, but no deadline frees a slot during the test
     idle = [connect(srv.address, sockets) for _ in range(silent)]
     wait_until(lambda: srv.connections["unauthenticated"] + srv.refused["evicted"] == silent, "silent ones accepted")
     assert srv.connections["unauthenticated"] == min(silent, srv.limits.max_unauthenticated_per_peer)
-    for _ in range(3):  # repeatably, and with no wait for a deadline (it is 10 s; the client's timeout 5 s)
+    for _ in range(3):  # repeatably, and at once (the client's timeout is 5 s, the hello deadline 600 s)
         client = ControlClient(srv.address, timeout=5.0, token=NODE_TOKEN)
         assert client.call({"op": "stats"})["echo"] == "stats"
         client.close()
@@ -132,8 +143,11 @@ def test_a_claimed_blob_takes_memory_only_as_it_arrives_and_idles_out(server):
         before = rss_bytes()
         header = json.dumps({"op": "add_job", "blobs": [200 * MIB]}).encode()
         client.sock.sendall(struct.pack("!I", len(header)) + header)
-        client.sock.sendall(bytes(MIB))  # returns once the server has read all but a socket buffer of it
+        client.sock.sendall(bytes(MIB))
         wait_until(lambda: srv._in_flight == 200 * MIB, "the claim reserved")
+        (served,) = srv._served  # the server's end: wait until its thread has read every byte sent
+        wait_until(lambda: queued(client.sock, termios.TIOCOUTQ) == 0 and queued(served, termios.FIONREAD) == 0,
+                   "the server read the 1 MiB")
         grown = rss_bytes() - before
         assert grown < 32 * MIB, f"the process grew by {grown >> 20} MiB for 1 MiB received"
         assert "without a byte" in closed_with(client.sock)  # then the idle timeout closes it
