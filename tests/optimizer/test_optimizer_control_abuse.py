@@ -261,3 +261,22 @@ def test_a_slow_token_check_does_not_hold_up_the_node_token(server):
 def test_limits_must_be_positive():
     with pytest.raises(ValueError, match="control channel limit idle_timeout must be positive"):
         ControlLimits(idle_timeout=0)
+
+
+def test_luwu_node_flags_set_the_limits():
+    import argparse
+
+    from luwu.daemons.node import add_arguments, control_limits
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    base = ["--plan", "p.json", "--state-dir", "s"]
+    assert control_limits(parser.parse_args(base), 1 << 20) == ControlLimits(max_message=1 << 20)  # the defaults
+    args = parser.parse_args([*base, "--control-max-unauthenticated", "5", "--control-max-unauthenticated-per-peer", "2",
+                              "--control-hello-timeout", "3", "--control-max-authenticated", "7",
+                              "--control-max-authenticated-per-peer", "4", "--control-idle-timeout", "9",
+                              "--control-max-message", "2MiB"])
+    assert control_limits(args, 1 << 20) == ControlLimits(max_message=2 << 20, max_unauthenticated=5,
+                                                          max_unauthenticated_per_peer=2, hello_timeout=3.0,
+                                                          max_authenticated=7, max_authenticated_per_peer=4,
+                                                          idle_timeout=9.0)
