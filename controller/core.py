@@ -22,6 +22,7 @@ from luwu.dataplane.switch.p4runtime_server import device_config_marker
 from luwu.p4.runtime_config import TableEntry, drop_rate_entry, route_entry
 from luwu.proto import controller_pb2 as pb
 
+from .addresses import check_endpoint_address
 from .auth import new_token
 from .config import ControllerConfig
 from .events import JobEvents
@@ -30,7 +31,7 @@ from .job_spec import JobSpec
 from .plan import JobPlan, SwitchProgram
 from .planner import PlanError, Planner, ip_to_int
 from .programmer import ProgramError, SwitchProgrammer, SwitchTarget
-from .registry import build_topology, check_address, declared_routes, validate_node, validate_switch
+from .registry import build_topology, declared_routes, validate_node, validate_switch
 from .store import JobRow, StateStore, token_hash
 from .switch_credentials import SwitchTls
 from .usage import SwitchUsage
@@ -298,7 +299,7 @@ class ControllerCore:
             raise ControllerError(grpc.StatusCode.INVALID_ARGUMENT,
                                   f"rank {rank} out of range 0..{row.spec['num_workers'] - 1} for job {row.job_id}")
         try:
-            host, port = check_address(endpoint, "endpoint_address")
+            host, port = check_endpoint_address(endpoint)
         except ValueError as exc:
             raise ControllerError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         async with self.lock:
@@ -317,7 +318,7 @@ class ControllerCore:
             sids = {s.spec.session for s in plan.sessions if s.group == placement.group}
             for e in plan.programs[placement.switch].entries:
                 if e.table == "endpoints" and e.match.get("dst") == rank and e.match.get("session") in sids:
-                    e.action_params["dst_ip"] = ip_to_int(host) or e.action_params["dst_ip"]
+                    e.action_params["dst_ip"] = ip_to_int(host)  # IPv4, checked above: stored as given
                     e.action_params["dst_udp"] = port
             previous = (row.plan, dict(row.joined), row.state)
             row.plan, row.joined[rank] = plan.to_json(), endpoint

@@ -12,9 +12,10 @@ import ipaddress
 import re
 
 from luwu.dataplane.protocol import lanes_for_mode
-from luwu.dataplane.session import parse_port_address, split_host_port
+from luwu.dataplane.session import parse_port_address
 from luwu.proto import controller_pb2 as pb
 
+from .addresses import check_control_address, check_port_address
 from .job_spec import NAME_RE
 from .topology import HostSpec, SwitchSpec, Topology
 
@@ -24,10 +25,6 @@ PORT_BITS = 9  # P4 port numbers (docs/protocol.md 6.1)
 MAC_RE = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
 
 
-def check_address(text: str, what: str) -> tuple[str, int]:
-    return split_host_port(text, what)
-
-
 def check_name(name: str, what: str) -> None:
     if not NAME_RE.match(name or ""):
         raise ValueError(f"{what} name {name!r}: use 1-63 letters, digits, '_', '.', '-'")
@@ -35,9 +32,9 @@ def check_name(name: str, what: str) -> None:
 
 def validate_switch(sw: pb.Switch) -> None:
     check_name(sw.name, "switch")
-    check_address(sw.p4runtime_address, f"switch {sw.name}: p4runtime_address")
+    check_control_address(sw.p4runtime_address, f"switch {sw.name}: p4runtime_address")
     if sw.metrics_address:
-        check_address(sw.metrics_address, f"switch {sw.name}: metrics_address")
+        check_control_address(sw.metrics_address, f"switch {sw.name}: metrics_address")
     if sw.target not in TARGETS:
         raise ValueError(f"switch {sw.name}: target {sw.target!r} must be one of {', '.join(TARGETS)}")
     try:
@@ -62,8 +59,8 @@ def validate_switch(sw: pb.Switch) -> None:
         seen.add(p.number)
         if p.number >= 1 << PORT_BITS:
             raise ValueError(f"{where}: port numbers are {PORT_BITS}-bit (0..{(1 << PORT_BITS) - 1})")
-        if p.udp_address:  # HOST:PORT, or shm:/dev/shm/NAME for a shared-memory port (one syntax: session.py)
-            parse_port_address(p.udp_address, f"{where}: udp_address")
+        if p.udp_address:  # A.B.C.D:PORT, or shm:/dev/shm/NAME for a shared-memory port (addresses.py)
+            check_port_address(p.udp_address, f"{where}: udp_address")
         if p.mac and not MAC_RE.match(p.mac):
             raise ValueError(f"{where}: mac {p.mac!r} must look like aa:bb:cc:dd:ee:ff")
         if p.ip:
@@ -112,7 +109,7 @@ def declared_routes(sw: pb.Switch) -> list[tuple[ipaddress.IPv4Network, int, str
 
 def validate_node(node: pb.Node) -> None:
     check_name(node.name, "node")
-    parse_port_address(node.data_address, f"node {node.name}: data_address")  # its UDP socket or shm port
+    check_port_address(node.data_address, f"node {node.name}: data_address")  # its UDP socket or shm port
     c = node.capacity
     if c.params_per_second < 0 or c.params_per_second != c.params_per_second:
         raise ValueError(f"node {node.name}: capacity.params_per_second must be a number >= 0")

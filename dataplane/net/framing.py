@@ -18,6 +18,7 @@ from typing import Any
 
 LENGTH = struct.Struct("!I")
 MAX_HEADER = 16 << 20  # bytes of one JSON header
+GROW_CHUNK = 1 << 20  # bytes `recv_exact` allocates at a time (memory follows the bytes that arrived)
 
 
 class FrameError(ValueError):
@@ -30,18 +31,25 @@ class FrameTooLarge(FrameError):
 
 def recv_exact(sock: socket.socket, n: int, eof_ok: bool = False) -> bytes:
     """Exactly `n` bytes. ConnectionError if the peer closes first; with `eof_ok`, a close
-    before the first byte returns b"" (a clean end between frames)."""
-    buf = bytearray(n)
-    view = memoryview(buf)
+    before the first byte returns b"" (a clean end between frames). Memory is taken as the
+    bytes arrive, `GROW_CHUNK` at a time: a peer that claims a large frame and sends little
+    pins little (the parts are joined once all have come)."""
+    parts: list[bytearray] = []
     got = 0
     while got < n:
-        k = sock.recv_into(view[got:])
-        if not k:
-            if got == 0 and eof_ok:
-                return b""
-            raise ConnectionError(f"peer closed the connection mid-frame ({got} of {n} bytes)")
-        got += k
-    return bytes(buf)
+        part = bytearray(min(GROW_CHUNK, n - got))
+        view = memoryview(part)
+        filled = 0
+        while filled < len(part):
+            k = sock.recv_into(view[filled:])
+            if not k:
+                if got + filled == 0 and eof_ok:
+                    return b""
+                raise ConnectionError(f"peer closed the connection mid-frame ({got + filled} of {n} bytes)")
+            filled += k
+        parts.append(part)
+        got += filled
+    return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
 
 
 def send_msg(sock: socket.socket, header: dict, blobs: Sequence[Any] = ()) -> None:
@@ -121,6 +129,14 @@ class FrameReader:
         """Whether bytes past the last frame handed out are buffered (read, not yet a frame)."""
         return len(self._buf) > self._pos
 
+    def take_buffered(self) -> bytes:
+        """The bytes past the last frame handed out (and forget them): what the socket's next
+        reader must see first when this reader hands the socket on."""
+        out = bytes(self._buf[self._pos:])
+        self._buf.clear()
+        self._pos = 0
+        return out
+
     def feed(self, data: bytes) -> None:
         """Add bytes the caller received itself (an event loop that owns the socket's readiness:
         luwu/daemons/engine.py); `next_msg` then hands out the frames they complete."""
@@ -171,6 +187,13 @@ class FrameReader:
 
 class _Incomplete(Exception):
     """`FrameReader.next_msg`: the buffered bytes end inside the frame."""
+
+
+def read_msg(read: Callable[[int], bytes], max_message: int | None = None,
+             reserve: Callable[[int], Callable[[], None]] | None = None) -> tuple[dict, list[bytes]]:
+    """`recv_msg` over any `read(n) -> exactly n bytes` (a reader that first hands out bytes an
+    event loop already took from the socket: luwu/dataplane/optimizer/control.py)."""
+    return _read_msg(read, max_message, reserve)
 
 
 def _read_msg(read: Callable[[int], bytes], max_message: int | None,

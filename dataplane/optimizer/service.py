@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ..engine import Engine, EngineConfig
 from ..session import EndpointPlan
-from .control import DEFAULT_MAX_MESSAGE, ControlAuth, ControlServer, Grant, unpack_arrays
+from .control import DEFAULT_MAX_MESSAGE, ControlAuth, Grant, unpack_arrays
+from .control_server import ControlLimits, ControlServer
 from .node import OptimizerNode
 from .spec import JobSpec, NodeConfig
 
@@ -30,12 +31,14 @@ class OptimizerService:
         self.control: ControlServer | None = None
 
     def start(self, control: str | None = None, auth: ControlAuth | None = None,
-              max_message: int = DEFAULT_MAX_MESSAGE) -> OptimizerService:
+              max_message: int = DEFAULT_MAX_MESSAGE, limits: ControlLimits | None = None) -> OptimizerService:
         """Start the engine and, with `control`, the control channel (`auth`: who may use it; None
-        serves it unauthenticated, for in-process tests; `max_message`: bytes one message may claim)."""
+        serves it unauthenticated, for in-process tests; `limits`: its bounds, by default
+        ControlLimits' with `max_message`, the bytes one message may claim)."""
         self.engine.start()
         if control:
-            self.control = ControlServer(control, self.handle, auth=auth, max_message=max_message).start()
+            self.control = ControlServer(control, self.handle, auth=auth,
+                                         limits=limits or ControlLimits(max_message=max_message)).start()
         return self
 
     def add_job(self, session: int, contributors: int, spec: JobSpec) -> None:

@@ -16,12 +16,13 @@ import sys
 import threading
 from pathlib import Path
 
+from luwu.dataplane.optimizer import control_server as cs
 from luwu.dataplane.optimizer.errors import CheckpointError
 from luwu.dataplane.optimizer.node import OptimizerNode
 from luwu.dataplane.optimizer.service import OptimizerService
 from luwu.dataplane.optimizer.spec import NodeConfig
 from luwu.dataplane.session import EndpointPlan, shm_port_address
-from luwu.dataplane.usage import UserError, host_port, positive_int, size
+from luwu.dataplane.usage import UserError, host_port, positive_float, positive_int, size
 
 DEFAULT_CAPACITY = 1e8  # params/s registered with the controller when not measured
 
@@ -43,6 +44,23 @@ def add_arguments(p) -> None:
                                                             "--controller)")
     p.add_argument("--control-max-message", type=size, default=None,
                    help="bytes one control message may carry (checked before allocating; default: --ram-budget)")
+    p.add_argument("--control-max-unauthenticated", type=positive_int, default=cs.DEFAULT_MAX_UNAUTHENTICATED,
+                   metavar="N", help="control connections at once waiting for their hello; one more evicts the "
+                                     f"oldest (default {cs.DEFAULT_MAX_UNAUTHENTICATED})")
+    p.add_argument("--control-max-unauthenticated-per-peer", type=positive_int, metavar="N",
+                   default=cs.DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
+                   help=f"the same, per source address (default {cs.DEFAULT_MAX_UNAUTHENTICATED_PER_PEER})")
+    p.add_argument("--control-hello-timeout", type=positive_float, default=cs.DEFAULT_HELLO_TIMEOUT, metavar="S",
+                   help=f"seconds a control connection has to say hello (default {cs.DEFAULT_HELLO_TIMEOUT:g})")
+    p.add_argument("--control-max-authenticated", type=positive_int, default=cs.DEFAULT_MAX_AUTHENTICATED,
+                   metavar="N", help="authenticated control connections at once (a thread each); more are refused "
+                                     f"(default {cs.DEFAULT_MAX_AUTHENTICATED})")
+    p.add_argument("--control-max-authenticated-per-peer", type=positive_int, metavar="N",
+                   default=cs.DEFAULT_MAX_AUTHENTICATED_PER_PEER,
+                   help=f"the same, per source address (default {cs.DEFAULT_MAX_AUTHENTICATED_PER_PEER})")
+    p.add_argument("--control-idle-timeout", type=positive_float, default=cs.DEFAULT_IDLE_TIMEOUT, metavar="S",
+                   help="seconds an authenticated control connection may send nothing before it is closed "
+                        f"(default {cs.DEFAULT_IDLE_TIMEOUT:g})")
     p.add_argument("--metrics", metavar="HOST:PORT", type=host_port,
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (docs/observability.md)")
     p.add_argument("--pipeline", choices=["step", "layer"], default="step", help="optimizer pipeline shape")
@@ -92,7 +110,7 @@ def run(args) -> int:
 
         PeriodicCheckpoints(service.node, args.checkpoint_every)
         service.node.add_checkpoint_listener(_log_checkpoint)
-    service.start(args.control, auth, args.control_max_message or config.ram_budget)
+    service.start(args.control, auth, limits=control_limits(args, config.ram_budget))
     try:
         beat = _join_controller(args, service, config)
     except Exception:
@@ -127,6 +145,17 @@ def run(args) -> int:
             beat.stop()
         service.close()
     return 0
+
+
+def control_limits(args, ram_budget: int):
+    """The control channel's bounds from the --control-* flags (max message: --ram-budget unless set)."""
+    return cs.ControlLimits(max_message=args.control_max_message or ram_budget,
+                            max_unauthenticated=args.control_max_unauthenticated,
+                            max_unauthenticated_per_peer=args.control_max_unauthenticated_per_peer,
+                            hello_timeout=args.control_hello_timeout,
+                            max_authenticated=args.control_max_authenticated,
+                            max_authenticated_per_peer=args.control_max_authenticated_per_peer,
+                            idle_timeout=args.control_idle_timeout)
 
 
 def _log_checkpoint(event: str, info: dict) -> None:

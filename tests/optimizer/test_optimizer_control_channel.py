@@ -1,6 +1,8 @@
 """The optimizer node's control channel admits only authenticated clients and bounds what one
 connection may claim and hold: hello first (with the job's token), sizes checked before anything is
-allocated, few connections at once before the hello, and a handshake timeout."""
+allocated, few connections at once before the hello (the oldest evicted, never the newcomer), and a
+hello deadline. The abuse cases (silent connections, large claims, idle and too many authenticated
+connections, threads) are in test_optimizer_control_abuse.py."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import pytest
 
 from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
 from luwu.dataplane.optimizer import JobSpec, LayerSpec, NodeConfig, OptimizerSpec
-from luwu.dataplane.optimizer.control import ControlAuth, ControlClient, ControlError, ControlServer, recv_msg
+from luwu.dataplane.optimizer.control import ControlAuth, ControlClient, ControlError, recv_msg
+from luwu.dataplane.optimizer.control_server import ControlLimits, ControlServer
 from luwu.dataplane.optimizer.service import OptimizerService
 
 NODE_TOKEN = "node-control-token"
@@ -30,11 +33,12 @@ def server(tmp_path):
     """factory(**kw) -> a running ControlServer answering {"echo": op, "job": grant} (stopped at teardown)."""
     servers = []
 
-    def make(**kw):
-        kw.setdefault("auth", ControlAuth(token=NODE_TOKEN, verify=verify))
+    def make(auth=None, **limits):
         srv = ControlServer(f"unix:{tmp_path}/ctl{len(servers)}.sock",
                             lambda h, b, g: {"echo": h.get("op"), "job": g.job_id if g else None,
-                                             "bytes": sum(len(x) for x in b)}, **kw).start()
+                                             "bytes": sum(len(x) for x in b)},
+                            auth=auth or ControlAuth(token=NODE_TOKEN, verify=verify),
+                            limits=ControlLimits(**limits)).start()
         servers.append(srv)
         return srv
 
@@ -137,24 +141,15 @@ def test_blobs_in_flight_are_bounded_across_connections(server):
 
 
 def test_unauthenticated_connections_are_few_and_short_lived(server):
-    srv = server(max_unauthenticated=2, handshake_timeout=0.5)
+    srv = server(max_unauthenticated=2, max_unauthenticated_per_peer=2, hello_timeout=0.5)
     idle = [raw(srv.address) for _ in range(2)]  # hold both slots without a hello
     try:
-        extra = raw(srv.address)
-        assert "too many unauthenticated control connections" in closed_with(extra)
-        extra.close()
-        for s in idle:  # the handshake timeout frees the slots
-            assert closed_with(s) == "" or "handshake" in closed_with(s)
-        client = None
-        for _ in range(100):  # bounded: the idle threads release their slots right after closing
-            try:
-                client = ControlClient(srv.address, token=NODE_TOKEN)
-                break
-            except ControlError:
-                threading.Event().wait(0.05)
-        assert client is not None and client.call({"op": "stats"})["echo"] == "stats"
+        client = ControlClient(srv.address, token=NODE_TOKEN)  # evicts the oldest, gets through at once
+        assert client.call({"op": "stats"})["echo"] == "stats"
         client.close()
-        assert srv.refused["busy"] >= 1 and srv.refused["handshake"] >= 2
+        assert "evicted: too many unauthenticated control connections" in closed_with(idle[0])
+        assert "no hello within 0.5 s" in closed_with(idle[1])  # the hello deadline closes the other
+        assert srv.refused["evicted"] == 1 and srv.refused["handshake"] == 1
     finally:
         for s in idle:
             s.close()
