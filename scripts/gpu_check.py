@@ -153,8 +153,9 @@ def _environment(py: str, env: dict) -> dict:
         "    if out['cuda_available']:\n"
         "        p = torch.cuda.get_device_properties(0)\n"
         "        out.update(device_count=torch.cuda.device_count(), device_name=p.name,\n"
-        "                   device_memory_gib=round(p.total_memory / 2**30, 1),\n"
-        "                   capability='%d.%d' % (p.major, p.minor), nccl=str(torch.cuda.nccl.version()))\n"
+        "                   device_memory_gib=round(p.total_memory / 2**30, 1), capability='%d.%d' % (p.major, p.minor))\n"
+        "        try: out['nccl'] = '.'.join(map(str, torch.cuda.nccl.version()))\n"
+        "        except Exception as e: out['nccl'] = repr(e)\n"
         "except Exception as e:\n"
         "    out['torch_error'] = repr(e)\n"
         "print('GPU_CHECK_ENV ' + json.dumps(out))\n"
@@ -280,13 +281,19 @@ def main(argv: list[str] | None = None) -> int:
         if key in info:
             run.say(f"gpu-check: environment: {key}: {info[key]}")
     run.write()
+    t_install = time.monotonic()
     res, output = _install(py, env, Path(args.wheels), site, LIMITS["install"])
-    res.setdefault("seconds", round(time.monotonic() - run.t0, 1))
+    res.setdefault("seconds", round(time.monotonic() - t_install, 1))
     run.record("install", res, output)
     failed = res["status"] != "pass"
     device = args.device
     if device == "auto":
         device = "cuda" if info.get("cuda_available") else "none"
+        if device == "none" and Path("/dev/nvidiactl").exists():
+            run.say("gpu-check: FAILED to reach the GPU: /dev/nvidiactl exists but torch.cuda.is_available() is "
+                    "False (driver or torch build; see the environment line); the GPU checks will say skip")
+            run.result["gpu_present_but_unusable"] = True
+            failed = True
     with tempfile.TemporaryDirectory(prefix="luwu-gpu-check-") as scratch:
         for i, name in enumerate(only):  # after a failed install too: each check says what it could not import
             later = len(only) - i - 1
