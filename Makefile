@@ -32,7 +32,22 @@ bench: $(STAMP)                ## the benchmarks, each against its baseline in t
 p4: $(STAMP)                   ## regenerate p4/ generated sources and P4Info, then check them
 	$(VENV)/bin/luwu p4 generate
 
+# The GPU machine's image (docs/gpu.md) has torch, numpy, grpcio, transformers ... but not these:
+# wheels for its Python (CPython 3.12, x86-64), carried with the tree to `bash scripts/gpu-check`.
+# grpcio and protobuf are floors (installed there only over older copies); luwu's own wheel is the
+# fallback should building it from the tree fail there.
+WHEELS      ?= .whl
+GPU_WHEELS  := finsy==0.30.0 parsy==2.2 pyee==13.0.1 scapy==2.8.0 pyroute2==0.9.7 grpcio==1.85.3 protobuf==6.33.6
+GPU_TARGET  := --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+               --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+
+gpu-wheels: $(STAMP)           ## wheels of luwu's dependencies the GPU image lacks, into .whl/ (docs/gpu.md)
+	rm -rf $(WHEELS)
+	$(PY) -m pip download -q --no-deps $(GPU_TARGET) -d $(WHEELS) $(GPU_WHEELS)
+	PYTHONWARNINGS=ignore $(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(WHEELS)/luwu .
+	du -sh $(WHEELS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-.PHONY: install demo test lint bench p4 clean
+.PHONY: install demo test lint bench p4 gpu-wheels clean
