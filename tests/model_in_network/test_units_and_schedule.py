@@ -40,12 +40,16 @@ def test_explicit_units_by_module_or_path():
         split_units(model, ["nope"])
 
 
-def test_tied_weights_are_refused_with_a_way_out():
+def test_a_tied_weight_belongs_to_its_first_unit_and_the_other_module_is_its_site():
     model = build(CFG, 0)
     model.head = nn.Linear(CFG.d_model, CFG.vocab, bias=False)
     model.head.weight = model.embed.tokens.weight
-    with pytest.raises(UnitError, match=r"embed\.tokens\.weight.*head\.weight.*same tensor.*Untie"):
-        split_units(model)
+    units = split_units(model)
+    # the head holds nothing of its own: no unit, a site of the embeddings' unit
+    assert [u.name for u in units] == ["embed"] + [f"blocks.{i}" for i in range(CFG.n_layers)] + ["norm"]
+    assert [(n, m) for n, m in units[0].sites] == [("head", model.head)]
+    assert sum(u.numel for u in units) == sum(p.numel() for p in model.parameters())  # the tied tensor once
+    assert all(not u.sites for u in units[1:])
 
 
 def test_parameters_held_by_the_model_itself_and_other_dtypes_are_refused():

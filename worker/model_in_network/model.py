@@ -21,7 +21,7 @@ import re
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,6 +46,7 @@ from .routes import PlanError, Route, plan_routes
 from .schedule import BACKWARD, FORWARD, PullSchedule, Ticket
 from .staging import StagingPool
 from .units import split_units
+from .watch import ASSUMED, WATCHED, SavedWatch, in_backward, output_tensors
 
 if TYPE_CHECKING:  # annotations only: torch.distributed and the engine client load where used
     from torch.distributed import Store
@@ -53,7 +54,6 @@ if TYPE_CHECKING:  # annotations only: torch.distributed and the engine client l
     from luwu.dataplane.engine import Engine
     from luwu.dataplane.engine.client import EngineClient
 
-_SAVES_KNOWN = object()  # in _saving: a forward with autograd on, of a unit known to save its parameters
 DEFAULT_TIMEOUT = 300.0  # s a pull or push may take before the worker gives up (shared, slow machines)
 END_BARRIER_TIMEOUT = 60.0  # s close() waits for the other workers to close too
 
@@ -149,10 +149,9 @@ class ModelInNetwork(nn.Module):
         self._pushes: collections.deque[tuple[int, Handle, Staging]] = collections.deque()  # in push order
         self._grad: dict[int, ArrivingGrads | None] = {u.index: None for u in self.units}  # unit -> its gradients arriving
         self._pushed: dict[int, int] = {}  # unit -> version its gradient was pushed for
-        # unit -> active saved-tensor detector, or _SAVES_KNOWN (no detector needed: _watch_saved)
-        self._saving: dict[int, torch.autograd.graph.saved_tensors_hooks | object] = {}
+        self._saving: dict[int, str] = {}  # unit -> how its forward with autograd on learns what it saves (watch.py)
+        self._watch = SavedWatch()
         self._spans: dict[tuple[str, int], trace.OpenSpan] = {}  # open timeline events (luwu.dataplane.trace)
-        self._saw_saved: dict[int, bool] = {}
         self._observed: list[int] = []
         self._hooks: list[RemovableHandle] = []
         self.closed = False
@@ -168,9 +167,12 @@ class ModelInNetwork(nn.Module):
 
     # -- setup --------------------------------------------------------------------------------
     def _keep_set(self, order: list[int]) -> set[int]:
-        """The last `keep_last` units of forward order, within `keep_budget` bytes."""
+        """The last `keep_last` units of forward order, within `keep_budget` bytes (a unit with
+        tied parameters used in other modules too is never kept: it is pulled for each use)."""
         keep, used = set(), 0
         for uid in reversed(order[max(0, len(order) - self.keep_last):] if self.keep_last > 0 else []):
+            if self.units[uid].sites:
+                continue
             if self.keep_budget is not None and used + self.units[uid].nbytes > self.keep_budget:
                 break
             keep.add(uid)
@@ -195,9 +197,15 @@ class ModelInNetwork(nn.Module):
         self.schedule.prefetch_next_pass(self.version)
 
     def _install_hooks(self) -> None:
+        """On each unit's module and on its sites (other modules using its tied parameters): pull
+        before forward, free after; on their submodules: pull again in a recomputed forward (an
+        activation checkpoint inside the module); on its parameters: stage the gradient, push."""
         for u in self.units:
-            self._hooks.append(u.module.register_forward_pre_hook(self._make_pre_forward(u.index)))
-            self._hooks.append(u.module.register_forward_hook(self._make_post_forward(u.index), always_call=True))
+            for module, primary in [(u.module, True)] + [(m, False) for _, m in u.sites]:
+                self._hooks.append(module.register_forward_pre_hook(self._make_pre_forward(u.index, primary)))
+                self._hooks.append(module.register_forward_hook(self._make_post_forward(u.index), always_call=True))
+                again = self._make_recomputed(u.index)
+                self._hooks.extend(sub.register_forward_pre_hook(again) for sub in module.modules() if sub is not module)
             for i, (_, p) in enumerate(u.params):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(u.index, i)))
 
@@ -258,10 +266,13 @@ class ModelInNetwork(nn.Module):
             self.pool.release(staging)
 
     # -- forward ----------------------------------------------------------------------------------
-    def _make_pre_forward(self, unit: int) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+    def _make_pre_forward(self, unit: int, primary: bool) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         def pre(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if in_backward():  # a forward recomputed for backward (activation checkpointing)
+                self._recompute(unit)
+                return
             grad = torch.is_grad_enabled()
-            if unit == self.schedule.order[0]:
+            if primary and unit == self.schedule.order[0]:
                 self.schedule.begin_pass(grad)
                 self._observed = []
             self._observed.append(unit)
@@ -270,41 +281,45 @@ class ModelInNetwork(nn.Module):
                        unit)
             self.schedule.prefetch_after(unit, FORWARD, self.version)
             if grad:
-                self._watch_saved(unit)
+                self._saving[unit] = self._watch.begin(unit, self.flats[unit].storage)  # watch.py
             self._spans[("forward", unit)] = trace.begin("forward", "worker", unit=unit, version=self.version)
         return pre
 
-    def _watch_saved(self, unit: int) -> None:
-        """Learn whether autograd saves this unit's parameters (then backward needs them back).
+    def _make_recomputed(self, unit: int) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def again(module: nn.Module, args: tuple[Any, ...]) -> None:  # a submodule of the unit or of its sites
+            if in_backward():
+                self._recompute(unit)
+        return again
 
-        Once a forward has seen it save them, the unit is taken to save them from then on and is not
-        watched again: a pack hook per saved tensor (a hundred per step) is then spared, and were the
-        model to stop saving them, the cost would be a needless pull before its backward, never a
-        backward without its parameters. A unit seen not to save them stays watched (its backward
-        pull is skipped only while each forward confirms it)."""
-        if self._saw_saved.get(unit):
-            self._saving[unit] = _SAVES_KNOWN
+    def _recompute(self, unit: int) -> None:
+        """A forward recomputed inside backward (activation checkpointing) uses `unit`: its values
+        back now if they are not resident (the paper's second pull; prefetched when the unit's
+        backward was known to need them), resident until its gradient is pushed."""
+        flat = self.flats[unit]
+        if not self.schedule.saves_params[unit]:  # learned: its backward needs its parameters
+            self.schedule.saves_params[unit] = True
+            self._watch.learn(unit)
+        if flat.resident and flat.version == self.version:
             return
-        storage = self.flats[unit].storage
-        self._saw_saved[unit] = False
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            if not self._saw_saved[unit] and t.untyped_storage().data_ptr() == storage.data_ptr():
-                self._saw_saved[unit] = True
-            return t
-
-        ctx = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-        ctx.__enter__()
-        self._saving[unit] = ctx
+        if self._pushed.get(unit) == self.version:
+            raise RuntimeError(f"unit {self.units[unit].label()}: a forward recomputed for backward uses it after its "
+                               "gradient was pushed (a checkpointed region that uses a unit's parameters after that "
+                               "unit's backward); checkpoint whole units, or keep the unit outside the region")
+        self.stats["recomputed_pulls"] += 1
+        self._take(self.schedule.take(unit, BACKWARD, self.version, False), unit)
+        self.schedule.prefetch_after(unit, BACKWARD, self.version)
 
     def _make_post_forward(self, unit: int) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
         def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if in_backward():  # recomputed: resident until the unit's gradient is pushed
+                return
             trace.end(self._spans.pop(("forward", unit), None))
-            ctx = self._saving.pop(unit, None)
-            if ctx is not None:  # a forward with autograd on
-                if isinstance(ctx, torch.autograd.graph.saved_tensors_hooks):  # else _SAVES_KNOWN
-                    ctx.__exit__(None, None, None)
-                    self.schedule.saves_params[unit] = self._saw_saved[unit]
+            how = self._saving.pop(unit, None)
+            if how is not None:  # a forward with autograd on
+                if how == WATCHED:
+                    self.schedule.saves_params[unit] = self._watch.end(unit, self.flats[unit].storage)
+                elif how == ASSUMED:
+                    self.schedule.saves_params[unit] = True
                 self._hook_outputs(unit, output)
             if unit not in self.keep:
                 self.flats[unit].free()
@@ -312,7 +327,7 @@ class ModelInNetwork(nn.Module):
         return post
 
     def _hook_outputs(self, unit: int, output: object) -> None:
-        for t in _tensors(output):
+        for t in output_tensors(output):
             if t.requires_grad:
                 t.register_hook(self._make_pre_backward(unit))
 
@@ -581,13 +596,3 @@ class ModelInNetwork(nn.Module):
         except Exception:
             pass
 
-
-def _tensors(obj: object) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for x in obj:
-            yield from _tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _tensors(x)
