@@ -25,6 +25,7 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 MODELS = ("opt", "gpt2", "llama", "qwen2")
+DTYPES = ("fp32", "bf16")  # the model's dtype, and the dtype the node serves it in
 LR, WEIGHT_DECAY = 1e-2, 0.1
 
 
@@ -86,41 +87,57 @@ def _groups(model):
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
-def reference(name: str, steps: int, workers: int, seed: int = 0, **cfg: Any) -> dict:
-    """One process: each rank's shard computed in turn, their gradients averaged (as the switch sums
-    and the node divides), stepped by torch.optim.AdamW. Losses per rank and step, parameters by name."""
+def reference(name: str, steps: int, workers: int, seed: int = 0, dtype: str = "fp32", **cfg: Any) -> dict:
+    """One process, as ModelInNetwork computes: fp32 masters (from the model's own values) stepped
+    by torch.optim.AdamW; each step the masters cast to the model's dtype (as the node serves them)
+    compute each rank's shard in turn, whose gradients are widened to fp32 and averaged (as the
+    switch sums and the node divides). Losses per rank and step, parameters by name in the model's
+    dtype."""
     import torch
 
-    model = build(name, seed, **cfg)
-    opt = torch.optim.AdamW(_groups(model), lr=LR)
+    work = build(name, seed, **cfg).to(_torch_dtype(dtype))
+    master = {n: p.detach().float().clone().requires_grad_(True) for n, p in work.named_parameters()}
+    named = dict(work.named_parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in master.values() if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
+                             {"params": [p for p in master.values() if p.dim() < 2], "weight_decay": 0.0}], lr=LR)
     losses: list[list[float]] = [[] for _ in range(workers)]
     for step in range(steps):
+        with torch.no_grad():
+            for n, p in named.items():
+                p.copy_(master[n])  # torch's cast: round to nearest even, as the node serves
         grads: dict[str, torch.Tensor] = {}
         for r in range(workers):
-            x = batch(step, r, workers, vocab=model.config.vocab_size)
-            loss = model(input_ids=x, labels=x, use_cache=False).loss
+            x = batch(step, r, workers, vocab=work.config.vocab_size)
+            loss = work(input_ids=x, labels=x, use_cache=False).loss
             loss.backward()
-            for n, p in model.named_parameters():
+            for n, p in named.items():
                 if p.grad is not None:
-                    grads[n] = grads[n] + p.grad if n in grads else p.grad.clone()
+                    g = p.grad.float()
+                    grads[n] = grads[n] + g if n in grads else g
                 p.grad = None
             losses[r].append(loss.item())
-        for n, p in model.named_parameters():
-            if n in grads:
-                p.grad = grads[n] / workers
+        for n, m in master.items():
+            m.grad = grads[n] / workers if n in grads else torch.zeros_like(m)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    return {"losses": losses, "params": {n: m.detach().to(_torch_dtype(dtype)) for n, m in master.items()}}
 
 
-def train(name: str, steps: int, workers: int, seed: int = 0, checkpointing: bool | dict = False,
+def _torch_dtype(dtype: str):
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+
+
+def train(name: str, steps: int, workers: int, seed: int = 0, checkpointing: bool | dict = False, dtype: str = "fp32",
           state_dir: str | None = None, timeout: float = 300.0, **cfg: Any) -> dict:
     """ModelInNetwork on `workers` ranks (threads with embedded engines) on loopback. Per rank: its
     losses, its report; and rank 0's gathered parameters."""
     from luwu.worker.model_in_network import AdamW, ModelInNetwork
     from luwu.worker.model_in_network.local import LocalNetwork
 
-    models = [build(name, seed, checkpointing, **cfg) for _ in range(workers)]  # torch's seed is global: built here
+    models = [build(name, seed, checkpointing, **cfg).to(_torch_dtype(dtype))  # torch's seed is global: built here
+              for _ in range(workers)]
     results: dict[int, Any] = {}
     with tempfile.TemporaryDirectory(prefix="luwu-hf-") as tmp, \
             LocalNetwork(workers, 1, mode="tofino", state_dir=state_dir or tmp, switch_process=False) as net:
@@ -128,7 +145,7 @@ def train(name: str, steps: int, workers: int, seed: int = 0, checkpointing: boo
             mnn = None
             try:
                 mnn = ModelInNetwork(models[rank], AdamW(lr=LR, weight_decay=WEIGHT_DECAY), net.network(rank),
-                                     served_dtype="fp32", engine="embedded", timeout=timeout)
+                                     served_dtype=dtype, engine="embedded", timeout=timeout)
                 losses = []
                 for step in range(steps):
                     x = batch(step, rank, workers, vocab=models[rank].config.vocab_size)
@@ -164,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--checkpointing", action="store_true", help="HF activation checkpointing in every block")
     p.add_argument("--untied", action="store_true", help="untie the input embedding and the output head")
+    p.add_argument("--dtype", choices=DTYPES, default="fp32", help="the model's dtype, served so by the node")
     args = p.parse_args(argv)
     if args.steps < 1 or args.workers < 1 or 4 % args.workers:
         print("hf_causal_lm: --steps must be >= 1 and --workers one of 1, 2, 4 (the batch has 4 rows)",
@@ -173,15 +191,16 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)  # the same reduction order in both runs
     tied = not args.untied
-    got = train(args.model, args.steps, args.workers, checkpointing=args.checkpointing, tied=tied)
-    want = reference(args.model, args.steps, args.workers, tied=tied)
+    got = train(args.model, args.steps, args.workers, checkpointing=args.checkpointing, dtype=args.dtype, tied=tied)
+    want = reference(args.model, args.steps, args.workers, dtype=args.dtype, tied=tied)
     units = got["reports"][0]["units"]
-    print(f"{args.model} ({'tied' if tied else 'untied'}), {args.workers} workers, {units} units on the node")
+    print(f"{args.model} ({'tied' if tied else 'untied'}, {args.dtype}), {args.workers} workers, {units} units on "
+          "the node")
     print("step  rank  ModelInNetwork  one process")
     for step in range(args.steps):
         for r in range(args.workers):
             print(f"{step:4d}  {r:4d}  {got['losses'][r][step]:14.6f}  {want['losses'][r][step]:11.6f}")
-    worst = max(float((got["params"][n] - t).abs().max()) for n, t in want["params"].items())
+    worst = max(float((got["params"][n].float() - t.float()).abs().max()) for n, t in want["params"].items())
     print(f"largest parameter difference after {args.steps} steps: {worst:.2e}")
     return 0
 

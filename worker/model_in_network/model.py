@@ -11,7 +11,9 @@ slice where the controller cut the layer for several nodes: routes.py), summed b
 the node, and freed. On a rail-only plan the server's ranks reduce-scatter each gradient over
 NVLink before the push and all-gather each pulled unit after the pull (hierarchy.py). `step()` waits for the pushes and advances the version:
 the node's optimizer has already run, layer by layer, while backward went on. A worker holds
-no optimizer state and only the units in flight.
+no optimizer state and only the units in flight. A tied parameter is its first unit's; the other
+modules holding it (the unit's sites) pull that unit for each use. A forward recomputed inside
+backward (activation checkpointing) pulls the unit again where it is not resident (README.md).
 """
 
 from __future__ import annotations
@@ -204,8 +206,8 @@ class ModelInNetwork(nn.Module):
             for module, primary in [(u.module, True)] + [(m, False) for _, m in u.sites]:
                 self._hooks.append(module.register_forward_pre_hook(self._make_pre_forward(u.index, primary)))
                 self._hooks.append(module.register_forward_hook(self._make_post_forward(u.index), always_call=True))
-                again = self._make_recomputed(u.index)
-                self._hooks.extend(sub.register_forward_pre_hook(again) for sub in module.modules() if sub is not module)
+                subs = [sub for sub in module.modules() if sub is not module]
+                self._hooks.extend(sub.register_forward_pre_hook(self._make_recomputed(u.index)) for sub in subs)
             for i, (_, p) in enumerate(u.params):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(u.index, i)))
 
@@ -286,10 +288,7 @@ class ModelInNetwork(nn.Module):
         return pre
 
     def _make_recomputed(self, unit: int) -> Callable[[nn.Module, tuple[Any, ...]], None]:
-        def again(module: nn.Module, args: tuple[Any, ...]) -> None:  # a submodule of the unit or of its sites
-            if in_backward():
-                self._recompute(unit)
-        return again
+        return lambda module, args: self._recompute(unit) if in_backward() else None  # a submodule's
 
     def _recompute(self, unit: int) -> None:
         """A forward recomputed inside backward (activation checkpointing) uses `unit`: its values
@@ -367,7 +366,9 @@ class ModelInNetwork(nn.Module):
             memory.transient("grads", nbytes)  # resident from autograd's write until here
             # widened to float32 on the host (exact from bf16/fp16): what the switch sums. On the CPU
             # straight into the slot shaped as p (made once per staging buffer: no slicing, no reshape)
-            if on_cpu:
+            if state.done[index]:  # a second part before the unit's push (a reentrant checkpoint's own backward)
+                state.tensor[lo:hi].add_(to_host(g) if not on_cpu else g.reshape(-1))
+            elif on_cpu:
                 state.slots[index].copy_(g)
             else:
                 state.tensor[lo:hi].copy_(to_host(g))
