@@ -225,3 +225,28 @@ def test_the_example_runs_and_prints_both_runs_losses(capsys):
     assert len(rows) == 4 and all(float(r[2]) == float(r[3]) for r in rows[:2])  # step 0: the same values
     assert hf_lm.main(["--workers", "3"]) == 2
     assert "--workers one of 1, 2, 4" in capsys.readouterr().err
+
+
+class _ReentrantTwice(nn.Module):
+    """A unit used inside a reentrant checkpoint and again outside it: the checkpoint's own backward
+    recomputes it after the outer use's gradient completed (and was pushed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(checkpoint(self.a, x, use_reentrant=True))
+
+
+def test_a_unit_recomputed_after_its_push_is_a_clear_error(tmp_path):
+    torch.manual_seed(0)
+    model = _ReentrantTwice()
+    with LocalNetwork(1, 1, mode="tofino", state_dir=tmp_path, switch_process=False) as net:
+        mnn = ModelInNetwork(model, SGD(lr=0.1), net.network(0), served_dtype="fp32", engine="embedded", timeout=WAIT)
+        try:
+            loss = mnn(torch.randn(3, 4, requires_grad=True)).pow(2).sum()
+            with pytest.raises(RuntimeError, match="recomputed for backward uses it after its gradient was pushed"):
+                loss.backward()
+        finally:
+            mnn.close()
