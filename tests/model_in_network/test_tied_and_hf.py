@@ -122,6 +122,33 @@ def test_a_tied_head_pulls_its_embedding_for_each_use(tmp_path):
     assert counters["pushes"] == STEPS * 5  # the tied weight's gradient pushed once per step
 
 
+def test_each_use_of_a_tied_unit_is_prefetched_once_the_pass_was_seen(tmp_path):
+    model = hf_lm.build("gpt2")
+    takes = []
+    with LocalNetwork(1, 1, mode="tofino", state_dir=tmp_path, switch_process=False) as net:
+        mnn = ModelInNetwork(model, SGD(lr=0.1), net.network(0), served_dtype="fp32", engine="embedded", timeout=WAIT)
+        take = mnn.schedule.take
+
+        def watched(unit, phase, version, resident):
+            takes.append((version, unit, phase, (unit, phase) in mnn.schedule.pending))
+            return take(unit, phase, version, resident)
+
+        mnn.schedule.take = watched  # type: ignore[method-assign]
+        try:
+            for step in range(STEPS):
+                x = hf_lm.batch(step, 0, 1)
+                mnn(input_ids=x, labels=x, use_cache=False).loss.backward()
+                mnn.step()
+        finally:
+            mnn.close()
+    wte = 0  # the head's weight is wte's: its forward is wte's second use ("f1"), its backward wte's first need
+    assert [(u, ph) for v, u, ph, _ in takes if v == 1] == [(0, "f"), (1, "f"), (2, "f"), (3, "f"), (4, "f"),
+                                                              (wte, "f1"), (wte, "b"), (3, "b"), (2, "b")]
+    first = [t for t in takes if t[0] == 0]
+    assert not first[5][3] and not first[6][3]  # the first pass: the head's pulls were not foreseen
+    assert all(prefetched for v, *_, prefetched in takes if v > 0)  # then every pull was issued ahead
+
+
 @pytest.mark.parametrize("how", [True, {"use_reentrant": True}], ids=["non-reentrant", "reentrant"])
 def test_hf_activation_checkpointing_pulls_again_and_trains_the_same(tmp_path, how):
     runs = [hf_lm.train("llama", STEPS, WORKERS, checkpointing=c, state_dir=str(tmp_path / str(i)), timeout=WAIT)

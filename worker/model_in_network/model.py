@@ -45,7 +45,7 @@ from .memory import MemoryTracker
 from .network import JobNetwork
 from .optimizers import OptimizerSpec, as_optimizer_spec
 from .routes import PlanError, Route, plan_routes
-from .schedule import BACKWARD, FORWARD, PullSchedule, Ticket
+from .schedule import BACKWARD, PullSchedule, Ticket, use_phase
 from .staging import StagingPool
 from .units import split_units
 from .watch import ASSUMED, WATCHED, SavedWatch, in_backward, output_tensors
@@ -277,11 +277,12 @@ class ModelInNetwork(nn.Module):
             if primary and unit == self.schedule.order[0]:
                 self.schedule.begin_pass(grad)
                 self._observed = []
+            phase = use_phase(self._observed.count(unit))  # a unit's second use in a pass (tied, or called twice)
             self._observed.append(unit)
             flat = self.flats[unit]
-            self._take(self.schedule.take(unit, FORWARD, self.version, flat.resident and flat.version == self.version),
+            self._take(self.schedule.take(unit, phase, self.version, flat.resident and flat.version == self.version),
                        unit)
-            self.schedule.prefetch_after(unit, FORWARD, self.version)
+            self.schedule.prefetch_after(unit, phase, self.version)
             if grad:
                 self._saving[unit] = self._watch.begin(unit, self.flats[unit].storage)  # watch.py
             self._spans[("forward", unit)] = trace.begin("forward", "worker", unit=unit, version=self.version)
@@ -454,10 +455,16 @@ class ModelInNetwork(nn.Module):
         """Forward order as observed (registration order is only the first guess); every rank
         observes the same, so the pull policy stays identical."""
         seen = list(dict.fromkeys(self._observed))
-        if sorted(seen) == sorted(self.schedule.order) and seen != self.schedule.order:
+        if sorted(seen) != sorted(self.schedule.order):
+            return
+        if seen != self.schedule.order:
             self.schedule.order = seen
             self.keep = self.schedule.keep = self._keep_set(seen)
             self.stats["order_changes"] += 1
+        # each use of a unit is prefetched (a tied head's embedding too); backward runs in reverse
+        # order of last use, so that embedding is needed first there
+        self.schedule.uses = [(u, use_phase(self._observed[:i].count(u))) for i, u in enumerate(self._observed)]
+        self.schedule.last_use = list(dict.fromkeys(reversed(self._observed)))[::-1]
 
     # -- nn.Module surface --------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
