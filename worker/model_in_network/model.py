@@ -11,14 +11,14 @@ slice where the controller cut the layer for several nodes: routes.py), summed b
 the node, and freed. On a rail-only plan the server's ranks reduce-scatter each gradient over
 NVLink before the push and all-gather each pulled unit after the pull (hierarchy.py). `step()` waits for the pushes and advances the version:
 the node's optimizer has already run, layer by layer, while backward went on. A worker holds
-no optimizer state and only the units in flight. A tied parameter is its first unit's; the other
-modules holding it (the unit's sites) pull that unit for each use. A forward recomputed inside
-backward (activation checkpointing) pulls the unit again where it is not resident (README.md).
+no optimizer state and only the units in flight. Tied parameters: the unit's other modules (sites)
+pull it for each use; a forward recomputed in backward (checkpointing) pulls it again (README.md).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import re
 import tempfile
 import time
@@ -169,13 +169,13 @@ class ModelInNetwork(nn.Module):
 
     # -- setup --------------------------------------------------------------------------------
     def _keep_set(self, order: list[int]) -> set[int]:
-        """The last `keep_last` units of forward order, within `keep_budget` bytes (a unit with
-        tied parameters used in other modules too is never kept: it is pulled for each use)."""
+        """The last `keep_last` units of forward order, within `keep_budget` bytes; never a unit with
+        sites (tied parameters: pulled for each use)."""
         keep, used = set(), 0
         for uid in reversed(order[max(0, len(order) - self.keep_last):] if self.keep_last > 0 else []):
             if self.units[uid].sites:
                 continue
-            if self.keep_budget is not None and used + self.units[uid].nbytes > self.keep_budget:
+            elif self.keep_budget is not None and used + self.units[uid].nbytes > self.keep_budget:
                 break
             keep.add(uid)
             used += self.units[uid].nbytes
@@ -199,15 +199,14 @@ class ModelInNetwork(nn.Module):
         self.schedule.prefetch_next_pass(self.version)
 
     def _install_hooks(self) -> None:
-        """On each unit's module and on its sites (other modules using its tied parameters): pull
-        before forward, free after; on their submodules: pull again in a recomputed forward (an
-        activation checkpoint inside the module); on its parameters: stage the gradient, push."""
+        """Pull/free around each unit's module and its sites' forward (tied parameters), pull again in a
+        forward their submodules recompute in backward (checkpointing); stage gradients, push."""
         for u in self.units:
             for module, primary in [(u.module, True)] + [(m, False) for _, m in u.sites]:
                 self._hooks.append(module.register_forward_pre_hook(self._make_pre_forward(u.index, primary)))
                 self._hooks.append(module.register_forward_hook(self._make_post_forward(u.index), always_call=True))
-                subs = [sub for sub in module.modules() if sub is not module]
-                self._hooks.extend(sub.register_forward_pre_hook(self._make_recomputed(u.index)) for sub in subs)
+                again = functools.partial(self._recompute, u.index)
+                self._hooks.extend(sub.register_forward_pre_hook(again) for sub in module.modules() if sub is not module)
             for i, (_, p) in enumerate(u.params):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(u.index, i)))
 
@@ -288,13 +287,11 @@ class ModelInNetwork(nn.Module):
             self._spans[("forward", unit)] = trace.begin("forward", "worker", unit=unit, version=self.version)
         return pre
 
-    def _make_recomputed(self, unit: int) -> Callable[[nn.Module, tuple[Any, ...]], None]:
-        return lambda module, args: self._recompute(unit) if in_backward() else None  # a submodule's
-
-    def _recompute(self, unit: int) -> None:
-        """A forward recomputed inside backward (activation checkpointing) uses `unit`: its values
-        back now if they are not resident (the paper's second pull; prefetched when the unit's
-        backward was known to need them), resident until its gradient is pushed."""
+    def _recompute(self, unit: int, *hook_args: Any) -> None:  # also a pre-forward hook of the unit's submodules
+        """A forward recomputed in backward (activation checkpointing) uses `unit`: pulled now unless
+        resident (the paper's second pull), resident until its gradient is pushed."""
+        if not in_backward():
+            return
         flat = self.flats[unit]
         if not self.schedule.saves_params[unit]:  # learned: its backward needs its parameters
             self.schedule.saves_params[unit] = True
@@ -303,9 +300,9 @@ class ModelInNetwork(nn.Module):
             return
         if self._pushed.get(unit) == self.version:
             raise RuntimeError(f"unit {self.units[unit].label()}: a forward recomputed for backward uses it after its "
-                               "gradient was pushed (a checkpointed region that uses a unit's parameters after that "
-                               "unit's backward); checkpoint whole units, or keep the unit outside the region")
-        self.stats["recomputed_pulls"] += 1
+                               "gradient was pushed (a checkpointed region using it after its backward); checkpoint "
+                               "whole units, or keep the unit outside the region")
+        self.stats["recomputed_pulls"] += 1  # the pulls a recomputation had to issue
         self._take(self.schedule.take(unit, BACKWARD, self.version, False), unit)
         self.schedule.prefetch_after(unit, BACKWARD, self.version)
 
@@ -368,7 +365,7 @@ class ModelInNetwork(nn.Module):
             # widened to float32 on the host (exact from bf16/fp16): what the switch sums. On the CPU
             # straight into the slot shaped as p (made once per staging buffer: no slicing, no reshape)
             if state.done[index]:  # a second part before the unit's push (a reentrant checkpoint's own backward)
-                state.tensor[lo:hi].add_(to_host(g) if not on_cpu else g.reshape(-1))
+                state.slots[index].add_(g.cpu())
             elif on_cpu:
                 state.slots[index].copy_(g)
             else:
@@ -461,8 +458,7 @@ class ModelInNetwork(nn.Module):
             self.schedule.order = seen
             self.keep = self.schedule.keep = self._keep_set(seen)
             self.stats["order_changes"] += 1
-        # each use of a unit is prefetched (a tied head's embedding too); backward runs in reverse
-        # order of last use, so that embedding is needed first there
+        # every use of a unit is a timeline entry; backward in reverse order of last use (a tied head's embedding first)
         self.schedule.uses = [(u, use_phase(self._observed[:i].count(u))) for i, u in enumerate(self._observed)]
         self.schedule.last_use = list(dict.fromkeys(reversed(self._observed)))[::-1]
 
