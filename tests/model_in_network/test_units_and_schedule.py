@@ -206,3 +206,24 @@ def test_gradient_slots_are_each_parameters_place_in_the_staging_buffer():
     assert torch.equal(st.tensor[:unit.numel].view(torch.int32), want.view(torch.int32))
     assert [(s.data_ptr() - st.tensor.data_ptr()) // 4 for s in slots] == [lo for lo, _ in unit.offsets]
     assert bool((st.tensor[unit.numel:] == -1.0).all())  # nothing past the unit
+
+
+def test_the_default_cut_descends_into_a_body_that_wraps_a_stack_of_blocks():
+    class Body(nn.Module):  # no parameters of its own, a ModuleList below: its blocks become units
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2,
+                                             enable_nested_tensor=False)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(10, 8)
+            self.body = Body()
+            self.mlp = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))  # a Sequential is a container: cut
+            self.head = nn.Linear(8, 10)
+
+    units = split_units(Model())
+    assert [u.name for u in units] == ["embed", "body.enc.layers.0", "body.enc.layers.1", "mlp.0", "mlp.1", "head"]
+    # a block holding a Sequential (the demo GPT's MLP) stays one unit
+    assert [u.name for u in split_units(build(CFG, 0))][1] == "blocks.0"
