@@ -40,12 +40,16 @@ def test_explicit_units_by_module_or_path():
         split_units(model, ["nope"])
 
 
-def test_tied_weights_are_refused_with_a_way_out():
+def test_a_tied_weight_belongs_to_its_first_unit_and_the_other_module_is_its_site():
     model = build(CFG, 0)
     model.head = nn.Linear(CFG.d_model, CFG.vocab, bias=False)
     model.head.weight = model.embed.tokens.weight
-    with pytest.raises(UnitError, match=r"embed\.tokens\.weight.*head\.weight.*same tensor.*Untie"):
-        split_units(model)
+    units = split_units(model)
+    # the head holds nothing of its own: no unit, a site of the embeddings' unit
+    assert [u.name for u in units] == ["embed"] + [f"blocks.{i}" for i in range(CFG.n_layers)] + ["norm"]
+    assert [(n, m) for n, m in units[0].sites] == [("head", model.head)]
+    assert sum(u.numel for u in units) == sum(p.numel() for p in model.parameters())  # the tied tensor once
+    assert all(not u.sites for u in units[1:])
 
 
 def test_parameters_held_by_the_model_itself_and_other_dtypes_are_refused():
@@ -202,3 +206,24 @@ def test_gradient_slots_are_each_parameters_place_in_the_staging_buffer():
     assert torch.equal(st.tensor[:unit.numel].view(torch.int32), want.view(torch.int32))
     assert [(s.data_ptr() - st.tensor.data_ptr()) // 4 for s in slots] == [lo for lo, _ in unit.offsets]
     assert bool((st.tensor[unit.numel:] == -1.0).all())  # nothing past the unit
+
+
+def test_the_default_cut_descends_into_a_body_that_wraps_a_stack_of_blocks():
+    class Body(nn.Module):  # no parameters of its own, a ModuleList below: its blocks become units
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2,
+                                             enable_nested_tensor=False)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(10, 8)
+            self.body = Body()
+            self.mlp = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))  # a Sequential is a container: cut
+            self.head = nn.Linear(8, 10)
+
+    units = split_units(Model())
+    assert [u.name for u in units] == ["embed", "body.enc.layers.0", "body.enc.layers.1", "mlp.0", "mlp.1", "head"]
+    # a block holding a Sequential (the demo GPT's MLP) stays one unit
+    assert [u.name for u in split_units(build(CFG, 0))][1] == "blocks.0"

@@ -11,17 +11,19 @@ slice where the controller cut the layer for several nodes: routes.py), summed b
 the node, and freed. On a rail-only plan the server's ranks reduce-scatter each gradient over
 NVLink before the push and all-gather each pulled unit after the pull (hierarchy.py). `step()` waits for the pushes and advances the version:
 the node's optimizer has already run, layer by layer, while backward went on. A worker holds
-no optimizer state and only the units in flight.
+no optimizer state and only the units in flight. Tied parameters: the unit's other modules (sites)
+pull it for each use; a forward recomputed in backward (checkpointing) pulls it again (README.md).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import re
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,9 +45,10 @@ from .memory import MemoryTracker
 from .network import JobNetwork
 from .optimizers import OptimizerSpec, as_optimizer_spec
 from .routes import PlanError, Route, plan_routes
-from .schedule import BACKWARD, FORWARD, PullSchedule, Ticket
+from .schedule import BACKWARD, PullSchedule, Ticket, use_phase
 from .staging import StagingPool
 from .units import split_units
+from .watch import ASSUMED, WATCHED, SavedWatch, in_backward, output_tensors
 
 if TYPE_CHECKING:  # annotations only: torch.distributed and the engine client load where used
     from torch.distributed import Store
@@ -53,7 +56,6 @@ if TYPE_CHECKING:  # annotations only: torch.distributed and the engine client l
     from luwu.dataplane.engine import Engine
     from luwu.dataplane.engine.client import EngineClient
 
-_SAVES_KNOWN = object()  # in _saving: a forward with autograd on, of a unit known to save its parameters
 DEFAULT_TIMEOUT = 300.0  # s a pull or push may take before the worker gives up (shared, slow machines)
 END_BARRIER_TIMEOUT = 60.0  # s close() waits for the other workers to close too
 
@@ -149,10 +151,9 @@ class ModelInNetwork(nn.Module):
         self._pushes: collections.deque[tuple[int, Handle, Staging]] = collections.deque()  # in push order
         self._grad: dict[int, ArrivingGrads | None] = {u.index: None for u in self.units}  # unit -> its gradients arriving
         self._pushed: dict[int, int] = {}  # unit -> version its gradient was pushed for
-        # unit -> active saved-tensor detector, or _SAVES_KNOWN (no detector needed: _watch_saved)
-        self._saving: dict[int, torch.autograd.graph.saved_tensors_hooks | object] = {}
+        self._saving: dict[int, str] = {}  # unit -> how its forward with autograd on learns what it saves (watch.py)
+        self._watch = SavedWatch()
         self._spans: dict[tuple[str, int], trace.OpenSpan] = {}  # open timeline events (luwu.dataplane.trace)
-        self._saw_saved: dict[int, bool] = {}
         self._observed: list[int] = []
         self._hooks: list[RemovableHandle] = []
         self.closed = False
@@ -168,10 +169,13 @@ class ModelInNetwork(nn.Module):
 
     # -- setup --------------------------------------------------------------------------------
     def _keep_set(self, order: list[int]) -> set[int]:
-        """The last `keep_last` units of forward order, within `keep_budget` bytes."""
+        """The last `keep_last` units of forward order, within `keep_budget` bytes; never a unit with
+        sites (tied parameters: pulled for each use)."""
         keep, used = set(), 0
         for uid in reversed(order[max(0, len(order) - self.keep_last):] if self.keep_last > 0 else []):
-            if self.keep_budget is not None and used + self.units[uid].nbytes > self.keep_budget:
+            if self.units[uid].sites:
+                continue
+            elif self.keep_budget is not None and used + self.units[uid].nbytes > self.keep_budget:
                 break
             keep.add(uid)
             used += self.units[uid].nbytes
@@ -195,9 +199,14 @@ class ModelInNetwork(nn.Module):
         self.schedule.prefetch_next_pass(self.version)
 
     def _install_hooks(self) -> None:
+        """Pull/free around each unit's module and its sites' forward (tied parameters), pull again in a
+        forward their submodules recompute in backward (checkpointing); stage gradients, push."""
         for u in self.units:
-            self._hooks.append(u.module.register_forward_pre_hook(self._make_pre_forward(u.index)))
-            self._hooks.append(u.module.register_forward_hook(self._make_post_forward(u.index), always_call=True))
+            for module, primary in [(u.module, True)] + [(m, False) for _, m in u.sites]:
+                self._hooks.append(module.register_forward_pre_hook(self._make_pre_forward(u.index, primary)))
+                self._hooks.append(module.register_forward_hook(self._make_post_forward(u.index), always_call=True))
+                again = functools.partial(self._recompute, u.index)
+                self._hooks.extend(sub.register_forward_pre_hook(again) for sub in module.modules() if sub is not module)
             for i, (_, p) in enumerate(u.params):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._make_grad_hook(u.index, i)))
 
@@ -258,53 +267,56 @@ class ModelInNetwork(nn.Module):
             self.pool.release(staging)
 
     # -- forward ----------------------------------------------------------------------------------
-    def _make_pre_forward(self, unit: int) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+    def _make_pre_forward(self, unit: int, primary: bool) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         def pre(module: nn.Module, args: tuple[Any, ...]) -> None:
+            if in_backward():  # a forward recomputed for backward (activation checkpointing)
+                self._recompute(unit)
+                return
             grad = torch.is_grad_enabled()
-            if unit == self.schedule.order[0]:
+            if primary and unit == self.schedule.order[0]:
                 self.schedule.begin_pass(grad)
                 self._observed = []
+            phase = use_phase(self._observed.count(unit))  # a unit's second use in a pass (tied, or called twice)
             self._observed.append(unit)
             flat = self.flats[unit]
-            self._take(self.schedule.take(unit, FORWARD, self.version, flat.resident and flat.version == self.version),
+            self._take(self.schedule.take(unit, phase, self.version, flat.resident and flat.version == self.version),
                        unit)
-            self.schedule.prefetch_after(unit, FORWARD, self.version)
+            self.schedule.prefetch_after(unit, phase, self.version)
             if grad:
-                self._watch_saved(unit)
+                self._saving[unit] = self._watch.begin(unit, self.flats[unit].storage)  # watch.py
             self._spans[("forward", unit)] = trace.begin("forward", "worker", unit=unit, version=self.version)
         return pre
 
-    def _watch_saved(self, unit: int) -> None:
-        """Learn whether autograd saves this unit's parameters (then backward needs them back).
-
-        Once a forward has seen it save them, the unit is taken to save them from then on and is not
-        watched again: a pack hook per saved tensor (a hundred per step) is then spared, and were the
-        model to stop saving them, the cost would be a needless pull before its backward, never a
-        backward without its parameters. A unit seen not to save them stays watched (its backward
-        pull is skipped only while each forward confirms it)."""
-        if self._saw_saved.get(unit):
-            self._saving[unit] = _SAVES_KNOWN
+    def _recompute(self, unit: int, *hook_args: Any) -> None:  # also a pre-forward hook of the unit's submodules
+        """A forward recomputed in backward (activation checkpointing) uses `unit`: pulled now unless
+        resident (the paper's second pull), resident until its gradient is pushed."""
+        if not in_backward():
             return
-        storage = self.flats[unit].storage
-        self._saw_saved[unit] = False
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            if not self._saw_saved[unit] and t.untyped_storage().data_ptr() == storage.data_ptr():
-                self._saw_saved[unit] = True
-            return t
-
-        ctx = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-        ctx.__enter__()
-        self._saving[unit] = ctx
+        flat = self.flats[unit]
+        if not self.schedule.saves_params[unit]:  # learned: its backward needs its parameters
+            self.schedule.saves_params[unit] = True
+            self._watch.learn(unit)
+        if flat.resident and flat.version == self.version:
+            return
+        if self._pushed.get(unit) == self.version:
+            raise RuntimeError(f"unit {self.units[unit].label()}: a forward recomputed for backward uses it after its "
+                               "gradient was pushed (a checkpointed region using it after its backward); checkpoint "
+                               "whole units, or keep the unit outside the region")
+        self.stats["recomputed_pulls"] += 1  # the pulls a recomputation had to issue
+        self._take(self.schedule.take(unit, BACKWARD, self.version, False), unit)
+        self.schedule.prefetch_after(unit, BACKWARD, self.version)
 
     def _make_post_forward(self, unit: int) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
         def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if in_backward():  # recomputed: resident until the unit's gradient is pushed
+                return
             trace.end(self._spans.pop(("forward", unit), None))
-            ctx = self._saving.pop(unit, None)
-            if ctx is not None:  # a forward with autograd on
-                if isinstance(ctx, torch.autograd.graph.saved_tensors_hooks):  # else _SAVES_KNOWN
-                    ctx.__exit__(None, None, None)
-                    self.schedule.saves_params[unit] = self._saw_saved[unit]
+            how = self._saving.pop(unit, None)
+            if how is not None:  # a forward with autograd on
+                if how == WATCHED:
+                    self.schedule.saves_params[unit] = self._watch.end(unit, self.flats[unit].storage)
+                elif how == ASSUMED:
+                    self.schedule.saves_params[unit] = True
                 self._hook_outputs(unit, output)
             if unit not in self.keep:
                 self.flats[unit].free()
@@ -312,7 +324,7 @@ class ModelInNetwork(nn.Module):
         return post
 
     def _hook_outputs(self, unit: int, output: object) -> None:
-        for t in _tensors(output):
+        for t in output_tensors(output):
             if t.requires_grad:
                 t.register_hook(self._make_pre_backward(unit))
 
@@ -352,7 +364,9 @@ class ModelInNetwork(nn.Module):
             memory.transient("grads", nbytes)  # resident from autograd's write until here
             # widened to float32 on the host (exact from bf16/fp16): what the switch sums. On the CPU
             # straight into the slot shaped as p (made once per staging buffer: no slicing, no reshape)
-            if on_cpu:
+            if state.done[index]:  # a second part before the unit's push (a reentrant checkpoint's own backward)
+                state.slots[index].add_(g.cpu())
+            elif on_cpu:
                 state.slots[index].copy_(g)
             else:
                 state.tensor[lo:hi].copy_(to_host(g))
@@ -438,10 +452,15 @@ class ModelInNetwork(nn.Module):
         """Forward order as observed (registration order is only the first guess); every rank
         observes the same, so the pull policy stays identical."""
         seen = list(dict.fromkeys(self._observed))
-        if sorted(seen) == sorted(self.schedule.order) and seen != self.schedule.order:
+        if sorted(seen) != sorted(self.schedule.order):
+            return
+        if seen != self.schedule.order:
             self.schedule.order = seen
             self.keep = self.schedule.keep = self._keep_set(seen)
             self.stats["order_changes"] += 1
+        # every use of a unit is a timeline entry; backward in reverse order of last use (a tied head's embedding first)
+        self.schedule.uses = [(u, use_phase(self._observed[:i].count(u))) for i, u in enumerate(self._observed)]
+        self.schedule.last_use = list(dict.fromkeys(reversed(self._observed)))[::-1]
 
     # -- nn.Module surface --------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -581,13 +600,3 @@ class ModelInNetwork(nn.Module):
         except Exception:
             pass
 
-
-def _tensors(obj: object) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for x in obj:
-            yield from _tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _tensors(x)

@@ -2,7 +2,8 @@
 pulls in the same order (the node answers pull ids, docs/protocol.md 7.3).
 
 A pass's timeline is the forward needs in forward order, then (with autograd on) the backward
-needs in reverse order: the units that are neither kept resident after forward nor free of
+needs in reverse order of each unit's last forward use (a tied embedding used again by the head
+is needed first in backward): the units that are neither kept resident after forward nor free of
 saved parameters (an embedding's backward needs only the indices). When a unit is needed, its
 pull (issued earlier as a prefetch, or now) is taken, and once its values are in, the next
 `prefetch` entries of the timeline are issued. Decisions depend only on the sequence of needs,
@@ -20,6 +21,12 @@ if TYPE_CHECKING:  # annotations only: the schedule decides, the engine link mov
     from luwu.worker.engine_link import Staging
 
 FORWARD, BACKWARD = "f", "b"
+
+
+def use_phase(n: int) -> str:
+    """The phase of a unit's use number `n` (0-based) in one forward pass: FORWARD, then "f1", "f2"...
+    (a tied parameter's unit used again by another module, a module called twice)."""
+    return FORWARD if n == 0 else f"{FORWARD}{n}"
 
 
 @dataclass
@@ -41,21 +48,28 @@ class PullSchedule:
         self.prefetch = prefetch
         self._issue = issue
         self.saves_params = dict.fromkeys(order, True)  # learned each forward; True until known
+        self.uses: list[tuple[int, str]] | None = None  # a pass's forward uses (unit, use_phase(n)), once seen
+        self.last_use: list[int] | None = None  # units by their last forward use (a unit used twice), once seen
         self.pending: dict[tuple[int, str], Ticket] = {}
         self.grad = True
         self.issued: set[tuple[int, str]] = set()
         self.issued_count = 0
 
     def backward_units(self) -> list[int]:
-        return [u for u in reversed(self.order) if u not in self.keep and self.saves_params[u]]
+        order = self.last_use if self.last_use is not None else self.order
+        return [u for u in reversed(order) if u not in self.keep and self.saves_params[u]]
 
     def timeline(self) -> list[tuple[int, str]]:
         """This pass's needs in order. Built when asked: the backward part uses what this pass's
         forward has learned so far about saved parameters."""
-        out = [(u, FORWARD) for u in self.order]
+        out = self.forward_uses()
         if self.grad:
             out += [(u, BACKWARD) for u in self.backward_units()]
         return out
+
+    def forward_uses(self) -> list[tuple[int, str]]:
+        """A pass's forward needs: each use of each unit as last seen, else each unit once in order."""
+        return list(self.uses) if self.uses is not None else [(u, FORWARD) for u in self.order]
 
     def begin_pass(self, grad: bool) -> None:
         """A forward pass starts (the first unit's forward)."""
@@ -92,10 +106,9 @@ class PullSchedule:
     def prefetch_next_pass(self, version: int) -> None:
         """After a step: the first forward entries of the next pass (the node serves them as soon
         as their new version is published)."""
-        for u in self.order[: self.prefetch]:
-            key = (u, FORWARD)
+        for key in self.forward_uses()[: self.prefetch]:
             if key not in self.pending:
-                self.pending[key] = self._issue(u, FORWARD, version)
+                self.pending[key] = self._issue(key[0], key[1], version)
                 self.issued_count += 1
 
     def drain(self) -> list[Ticket]:

@@ -4,8 +4,16 @@ A unit is a module whose parameters are used only inside its own forward (a tran
 an embedding, a norm, a head). Its trainable parameters are flattened, in `named_parameters()`
 order, into one buffer: layer `index` on the optimizer node (its `LayerSpec`). The default cut
 descends into the model's containers (`nn.ModuleList`, `nn.Sequential`, `nn.ModuleDict`, from
-the top) and makes every other parameter-holding module a unit: for a GPT that is one unit per
-block plus the embeddings, the final norm and the head.
+the top), and into modules without parameters of their own that hold a `ModuleList` or
+`ModuleDict` of parameter-holding modules somewhere below (a Hugging Face `LlamaModel`, `OPTDecoder`,
+`GPT2Model`: their stack of blocks), and makes every other parameter-holding module a unit: for a
+GPT that is one unit per block plus the embeddings, the final norm and the head.
+
+Tied parameters (a tensor that two modules hold: a causal LM's input embedding and output head)
+belong to the first unit that holds them (its owner, in cut order): they are one layer on the
+node, stepped once with the sum of both uses' gradients. Every later module of the cut that holds
+them is one of the owner's `sites`: its forward and backward pull the owner too (a module whose
+only parameters are borrowed, such as a tied `lm_head`, is a site and no unit of its own).
 
 Parameters may be float32, bfloat16 or float16 (one dtype per unit: its flat storage is one
 tensor), on any one device for the whole model. What crosses the network does not depend on it:
@@ -38,6 +46,7 @@ class Unit:
     module: nn.Module
     params: list[tuple[str, nn.Parameter]]  # trainable parameters, names relative to `module`
     offsets: list[tuple[int, int]] = field(default_factory=list)  # (lo, hi) of each parameter in the flat buffer
+    sites: list[tuple[str, nn.Module]] = field(default_factory=list)  # other modules using its (tied) parameters
 
     def __post_init__(self):
         lo = 0
@@ -75,18 +84,6 @@ class Unit:
         return self.name or type(self.module).__name__
 
 
-def _check_tied(model: nn.Module) -> None:
-    seen: dict[int, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        first = seen.setdefault(id(p), name)
-        if first != name:
-            raise UnitError(
-                f"parameters {first!r} and {name!r} are the same tensor (tied weights, or a module used in two "
-                "places): a tied parameter would need gradients from two units before one optimizer step. Untie "
-                f"them (e.g. `model.{name.rsplit('.', 1)[0]}.weight = nn.Parameter(model.{first}.detach().clone())`) "
-                "to train with ModelInNetwork")
-
-
 def _default_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     direct = [n for n, p in model.named_parameters(recurse=False) if p.requires_grad]
     if direct and not isinstance(model, CONTAINERS):
@@ -104,11 +101,32 @@ def _default_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
                     raise UnitError(f"container {path!r} holds parameters directly ({', '.join(own)}); "
                                     "pass units=[...]")
                 visit(path, child)
+            elif _wraps_a_stack(child):  # e.g. a Hugging Face model body: its blocks become units
+                visit(path, child)
             elif any(p.requires_grad for p in child.parameters()):
                 out.append((path, child))
 
     visit("", model)
     return out
+
+
+def _trainable_here(module: nn.Module) -> bool:
+    return any(p.requires_grad for p in module.parameters(recurse=False))
+
+
+def _wraps_a_stack(module: nn.Module) -> bool:
+    """No trainable parameters of its own, and a ModuleList or ModuleDict of parameter-holding
+    modules somewhere below (through modules without parameters of their own): a model body whose
+    blocks should be units, not one unit. nn.Sequential does not count (a block's MLP often is one)."""
+    if _trainable_here(module):
+        return False
+    for child in module.children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            if sum(any(p.requires_grad for p in m.parameters()) for m in child.children()) >= 1:
+                return True
+        elif not isinstance(child, nn.Sequential) and _wraps_a_stack(child):
+            return True
+    return False
 
 
 def _explicit_modules(model: nn.Module, units: list) -> list[tuple[str, nn.Module]]:
@@ -158,27 +176,44 @@ def _check_dtypes_and_device(units: list[Unit]) -> None:
                             "cut the model so that each unit has one dtype (units=[...])")
 
 
+def _check_nesting(modules: list[tuple[str, nn.Module]]) -> None:
+    cut = {id(m): path for path, m in modules}
+    for path, module in modules:
+        for sub in module.modules():
+            if sub is not module and id(sub) in cut:
+                raise UnitError(f"units {path!r} and {cut[id(sub)]!r} nest (one is inside the other): the inner one's "
+                                "parameters would be in two units; units must not nest or overlap, pass units=[...] "
+                                "without the outer one")
+
+
 def split_units(model: nn.Module, units: list | None = None) -> list[Unit]:
     """The model's units in registration order (taken as forward order), checked: every trainable
-    parameter in exactly one unit, none tied, all on one device, each unit of one dtype among
+    parameter in exactly one unit (a tied parameter in the first unit holding it, the later modules
+    holding it its `sites`), units not nested, all on one device, each unit of one dtype among
     float32, bfloat16 and float16."""
-    _check_tied(model)
     modules = _default_modules(model) if units is None else _explicit_modules(model, units)
-    owner: dict[int, str] = {}
+    _check_nesting(modules)
+    owner: dict[int, Unit | None] = {}  # parameter -> its unit (None while its module's own unit is being made)
     out: list[Unit] = []
     for path, module in modules:
-        params = []
+        params, borrowed = [], []
         for pname, p in module.named_parameters():
             if not p.requires_grad:
                 continue  # frozen parameters stay on the worker, as ordinary tensors
-            full = f"{path}.{pname}" if path else pname
-            if id(p) in owner:
-                raise UnitError(f"parameter {full!r} is in two units ({owner[id(p)]!r} and {path!r}): units must "
-                                "not nest or overlap")
-            owner[id(p)] = path
+            if id(p) in owner:  # tied: the first unit holding it owns it, this module is one of its sites
+                first = owner[id(p)]
+                if first is not None and first.module is not module and all(m is not module for _, m in first.sites):
+                    borrowed.append(first)
+                continue
+            owner[id(p)] = None
             params.append((pname, p))
+        for first in dict.fromkeys(borrowed):
+            first.sites.append((path, module))
         if params:
-            out.append(Unit(len(out), path, module, params))
+            unit = Unit(len(out), path, module, params)
+            out.append(unit)
+            for _, p in params:
+                owner[id(p)] = unit
     if not out:
         raise UnitError("the model has no trainable parameters")
     missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in owner]
