@@ -10,11 +10,17 @@ from typing import Any
 from luwu.simulate import acks, systems
 from luwu.simulate.core import RESOURCES, simulate
 from luwu.simulate.hardware import MODELS, PRESETS, Config
+from luwu.simulate.workload import micro_batches
 
 COLOURS = {"pull": "tab:blue", "push": "tab:orange", "fwd": "tab:green", "bwd": "tab:olive", "head": "tab:green",
            "adam": "tab:red", "read": "tab:purple", "write": "tab:brown", "allgather": "tab:cyan",
            "reduce-scatter": "tab:pink", "allreduce": "tab:pink", "h2d": "tab:gray", "d2h": "tab:gray",
            "nvme": "tab:purple", "cpu": "tab:red", "nvlink": "tab:gray"}
+
+
+# Config fields beyond plain data parallelism and their defaults (docs/simulator.md)
+PARALLELISM = {"tp": 1, "pp": 1, "schedule": "1f1b", "micro_batches": None, "collective": "ring",
+               "host_shared_by": 1, "activation_offload": False}
 
 
 def to_json(cfg: Config, out: dict, preset: str | None) -> dict:
@@ -37,6 +43,9 @@ def to_json(cfg: Config, out: dict, preset: str | None) -> dict:
             for n in sorted({cfg.workers, 32, 64})},
     }
     doc.update({k: v for k, v in out.items() if k.startswith("speedup_over_")})
+    par = {k: getattr(cfg, k) for k in PARALLELISM if getattr(cfg, k) != PARALLELISM[k]}
+    if par:  # only where an issue-30 option is set: the default JSON stays as it was
+        doc["parallelism"] = {k: getattr(cfg, k) for k in PARALLELISM} | {"micro_batches": micro_batches(cfg)}
     return doc
 
 

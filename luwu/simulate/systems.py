@@ -253,6 +253,8 @@ def schedule_luwu(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations:
             end = tl.run(nvlink, end, f"nvlink {u}")
         return end
 
+    # accumulating micro-batches pull nothing when every block of the stage stays on the GPU
+    resident = not step and mem.keep >= len(costs) - 2
     for it in range(iterations):
         tl.iteration = it
         L = len(costs) - 1
@@ -266,7 +268,9 @@ def schedule_luwu(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations:
         reads: dict[int, list[float]] = {}  # step -> when each shard of its state is in the node's RAM
         for n_step, (u, secs, push) in enumerate(steps):
             held = [k for k, (v, _) in enumerate(buffers) if v == u]
-            if push and u in kept:  # kept since its forward: no second pull
+            if resident:  # a micro-batch that only accumulates, with the whole stage on the GPU
+                got = gpu_free
+            elif push and u in kept:  # kept since its forward: no second pull
                 got = kept.pop(u)
                 last_start["pull"] = got
             elif held:  # still in a buffer (the last block between forward and backward)
