@@ -62,6 +62,8 @@ def add_arguments(p) -> None:
                    help=f"comma-separated systems to compare with luwu ({', '.join(systems.SYSTEMS)})")
     p.add_argument("--plan", action="store_true", help="size the optimizer nodes, RAM, SSDs and network")
     p.add_argument("--paper", action="store_true", help="compare with the paper's published figures (testbed)")
+    p.add_argument("--scenarios", action="store_true", help="print the issue-30 scenarios (tensor/pipeline "
+                                                            "parallelism, collectives, shared hosts, >175B) and exit")
     p.add_argument("--calibrate", action="store_true", help="measure the node's software speeds here first "
                                                             "(runs `luwu bench optimizer` briefly)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of key: value lines")
@@ -164,6 +166,13 @@ def run(args) -> int:
     from luwu.simulate import report
     from luwu.simulate.core import simulate
 
+    if args.scenarios:
+        from luwu.simulate.scenarios import scenario_rows
+
+        for r in scenario_rows():
+            v = r["simulated"]
+            print(f"{r['command']}: {r['figure']}: " + (f"{v:.4g}" if v is not None else "cannot run"))
+        return 0
     cfg = build_config(args)
     which = _systems(args.systems)
     progress = Progress()

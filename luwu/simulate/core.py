@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from luwu.simulate import systems
 from luwu.simulate.events import Timeline
 from luwu.simulate.hardware import LADDER, MODELS, Config
-from luwu.simulate.workload import RECOMPUTE, layer_costs, micro_batches, model_flops_per_token
+from luwu.simulate.workload import RECOMPUTE, LayerCost, layer_costs, micro_batches, model_flops_per_token
 
 RESOURCES = {  # resource -> what it is, for the report
     "gpu": "worker GPU", "nic_rx": "worker NIC in", "nic_tx": "worker NIC out", "nvlink": "NVLink",
@@ -94,7 +94,8 @@ def run_system(system: str, cfg: Config) -> SystemResult:
     return max(runs, key=lambda r: r.tokens_per_s)
 
 
-def _timeline(system: str, cfg: Config, costs, mem: systems.Memory, step: bool) -> tuple[Timeline, float, float]:
+def _timeline(system: str, cfg: Config, costs: list[LayerCost], mem: systems.Memory,
+              step: bool) -> tuple[Timeline, float, float]:
     tl = Timeline()
     starts = systems.schedule(system, tl, cfg, costs, mem, step)
     t0, t1 = starts[-2], starts[-1]
