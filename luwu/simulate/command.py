@@ -166,6 +166,9 @@ def run(args) -> int:
     from luwu.simulate import report
     from luwu.simulate.core import simulate
 
+    if args.plan and (cfg_tp_pp := (args.tp or 1) * (args.pp or 1)) > 1:
+        raise UserError(f"--plan sizes optimizer nodes for tp = pp = 1 only (--tp x --pp is {cfg_tp_pp}): "
+                        "drop --plan, or plan one GPU per replica")
     if args.scenarios:
         from luwu.simulate.scenarios import scenario_rows
 

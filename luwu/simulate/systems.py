@@ -432,20 +432,26 @@ def _host_step(tl, cfg, part, after, nvme) -> float:
 
 
 def schedule_offload(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations: int,
-                     step: bool = True) -> list[float]:
+                     step: bool = True, mem: Memory | None = None) -> list[float]:
     """ZeRO-Offload (ZeRO-2 + CPU optimizer): parameters stay on every GPU; gradients are
     reduce-scattered during backward and their partition copied to the host; CPU-Adam; the new
     partition goes back over PCIe and is allgathered."""
     n, B, h = cfg.workers, cfg.dtype_bytes, host_of(cfg)
+    act_io = _activation_io(cfg, mem) if mem else 0.0
     starts, gpu_free = [], 0.0
     for it in range(iterations):
         tl.iteration = it
         starts.append(gpu_free)
         for u in range(len(costs)):
             gpu_free = tl.run({"gpu": costs[u].fwd}, gpu_free, f"fwd {u}")
+            if u and act_io:  # the block's checkpoint out to the host (activation_offload)
+                tl.run({"pcie_d2h": act_io}, gpu_free, f"d2h act {u}")
         last = gpu_free
         for u in reversed(range(len(costs))):
-            gpu_free = tl.run({"gpu": costs[u].bwd}, gpu_free, f"bwd {u}")
+            got = gpu_free
+            if u and act_io:  # and back, fetched while the block before computes
+                got = max(got, tl.run({"pcie_h2d": act_io}, got - costs[u].bwd, f"h2d act {u}"))
+            gpu_free = tl.run({"gpu": costs[u].bwd}, got, f"bwd {u}")
             tx, rx, lat = collective(cfg, "reduce_scatter", B * costs[u].params)
             t = tl.run({"nic_rx": rx, "nic_tx": tx}, gpu_free, f"reduce-scatter {u}") + lat
             last = max(last, tl.run({"pcie_d2h": B * costs[u].params / n / h.pcie}, t, f"d2h {u}"))
@@ -460,21 +466,27 @@ def schedule_offload(tl: Timeline, cfg: Config, costs: list[LayerCost], iteratio
 
 
 def schedule_ddp(tl: Timeline, cfg: Config, costs: list[LayerCost], iterations: int, atp: bool,
-                 step: bool = True) -> list[float]:
+                 step: bool = True, mem: Memory | None = None) -> list[float]:
     """DDP: every GPU holds the model and the optimizer; gradients are allreduced layer by layer
     during backward, by a NCCL ring (2(N-1)/N of the bf16 gradient each way, slowed next to the
     GEMMs) or by an ATP/SwitchML-style switch (the int32 gradient up and the sum down, at ATP's
     packet efficiency); AdamW runs on the GPU after the backward pass."""
     B = cfg.dtype_bytes
+    act_io = _activation_io(cfg, mem) if mem else 0.0
     starts, gpu_free = [], 0.0
     for it in range(iterations):
         tl.iteration = it
         starts.append(gpu_free)
         for u in range(len(costs)):
             gpu_free = tl.run({"gpu": costs[u].fwd}, gpu_free, f"fwd {u}")
+            if u and act_io:  # the block's checkpoint out to the host (activation_offload)
+                tl.run({"pcie_d2h": act_io}, gpu_free, f"d2h act {u}")
         last = gpu_free
         for u in reversed(range(len(costs))):
-            gpu_free = tl.run({"gpu": costs[u].bwd}, gpu_free, f"bwd {u}")
+            got = gpu_free
+            if u and act_io:  # and back, fetched while the block before computes
+                got = max(got, tl.run({"pcie_h2d": act_io}, got - costs[u].bwd, f"h2d act {u}"))
+            gpu_free = tl.run({"gpu": costs[u].bwd}, got, f"bwd {u}")
             if atp:
                 eff = ATP_PAYLOAD / (ATP_PACKET + 24)
                 rx = tx = 4 * costs[u].params / (cfg.net.link * eff)
@@ -499,7 +511,7 @@ def schedule(system: str, tl: Timeline, cfg: Config, costs: list[LayerCost], mem
     if system in ("zero_3", "zero_infinity_cpu", "zero_infinity"):
         return schedule_sharded(tl, cfg, costs, it, system, mem, step)
     if system == "zero_offload":
-        return schedule_offload(tl, cfg, costs, it, step)
+        return schedule_offload(tl, cfg, costs, it, step, mem)
     if system in ("ddp_ring", "ddp_atp"):
-        return schedule_ddp(tl, cfg, costs, it, atp=system == "ddp_atp", step=step)
+        return schedule_ddp(tl, cfg, costs, it, atp=system == "ddp_atp", step=step, mem=mem)
     raise ValueError(system)

@@ -142,6 +142,8 @@ def test_activation_offload_lets_1t_run_a_full_micro_batch():
     assert labels == {"d2h act", "h2d act"}
     mem = systems.memory("luwu", cfg.with_(activation_offload=True), 8, prefetch=False)
     assert mem.host > 50e9 and mem.fits(cfg)[0]
+    z = run_system("zero_infinity", TESTBED.with_(model=MODELS["276b"], activation_offload=True))
+    assert any(t.label.startswith("h2d act") for t in z.timeline.tasks)
 
 
 def test_largest_trainable_is_unchanged_by_the_new_shapes():
@@ -154,6 +156,7 @@ def test_largest_trainable_is_unchanged_by_the_new_shapes():
     (["--pp", "1000"], "--pp"),
     (["--collective", "tree"], "--collective"),
     (["--host-shared-by", "0"], "--host-shared-by"),
+    (["--plan", "--tp", "8"], "--plan"),
 ])
 def test_bad_parallelism_flags_are_one_line(tmp_path, argv, word):
     proc = subprocess.run([str(BIN / "luwu"), "simulate", *argv, "--no-files"], cwd=tmp_path, capture_output=True,
