@@ -168,7 +168,26 @@ PAPER_TESTBED = Config(
     grad_wire_bytes=2,  # the paper's LuWu pushes S bytes per layer of S bf16 bytes (docs/simulator.md)
 )
 
-PRESETS: dict[str, Config] = {"paper-testbed": PAPER_TESTBED}
+V100_32GB = Gpu("V100-32GB", peak_flops=125e12, memory=32 * 2**30, hbm=900e9, gemm_efficiency=0.75,
+                hbm_efficiency=0.8, reserved=2 * 2**30)
+
+# One NVIDIA DGX-2 (the ZeRO-Offload and ZeRO-Infinity papers' machine): 16 V100-32GB on NVSwitch
+# (150 GB/s each way per GPU), one host for all of them: 2x Xeon Platinum 8168 (48 cores, 12
+# channels DDR4-2666), 1.5 TB of DRAM, 8 NVMe drives of 3.84 TB (about 3 GB/s each), PCIe 3.0 x16
+# per GPU (about 12 GB/s); 100 Gbit/s InfiniBand per GPU pair, modelled as 100 Gbit/s per GPU.
+DGX_2 = Config(
+    model=MODELS["opt-13b"],
+    gpu=V100_32GB,
+    net=Network(link=100e9 / 8, latency=2e-6, payload=1024, nvlink=150 * GB),
+    node=PAPER_TESTBED.node,
+    host=Host(cores=48, memory_bw=0.8 * 12 * 21.33 * GB, ram=1.5e12, nvme=8 * 3 * GB, nvme_capacity=8 * 3.84e12,
+              pcie=12 * GB, cpu_adam_params_per_core=0.1e9),
+    workers=16,
+    micro_batch=8,
+    host_shared_by=16,
+)
+
+PRESETS: dict[str, Config] = {"paper-testbed": PAPER_TESTBED, "dgx-2": DGX_2}
 
 
 def model_named(name: str) -> ModelShape:

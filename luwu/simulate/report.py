@@ -176,8 +176,9 @@ def extra_rows(base: Config) -> list[dict]:
 
     rows = []
 
-    def row(name: str, paper: float, sim: float) -> None:
-        rows.append({"figure": name, "paper": paper, "simulated": sim, "ratio": sim / paper})
+    def row(name: str, paper: float | str, sim: float | str | None) -> None:
+        rows.append({"figure": name, "paper": paper, "simulated": sim,
+                     "ratio": sim / paper if isinstance(sim, float) and isinstance(paper, float) else None})
 
     b100 = node_budget(base)
     for key, paper in NODE_BUDGET.items():
@@ -193,4 +194,11 @@ def extra_rows(base: Config) -> list[dict]:
     star = run_system("luwu", cfg)
     rail = run_system("luwu", cfg.with_(net=replace(cfg.net, topology="rail-only", rack_size=8)))
     row("175b, 64 workers: luwu rail-only over star", 1.0, rail.tokens_per_s / star.tokens_per_s)
+    # the ZeRO papers' machine: ZeRO-Offload trains 13B on one V100, ZeRO-Infinity 1T on one DGX-2
+    from luwu.simulate.core import largest_trainable
+
+    dgx = PRESETS["dgx-2"]
+    row("dgx-2, 1 GPU: zero_offload's largest", "opt-13b",
+        largest_trainable("zero_offload", dgx.with_(workers=1, host_shared_by=1)))
+    row("dgx-2, 16 GPUs on one host: zero_infinity's largest", "1t", largest_trainable("zero_infinity", dgx))
     return rows
