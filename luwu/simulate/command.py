@@ -44,6 +44,17 @@ def add_arguments(p) -> None:
     p.add_argument("--topology", choices=["star", "multi-rack", "rail-only"], help="network topology")
     p.add_argument("--rack-size", type=positive_int, help="workers per ToR (multi-rack) or GPUs per NVLink "
                                                            "domain (rail-only)")
+    p.add_argument("--tp", type=positive_int, help="tensor-parallel GPUs per replica, inside a server over NVLink")
+    p.add_argument("--pp", type=positive_int, help="pipeline stages per replica, across servers")
+    p.add_argument("--schedule", choices=["1f1b", "gpipe"], help="pipeline schedule (default 1f1b)")
+    p.add_argument("--micro-batches", type=positive_int, help="micro-batches per iteration and replica "
+                                                               "(default 1, or 4 x --pp with pipelining)")
+    p.add_argument("--collective", choices=list(systems.COLLECTIVES),
+                   help="the baselines' NCCL algorithm: ring (default), pat, sharp (in-network reduction)")
+    p.add_argument("--host-shared-by", type=positive_int, help="GPUs sharing one worker host's CPU, DRAM and "
+                                                                "NVMe (and NVLink); e.g. 8 for one 8-GPU server")
+    p.add_argument("--activation-offload", action="store_true",
+                   help="keep checkpointed activations in host RAM (over PCIe) instead of on the GPU")
     p.add_argument("--optimizer-nodes", type=positive_int, help="optimizer nodes (layers are sharded over them)")
     p.add_argument("--node-ram", type=size, help="RAM per optimizer node (e.g. 512GB)")
     p.add_argument("--ssds", type=positive_int, help="SSDs per optimizer node")
@@ -51,6 +62,8 @@ def add_arguments(p) -> None:
                    help=f"comma-separated systems to compare with luwu ({', '.join(systems.SYSTEMS)})")
     p.add_argument("--plan", action="store_true", help="size the optimizer nodes, RAM, SSDs and network")
     p.add_argument("--paper", action="store_true", help="compare with the paper's published figures (testbed)")
+    p.add_argument("--scenarios", action="store_true", help="print the issue-30 scenarios (tensor/pipeline "
+                                                            "parallelism, collectives, shared hosts, >175B) and exit")
     p.add_argument("--calibrate", action="store_true", help="measure the node's software speeds here first "
                                                             "(runs `luwu bench optimizer` briefly)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of key: value lines")
@@ -113,6 +126,19 @@ def build_config(args) -> Config:
         kw["recompute"] = args.recompute or "none"
     if args.grad_bytes:
         kw["grad_wire_bytes"] = args.grad_bytes
+    if args.tp:
+        if model.heads % args.tp:
+            raise UserError(f"--tp {args.tp} does not divide the model's {model.heads} attention heads")
+        kw["tp"] = args.tp
+    if args.pp:
+        if args.pp > model.layers:
+            raise UserError(f"--pp {args.pp} exceeds the model's {model.layers} blocks")
+        kw["pp"] = args.pp
+    for flag in ("schedule", "micro_batches", "collective", "host_shared_by"):
+        if getattr(args, flag):
+            kw[flag] = getattr(args, flag)
+    if args.activation_offload:
+        kw["activation_offload"] = True
     return cfg.with_(**kw)
 
 
@@ -140,6 +166,16 @@ def run(args) -> int:
     from luwu.simulate import report
     from luwu.simulate.core import simulate
 
+    if args.plan and (cfg_tp_pp := (args.tp or 1) * (args.pp or 1)) > 1:
+        raise UserError(f"--plan sizes optimizer nodes for tp = pp = 1 only (--tp x --pp is {cfg_tp_pp}): "
+                        "drop --plan, or plan one GPU per replica")
+    if args.scenarios:
+        from luwu.simulate.scenarios import scenario_rows
+
+        for r in scenario_rows():
+            v = r["simulated"]
+            print(f"{r['command']}: {r['figure']}: " + (f"{v:.4g}" if v is not None else "cannot run"))
+        return 0
     cfg = build_config(args)
     which = _systems(args.systems)
     progress = Progress()

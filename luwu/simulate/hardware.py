@@ -66,6 +66,8 @@ class Network:
     topology: str = "star"  # star | multi-rack | rail-only
     rack_size: int = 32  # workers per ToR (multi-rack) or GPUs per NVLink domain (rail-only)
     nvlink: float = 300 * GB  # bytes/s inside an NVLink domain, each direction (rail-only)
+    nvlink_efficiency: float = 0.8  # NCCL's bus bandwidth over NVLink's (nccl-tests on DGX A100: ~230 of 300 GB/s)
+    nvlink_alpha: float = 5e-6  # seconds per ring step inside a server (NVLink)
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class OptimizerNode:
 class Host:
     """A worker's host CPU, RAM and NVMe (what ZeRO-Offload/Infinity offload to)."""
 
-    cores: int
+    cores: float  # a share of the host's cores when GPUs share it (Config.host_shared_by)
     memory_bw: float
     ram: float
     nvme: float  # bytes/s, read and write together (one drive)
@@ -116,6 +118,15 @@ class Config:
     grad_wire_bytes: int | None = None  # bytes per gradient element a worker pushes; None = luwu's wire format
     iterations: int = 3  # simulated back to back; the last is reported (steady state)
     extras: dict = field(default_factory=dict)
+    # parallelism beyond data parallelism (docs/simulator.md "Tensor and pipeline parallelism"):
+    # `workers` is the data-parallel degree; each data-parallel replica is tp x pp GPUs
+    tp: int = 1  # tensor parallelism inside a server, over NVLink (Megatron-LM)
+    pp: int = 1  # pipeline stages across servers
+    schedule: str = "1f1b"  # pipeline schedule: 1f1b | gpipe (same bubble, different memory)
+    micro_batches: int | None = None  # micro-batches per iteration and replica; None: 1, or 4 x pp with pp > 1
+    collective: str = "ring"  # the baselines' NCCL algorithm: ring | pat | sharp
+    host_shared_by: int = 1  # GPUs sharing one worker host (CPU, DRAM, NVMe) and its NVLink
+    activation_offload: bool = False  # checkpointed activations kept in host RAM, not on the GPU
 
     def with_(self, **kw) -> Config:
         return replace(self, **kw)
@@ -131,7 +142,12 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in [
     _opt("opt-1.3b", 24, 2048, 32), _opt("opt-2.7b", 32, 2560, 32), _opt("opt-6.7b", 32, 4096, 32),
     _opt("opt-13b", 40, 5120, 40), _opt("opt-30b", 48, 7168, 56), _opt("opt-66b", 64, 9216, 72),
     _opt("175b", 96, 12288, 96), _opt("530b", 105, 20480, 128), _opt("1t", 128, 25600, 160),
+    # the DisDP revision's larger shapes (issue 30): 128-dimensional heads
+    _opt("276b", 112, 14336, 112), _opt("505b", 124, 18432, 144), _opt("1t-disdp", 172, 22016, 172),
 ]}
+# the shapes `largest_trainable` climbs: the OPT family and the GPT-3-like ladder up to 1T (the
+# paper's "largest trainable" rows); the DisDP shapes are --model choices (docs/simulator.md)
+LADDER = ("opt-1.3b", "opt-2.7b", "opt-6.7b", "opt-13b", "opt-30b", "opt-66b", "175b", "530b", "1t")
 ALIASES = {"opt-175b": "175b", "custom-175b": "175b", "1.3b": "opt-1.3b", "13b": "opt-13b", "66b": "opt-66b"}
 
 A100_40GB = Gpu("A100-40GB", peak_flops=312e12, memory=40 * 2**30, hbm=1.555e12, gemm_efficiency=0.75,
@@ -152,7 +168,26 @@ PAPER_TESTBED = Config(
     grad_wire_bytes=2,  # the paper's LuWu pushes S bytes per layer of S bf16 bytes (docs/simulator.md)
 )
 
-PRESETS: dict[str, Config] = {"paper-testbed": PAPER_TESTBED}
+V100_32GB = Gpu("V100-32GB", peak_flops=125e12, memory=32 * 2**30, hbm=900e9, gemm_efficiency=0.75,
+                hbm_efficiency=0.8, reserved=2 * 2**30)
+
+# One NVIDIA DGX-2 (the ZeRO-Offload and ZeRO-Infinity papers' machine): 16 V100-32GB on NVSwitch
+# (150 GB/s each way per GPU), one host for all of them: 2x Xeon Platinum 8168 (48 cores, 12
+# channels DDR4-2666), 1.5 TB of DRAM, 8 NVMe drives of 3.84 TB (about 3 GB/s each), PCIe 3.0 x16
+# per GPU (about 12 GB/s); 100 Gbit/s InfiniBand per GPU pair, modelled as 100 Gbit/s per GPU.
+DGX_2 = Config(
+    model=MODELS["opt-13b"],
+    gpu=V100_32GB,
+    net=Network(link=100e9 / 8, latency=2e-6, payload=1024, nvlink=150 * GB),
+    node=PAPER_TESTBED.node,
+    host=Host(cores=48, memory_bw=0.8 * 12 * 21.33 * GB, ram=1.5e12, nvme=8 * 3 * GB, nvme_capacity=8 * 3.84e12,
+              pcie=12 * GB, cpu_adam_params_per_core=0.1e9),
+    workers=16,
+    micro_batch=8,
+    host_shared_by=16,
+)
+
+PRESETS: dict[str, Config] = {"paper-testbed": PAPER_TESTBED, "dgx-2": DGX_2}
 
 
 def model_named(name: str) -> ModelShape:

@@ -111,3 +111,15 @@ def plan(cfg: Config) -> dict:
         "predicted_iteration_s": got.iteration_s if got.feasible else None,
         "predicted_bottleneck": got.bottleneck if got.feasible else None,
     }
+
+
+def node_budget(cfg: Config) -> dict:
+    """What one optimizer node must sustain to keep up with its link (the paper's "node budget"):
+    gradients arrive at `link x wire efficiency / gradient bytes` parameters/s, each needing
+    `adam_flops_per_param` FLOPs, `adam_bytes_per_param` bytes of memory traffic and 14 B of SSD
+    traffic each way (12 B of state and the 2-byte served copy). Returns params/s, GFLOP/s,
+    memory GB/s and SSD GB/s each way."""
+    rate = cfg.net.link * systems.luwu_wire_efficiency(cfg) / systems.grad_bytes(cfg)
+    return {"params_per_s": rate, "gflops": rate * cfg.node.adam_flops_per_param / 1e9,
+            "memory_gbps": rate * cfg.node.adam_bytes_per_param / 1e9,
+            "ssd_gbps_each_way": rate * systems.NODE_STATE_BYTES / 1e9}

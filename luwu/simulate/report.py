@@ -10,11 +10,17 @@ from typing import Any
 from luwu.simulate import acks, systems
 from luwu.simulate.core import RESOURCES, simulate
 from luwu.simulate.hardware import MODELS, PRESETS, Config
+from luwu.simulate.workload import micro_batches
 
 COLOURS = {"pull": "tab:blue", "push": "tab:orange", "fwd": "tab:green", "bwd": "tab:olive", "head": "tab:green",
            "adam": "tab:red", "read": "tab:purple", "write": "tab:brown", "allgather": "tab:cyan",
            "reduce-scatter": "tab:pink", "allreduce": "tab:pink", "h2d": "tab:gray", "d2h": "tab:gray",
            "nvme": "tab:purple", "cpu": "tab:red", "nvlink": "tab:gray"}
+
+
+# Config fields beyond plain data parallelism and their defaults (docs/simulator.md)
+PARALLELISM = {"tp": 1, "pp": 1, "schedule": "1f1b", "micro_batches": None, "collective": "ring",
+               "host_shared_by": 1, "activation_offload": False}
 
 
 def to_json(cfg: Config, out: dict, preset: str | None) -> dict:
@@ -37,6 +43,9 @@ def to_json(cfg: Config, out: dict, preset: str | None) -> dict:
             for n in sorted({cfg.workers, 32, 64})},
     }
     doc.update({k: v for k, v in out.items() if k.startswith("speedup_over_")})
+    par = {k: getattr(cfg, k) for k in PARALLELISM if getattr(cfg, k) != PARALLELISM[k]}
+    if par:  # only where an issue-30 option is set: the default JSON stays as it was
+        doc["parallelism"] = {k: getattr(cfg, k) for k in PARALLELISM} | {"micro_batches": micro_batches(cfg)}
     return doc
 
 
@@ -103,6 +112,10 @@ PAPER: dict[str, dict[Any, float]] = {
                  "speedup_over_zero_3": 2.33, "speedup_over_ddp_atp": 6.28},
     "ack_gbps": {32: 30.0, 64: 18.0},
 }
+# figures of the paper added with issue 30 (paper-figures.md): the node budget at 100 Gbit/s and
+# its growth at 200, the traffic per layer of S bytes per worker, rail-only against a Clos
+NODE_BUDGET = {"gflops": 99.0, "memory_gbps": 349.0, "ssd_gbps_each_way": 81.4}
+TRAFFIC = {"luwu in": 2.0, "luwu out": 1.0, "zero_3 each way": 3 * 7 / 8}
 
 
 def paper_comparison(cfg: Config | None = None) -> list[dict]:
@@ -134,4 +147,58 @@ def paper_comparison(cfg: Config | None = None) -> list[dict]:
     row("largest trainable, 256 workers: luwu", "1t", big["largest_trainable"]["luwu"])
     for n, paper in PAPER["ack_gbps"].items():
         row(f"per-packet ACKs, {n} workers: node goodput (Gbps)", paper, acks.node_goodput(base, n, "ack") * 8 / 1e9)
+    rows.extend(extra_rows(base))
+    return rows
+
+
+def traffic_per_model_byte(system: str, cfg: Config) -> dict[str, float]:
+    """Bytes one worker's NIC receives and sends in an iteration, over the model's bf16 bytes:
+    read back from the timeline (each NIC's busy seconds at the rate that system's transfers use)."""
+    from luwu.simulate.core import run_system
+
+    r = run_system(system, cfg)
+    t0, t1 = r.window
+    busy = r.timeline.busy(t0, t1) if r.timeline else {}
+    rate = (cfg.net.link * systems.luwu_wire_efficiency(cfg) if system == "luwu"
+            else systems.nccl_bandwidth(cfg))
+    model = cfg.dtype_bytes * cfg.model.params
+    return {"in": busy.get("nic_rx", 0.0) * rate / model, "out": busy.get("nic_tx", 0.0) * rate / model}
+
+
+def extra_rows(base: Config) -> list[dict]:
+    """The rows added with issue 30: the node budget (plan.node_budget), the traffic per layer
+    read back from the timeline, and rail-only against a star (the rail-only paper's "same
+    training performance")."""
+    from dataclasses import replace
+
+    from luwu.simulate.core import run_system
+    from luwu.simulate.plan import node_budget
+
+    rows = []
+
+    def row(name: str, paper: float | str, sim: float | str | None) -> None:
+        rows.append({"figure": name, "paper": paper, "simulated": sim,
+                     "ratio": sim / paper if isinstance(sim, float) and isinstance(paper, float) else None})
+
+    b100 = node_budget(base)
+    for key, paper in NODE_BUDGET.items():
+        row(f"node budget at 100 Gbps: {key}", paper, b100[key])
+    b200 = node_budget(base.with_(net=replace(base.net, link=2 * base.net.link)))
+    row("node budget at 200 Gbps over 100 Gbps", 2.0, b200["params_per_s"] / b100["params_per_s"])
+    luwu = traffic_per_model_byte("luwu", base.with_(model=MODELS["175b"]))
+    zero = traffic_per_model_byte("zero_3", base.with_(model=MODELS["opt-1.3b"]))
+    row("175b: luwu in per worker (x S)", TRAFFIC["luwu in"], luwu["in"])
+    row("175b: luwu out per worker (x S)", TRAFFIC["luwu out"], luwu["out"])
+    row("opt-1.3b: zero_3 each way per worker (x S)", TRAFFIC["zero_3 each way"], (zero["in"] + zero["out"]) / 2)
+    cfg = base.with_(model=MODELS["175b"], workers=64)
+    star = run_system("luwu", cfg)
+    rail = run_system("luwu", cfg.with_(net=replace(cfg.net, topology="rail-only", rack_size=8)))
+    row("175b, 64 workers: luwu rail-only over star", 1.0, rail.tokens_per_s / star.tokens_per_s)
+    # the ZeRO papers' machine: ZeRO-Offload trains 13B on one V100, ZeRO-Infinity 1T on one DGX-2
+    from luwu.simulate.core import largest_trainable
+
+    dgx = PRESETS["dgx-2"]
+    row("dgx-2, 1 GPU: zero_offload's largest", "opt-13b",
+        largest_trainable("zero_offload", dgx.with_(workers=1, host_shared_by=1)))
+    row("dgx-2, 16 GPUs on one host: zero_infinity's largest", "1t", largest_trainable("zero_infinity", dgx))
     return rows

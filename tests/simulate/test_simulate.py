@@ -32,6 +32,11 @@ REPRODUCED = {
     "175b: luwu_tokens_per_s_per_worker", "175b: speedup_over_zero_infinity", "175b: zero_infinity_mfu",
     "opt-1.3b: luwu_tokens_per_s_per_worker", "opt-1.3b: speedup_over_zero_infinity", "opt-1.3b: speedup_over_zero_3",
     "per-packet ACKs, 32 workers: node goodput (Gbps)", "per-packet ACKs, 64 workers: node goodput (Gbps)",
+    # issue 30's rows (report.extra_rows)
+    "node budget at 100 Gbps: gflops", "node budget at 100 Gbps: memory_gbps",
+    "node budget at 100 Gbps: ssd_gbps_each_way", "node budget at 200 Gbps over 100 Gbps",
+    "175b: luwu in per worker (x S)", "175b: luwu out per worker (x S)", "opt-1.3b: zero_3 each way per worker (x S)",
+    "175b, 64 workers: luwu rail-only over star",
 }
 DONE_WHEN = {"175b": ("zero_infinity", 3.98), "opt-1.3b": ("zero_3", 2.33)}  # the issue's acceptance figures
 
