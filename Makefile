@@ -26,7 +26,10 @@ lint: $(STAMP)                 ## ruff and mypy (the type-check ratchet in pypro
 	$(PY) tests/typecheck.py
 
 bench: $(STAMP)                ## the benchmarks, each against its baseline in the same run
-	$(VENV)/bin/luwu bench allreduce --workers 4 --size 16MiB --verify
+	@# bytecode for luwu's modules, as an installed luwu has: with PYTHONDONTWRITEBYTECODE=1 (or a
+	@# read-only tree) every process (ranks, switch, engines) would compile them at each start
+	$(PY) -m compileall -q dataplane worker luwu p4 controller proto mininet
+	$(VENV)/bin/luwu bench allreduce --workers 4 --verify
 	$(VENV)/bin/luwu bench optimizer
 
 p4: $(STAMP)                   ## regenerate p4/ generated sources and P4Info, then check them

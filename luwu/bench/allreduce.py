@@ -1,5 +1,16 @@
-"""`luwu bench allreduce`: N workers sum a tensor through the software switch, next to the
-baselines a user would compare with, all measured in the same run:
+"""`luwu bench allreduce`: what `dist.all_reduce` costs through the luwu backend against Gloo, and
+(`--engine`) what the engine alone costs, as a diagnostic.
+
+By default it measures through torch (`torch_sweep.py`): spawned ranks calling `dist.all_reduce`
+on tensors of a sweep of sizes (`--sizes`, default 1 KiB to 64 MiB in powers of 4: what DDP's
+buckets see), the `luwu` backend and Gloo in the same run; per size it prints
+`allreduce_<size>_luwu_ms`, `allreduce_<size>_gloo_ms` and `allreduce_<size>_ratio_to_gloo`
+(Gloo's time over luwu's), plus the init times below; `--out DIR` writes allreduce.json and a PNG
+of time against size. `--mode` and `--transport shm|udp` set the backend's LUWU_MODE and
+LUWU_TRANSPORT.
+
+`--engine`: N workers sum a tensor (`--size`) through the software switch with the engine itself
+(no torch), next to the baselines a user would compare with, all measured in the same run:
 
 * Gloo allreduce (torch.distributed) on the same sizes and worker counts;
 * the raw UDP ceiling of a Python datapath here (`udp_ceiling.py`): a do-nothing relay with the
@@ -49,22 +60,60 @@ from luwu.dataplane.usage import UserError, positive_int, probability, size
 
 def add_arguments(p) -> None:
     p.add_argument("--workers", type=positive_int, default=4, help="number of workers (1..32)")
-    p.add_argument("--size", type=size, default="16MiB", help="bytes per worker buffer (float32), e.g. 4MiB, 64MiB")
+    p.add_argument("--engine", action="store_true",
+                   help="measure the engine alone (no torch; a diagnostic) instead of dist.all_reduce")
+    p.add_argument("--sizes", type=_size_list, default=None,
+                   help="through torch: comma-separated bytes per rank, e.g. 1KiB,1MiB,16MiB "
+                        "(default 1KiB to 64MiB in powers of 4)")
+    p.add_argument("--size", type=size, default=None,
+                   help="bytes per worker buffer (float32), e.g. 4MiB, 64MiB (--engine: default 16MiB; "
+                        "through torch: the one size of the sweep)")
     p.add_argument("--mode", default="loopback",
                    help="packet mode: tofino (64 lanes), jumbo (2048), loopback (16000, 64 KiB datagrams; the default)")
     p.add_argument("--iters", type=positive_int, default=20,
-                   help="timed allreduces (after one warm-up; a 16 MiB one lasts tens of ms, so a few are noise)")
+                   help="timed allreduces per size (after one warm-up; a 16 MiB one lasts tens of ms, so a few are noise)")
     p.add_argument("--dtype", choices=["float32", "int32"], default="float32")
-    p.add_argument("--drop", type=probability, default=0.0, help="simulated loss probability on every switch port")
+    p.add_argument("--warmup", type=_seconds, default=3.0,
+                   help="through torch: seconds of all_reduce calls before the sweep (the engine and switch "
+                        "load their compiled kernels in the background after start-up)")
+    p.add_argument("--drop", type=probability, default=0.0,
+                   help="--engine: simulated loss probability on every switch port")
     p.add_argument("--verify", action="store_true", help="check every element of every result")
     p.add_argument("--no-gloo", action="store_true", help="skip the Gloo baseline")
-    p.add_argument("--no-ceiling", action="store_true", help="skip the raw UDP ceiling")
+    p.add_argument("--no-ceiling", action="store_true", help="--engine: skip the raw UDP ceiling")
     p.add_argument("--no-setup", action="store_true",
                    help="skip timing init_process_group and new_group (luwu and Gloo, setup_times.py)")
     p.add_argument("--transport", choices=["both", "shm", "udp"], default="both",
-                   help="luwu transports to measure: shared memory (the loopback default), UDP, or both")
+                   help="luwu transports to measure: shared memory (the loopback default), UDP, or both "
+                        "(through torch: the backend's LUWU_TRANSPORT; both = its default)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of key: value lines")
     p.add_argument("--out", type=Path, help="directory for allreduce.json and allreduce.png")
+
+
+def _size_list(text: str) -> list[int]:
+    """`--sizes`: comma-separated sizes (argparse type: a bad one is one line and exit 2)."""
+    import argparse
+
+    try:
+        out = [parse_size(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not out or min(out) < 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: needs sizes of at least 4 bytes (one float32)")
+    return out
+
+
+def _seconds(text: str) -> float:
+    """`--warmup`: seconds, zero or more."""
+    import argparse
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= v <= 600:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 to 600 seconds")
+    return v
 
 
 def _inputs(rank: int, numel: int, dtype: str, seed: int = 1234) -> np.ndarray:
@@ -226,7 +275,11 @@ def run_gloo(workers: int, numel: int, iters: int) -> dict:
 
 
 def run(args) -> int:
-    nbytes = parse_size(args.size)
+    if not args.engine:
+        return run_torch(args)
+    if args.sizes is not None:
+        raise UserError("--sizes is for the sweep through torch; --engine measures one --size")
+    nbytes = parse_size(args.size or "16MiB")
     numel = nbytes // 4
     try:
         lanes = lanes_for_mode(args.mode)
@@ -308,6 +361,63 @@ def run(args) -> int:
         print(json.dumps(res, default=float))
     else:
         _print(res)
+    return 0 if ok else 1
+
+
+def run_torch(args) -> int:
+    """The default: `dist.all_reduce` through the luwu backend against Gloo (torch_sweep.py)."""
+    from luwu.bench import torch_sweep
+
+    if args.drop or args.no_ceiling:
+        raise UserError("--drop and --no-ceiling are for --engine (the sweep through torch has no simulated loss "
+                        "and no relay ceiling)")
+    if not 1 <= args.workers <= 32:
+        raise UserError("--workers must be 1..32 (one switch bitmap)")
+    sizes = args.sizes or ([parse_size(args.size)] if args.size else list(torch_sweep.DEFAULT_SIZES))
+    try:
+        lanes_for_mode(int(args.mode) if args.mode.isdigit() else args.mode)
+    except ValueError as exc:
+        raise UserError(f"--mode: {exc}") from None
+    os.environ["LUWU_MODE"] = args.mode  # the spawned ranks' backend reads them (worker/backend/config.py)
+    if args.transport != "both":
+        os.environ["LUWU_TRANSPORT"] = args.transport
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    res: dict = {"workers": args.workers, "cores": len(os.sched_getaffinity(0)), "dtype": args.dtype,
+                 "iters": args.iters, "warmup_s": args.warmup, "mode": args.mode, "through": "torch.distributed",
+                 "transport": os.environ.get("LUWU_TRANSPORT", "default"),
+                 "engine": os.environ.get("LUWU_ENGINE", "process")}
+    with console.status(f"dist.all_reduce, luwu and Gloo, {len(sizes)} sizes, {args.workers} ranks") as status:
+        res.update(torch_sweep.sweep(args.workers, sizes, args.iters, args.dtype, args.verify,
+                                     gloo=not args.no_gloo and args.dtype == "float32", warmup=args.warmup))
+        if not args.no_setup:
+            from luwu.bench.setup_times import measure as measure_setup
+
+            for backend, prefix in (("luwu", ""), ("gloo", "gloo_")):
+                status.update(f"{backend}: init_process_group and new_group ({args.workers} ranks)")
+                res[prefix + "setup"] = setup = measure_setup(args.workers, backend)
+                res[prefix + "init_s"], res[prefix + "new_group_s"] = setup["init_s"], setup["new_group_s"]
+    checked = [r["verify"] for r in res["sweep"] if "verify" in r]
+    ok = all(v["mismatches"] == 0 for v in checked)
+    res["verified"] = ok if checked else None
+    for key in ("luwu", "gloo"):  # JSON object keys are strings
+        if key in res:
+            res[key] = {str(k): v for k, v in res[key].items()}
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "allreduce.json").write_text(json.dumps(res, indent=2, default=float))
+        torch_sweep.plot(args.out / "allreduce.png", res)
+    if args.json:
+        print(json.dumps(res, default=float))
+    else:
+        for k in ("workers", "cores", "dtype", "iters", "mode", "transport", "engine"):
+            print(f"{k}: {res[k]}")
+        torch_sweep.print_lines(res)
+        for k in ("init_s", "gloo_init_s", "new_group_s", "gloo_new_group_s", "verified"):
+            if k in res:
+                v = res[k]
+                print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
     return 0 if ok else 1
 
 

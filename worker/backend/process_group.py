@@ -41,6 +41,7 @@ from .plan_source import default_workdir, discard_prestarted_switch, obtain_plan
 from .scheduler import Scheduler
 from .sparse import sparse_allreduce
 from .staging import staged
+from .torch_view import TorchView
 from .work import LuwuWork
 
 BACKEND_NAME = "luwu"
@@ -80,7 +81,7 @@ def _describe(t: torch.Tensor) -> str:
     return f"{t.numel()} x {t.dtype}"
 
 
-class LuwuProcessGroup(dist.ProcessGroup):
+class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device table torch's tools read
     def __init__(self, store, rank: int, world_size: int, timeout: timedelta | None = None,
                  config: BackendConfig | None = None, workdir: str | None = None):
         super().__init__(rank, world_size)
