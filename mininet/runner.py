@@ -52,6 +52,12 @@ PUSH_PULL_SMALL_LAYER = 777  # elements of the second push/pull layer: not a mul
 # dropped, uncounted): with the planner's 256-slot pools the queues overflow, every loss costs a
 # retransmission that queues behind the rest and the run collapses into resends (docs/mininet.md).
 BMV2_POOL = 16
+# The workload's default time limit, per switch kind: DEFAULTS["timeout"] times this. BMv2 forwards
+# about 100x slower than the software switch (its twin), but a workload's time is mostly start-up,
+# torch and the optimizer nodes, so its limit grows 5x, not 100x: the rail-only train workload on
+# BMv2 ran 112 s of training on 2 cores (past the software switch's 120 s once start-up is added).
+# An explicit --timeout is used as given.
+TIMEOUT_SCALE = {"software": 1.0, "bmv2": 5.0}
 
 
 def add_arguments(p) -> None:
@@ -95,7 +101,9 @@ def add_arguments(p) -> None:
                    "(tc htb; default 1000, Mininet's maximum)")
     p.add_argument("--mtu", type=int, default=JUMBO_MTU, help=f"MTU of every link (default {JUMBO_MTU})")
     p.add_argument("--udp-port", type=int, default=DEFAULT_UDP_PORT, help="luwu UDP port of every switch")
-    p.add_argument("--timeout", type=float, default=DEFAULTS["timeout"], help="seconds the workload may take")
+    p.add_argument("--timeout", type=float, default=None,
+                   help=f"seconds the workload may take (default {DEFAULTS['timeout']:g}, times "
+                        f"{TIMEOUT_SCALE['bmv2']:g} with --switch bmv2: it forwards about 100x slower)")
     p.add_argument("--seed", type=int, default=1, help="seeds the tensors, epochs and the drop simulator")
     p.add_argument("--nvlink-port", type=int, default=DEFAULTS["nvlink_port"], help="TCP port of the NVLink exchange")
     p.add_argument("--mininet-python", default=None, help="python that imports mininet (default /usr/bin/python3)")
@@ -125,6 +133,8 @@ def _options(args) -> tuple[TopologyOptions, RunOptions]:
         args.node_mode = "node_per_rail" if args.workload == "train" else "port_per_rail"
     from luwu.bench.sizes import parse_size
 
+    if args.timeout is None:
+        args.timeout = DEFAULTS["timeout"] * TIMEOUT_SCALE[args.switch]
     mode = args.packet_mode or ("tofino" if args.switch == "bmv2" else "jumbo")
     try:
         lanes = lanes_for_mode(mode)
