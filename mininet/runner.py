@@ -43,7 +43,8 @@ from .topologies import JUMBO_MTU, NODE_MODES, TOPOLOGIES, TopologyError, Topolo
 
 BACKENDS = ("auto", "mininet", "netns")
 CONTROLLER_MODES = ("auto", "process", "in-process")
-DEFAULTS = {"size": "256KiB", "bw": 1000.0, "timeout": 120.0, "nvlink_port": 19600}
+WORKLOAD_TIMEOUT = 120.0  # s: --timeout's default with the software switch (TIMEOUT_SCALE below)
+DEFAULTS = {"size": "256KiB", "bw": 1000.0, "timeout": WORKLOAD_TIMEOUT, "nvlink_port": 19600}
 MININET_MAX_BW = 1000.0  # Mbit/s: Mininet's TCLink refuses more
 _MAIN_PID = 0  # the runner's process: the only one whose SIGTERM unwinds into teardown
 PUSH_PULL_SMALL_LAYER = 777  # elements of the second push/pull layer: not a multiple of any lane count
@@ -52,7 +53,7 @@ PUSH_PULL_SMALL_LAYER = 777  # elements of the second push/pull layer: not a mul
 # dropped, uncounted): with the planner's 256-slot pools the queues overflow, every loss costs a
 # retransmission that queues behind the rest and the run collapses into resends (docs/mininet.md).
 BMV2_POOL = 16
-# The workload's default time limit, per switch kind: DEFAULTS["timeout"] times this. BMv2 forwards
+# The workload's default time limit, per switch kind: WORKLOAD_TIMEOUT times this. BMv2 forwards
 # about 100x slower than the software switch (its twin), but a workload's time is mostly start-up,
 # torch and the optimizer nodes, so its limit grows 5x, not 100x: the rail-only train workload on
 # BMv2 ran 112 s of training on 2 cores (past the software switch's 120 s once start-up is added).
@@ -102,7 +103,7 @@ def add_arguments(p) -> None:
     p.add_argument("--mtu", type=int, default=JUMBO_MTU, help=f"MTU of every link (default {JUMBO_MTU})")
     p.add_argument("--udp-port", type=int, default=DEFAULT_UDP_PORT, help="luwu UDP port of every switch")
     p.add_argument("--timeout", type=float, default=None,
-                   help=f"seconds the workload may take (default {DEFAULTS['timeout']:g}, times "
+                   help=f"seconds the workload may take (default {WORKLOAD_TIMEOUT:g}, times "
                         f"{TIMEOUT_SCALE['bmv2']:g} with --switch bmv2: it forwards about 100x slower)")
     p.add_argument("--seed", type=int, default=1, help="seeds the tensors, epochs and the drop simulator")
     p.add_argument("--nvlink-port", type=int, default=DEFAULTS["nvlink_port"], help="TCP port of the NVLink exchange")
@@ -134,7 +135,7 @@ def _options(args) -> tuple[TopologyOptions, RunOptions]:
     from luwu.bench.sizes import parse_size
 
     if args.timeout is None:
-        args.timeout = DEFAULTS["timeout"] * TIMEOUT_SCALE[args.switch]
+        args.timeout = WORKLOAD_TIMEOUT * TIMEOUT_SCALE[args.switch]
     mode = args.packet_mode or ("tofino" if args.switch == "bmv2" else "jumbo")
     try:
         lanes = lanes_for_mode(mode)
