@@ -33,6 +33,7 @@ from finsy.p4entity import P4Replica
 from finsy.p4values import encode_exact, encode_lpm
 from finsy.proto import U128, p4i, p4r, p4r_grpc, rpc_code, rpc_status
 
+from .p4runtime_audit import AuditLog, WatchedContext, describe_update, peer_identity
 from .p4runtime_auth import P4RuntimeAuth, check_transport, local_server_credentials
 from .table_schema import SCHEMA, TableError, short_name
 
@@ -61,11 +62,14 @@ class _Stream:
 
 
 class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
-    """Arbitration, pipeline config and the Write/Read envelopes; subclasses store entities."""
+    """Arbitration, pipeline config and the Write/Read envelopes; subclasses store entities.
+    With `audit` (p4runtime_audit.AuditLog) every Write update and pipeline change, accepted or
+    refused, is logged with its caller."""
 
-    def __init__(self, device_id: int = 0, auth: P4RuntimeAuth | None = None):
+    def __init__(self, device_id: int = 0, auth: P4RuntimeAuth | None = None, audit: AuditLog | None = None):
         self.device_id = device_id
         self.auth = auth
+        self.audit = audit
         self.schema: P4Schema | None = None
         self.config: p4r.ForwardingPipelineConfig | None = None
         self._saved: p4r.ForwardingPipelineConfig | None = None
@@ -190,7 +194,28 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
     def Capabilities(self, request, context):
         return p4r.CapabilitiesResponse(p4runtime_api_version=API_VERSION)
 
+    def _who(self, context) -> dict[str, str]:
+        return peer_identity(context, "bearer token" if self.auth is not None else "none (no authentication)")
+
+    def _audit_refusal(self, context: WatchedContext, what: dict) -> None:
+        if self.audit is not None and context.refused is not None and not context.logged:
+            code, message = context.refused
+            self.audit.record(self._who(context), what, f"{code.name}: {message}")
+
     def SetForwardingPipelineConfig(self, request, context):
+        watched = WatchedContext(context)
+        what = {"rpc": "SetForwardingPipelineConfig",
+                "action": p4r.SetForwardingPipelineConfigRequest.Action.Name(request.action),
+                "cookie": request.config.cookie.cookie if request.config.HasField("cookie") else None}
+        try:
+            response = self._set_pipeline(request, watched)
+        finally:
+            self._audit_refusal(watched, what)
+        if self.audit is not None:
+            self.audit.record(self._who(context), what, "OK")
+        return response
+
+    def _set_pipeline(self, request, context):
         self._check_writer(request.device_id, request.election_id, context)
         A = p4r.SetForwardingPipelineConfigRequest
         with self._mutex:
@@ -239,6 +264,14 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
 
     # -- write / read ---------------------------------------------------------------------------
     def Write(self, request, context):
+        watched = WatchedContext(context)
+        try:
+            return self._write(request, watched)
+        finally:
+            first = describe_update(request.updates[0], self.schema) if request.updates else {}
+            self._audit_refusal(watched, {"rpc": "Write", "updates": len(request.updates), **first})
+
+    def _write(self, request, context: WatchedContext):
         self._check_writer(request.device_id, request.election_id, context)
         if self.config is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, NO_PIPELINE)
@@ -250,6 +283,12 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
                     errors.append(None)
                 except UpdateError as exc:
                     errors.append(exc)
+        if self.audit is not None:  # one line per update, as applied (a batch may partly fail)
+            who = self._who(context)
+            for update, e in zip(request.updates, errors):
+                self.audit.record(who, {"rpc": "Write", **describe_update(update, self.schema)},
+                                  "OK" if e is None else f"{e.code.name}: {e.message}")
+            context.logged = True
         failed = [e for e in errors if e is not None]
         if failed:
             status = rpc_status.Status(code=rpc_code.UNKNOWN, message=f"{len(failed)} of {len(errors)} updates failed:"
@@ -284,8 +323,8 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
 class SwitchP4Runtime(P4RuntimeBase):
     """P4Runtime over the software switch's `tables` (insert/delete/entries/multicast) and counters."""
 
-    def __init__(self, switch, device_id: int = 0, auth: P4RuntimeAuth | None = None):
-        super().__init__(device_id, auth)
+    def __init__(self, switch, device_id: int = 0, auth: P4RuntimeAuth | None = None, audit: AuditLog | None = None):
+        super().__init__(device_id, auth, audit)
         self.switch = switch
 
     def check_p4info(self, p4info: p4i.P4Info) -> None:
@@ -501,6 +540,8 @@ class P4RuntimeHandle:
 
     def stop(self, grace: float | None = None) -> None:
         self.server.stop(grace).wait()
+        if self.servicer.audit is not None:
+            self.servicer.audit.close()
 
 
 def start_server(servicer: P4RuntimeBase, address: str, credentials: grpc.ServerCredentials | None = None,
@@ -515,7 +556,7 @@ def start_server(servicer: P4RuntimeBase, address: str, credentials: grpc.Server
 
 
 def serve(switch, address: str, p4info_path, device_id: int = 0, credentials=None,
-          auth: P4RuntimeAuth | None = None) -> P4RuntimeHandle:
+          auth: P4RuntimeAuth | None = None, audit: AuditLog | None = None) -> P4RuntimeHandle:
     """Serve P4Runtime for `switch` (a SoftwareSwitch) on `address` ("HOST:PORT", port 0 = any).
 
     Args:
@@ -527,6 +568,8 @@ def serve(switch, address: str, p4info_path, device_id: int = 0, credentials=Non
         auth: the token and role every call must present; None serves unauthenticated (tests and
             in-process tools only). With auth and no TLS, only a loopback address is allowed and
             the server uses gRPC local credentials (loopback peers; call credentials allowed).
+        audit: where every Write update and pipeline change is logged with its caller and result
+            (p4runtime_audit.py); None: not logged.
 
     Returns:
         A P4RuntimeHandle (`.address`, `.stop()`).
@@ -542,7 +585,7 @@ def serve(switch, address: str, p4info_path, device_id: int = 0, credentials=Non
                                 "p4/build/p4info.txtpb")
     # The P4Info itself arrives with SetForwardingPipelineConfig (checked against the tables then);
     # the path is only checked here so that a daemon misconfiguration shows at start.
-    return start_server(SwitchP4Runtime(switch, device_id, auth), address, credentials)
+    return start_server(SwitchP4Runtime(switch, device_id, auth, audit), address, credentials)
 
 
 def device_config_marker(lanes: int, slots: int, name: str = "luwu-software-switch") -> bytes:

@@ -40,6 +40,13 @@ def test_star_allreduce_with_the_controller_process():
         assert info["allreduce"]["verified"] == 3
         # the switch was started without a runtime file: every sum it made used the controller's entries
         assert counters(info, "s1", "COMPLETED") == CHUNKS
+        # both ends logged every write into the run directory: the switch with its caller, the controller
+        # with the switch it wrote to, the same updates
+        switch_side = [x for x in info["_audit"]["s1-p4runtime-audit.jsonl"] if x["what"]["rpc"] == "Write"]
+        controller_side = info["_audit"]["controller-p4runtime-audit.jsonl"]
+        assert switch_side and all(x["result"] == "OK" and x["who"]["identity"] == "bearer token"
+                                   for x in switch_side), switch_side[:3]
+        assert len(controller_side) == len(switch_side) and all(x["what"]["switch"] == "s1" for x in controller_side)
     finally:
         check_clean(info)
 
