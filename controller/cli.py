@@ -41,10 +41,10 @@ def _global_flags(p: argparse.ArgumentParser, defaults: bool) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from luwu import __version__
+    from importlib.metadata import version  # as luwu.__version__ (the application layer, above this one)
 
     p = OneLineParser(prog="luwu-ctl", description="talk to a running luwu controller")
-    p.add_argument("--version", action="version", version=f"luwu-ctl {__version__}")
+    p.add_argument("--version", action="version", version=f"luwu-ctl {version('luwu')}")
     _global_flags(p, defaults=True)
     common = OneLineParser(add_help=False)
     _global_flags(common, defaults=False)

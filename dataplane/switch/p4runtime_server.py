@@ -8,7 +8,9 @@ forwarding pipeline config set for this device." before that, the text BMv2 uses
 matches), Write (table entries, default actions, multicast groups; per-update errors in
 `grpc-status-details-bin` as p4.v1.Error, like BMv2), Read (table entries, multicast groups, the
 `drops` / `events` / `rx_types` / `session_packets` counters; registers are UNIMPLEMENTED as on
-BMv2), StreamChannel (primary arbitration by election id) and Capabilities.
+BMv2), StreamChannel (primary arbitration by election id) and Capabilities. Where the spec leaves
+a choice, BMv2's answer (p4runtime_semantics.py: default-entry reset, `egress_port` read-back);
+every write can be audited (p4runtime_audit.py).
 
 `P4RuntimeBase` holds everything but the storage; the controller's in-process fake P4Runtime
 server (tests/controller/fake_p4runtime.py) reuses it with a recording store.
@@ -33,9 +35,10 @@ from finsy.p4entity import P4Replica
 from finsy.p4values import encode_exact, encode_lpm
 from finsy.proto import U128, p4i, p4r, p4r_grpc, rpc_code, rpc_status
 
+from . import p4runtime_semantics as sem
 from .p4runtime_audit import AuditLog, WatchedContext, describe_update, peer_identity
 from .p4runtime_auth import P4RuntimeAuth, check_transport, local_server_credentials
-from .table_schema import SCHEMA, TableError, short_name
+from .table_schema import SCHEMA, TableError, check_p4info_implemented, short_name
 
 API_VERSION = "1.4.1"
 NO_PIPELINE = "No forwarding pipeline config set for this device."
@@ -326,37 +329,15 @@ class SwitchP4Runtime(P4RuntimeBase):
     def __init__(self, switch, device_id: int = 0, auth: P4RuntimeAuth | None = None, audit: AuditLog | None = None):
         super().__init__(device_id, auth, audit)
         self.switch = switch
+        self._egress_port_groups: set[int] = set()  # groups written with the deprecated Replica.egress_port
 
     def check_p4info(self, p4info: p4i.P4Info) -> None:
-        for table in p4info.tables:
-            name = short_name(table.preamble.name)
-            if name not in SCHEMA:
-                raise ValueError(f"table {table.preamble.name!r} is not implemented by the software switch "
-                                 f"(it has {', '.join(SCHEMA)})")
-            spec = SCHEMA[name]
-            keys = {k.name: k.bits for k in spec.keys}
-            for mf in table.match_fields:
-                if keys.get(short_name(mf.name)) != mf.bitwidth:
-                    raise ValueError(f"table {name}: match field {mf.name}:{mf.bitwidth} differs from the switch's "
-                                     f"{', '.join(f'{k}:{b}' for k, b in keys.items())}")
-        actions = {a: {f.name: f.bits for f in params} for t in SCHEMA.values() for a, params in t.actions.items()}
-        for action in p4info.actions:
-            name = short_name(action.preamble.name)
-            if name in ("NoAction", "drop"):
-                continue
-            if name not in actions:
-                raise ValueError(f"action {action.preamble.name!r} is not implemented by the software switch")
-            for p in action.params:
-                if actions[name].get(p.name) != p.bitwidth:
-                    raise ValueError(f"action {name}: param {p.name}:{p.bitwidth} differs from the switch's "
-                                     f"{actions[name]}")
-        for counter in p4info.counters:
-            if short_name(counter.preamble.name) not in COUNTERS:
-                raise ValueError(f"counter {counter.preamble.name!r} is not one of {', '.join(COUNTERS)}")
+        check_p4info_implemented(p4info, COUNTERS)
 
     def clear(self) -> None:
         with self.switch.lock:
             self.switch.tables.clear()
+            self._egress_port_groups.clear()
 
     # -- write ----------------------------------------------------------------------------------
     def apply_update(self, update: p4r.Update) -> None:
@@ -373,7 +354,7 @@ class SwitchP4Runtime(P4RuntimeBase):
         try:
             return self.schema.tables[table_id]
         except (KeyError, ValueError):
-            raise UpdateError(grpc.StatusCode.NOT_FOUND, f"unknown table id {table_id}") from None
+            raise UpdateError(grpc.StatusCode.NOT_FOUND, f"unknown table id {table_id}{sem.spec(sem.IDS)}") from None
 
     def _decode(self, entry: p4r.TableEntry):
         table = self._table(entry.table_id)
@@ -403,7 +384,7 @@ class SwitchP4Runtime(P4RuntimeBase):
                 act = self.schema.actions[entry.action.action.action_id]
             except (KeyError, ValueError):
                 raise UpdateError(grpc.StatusCode.NOT_FOUND,
-                                  f"unknown action id {entry.action.action.action_id}") from None
+                                  f"unknown action id {entry.action.action.action_id}{sem.spec(sem.IDS)}") from None
             action = act.alias
             for p in entry.action.action.params:
                 try:
@@ -420,24 +401,29 @@ class SwitchP4Runtime(P4RuntimeBase):
             with self.switch.lock:
                 if entry.is_default_action:
                     if kind != p4r.Update.MODIFY:
-                        raise UpdateError(grpc.StatusCode.INVALID_ARGUMENT, "a default entry can only be MODIFIED")
-                    tables.set_default(table.name, action or "NoAction", params)
+                        raise UpdateError(grpc.StatusCode.INVALID_ARGUMENT, f"table {table.alias}: a default entry "
+                                          f"can only be MODIFIED{sem.spec(sem.DEFAULT_ENTRY)}")
+                    if action is None:  # no action: back to the program's initial default, as BMv2 does
+                        action, params = sem.initial_default(self.schema, table)
+                    tables.set_default(table.name, action, params)
                     return
                 exists = tables.lookup(table.name, match) is not None
                 if kind == p4r.Update.INSERT:
                     if exists:
-                        raise UpdateError(grpc.StatusCode.ALREADY_EXISTS, f"table {table.alias}: entry {match} exists")
+                        raise UpdateError(grpc.StatusCode.ALREADY_EXISTS,
+                                          f"table {table.alias}: entry {match} exists{sem.spec(sem.TABLE_WRITE)}")
                     tables.insert(table.name, match, action or "", params)
-                elif kind == p4r.Update.MODIFY:
+                elif kind in (p4r.Update.MODIFY, p4r.Update.DELETE):
                     if not exists:
-                        raise UpdateError(grpc.StatusCode.NOT_FOUND, f"table {table.alias}: no entry {match}")
-                    tables.insert(table.name, match, action or "", params, modify=True)
-                elif kind == p4r.Update.DELETE:
-                    if not exists:
-                        raise UpdateError(grpc.StatusCode.NOT_FOUND, f"table {table.alias}: no entry {match}")
-                    tables.delete(table.name, match)
+                        raise UpdateError(grpc.StatusCode.NOT_FOUND,
+                                          f"table {table.alias}: no entry {match}{sem.spec(sem.TABLE_WRITE)}")
+                    if kind == p4r.Update.MODIFY:
+                        tables.insert(table.name, match, action or "", params, modify=True)
+                    else:
+                        tables.delete(table.name, match)
                 else:
-                    raise UpdateError(grpc.StatusCode.INVALID_ARGUMENT, "update type must be INSERT/MODIFY/DELETE")
+                    raise UpdateError(grpc.StatusCode.INVALID_ARGUMENT,
+                                      f"update type must be INSERT/MODIFY/DELETE{sem.spec(sem.TABLE_WRITE)}")
         except TableError as exc:
             raise UpdateError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
 
@@ -449,13 +435,18 @@ class SwitchP4Runtime(P4RuntimeBase):
             with self.switch.lock:
                 exists = gid in tables.multicast_groups()
                 if kind == p4r.Update.INSERT and exists:
-                    raise UpdateError(grpc.StatusCode.ALREADY_EXISTS, f"multicast group {gid} exists")
+                    raise UpdateError(grpc.StatusCode.ALREADY_EXISTS,
+                                      f"multicast group {gid} exists{sem.spec(sem.MULTICAST)}")
                 if kind in (p4r.Update.MODIFY, p4r.Update.DELETE) and not exists:
-                    raise UpdateError(grpc.StatusCode.NOT_FOUND, f"multicast group {gid} does not exist")
+                    raise UpdateError(grpc.StatusCode.NOT_FOUND,
+                                      f"multicast group {gid} does not exist{sem.spec(sem.MULTICAST)}")
                 if kind == p4r.Update.DELETE:
                     tables.delete_multicast_group(gid)
                 else:
                     tables.set_multicast_group(gid, replicas)
+                self._egress_port_groups.discard(gid)
+                if kind != p4r.Update.DELETE and sem.uses_egress_port(group):
+                    self._egress_port_groups.add(gid)
         except TableError as exc:
             raise UpdateError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
 
@@ -465,15 +456,18 @@ class SwitchP4Runtime(P4RuntimeBase):
         if which == "table_entry":
             return self._read_tables(entity.table_entry)
         if which == "packet_replication_engine_entry":
+            if entity.packet_replication_engine_entry.WhichOneof("type") == "clone_session_entry":
+                return []  # this switch has no clone sessions (not the multicast groups a second time)
             gid = entity.packet_replication_engine_entry.multicast_group_entry.multicast_group_id
             groups = self.switch.tables.multicast_groups()
             return [p4r.Entity(packet_replication_engine_entry=p4r.PacketReplicationEngineEntry(
                 multicast_group_entry=p4r.MulticastGroupEntry(
-                    multicast_group_id=g, replicas=[p4r.Replica(port=encode_exact(port, 32), instance=inst)
-                                                    for port, inst in groups[g]])))
+                    multicast_group_id=g, replicas=sem.encode_replicas(groups[g], g in self._egress_port_groups))))
                 for g in sorted(groups) if gid in (0, g)]
         if which == "counter_entry":
             return self._read_counters(entity.counter_entry)
+        if which in ("action_profile_member", "action_profile_group") and not len(self.schema.action_profiles):
+            return []  # a wildcard read of what the P4Info has none of (finsy's delete_all asks)
         if which == "register_entry":
             raise UpdateError(grpc.StatusCode.UNIMPLEMENTED, "Register reads are not supported (as on BMv2): "
                                                             "luwu's registers never need the controller")
