@@ -304,6 +304,7 @@ def run(args) -> int:
         compared = compare(params, args.seed, run_opts.steps, len(job.worker_host))
     info = summary(args, spec, job, run_opts, result, run_dir, compared)
     info["trace"] = result.trace
+    info["metrics"] = result.metrics  # what served /metrics during the run (named on stderr while it ran)
     info["controller"] = ({"mode": "process", **result.controller} if run_opts.controller else
                           {"mode": "in-process", "why": _in_process_why(args) or "--controller in-process"})
     if args.json:
@@ -341,8 +342,12 @@ def _up(args, topo, spec, job, run_opts: RunOptions, run_dir: Path) -> int:
             print(f"  controller {ctl['address']} (job {ctl['job']}, admin token in {ctl['token_file']}, log "
                   f"{ctl['log']}): {ctl['luwu_ctl']}"
                   + (f"; metrics: curl -s {ctl['metrics']}" if ctl.get("metrics") else ""))
+            for who, url in sorted(info.get("metrics", {}).items()):
+                if who.startswith("node "):
+                    print(f"  optimizer {who}: metrics: curl -s {url}")
             print("  torch on a worker host: <its LUWU_CONTROLLER=... line above> LUWU_ENGINE=embedded "
-                  "python train.py  (init_process_group('luwu', ...) joins the job; docs/mininet.md)")
+                  "python train.py  (init_process_group('luwu', ...) joins the job; docs/mininet.md); add "
+                  "LUWU_METRICS=<its management address>:PORT to serve its engines' /metrics there")
         else:
             print("  torch on a worker host: LUWU_PLAN=<its plan> LUWU_ENGINE=embedded LUWU_P2P_HOST=<its address> "
                   "python train.py  (init_process_group('luwu', ...); docs/mininet.md)")
