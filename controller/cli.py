@@ -40,11 +40,23 @@ def _global_flags(p: argparse.ArgumentParser, defaults: bool) -> None:
                    help="print one JSON document instead of tables")
 
 
-def _parser() -> argparse.ArgumentParser:
-    from importlib.metadata import version  # as luwu.__version__ (the application layer, above this one)
+class _Version(argparse.Action):
+    """--version: read only when asked (importlib.metadata costs ~60 ms), as luwu.__version__ does
+    (that package is the application layer, above this one)."""
 
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import version
+
+        print(f"luwu-ctl {version('luwu')}")
+        parser.exit()
+
+
+def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="luwu-ctl", description="talk to a running luwu controller")
-    p.add_argument("--version", action="version", version=f"luwu-ctl {version('luwu')}")
+    p.add_argument("--version", action=_Version)
     _global_flags(p, defaults=True)
     common = OneLineParser(add_help=False)
     _global_flags(common, defaults=False)

@@ -271,8 +271,9 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
         try:
             return self._write(request, watched)
         finally:
-            first = describe_update(request.updates[0], self.schema) if request.updates else {}
-            self._audit_refusal(watched, {"rpc": "Write", "updates": len(request.updates), **first})
+            if watched.refused is not None:  # refused as a whole: one line, naming the first update
+                first = describe_update(request.updates[0], self.schema) if request.updates else {}
+                self._audit_refusal(watched, {"rpc": "Write", "updates": len(request.updates), **first})
 
     def _write(self, request, context: WatchedContext):
         self._check_writer(request.device_id, request.election_id, context)

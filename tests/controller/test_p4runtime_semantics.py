@@ -21,6 +21,7 @@ from luwu.dataplane.switch.p4runtime_server import device_config_marker
 
 _LOOP = asyncio.new_event_loop()  # one loop for the module: grpc.aio binds its poller to the first loop
 TIMEOUT = 30.0
+ELECTION = 1000  # above finsy's default (10): primary even while the stream finsy set the pipeline on still closes
 
 
 def run(coro):
@@ -55,11 +56,11 @@ def test_finsy_delete_all_empties_the_switch_and_resets_default_entries(software
 
 
 def _primary(stub, stop):
-    """A StreamChannel that won arbitration with election id 1, held until `stop` is set."""
+    """A StreamChannel that won arbitration with election id ELECTION, held until `stop` is set."""
 
     def requests():
         yield p4r.StreamMessageRequest(arbitration=p4r.MasterArbitrationUpdate(device_id=0,
-                                                                               election_id=U128.encode(1)))
+                                                                               election_id=U128.encode(ELECTION)))
         stop.wait(TIMEOUT)
 
     responses = stub.StreamChannel(requests())
@@ -89,7 +90,7 @@ def test_replicas_read_back_in_the_field_they_were_written_in(software_switch, p
 
 def _groups_and_refusals(stub, ipv4_lpm: int) -> None:
     def write(update_type, entity):
-        stub.Write(p4r.WriteRequest(device_id=0, election_id=U128.encode(1),
+        stub.Write(p4r.WriteRequest(device_id=0, election_id=U128.encode(ELECTION),
                                     updates=[p4r.Update(type=update_type, entity=entity)]), timeout=TIMEOUT)
 
     def group(g):
