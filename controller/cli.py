@@ -26,19 +26,51 @@ STATES = {v: k for k, v in pb.JobState.items()}
 ROLES = {v: k for k, v in pb.SwitchRole.items()}
 
 
+def _global_flags(p: argparse.ArgumentParser, defaults: bool) -> None:
+    """The flags every command takes, before or after the command's name (`luwu-ctl --json top` and
+    `luwu-ctl top --json`); after it they default to SUPPRESS, so that they do not reset a value
+    given before it."""
+    def d(value):
+        return value if defaults else argparse.SUPPRESS
+
+    p.add_argument("--controller", default=d(None), help="HOST:PORT of the controller (default $LUWU_CONTROLLER)")
+    p.add_argument("--token", default=d(None), help="admin or job token (default $LUWU_TOKEN)")
+    p.add_argument("--tls-ca", default=d(None), help="CA certificate (PEM) when the controller serves TLS")
+    p.add_argument("--json", action="store_true", default=d(False),
+                   help="print one JSON document instead of tables")
+
+
+class _Version(argparse.Action):
+    """--version: read only when asked (importlib.metadata costs ~60 ms), as luwu.__version__ does
+    (that package is the application layer, above this one)."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import version
+
+        print(f"luwu-ctl {version('luwu')}")
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="luwu-ctl", description="talk to a running luwu controller")
-    p.add_argument("--controller", default=None, help="HOST:PORT of the controller (default $LUWU_CONTROLLER)")
-    p.add_argument("--token", default=None, help="admin or job token (default $LUWU_TOKEN)")
-    p.add_argument("--tls-ca", default=None, help="CA certificate (PEM) when the controller serves TLS")
-    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.add_argument("--version", action=_Version)
+    _global_flags(p, defaults=True)
+    common = OneLineParser(add_help=False)
+    _global_flags(common, defaults=False)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="controller summary")
-    sub.add_parser("switches", help="registered switches")
-    sub.add_parser("nodes", help="registered optimizer nodes")
-    jobs = sub.add_parser("jobs", help="jobs")
+
+    def command(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_, parents=[common])
+
+    command("status", "controller summary")
+    command("switches", "registered switches")
+    command("nodes", "registered optimizer nodes")
+    jobs = command("jobs", "jobs")
     jobs.add_argument("--all", action="store_true", help="include ended jobs")
-    plan = sub.add_parser("plan", help="a job's plan")
+    plan = command("plan", "a job's plan")
     plan.add_argument("job")
     plan.add_argument("--explain", action="store_true", help="say why: pools, tree, shard balance, and the "
                                                              "predicted iteration time and bottleneck")
@@ -49,14 +81,14 @@ def _parser() -> argparse.ArgumentParser:
                            "(e.g. from `luwu simulate`; default: network and optimizer nodes only)")
     plan.add_argument("--runtime-dir", default="", help="also write each switch's p4lang/tutorials runtime JSON "
                                                         "(SWITCH-runtime.json) into this folder")
-    counters = sub.add_parser("counters", help="switch counters read over P4Runtime")
+    counters = command("counters", "switch counters read over P4Runtime")
     counters.add_argument("switch", nargs="?", default="")
-    drain = sub.add_parser("drain", help="stop placing new jobs on an optimizer node")
+    drain = command("drain", "stop placing new jobs on an optimizer node")
     drain.add_argument("node")
-    end = sub.add_parser("end", help="end a job and free its switch resources")
+    end = command("end", "end a job and free its switch resources")
     end.add_argument("job")
-    top = sub.add_parser("top", help="live per-worker lag, throughput and drops; names a straggler "
-                                     "(controller/top_view.py)")
+    top = command("top", "live per-worker lag, throughput and drops; names a straggler "
+                         "(controller/top_view.py)")
     top.add_argument("job", nargs="?", default="", help="one job (default: every live job; needs the admin token)")
     top.add_argument("--interval", type=positive_float, default=2.0,
                      help="seconds each frame covers (default 2.0)")
@@ -266,7 +298,7 @@ def _top(args, client: ControllerClient, console: Console) -> int:
             if args.json:
                 print(json.dumps(view), flush=True)
             else:
-                if not args.once:
+                if not args.once and console.is_terminal:
                     console.clear()
                 render(view, console)
             if args.once:

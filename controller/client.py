@@ -18,7 +18,7 @@ import grpc
 from google.protobuf.message import Message
 
 from luwu.dataplane.session import EndpointPlan, shm_port_address
-from luwu.dataplane.usage import check_host_port, existing_file_or_error
+from luwu.dataplane.usage import check_host_port, pem_certificates_or_error
 from luwu.proto import controller_pb2 as pb
 from luwu.proto import controller_pb2_grpc as pb_grpc
 
@@ -71,7 +71,7 @@ class ControllerClient:
         self.token = token if token is not None else os.environ.get(TOKEN_ENV, "")
         self.timeout = timeout
         if tls_ca:
-            creds = grpc.ssl_channel_credentials(existing_file_or_error(tls_ca, "--tls-ca").read_bytes())
+            creds = grpc.ssl_channel_credentials(pem_certificates_or_error(tls_ca, "--tls-ca"))
             self.channel = grpc.secure_channel(self.address, creds, options=options)
         else:
             self.channel = grpc.insecure_channel(self.address, options=options)

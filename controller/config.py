@@ -44,6 +44,7 @@ class ControllerConfig:
     switch_tls_key: str = ""
     reconcile_interval: float = 10.0  # seconds between read-backs of every switch (drift repair); 0: off
     metrics: str = ""  # HOST:PORT to serve Prometheus /metrics on ("": none); port 0 picks one
+    audit_log: str = ""  # JSON-lines file of every P4Runtime write to a switch ("": none; p4runtime_audit.py)
 
     def validate(self) -> None:
         for name in ("meta_pool", "data_pool", "node_pool", "min_pool"):

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import grpc
 
 from luwu.dataplane.protocol import DropReason, Event, MsgType
+from luwu.dataplane.switch.p4runtime_audit import AuditLog
 from luwu.dataplane.switch.p4runtime_auth import switch_token
 from luwu.dataplane.switch.p4runtime_server import device_config_marker
 from luwu.p4.runtime_config import TableEntry, drop_rate_entry, route_entry
@@ -52,8 +53,9 @@ class ControllerCore:
         self.store = store
         tls = SwitchTls(config.switch_tls_ca, config.switch_tls_cert, config.switch_tls_key) \
             if config.switch_tls_ca else None
+        audit = AuditLog(config.audit_log, {"controller": config.listen}) if config.audit_log else None
         self.programmer = programmer or SwitchProgrammer(config.p4info_path(), self._device_config,
-                                                         config.program_timeout, tls)
+                                                         config.program_timeout, tls, audit)
         self.planner = Planner(config)
         self.health = HealthMonitor(config.health_timeout)
         self.events = JobEvents(store)

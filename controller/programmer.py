@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TypeVar, cast
 
 from finsy import (
+    P4ClientError,
     P4CounterEntry,
     P4MulticastGroupEntry,
     P4TableAction,
@@ -31,8 +32,10 @@ from finsy import (
     Switch,
     SwitchOptions,
 )
-from finsy.p4entity import P4Replica
+from finsy.p4entity import P4Replica, encode_updates
+from finsy.proto import p4r
 
+from luwu.dataplane.switch.p4runtime_audit import AuditLog, describe_update
 from luwu.p4.runtime_config import TableEntry, multicast_group
 
 from .plan import SwitchProgram
@@ -81,10 +84,14 @@ class SwitchTarget:
 
 
 class SwitchProgrammer:
+    """Programs and reads switches over P4Runtime. With `audit` (p4runtime_audit.AuditLog) every
+    update it writes is logged with the switch and its result, as the switch's own log does."""
+
     def __init__(self, p4info: Path, device_config: Callable[[SwitchTarget], bytes], timeout: float = 20.0,
-                 tls: SwitchTls | None = None):
+                 tls: SwitchTls | None = None, audit: AuditLog | None = None):
         self.p4info = Path(p4info)
         self.tls = tls
+        self.audit = audit
         self.device_config = device_config
         self.timeout = timeout
         if not self.p4info.exists():
@@ -149,7 +156,7 @@ class SwitchProgrammer:
                     group_ops.append(~group)
             for batch in (deletes, group_ops, modifies, inserts):
                 for i in range(0, len(batch), WRITE_BATCH):
-                    await sw.write(batch[i:i + WRITE_BATCH])
+                    await self._write(sw, target, batch[i:i + WRITE_BATCH])
             counts.update(deleted=len(deletes), modified=len(modifies), inserted=len(inserts), groups=len(group_ops))
             if report is not None:
                 for kind, batch in (("deleted", deletes), ("modified", modifies), ("inserted", inserts)):
@@ -165,6 +172,31 @@ class SwitchProgrammer:
             return counts
 
         return await self._run(target, "programming", body)
+
+    async def _write(self, sw: Switch, target: SwitchTarget, batch: list) -> None:
+        """`sw.write(batch)`, each update logged to the audit log with its result: OK, the switch's
+        error for that update, or the error of the whole request."""
+        if self.audit is None:
+            await sw.write(batch)
+            return
+        updates = [u for u in encode_updates(batch, sw.p4info) if isinstance(u, p4r.Update)]
+        results = ["OK"] * len(updates)
+        try:
+            await sw.write(batch)
+        except P4ClientError as exc:
+            for i in range(len(updates)):
+                err = exc.details.get(i)
+                results[i] = f"{err.canonical_code.name}: {err.message}" if err is not None else \
+                    ("OK" if exc.details else f"{exc.code.name}: {exc.message}")
+            raise
+        except BaseException as exc:
+            results = [f"{type(exc).__name__}: {exc}"] * len(updates)
+            raise
+        finally:
+            who = {"identity": "luwu controller", "to": f"{target.name} ({target.address}, device {target.device_id})"}
+            for update, result in zip(updates, results):
+                self.audit.record(who, {"rpc": "Write", "switch": target.name, **describe_update(update, sw.p4info)},
+                                  result)
 
     async def read_program(self, target: SwitchTarget) -> SwitchProgram:
         """What the switch holds in the managed tables and groups, as a SwitchProgram."""

@@ -182,6 +182,9 @@ def add_arguments(p) -> None:
                    help="seconds between read-backs of every switch's tables; drift (entries changed, missing or "
                         f"not written by the controller) is reported and repaired (default {d.reconcile_interval}; "
                         "0: off)")
+    p.add_argument("--audit-log", metavar="PATH|off", default=None,
+                   help="append every P4Runtime write to a switch (who, what, result) to PATH as JSON lines "
+                        "(default: controller-p4runtime-audit.jsonl beside --db; off: none)")
     p.add_argument("--metrics", metavar="HOST:PORT", type=host_port, default=None,
                    help="serve Prometheus metrics at http://HOST:PORT/metrics: jobs by state, switch and node "
                         "health, drift repairs, RPCs by method and result, auth refusals (docs/observability.md)")
@@ -200,7 +203,13 @@ def config_from_args(args) -> ControllerConfig:
                             bmv2_json=args.bmv2_json, program_timeout=args.program_timeout,
                             switch_tls_ca=args.switch_tls_ca, switch_tls_cert=args.switch_tls_cert,
                             switch_tls_key=args.switch_tls_key, reconcile_interval=args.reconcile_interval,
-                            metrics=args.metrics or "")
+                            metrics=args.metrics or "", audit_log=_audit_path(args))
+
+
+def _audit_path(args) -> str:
+    if args.audit_log == "off":
+        return ""
+    return args.audit_log or str(Path(args.db).parent / "controller-p4runtime-audit.jsonl")
 
 
 def run(args) -> int:

@@ -82,23 +82,40 @@ def name_straggler(rows: dict[str, dict]) -> tuple[str | None, str]:
     return best
 
 
+COLUMNS = ("rank", "switch:port", "contrib/s", "dups", "last", "of slots", "share", "lag ms", "rx dropped", "tx lost")
+
+
+def _cells(j: dict) -> list[tuple[list[str], str]]:
+    """(cells, error) per worker row of a job's frame; error is "" for a readable row."""
+    rows = []
+    for rank, w in j["workers"].items():
+        where = f"{w['switch']}:{w['port']}"
+        if "error" in w:
+            rows.append(([rank, where], w["error"]))
+            continue
+        rows.append(([rank, where, f"{w['contributions_per_second']:.0f}", str(w["duplicates"]), str(w["last"]),
+                      str(w["completed"]), f"{w['last_share']:.0%}", f"{w['mean_lag_ms']:.1f}", str(w["rx_dropped"]),
+                      str(w["tx_sim_lost"])], ""))
+    return rows
+
+
 def render(top: dict, console) -> None:
-    """Print one frame as rich tables (one per job) and the straggler line."""
+    """Print one frame, one table per job and its straggler line: rich tables on a terminal, plain
+    aligned text (no colour, no box, nothing cut short) when the output is a pipe or a file."""
+    if not console.is_terminal:
+        _render_plain(top, console.file)
+        return
     from rich.table import Table
 
     for job, j in top["jobs"].items():
         t = Table(title=f"{job}: last {top['window_seconds']:.1f} s")
-        for col in ("rank", "switch:port", "contrib/s", "dups", "last", "of slots", "share", "lag ms", "rx dropped",
-                    "tx lost"):
+        for col in COLUMNS:
             t.add_column(col, justify="right")
-        for rank, w in j["workers"].items():
-            where = f"{w['switch']}:{w['port']}"
-            if "error" in w:
-                t.add_row(rank, where, "[red]" + w["error"][:60] + "[/red]", *[""] * 7)
-                continue
-            t.add_row(rank, where, f"{w['contributions_per_second']:.0f}", str(w["duplicates"]), str(w["last"]),
-                      str(w["completed"]), f"{w['last_share']:.0%}", f"{w['mean_lag_ms']:.1f}", str(w["rx_dropped"]),
-                      str(w["tx_sim_lost"]))
+        for cells, error in _cells(j):
+            if error:
+                t.add_row(*cells, "[red]" + error[:60] + "[/red]", *[""] * 7)
+            else:
+                t.add_row(*cells)
         console.print(t)
         if j["straggler"] is not None:
             console.print(f"[bold yellow]straggler: rank {j['straggler']}[/bold yellow] ({j['why']})")
@@ -106,3 +123,22 @@ def render(top: dict, console) -> None:
             console.print(f"no straggler: {j['why']}")
     if not top["jobs"]:
         console.print("no live jobs")
+
+
+def _render_plain(top: dict, out) -> None:
+    for job, j in top["jobs"].items():
+        rows = _cells(j)
+        width = [max([len(col)] + [len(cells[i]) for cells, error in rows if not error and i < len(cells)])
+                 for i, col in enumerate(COLUMNS)]
+        print(f"{job}: last {top['window_seconds']:.1f} s", file=out)
+        print("  ".join(col.rjust(w) for col, w in zip(COLUMNS, width)), file=out)
+        for cells, error in rows:
+            line = "  ".join(c.rjust(w) for c, w in zip(cells, width))
+            print(f"{line}  error: {error}" if error else line, file=out)
+        if j["straggler"] is not None:
+            print(f"straggler: rank {j['straggler']} ({j['why']})", file=out)
+        else:
+            print(f"no straggler: {j['why']}", file=out)
+    if not top["jobs"]:
+        print("no live jobs", file=out)
+    out.flush()

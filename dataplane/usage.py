@@ -32,8 +32,18 @@ class OneLineParser(argparse.ArgumentParser):
     usage block followed by the error, so that a mistake is as easy to read as any other."""
 
     def error(self, message: str):  # argparse's hook
-        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        print(f"{self.prog}: {self._name_commands(message)} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(USAGE_EXIT)
+
+    def _name_commands(self, message: str) -> str:
+        """argparse says only `the following arguments are required: action` when a command (or a
+        positional with choices) is missing; say which there are, as `luwu` does (luwu/cli.py)."""
+        for action in self._actions:
+            if not action.option_strings and action.choices and \
+                    message == f"the following arguments are required: {action.metavar or action.dest}":
+                what = "command" if isinstance(action, argparse._SubParsersAction) else action.dest
+                return f"missing {what}: one of {', '.join(action.choices)}"
+        return message
 
 
 def parse_size(text: str) -> int:
@@ -132,6 +142,22 @@ def existing_file_or_error(path, what: str) -> Path:
         return _existing_file(str(path))
     except ValueError as exc:
         raise UserError(f"{what}: {exc}") from None
+
+
+def pem_certificates_or_error(path, what: str) -> bytes:
+    """The bytes of `path` if it is a readable PEM file with at least one X.509 certificate (a CA
+    bundle), else a UserError naming `what`. Checked here, with Python's ssl module, because gRPC
+    takes any bytes and reports garbage only when it connects, as several C-core log lines
+    followed by an unrelated "failed to connect"."""
+    import ssl
+
+    file = existing_file_or_error(path, what)
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=str(file))
+    except ssl.SSLError as exc:
+        raise UserError(f"{what} {path} is not a PEM certificate ({exc.reason or exc}): give the CA's "
+                        f"certificate, the file that starts with -----BEGIN CERTIFICATE-----") from None
+    return file.read_bytes()
 
 
 size = _typed(_size, "size")

@@ -5,6 +5,10 @@ imported only when their command runs, so `luwu --help` is instant and a broken 
 cannot break the others. A user mistake is one line on stderr and exit status 2: flags are
 checked by argparse types (luwu.dataplane.usage) and a one-line parser, and a `UserError` raised
 while the command runs is printed as `luwu <cmd>: <message>`.
+
+Exit statuses, the same in `luwu`, `luwu bench`, the commands with actions (`luwu p4`, `luwu
+mininet`) and `luwu-ctl`: `--help` and `--version` print to stdout and exit 0; a missing or
+unknown command is a usage mistake like any other, one line on stderr naming the choices, exit 2.
 """
 
 from __future__ import annotations
@@ -40,21 +44,23 @@ def _usage(table: dict[str, tuple[str, str]], prog: str) -> str:
 
 
 def _dispatch(table: dict[str, tuple[str, str]], prog: str, argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
+    from luwu.dataplane.usage import USAGE_EXIT, OneLineParser, UserError
+
+    if argv and argv[0] in ("-h", "--help"):
         print(_usage(table, prog))
         return 0
+    if argv and argv[0] in ("-V", "--version"):
+        from luwu import __version__
+
+        print(f"{prog} {__version__}")
+        return 0
+    if not argv or argv[0] not in table:
+        problem = f"unknown command {argv[0]!r}" if argv else "missing command"
+        print(f"{prog}: {problem}: one of {', '.join(table)} (see {prog} --help)", file=sys.stderr)
+        return USAGE_EXIT
     name, rest = argv[0], argv[1:]
     if prog == "luwu" and name == "bench":
         return _dispatch(BENCHES, "luwu bench", rest)
-    if prog == "luwu" and name == "--version":
-        from luwu import __version__
-
-        print(__version__)
-        return 0
-    if name not in table:
-        print(f"{prog}: unknown command {name!r}\n\n{_usage(table, prog)}", file=sys.stderr)
-        return 2
-    from luwu.dataplane.usage import USAGE_EXIT, OneLineParser, UserError
 
     module = importlib.import_module(table[name][0])
     parser = OneLineParser(prog=f"{prog} {name}", description=table[name][1])

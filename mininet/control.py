@@ -99,7 +99,8 @@ class EmulatedController:
         metrics_port = _free_tcp_port("127.0.0.1")
         self.metrics = f"http://127.0.0.1:{metrics_port}/metrics"
         argv = luwu_command() + ["controller", "--listen", self.address, "--db", str(self.run_dir / "controller.sqlite"),
-                                 "--token-file", str(self.token_file), "--metrics", f"127.0.0.1:{metrics_port}"]
+                                 "--token-file", str(self.token_file), "--metrics", f"127.0.0.1:{metrics_port}",
+                                 "--audit-log", str(self.run_dir / "controller-p4runtime-audit.jsonl")]
         if self.pool is not None:
             argv += ["--meta-pool", str(self.pool), "--data-pool", str(self.pool), "--node-pool", str(self.pool),
                      "--param-window", str(self.pool), "--min-pool", str(min(self.pool, 16))]

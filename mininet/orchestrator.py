@@ -73,6 +73,7 @@ class RunResult:
     leftovers: list[str] = field(default_factory=list)  # what teardown could not remove
     trace: str | None = None  # the run's merged timeline (Chrome trace), when its processes wrote one
     controller: dict = field(default_factory=dict)  # the controller's address and view of the switches
+    metrics: dict[str, str] = field(default_factory=dict)  # component -> its /metrics URL while it ran
 
     @property
     def passed(self) -> bool:
@@ -95,6 +96,7 @@ class Emulation:
         self.switches: list[RunningSwitch] = []
         self.mgmt: MgmtNetwork | None = None
         self.ctl: EmulatedController | None = None
+        self.metrics: dict[str, str] = {}  # component -> its Prometheus /metrics URL (reachable from the root namespace)
 
     # -- the network --------------------------------------------------------------------------------
     def _make_network(self) -> MininetNetwork | NetnsNetwork:
@@ -115,13 +117,30 @@ class Emulation:
         self._start_controller(namespaces)
         self._start_switches()
         self._controller_job()
-        return namespaces, self._start_nodes(namespaces)
+        nodes = self._start_nodes(namespaces)
+        if self.ctl is not None and self.ctl.metrics:
+            self.metrics["controller"] = self.ctl.metrics
+        self.metrics.update({f"switch {s.spec.name}": s.metrics for s in self.switches if s.metrics})
+        return namespaces, nodes
+
+    def _metrics_address(self, host: str) -> str | None:
+        """HOST:0 on `host`'s management address, where the root namespace reaches a /metrics endpoint
+        (None without a management network: nothing outside the host would reach it)."""
+        if self.mgmt is None or host not in self.mgmt.addresses:
+            return None
+        return f"{self.mgmt.addresses[host]}:0"
+
+    def _note_metrics(self, who: str, ready: dict) -> None:
+        if ready.get("metrics"):
+            self.metrics[who] = str(ready["metrics"])
 
     def run(self) -> RunResult:
-        result = RunResult()
+        result = RunResult(metrics=self.metrics)
         try:
             namespaces, nodes = self._bring_up()
             workers = self._start_workers(namespaces)
+            for who, url in sorted(self.metrics.items()):  # every component's endpoint, while the run lasts
+                self.progress(f"metrics of {who}: curl -s {url}")
             self.progress(f"running: {len(workers)} worker(s), {len(nodes)} optimizer node(s)")
             for child in nodes + workers:
                 child.tell("go")
@@ -221,6 +240,7 @@ class Emulation:
                 "switches": {s.spec.name: {"ports": len(s.spec.ports), "p4runtime": s.grpc_address or None,
                                            "metrics": s.metrics or None, "log": str(s.child.log)}
                              for s in self.switches}}
+            info["metrics"] = self.metrics
             if self.ctl is not None:
                 info["controller"] = {"address": self.ctl.address, "token_file": str(self.ctl.token_file),
                                       "job": self.ctl.job_id, "log": str(self.ctl.child.log) if self.ctl.child else "",
@@ -321,11 +341,12 @@ class Emulation:
         for node, plans in sorted(self.job.node_plans.items()):
             shards = [_shard(self.job, s) for s in self.job.plan.shards if s.node == node]
             cfg = {"role": "node", "host": node, "seed": self.opts.seed, "timeout": self.opts.timeout + READY_TIMEOUT,
-                   "node": {"plans": [json.loads(p.to_json()) for p in plans], "shards": shards}}
+                   "node": {"plans": [json.loads(p.to_json()) for p in plans], "shards": shards},
+                   "metrics": self._metrics_address(node)}
             started.append(self._workload(f"node-{node}", cfg, namespaces[node]))
         deadline = time.monotonic() + READY_TIMEOUT
-        for child in started:
-            child.expect("ready", deadline)
+        for node, child in zip(sorted(self.job.node_plans), started, strict=True):
+            self._note_metrics(f"node {node}", child.expect("ready", deadline))
         if self.ctl is not None:  # registered by the emulation (register_nodes): it reports their health too
             for node, child in zip(sorted(self.job.node_plans), started, strict=True):
                 self.ctl.watch_agentless(node, child.alive, kind="node")
@@ -352,10 +373,14 @@ class Emulation:
             argv = train_workload.node_argv(sys.executable, node, plan_file, self.run_dir, token_file, ram)
             if self.ctl is not None:  # re-registers itself, heartbeats, checks the workers' job token with it
                 argv += ["--controller", self.ctl.address, "--token-file", str(self.ctl.token_file), "--name", node]
+            if self._metrics_address(node):
+                argv += ["--metrics", str(self._metrics_address(node))]
             started.append(self.children.start(f"node-{node}", argv, namespaces[node]))
         deadline = time.monotonic() + READY_TIMEOUT
-        for child in started:
-            child.expect("ready", deadline)
+        for node, child in zip(sorted(self.job.node_plans), started, strict=True):
+            ready = child.expect("ready", deadline)
+            if ready.get("metrics"):  # `luwu node` names HOST:PORT
+                self.metrics[f"node {node}"] = f"http://{ready['metrics']}/metrics"
 
     def _start_workers(self, namespaces: dict[str, str]) -> list:
         plan, job = self.job.plan, self.job
@@ -398,11 +423,12 @@ class Emulation:
                 w["pushpull"] = {"lanes": plan.lanes, "group": group,
                                  "shards": [_shard(job, s) for s in plan.shards if s.group == g]}
             cfg = {"role": "worker", "host": host.name, "seed": self.opts.seed,
-                   "timeout": self.opts.timeout + READY_TIMEOUT, "worker": w}
+                   "timeout": self.opts.timeout + READY_TIMEOUT, "worker": w,
+                   "metrics": self._metrics_address(host.name)}
             started.append(self._workload(f"worker-{rank}", cfg, namespaces[host.name]))
         deadline = time.monotonic() + READY_TIMEOUT
-        for child in started:
-            child.expect("ready", deadline)
+        for rank, child in zip(all_ranks, started, strict=True):
+            self._note_metrics(f"worker {rank}", child.expect("ready", deadline))
         return started
 
 

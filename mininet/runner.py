@@ -43,7 +43,8 @@ from .topologies import JUMBO_MTU, NODE_MODES, TOPOLOGIES, TopologyError, Topolo
 
 BACKENDS = ("auto", "mininet", "netns")
 CONTROLLER_MODES = ("auto", "process", "in-process")
-DEFAULTS = {"size": "256KiB", "bw": 1000.0, "timeout": 120.0, "nvlink_port": 19600}
+WORKLOAD_TIMEOUT = 120.0  # s: --timeout's default with the software switch (TIMEOUT_SCALE below)
+DEFAULTS = {"size": "256KiB", "bw": 1000.0, "timeout": WORKLOAD_TIMEOUT, "nvlink_port": 19600}
 MININET_MAX_BW = 1000.0  # Mbit/s: Mininet's TCLink refuses more
 _MAIN_PID = 0  # the runner's process: the only one whose SIGTERM unwinds into teardown
 PUSH_PULL_SMALL_LAYER = 777  # elements of the second push/pull layer: not a multiple of any lane count
@@ -52,6 +53,12 @@ PUSH_PULL_SMALL_LAYER = 777  # elements of the second push/pull layer: not a mul
 # dropped, uncounted): with the planner's 256-slot pools the queues overflow, every loss costs a
 # retransmission that queues behind the rest and the run collapses into resends (docs/mininet.md).
 BMV2_POOL = 16
+# The workload's default time limit, per switch kind: WORKLOAD_TIMEOUT times this. BMv2 forwards
+# about 100x slower than the software switch (its twin), but a workload's time is mostly start-up,
+# torch and the optimizer nodes, so its limit grows 5x, not 100x: the rail-only train workload on
+# BMv2 ran 112 s of training on 2 cores (past the software switch's 120 s once start-up is added).
+# An explicit --timeout is used as given.
+TIMEOUT_SCALE = {"software": 1.0, "bmv2": 5.0}
 
 
 def add_arguments(p) -> None:
@@ -95,7 +102,9 @@ def add_arguments(p) -> None:
                    "(tc htb; default 1000, Mininet's maximum)")
     p.add_argument("--mtu", type=int, default=JUMBO_MTU, help=f"MTU of every link (default {JUMBO_MTU})")
     p.add_argument("--udp-port", type=int, default=DEFAULT_UDP_PORT, help="luwu UDP port of every switch")
-    p.add_argument("--timeout", type=float, default=DEFAULTS["timeout"], help="seconds the workload may take")
+    p.add_argument("--timeout", type=float, default=None,
+                   help=f"seconds the workload may take (default {WORKLOAD_TIMEOUT:g}, times "
+                        f"{TIMEOUT_SCALE['bmv2']:g} with --switch bmv2: it forwards about 100x slower)")
     p.add_argument("--seed", type=int, default=1, help="seeds the tensors, epochs and the drop simulator")
     p.add_argument("--nvlink-port", type=int, default=DEFAULTS["nvlink_port"], help="TCP port of the NVLink exchange")
     p.add_argument("--mininet-python", default=None, help="python that imports mininet (default /usr/bin/python3)")
@@ -125,6 +134,8 @@ def _options(args) -> tuple[TopologyOptions, RunOptions]:
         args.node_mode = "node_per_rail" if args.workload == "train" else "port_per_rail"
     from luwu.bench.sizes import parse_size
 
+    if args.timeout is None:
+        args.timeout = WORKLOAD_TIMEOUT * TIMEOUT_SCALE[args.switch]
     mode = args.packet_mode or ("tofino" if args.switch == "bmv2" else "jumbo")
     try:
         lanes = lanes_for_mode(mode)
@@ -293,6 +304,7 @@ def run(args) -> int:
         compared = compare(params, args.seed, run_opts.steps, len(job.worker_host))
     info = summary(args, spec, job, run_opts, result, run_dir, compared)
     info["trace"] = result.trace
+    info["metrics"] = result.metrics  # what served /metrics during the run (named on stderr while it ran)
     info["controller"] = ({"mode": "process", **result.controller} if run_opts.controller else
                           {"mode": "in-process", "why": _in_process_why(args) or "--controller in-process"})
     if args.json:
@@ -330,8 +342,12 @@ def _up(args, topo, spec, job, run_opts: RunOptions, run_dir: Path) -> int:
             print(f"  controller {ctl['address']} (job {ctl['job']}, admin token in {ctl['token_file']}, log "
                   f"{ctl['log']}): {ctl['luwu_ctl']}"
                   + (f"; metrics: curl -s {ctl['metrics']}" if ctl.get("metrics") else ""))
+            for who, url in sorted(info.get("metrics", {}).items()):
+                if who.startswith("node "):
+                    print(f"  optimizer {who}: metrics: curl -s {url}")
             print("  torch on a worker host: <its LUWU_CONTROLLER=... line above> LUWU_ENGINE=embedded "
-                  "python train.py  (init_process_group('luwu', ...) joins the job; docs/mininet.md)")
+                  "python train.py  (init_process_group('luwu', ...) joins the job; docs/mininet.md); add "
+                  "LUWU_METRICS=<its management address>:PORT to serve its engines' /metrics there")
         else:
             print("  torch on a worker host: LUWU_PLAN=<its plan> LUWU_ENGINE=embedded LUWU_P2P_HOST=<its address> "
                   "python train.py  (init_process_group('luwu', ...); docs/mininet.md)")

@@ -98,8 +98,11 @@ def start_software(group: ChildGroup, sw: EmuSwitch, runtime: dict | None, run_d
     config_path = run_dir / f"{sw.name}.switch.json"
     config_path.write_text(json.dumps(config, indent=1))
     # /metrics on the root namespace's loopback (where the user is); a free port, named in the ready line
+    # every P4Runtime write the controller makes, logged by the switch into the run directory
+    audit = ["--audit-log", str(run_dir / f"{sw.name}-p4runtime-audit.jsonl")] if p4runtime else []
     child = group.start(f"switch-{sw.name}", luwu_command() + ["switch", "--config", str(config_path),
-                                                              "--metrics", "127.0.0.1:0"] + list(controller_args or []))
+                                                              "--metrics", "127.0.0.1:0", *audit]
+                        + list(controller_args or []))
     ready = child.expect("ready", deadline)
     running = RunningSwitch(sw, child, stats_file=stats, grpc_address=p4runtime,
                             metrics=f"http://{ready['metrics']}/metrics" if ready.get("metrics") else "")

@@ -10,7 +10,7 @@ per attachment serving those slices (mininet/paramstore.py).
 Everyone's data is a function of (seed, rank), so each worker computes the exact expected sum
 itself. With --workload ddp a worker trains with torch DDP over the luwu backend instead
 (ddp_workload.py). Protocol with the runner, one JSON object per stdout line: `{"event": "ready"}` once the
-engine is bound, then the process waits for `go` on stdin; a worker prints `{"event": "result",
+engine is bound (with `metrics`, its /metrics URL, when the config asks for one), then the process waits for `go` on stdin; a worker prints `{"event": "result",
 ...}`, stays on the network until `stop` (or EOF) and exits (0 when everything verified, 1
 otherwise); a node serves until `stop` and prints its result. Errors print
 `{"event": "error", "error": ...}`.
@@ -118,7 +118,7 @@ def run_worker(cfg: dict) -> int:
         peers = NvlinkPeers(nv["index"], nv["addresses"], nv["port"], timeout)
     engine = Engine(plan).start()
     try:
-        say("ready", rank=rank, udp=list(engine.address))
+        say("ready", rank=rank, udp=list(engine.address), metrics=serve_metrics(cfg, [engine]))
         if wait_line(("go",), timeout) != "go":
             return 1
         x = tensor_for(seed, rank, numel)
@@ -222,6 +222,20 @@ def _slice(full: np.ndarray, shard: dict) -> np.ndarray:
     return full[shard["offset"]:shard["offset"] + shard["numel"]]
 
 
+def serve_metrics(cfg: dict, engines: list) -> str | None:
+    """With cfg["metrics"] (HOST:0, the host's management address): serve the engines' statistics at
+    /metrics there (`luwu_engine_stat`, as a worker's LUWU_METRICS does) for the rest of the process;
+    the URL, or None when not asked."""
+    if not cfg.get("metrics"):
+        return None
+    from luwu.dataplane.metrics import EngineCollector, serve
+
+    name = cfg["host"]
+    host, port = serve(cfg["metrics"], EngineCollector(
+        lambda: {f"{name}-engine{i}": e.session_stats() for i, e in enumerate(engines)}))
+    return f"http://{host}:{port}/metrics"
+
+
 # -- optimizer node ----------------------------------------------------------------------------------
 
 def run_node(cfg: dict) -> int:
@@ -244,7 +258,7 @@ def run_node(cfg: dict) -> int:
             store.engine = engine
             engines.append(engine.start())
             stores.append(store)
-        say("ready", host=cfg["host"], udp=[list(e.address) for e in engines])
+        say("ready", host=cfg["host"], udp=[list(e.address) for e in engines], metrics=serve_metrics(cfg, engines))
         if wait_line(("go",), timeout) != "go":
             return 1
         wait_line(("stop",), timeout)

@@ -192,7 +192,7 @@ def _load_credentials(args: argparse.Namespace):
     """finsy channel credentials for `luwu p4 load`, the way the controller reaches a switch
     (luwu.controller.switch_credentials): the token over TLS, or over gRPC local credentials on
     loopback; None for a plaintext switch (BMv2). Bad options raise UserError (one line)."""
-    from luwu.dataplane.usage import UserError, existing_file_or_error
+    from luwu.dataplane.usage import UserError, existing_file_or_error, pem_certificates_or_error
 
     token = args.token
     if args.token_file:
@@ -211,6 +211,8 @@ def _load_credentials(args: argparse.Namespace):
     for flag in ("tls_ca", "tls_cert", "tls_key"):
         if getattr(args, flag):
             existing_file_or_error(getattr(args, flag), "--" + flag.replace("_", "-"))
+    if args.tls_ca:
+        pem_certificates_or_error(args.tls_ca, "--tls-ca")
     if not token and not args.tls_ca:
         return None
     from luwu.controller.switch_credentials import SwitchTls, switch_credentials

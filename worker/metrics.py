@@ -38,6 +38,13 @@ def track(name: str, link: Any, rank: int) -> tuple[str, int] | None:
         return _address
 
 
+def address() -> tuple[str, int] | None:
+    """Where this process serves its metrics: (host, port) once an engine is tracked with
+    LUWU_METRICS set (port 0 in LUWU_METRICS: the port the system picked), else None."""
+    with _lock:
+        return _address
+
+
 def untrack(name: str) -> None:
     with _lock:
         _links.pop(name, None)

@@ -155,6 +155,15 @@ def parse_drop(spec: dict, what: str) -> dict[str, float]:
     return out
 
 
+def _yaml_problem(exc: Exception) -> str:
+    """PyYAML's error as one line: `line L, column C: problem` (its own text spans several lines,
+    quoting the offending source with a caret)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}"
+
+
 def load_daemon_config(path: str | Path | None) -> DaemonConfig:
     """Read a YAML file shaped like switch.example.yaml (None: all defaults)."""
     if path is None:
@@ -165,8 +174,10 @@ def load_daemon_config(path: str | Path | None) -> DaemonConfig:
         raw = yaml.safe_load(Path(path).read_text()) or {}
     except OSError as e:
         raise ConfigError(f"cannot read switch config {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"switch config {path} is not UTF-8 text (byte {e.start}): give a YAML file") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"switch config {path} is not valid YAML: {e}") from None
+        raise ConfigError(f"switch config {path} is not valid YAML: {_yaml_problem(e)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"switch config {path}: the top level must be a mapping")
     return daemon_config_from_dict(raw, str(path))

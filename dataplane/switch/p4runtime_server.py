@@ -8,7 +8,9 @@ forwarding pipeline config set for this device." before that, the text BMv2 uses
 matches), Write (table entries, default actions, multicast groups; per-update errors in
 `grpc-status-details-bin` as p4.v1.Error, like BMv2), Read (table entries, multicast groups, the
 `drops` / `events` / `rx_types` / `session_packets` counters; registers are UNIMPLEMENTED as on
-BMv2), StreamChannel (primary arbitration by election id) and Capabilities.
+BMv2), StreamChannel (primary arbitration by election id) and Capabilities. Where the spec leaves
+a choice, BMv2's answer (p4runtime_semantics.py: default-entry reset, `egress_port` read-back);
+every write can be audited (p4runtime_audit.py).
 
 `P4RuntimeBase` holds everything but the storage; the controller's in-process fake P4Runtime
 server (tests/controller/fake_p4runtime.py) reuses it with a recording store.
@@ -33,8 +35,10 @@ from finsy.p4entity import P4Replica
 from finsy.p4values import encode_exact, encode_lpm
 from finsy.proto import U128, p4i, p4r, p4r_grpc, rpc_code, rpc_status
 
+from . import p4runtime_semantics as sem
+from .p4runtime_audit import AuditLog, WatchedContext, describe_update, peer_identity
 from .p4runtime_auth import P4RuntimeAuth, check_transport, local_server_credentials
-from .table_schema import SCHEMA, TableError, short_name
+from .table_schema import SCHEMA, TableError, check_p4info_implemented, short_name
 
 API_VERSION = "1.4.1"
 NO_PIPELINE = "No forwarding pipeline config set for this device."
@@ -61,11 +65,14 @@ class _Stream:
 
 
 class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
-    """Arbitration, pipeline config and the Write/Read envelopes; subclasses store entities."""
+    """Arbitration, pipeline config and the Write/Read envelopes; subclasses store entities.
+    With `audit` (p4runtime_audit.AuditLog) every Write update and pipeline change, accepted or
+    refused, is logged with its caller."""
 
-    def __init__(self, device_id: int = 0, auth: P4RuntimeAuth | None = None):
+    def __init__(self, device_id: int = 0, auth: P4RuntimeAuth | None = None, audit: AuditLog | None = None):
         self.device_id = device_id
         self.auth = auth
+        self.audit = audit
         self.schema: P4Schema | None = None
         self.config: p4r.ForwardingPipelineConfig | None = None
         self._saved: p4r.ForwardingPipelineConfig | None = None
@@ -190,7 +197,28 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
     def Capabilities(self, request, context):
         return p4r.CapabilitiesResponse(p4runtime_api_version=API_VERSION)
 
+    def _who(self, context) -> dict[str, str]:
+        return peer_identity(context, "bearer token" if self.auth is not None else "none (no authentication)")
+
+    def _audit_refusal(self, context: WatchedContext, what: dict) -> None:
+        if self.audit is not None and context.refused is not None and not context.logged:
+            code, message = context.refused
+            self.audit.record(self._who(context), what, f"{code.name}: {message}")
+
     def SetForwardingPipelineConfig(self, request, context):
+        watched = WatchedContext(context)
+        what = {"rpc": "SetForwardingPipelineConfig",
+                "action": p4r.SetForwardingPipelineConfigRequest.Action.Name(request.action),
+                "cookie": request.config.cookie.cookie if request.config.HasField("cookie") else None}
+        try:
+            response = self._set_pipeline(request, watched)
+        finally:
+            self._audit_refusal(watched, what)
+        if self.audit is not None:
+            self.audit.record(self._who(context), what, "OK")
+        return response
+
+    def _set_pipeline(self, request, context):
         self._check_writer(request.device_id, request.election_id, context)
         A = p4r.SetForwardingPipelineConfigRequest
         with self._mutex:
@@ -239,6 +267,15 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
 
     # -- write / read ---------------------------------------------------------------------------
     def Write(self, request, context):
+        watched = WatchedContext(context)
+        try:
+            return self._write(request, watched)
+        finally:
+            if watched.refused is not None:  # refused as a whole: one line, naming the first update
+                first = describe_update(request.updates[0], self.schema) if request.updates else {}
+                self._audit_refusal(watched, {"rpc": "Write", "updates": len(request.updates), **first})
+
+    def _write(self, request, context: WatchedContext):
         self._check_writer(request.device_id, request.election_id, context)
         if self.config is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, NO_PIPELINE)
@@ -250,6 +287,12 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
                     errors.append(None)
                 except UpdateError as exc:
                     errors.append(exc)
+        if self.audit is not None:  # one line per update, as applied (a batch may partly fail)
+            who = self._who(context)
+            for update, e in zip(request.updates, errors):
+                self.audit.record(who, {"rpc": "Write", **describe_update(update, self.schema)},
+                                  "OK" if e is None else f"{e.code.name}: {e.message}")
+            context.logged = True
         failed = [e for e in errors if e is not None]
         if failed:
             status = rpc_status.Status(code=rpc_code.UNKNOWN, message=f"{len(failed)} of {len(errors)} updates failed:"
@@ -284,40 +327,18 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
 class SwitchP4Runtime(P4RuntimeBase):
     """P4Runtime over the software switch's `tables` (insert/delete/entries/multicast) and counters."""
 
-    def __init__(self, switch, device_id: int = 0, auth: P4RuntimeAuth | None = None):
-        super().__init__(device_id, auth)
+    def __init__(self, switch, device_id: int = 0, auth: P4RuntimeAuth | None = None, audit: AuditLog | None = None):
+        super().__init__(device_id, auth, audit)
         self.switch = switch
+        self._egress_port_groups: set[int] = set()  # groups written with the deprecated Replica.egress_port
 
     def check_p4info(self, p4info: p4i.P4Info) -> None:
-        for table in p4info.tables:
-            name = short_name(table.preamble.name)
-            if name not in SCHEMA:
-                raise ValueError(f"table {table.preamble.name!r} is not implemented by the software switch "
-                                 f"(it has {', '.join(SCHEMA)})")
-            spec = SCHEMA[name]
-            keys = {k.name: k.bits for k in spec.keys}
-            for mf in table.match_fields:
-                if keys.get(short_name(mf.name)) != mf.bitwidth:
-                    raise ValueError(f"table {name}: match field {mf.name}:{mf.bitwidth} differs from the switch's "
-                                     f"{', '.join(f'{k}:{b}' for k, b in keys.items())}")
-        actions = {a: {f.name: f.bits for f in params} for t in SCHEMA.values() for a, params in t.actions.items()}
-        for action in p4info.actions:
-            name = short_name(action.preamble.name)
-            if name in ("NoAction", "drop"):
-                continue
-            if name not in actions:
-                raise ValueError(f"action {action.preamble.name!r} is not implemented by the software switch")
-            for p in action.params:
-                if actions[name].get(p.name) != p.bitwidth:
-                    raise ValueError(f"action {name}: param {p.name}:{p.bitwidth} differs from the switch's "
-                                     f"{actions[name]}")
-        for counter in p4info.counters:
-            if short_name(counter.preamble.name) not in COUNTERS:
-                raise ValueError(f"counter {counter.preamble.name!r} is not one of {', '.join(COUNTERS)}")
+        check_p4info_implemented(p4info, COUNTERS)
 
     def clear(self) -> None:
         with self.switch.lock:
             self.switch.tables.clear()
+            self._egress_port_groups.clear()
 
     # -- write ----------------------------------------------------------------------------------
     def apply_update(self, update: p4r.Update) -> None:
@@ -334,7 +355,7 @@ class SwitchP4Runtime(P4RuntimeBase):
         try:
             return self.schema.tables[table_id]
         except (KeyError, ValueError):
-            raise UpdateError(grpc.StatusCode.NOT_FOUND, f"unknown table id {table_id}") from None
+            raise UpdateError(grpc.StatusCode.NOT_FOUND, f"unknown table id {table_id}{sem.spec(sem.IDS)}") from None
 
     def _decode(self, entry: p4r.TableEntry):
         table = self._table(entry.table_id)
@@ -364,7 +385,7 @@ class SwitchP4Runtime(P4RuntimeBase):
                 act = self.schema.actions[entry.action.action.action_id]
             except (KeyError, ValueError):
                 raise UpdateError(grpc.StatusCode.NOT_FOUND,
-                                  f"unknown action id {entry.action.action.action_id}") from None
+                                  f"unknown action id {entry.action.action.action_id}{sem.spec(sem.IDS)}") from None
             action = act.alias
             for p in entry.action.action.params:
                 try:
@@ -381,24 +402,29 @@ class SwitchP4Runtime(P4RuntimeBase):
             with self.switch.lock:
                 if entry.is_default_action:
                     if kind != p4r.Update.MODIFY:
-                        raise UpdateError(grpc.StatusCode.INVALID_ARGUMENT, "a default entry can only be MODIFIED")
-                    tables.set_default(table.name, action or "NoAction", params)
+                        raise UpdateError(grpc.StatusCode.INVALID_ARGUMENT, f"table {table.alias}: a default entry "
+                                          f"can only be MODIFIED{sem.spec(sem.DEFAULT_ENTRY)}")
+                    if action is None:  # no action: back to the program's initial default, as BMv2 does
+                        action, params = sem.initial_default(self.schema, table)
+                    tables.set_default(table.name, action, params)
                     return
                 exists = tables.lookup(table.name, match) is not None
                 if kind == p4r.Update.INSERT:
                     if exists:
-                        raise UpdateError(grpc.StatusCode.ALREADY_EXISTS, f"table {table.alias}: entry {match} exists")
+                        raise UpdateError(grpc.StatusCode.ALREADY_EXISTS,
+                                          f"table {table.alias}: entry {match} exists{sem.spec(sem.TABLE_WRITE)}")
                     tables.insert(table.name, match, action or "", params)
-                elif kind == p4r.Update.MODIFY:
+                elif kind in (p4r.Update.MODIFY, p4r.Update.DELETE):
                     if not exists:
-                        raise UpdateError(grpc.StatusCode.NOT_FOUND, f"table {table.alias}: no entry {match}")
-                    tables.insert(table.name, match, action or "", params, modify=True)
-                elif kind == p4r.Update.DELETE:
-                    if not exists:
-                        raise UpdateError(grpc.StatusCode.NOT_FOUND, f"table {table.alias}: no entry {match}")
-                    tables.delete(table.name, match)
+                        raise UpdateError(grpc.StatusCode.NOT_FOUND,
+                                          f"table {table.alias}: no entry {match}{sem.spec(sem.TABLE_WRITE)}")
+                    if kind == p4r.Update.MODIFY:
+                        tables.insert(table.name, match, action or "", params, modify=True)
+                    else:
+                        tables.delete(table.name, match)
                 else:
-                    raise UpdateError(grpc.StatusCode.INVALID_ARGUMENT, "update type must be INSERT/MODIFY/DELETE")
+                    raise UpdateError(grpc.StatusCode.INVALID_ARGUMENT,
+                                      f"update type must be INSERT/MODIFY/DELETE{sem.spec(sem.TABLE_WRITE)}")
         except TableError as exc:
             raise UpdateError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
 
@@ -410,13 +436,18 @@ class SwitchP4Runtime(P4RuntimeBase):
             with self.switch.lock:
                 exists = gid in tables.multicast_groups()
                 if kind == p4r.Update.INSERT and exists:
-                    raise UpdateError(grpc.StatusCode.ALREADY_EXISTS, f"multicast group {gid} exists")
+                    raise UpdateError(grpc.StatusCode.ALREADY_EXISTS,
+                                      f"multicast group {gid} exists{sem.spec(sem.MULTICAST)}")
                 if kind in (p4r.Update.MODIFY, p4r.Update.DELETE) and not exists:
-                    raise UpdateError(grpc.StatusCode.NOT_FOUND, f"multicast group {gid} does not exist")
+                    raise UpdateError(grpc.StatusCode.NOT_FOUND,
+                                      f"multicast group {gid} does not exist{sem.spec(sem.MULTICAST)}")
                 if kind == p4r.Update.DELETE:
                     tables.delete_multicast_group(gid)
                 else:
                     tables.set_multicast_group(gid, replicas)
+                self._egress_port_groups.discard(gid)
+                if kind != p4r.Update.DELETE and sem.uses_egress_port(group):
+                    self._egress_port_groups.add(gid)
         except TableError as exc:
             raise UpdateError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
 
@@ -426,15 +457,18 @@ class SwitchP4Runtime(P4RuntimeBase):
         if which == "table_entry":
             return self._read_tables(entity.table_entry)
         if which == "packet_replication_engine_entry":
+            if entity.packet_replication_engine_entry.WhichOneof("type") == "clone_session_entry":
+                return []  # this switch has no clone sessions (not the multicast groups a second time)
             gid = entity.packet_replication_engine_entry.multicast_group_entry.multicast_group_id
             groups = self.switch.tables.multicast_groups()
             return [p4r.Entity(packet_replication_engine_entry=p4r.PacketReplicationEngineEntry(
                 multicast_group_entry=p4r.MulticastGroupEntry(
-                    multicast_group_id=g, replicas=[p4r.Replica(port=encode_exact(port, 32), instance=inst)
-                                                    for port, inst in groups[g]])))
+                    multicast_group_id=g, replicas=sem.encode_replicas(groups[g], g in self._egress_port_groups))))
                 for g in sorted(groups) if gid in (0, g)]
         if which == "counter_entry":
             return self._read_counters(entity.counter_entry)
+        if which in ("action_profile_member", "action_profile_group") and not len(self.schema.action_profiles):
+            return []  # a wildcard read of what the P4Info has none of (finsy's delete_all asks)
         if which == "register_entry":
             raise UpdateError(grpc.StatusCode.UNIMPLEMENTED, "Register reads are not supported (as on BMv2): "
                                                             "luwu's registers never need the controller")
@@ -501,6 +535,8 @@ class P4RuntimeHandle:
 
     def stop(self, grace: float | None = None) -> None:
         self.server.stop(grace).wait()
+        if self.servicer.audit is not None:
+            self.servicer.audit.close()
 
 
 def start_server(servicer: P4RuntimeBase, address: str, credentials: grpc.ServerCredentials | None = None,
@@ -515,7 +551,7 @@ def start_server(servicer: P4RuntimeBase, address: str, credentials: grpc.Server
 
 
 def serve(switch, address: str, p4info_path, device_id: int = 0, credentials=None,
-          auth: P4RuntimeAuth | None = None) -> P4RuntimeHandle:
+          auth: P4RuntimeAuth | None = None, audit: AuditLog | None = None) -> P4RuntimeHandle:
     """Serve P4Runtime for `switch` (a SoftwareSwitch) on `address` ("HOST:PORT", port 0 = any).
 
     Args:
@@ -527,6 +563,8 @@ def serve(switch, address: str, p4info_path, device_id: int = 0, credentials=Non
         auth: the token and role every call must present; None serves unauthenticated (tests and
             in-process tools only). With auth and no TLS, only a loopback address is allowed and
             the server uses gRPC local credentials (loopback peers; call credentials allowed).
+        audit: where every Write update and pipeline change is logged with its caller and result
+            (p4runtime_audit.py); None: not logged.
 
     Returns:
         A P4RuntimeHandle (`.address`, `.stop()`).
@@ -542,7 +580,7 @@ def serve(switch, address: str, p4info_path, device_id: int = 0, credentials=Non
                                 "p4/build/p4info.txtpb")
     # The P4Info itself arrives with SetForwardingPipelineConfig (checked against the tables then);
     # the path is only checked here so that a daemon misconfiguration shows at start.
-    return start_server(SwitchP4Runtime(switch, device_id, auth), address, credentials)
+    return start_server(SwitchP4Runtime(switch, device_id, auth, audit), address, credentials)
 
 
 def device_config_marker(lanes: int, slots: int, name: str = "luwu-software-switch") -> bytes:

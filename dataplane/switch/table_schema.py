@@ -157,6 +157,38 @@ def _load_schema(facts: dict | None = None) -> dict[str, TableSpec]:
 
 SCHEMA: dict[str, TableSpec] = _load_schema()
 
+
+def check_p4info_implemented(p4info, counters: tuple[str, ...]) -> None:
+    """Raise ValueError naming the first table, match field, action, param or counter of a P4Info
+    (a p4.config.v1.P4Info) that the software switch does not implement as the P4Info says;
+    `counters`: the counter names it serves."""
+    for table in p4info.tables:
+        name = short_name(table.preamble.name)
+        if name not in SCHEMA:
+            raise ValueError(f"table {table.preamble.name!r} is not implemented by the software switch "
+                             f"(it has {', '.join(SCHEMA)})")
+        spec = SCHEMA[name]
+        keys = {k.name: k.bits for k in spec.keys}
+        for mf in table.match_fields:
+            if keys.get(short_name(mf.name)) != mf.bitwidth:
+                raise ValueError(f"table {name}: match field {mf.name}:{mf.bitwidth} differs from the switch's "
+                                 f"{', '.join(f'{k}:{b}' for k, b in keys.items())}")
+    actions = {a: {f.name: f.bits for f in params} for t in SCHEMA.values() for a, params in t.actions.items()}
+    for action in p4info.actions:
+        name = short_name(action.preamble.name)
+        if name in ("NoAction", "drop"):
+            continue
+        if name not in actions:
+            raise ValueError(f"action {action.preamble.name!r} is not implemented by the software switch")
+        for p in action.params:
+            if actions[name].get(p.name) != p.bitwidth:
+                raise ValueError(f"action {name}: param {p.name}:{p.bitwidth} differs from the switch's "
+                                 f"{actions[name]}")
+    for counter in p4info.counters:
+        if short_name(counter.preamble.name) not in counters:
+            raise ValueError(f"counter {counter.preamble.name!r} is not one of {', '.join(counters)}")
+
+
 MULTICAST_GROUP_BITS = 16  # the sessions table's mcast_grp parameter
 INSTANCE_BITS = 16  # replicas are rewritten by endpoints[(session, instance)], a 16-bit key
 

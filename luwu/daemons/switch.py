@@ -77,6 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--p4runtime-tls-key", help="PEM private key for --p4runtime-tls-cert")
     p.add_argument("--p4runtime-tls-client-ca", help="PEM CA: P4Runtime clients must present a certificate it signed "
                                                      "(mutual TLS; the controller's --switch-tls-cert)")
+    p.add_argument("--audit-log", metavar="PATH|off",
+                   help="with --p4runtime: append every P4Runtime write (who, what, result) to PATH as JSON lines "
+                        "(dataplane/switch/p4runtime_audit.py; default $XDG_STATE_HOME/luwu, else "
+                        "~/.local/state/luwu, switch-p4runtime-audit.jsonl; off: none)")
     from luwu.controller.daemon_link import add_controller_arguments
 
     add_controller_arguments(p, "switch")
@@ -212,10 +216,25 @@ def _start_p4runtime(sw, cfg: DaemonConfig, args):
         except ImportError:
             p4info = None
     credentials, auth = _p4runtime_tls(args), _p4runtime_auth(args)
+    audit = _audit_log(args)
     try:
-        return p4runtime_server.serve(sw, cfg.p4runtime, p4info, device_id=0, credentials=credentials, auth=auth)
+        return p4runtime_server.serve(sw, cfg.p4runtime, p4info, device_id=0, credentials=credentials, auth=auth,
+                                      audit=audit)
     except ValueError as e:  # a token in clear text beyond loopback
         raise ConfigError(str(e)) from None
+
+
+def _audit_log(args):
+    """--audit-log's AuditLog (None with `off`)."""
+    from luwu.dataplane.switch.p4runtime_audit import AuditLog, default_audit_path
+
+    if args.audit_log == "off":
+        return None
+    path = args.audit_log or default_audit_path("switch")
+    try:
+        return AuditLog(path, {"switch": getattr(args, "name", "") or "", "pid": os.getpid()})
+    except OSError as e:
+        raise ConfigError(f"--audit-log: {e}") from None
 
 
 def _p4runtime_auth(args):
@@ -387,6 +406,7 @@ def run(args) -> int:
                       "ports": {str(p): _port_address(a) for p, a in sorted(sw.ports.items())},
                       "p4runtime": getattr(p4rt, "address", cfg.p4runtime) if p4rt is not None else None,
                       "metrics": metrics,
+                      "audit_log": str(p4rt.servicer.audit.path) if p4rt is not None and p4rt.servicer.audit else None,
                       "name": getattr(args, "name", None) if beat is not None else None}), flush=True)
     try:
         while not stop.is_set():

@@ -180,6 +180,11 @@ def _train(name: str, spec: dict, workdir: Path, progress: DemoProgress, in_netw
     said: set[str | None] = set()
 
     def on_message(msg: dict) -> None:
+        if msg.get("event") == "metrics" and console is not None:  # a worker's endpoint, once it is serving
+            from .fabric import metrics_line
+
+            who = f"worker {msg.get('rank')}"
+            console.print(f"  {metrics_line(who, str(msg.get('address')))}", soft_wrap=True)
         if msg.get("event") == "warning" and console is not None and msg.get("state") not in said:
             said.add(msg.get("state"))  # one line per change, not one per worker
             console.print(f"[yellow]{msg.get('message')}[/]")
@@ -305,7 +310,8 @@ def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int
         cpu_luwu = StepCpu(args.steps)
         with DemoProgress(console, enabled=not args.quiet) as progress:
             start = resume["version"] if resume else 0
-            mnn = _train("luwu (in-network)", dict(_spec(args, "mnn"), start_step=start, **fabric.worker_spec()),
+            mnn = _train("luwu (in-network)", dict(_spec(args, "mnn"), start_step=start, metrics="127.0.0.1:0",
+                                                   **fabric.worker_spec()),
                          workdir, progress, True, console, cpu_luwu)
         # nothing below may lose the training run: a part that cannot be read is named in the report
         counters = fabric.counters()
@@ -403,12 +409,20 @@ def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> No
         console.print(f"[yellow]control plane: embedded StarPlan ({report['control_plane'].get('reason')})[/]")
     for note in report["control_plane"].get("notes", []):
         console.print(f"[yellow]report: {note}[/]")
-    for name, ck in report["control_plane"].get("checkpoints", {}).items():
-        console.print(f"optimizer node {name}: lazy checkpoints every {report['settings']['checkpoint_every']} steps "
-                      f"in {ck['dir']} (newest: version {ck['version']}); a node restarted from it serves the job "
-                      "from that version on (docs/optimizer.md):")
-    for command in report["control_plane"].get("restart", []):
-        console.print(f"  {command}", soft_wrap=True)
+    # restart[i] restarts the i-th node of checkpoints (both in the fabric's node order); a restore
+    # command is printed only where there is a checkpoint to restore
+    restart = report["control_plane"].get("restart", [])
+    every = report["settings"]["checkpoint_every"]
+    for i, (name, ck) in enumerate(report["control_plane"].get("checkpoints", {}).items()):
+        if ck.get("newest") is None:
+            console.print(f"optimizer node {name}: no checkpoint yet in {ck['dir']} (lazy checkpoints every {every} "
+                          "steps; a longer run, or a smaller --checkpoint-every, writes one)")
+            continue
+        console.print(f"optimizer node {name}: lazy checkpoints every {every} steps in {ck['dir']} (newest: version "
+                      f"{ck['version']}); a node restarted from it serves the job from that version on "
+                      "(docs/optimizer.md):")
+        if i < len(restart):
+            console.print(f"  {restart[i]}", soft_wrap=True)
     cp = report.get("critical_path")
     if cp:
         top = sorted(cp["share"].items(), key=lambda kv: -kv[1])[:4]

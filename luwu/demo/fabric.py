@@ -37,6 +37,11 @@ def free_tcp_port() -> int:
         return s.getsockname()[1]
 
 
+def metrics_line(who: str, address: str) -> str:
+    """The line that names a component's Prometheus endpoint, the same for every component."""
+    return f"curl http://{address}/metrics   # {who}"
+
+
 class ControllerFabric:
     kind = "controller"
 
@@ -70,9 +75,11 @@ class ControllerFabric:
         token_file.write_text(self.token)
         token_file.chmod(0o600)
         self.address = f"127.0.0.1:{free_tcp_port()}"
+        self.metrics["controller"] = f"127.0.0.1:{free_tcp_port()}"  # it prints no JSON ready line: pick the port
         ctl = Child("the controller", luwu_command() + ["controller", "--listen", self.address, "--db",
                                                           str(self.dir / "controller.sqlite"), "--token-file",
-                                                          str(token_file)], log=self.dir / "controller.log")
+                                                          str(token_file), "--metrics", self.metrics["controller"]],
+                    log=self.dir / "controller.log")
         self.children.append(ctl)
         self.admin = ControllerClient(self.address, self.token)
         self._wait_controller(ctl)
@@ -179,7 +186,9 @@ class ControllerFabric:
                                "node_controls": self.node_controls}}
 
     def inspect_hint(self) -> str:
-        scrape = "".join(f"\n  curl http://{addr}/metrics   # {who}" for who, addr in sorted(self.metrics.items()))
+        """How to look at the running network: luwu-ctl, and one Prometheus endpoint per component
+        (the workers print theirs as they come up, luwu/demo/command.py)."""
+        scrape = "".join(f"\n  {metrics_line(who, addr)}" for who, addr in sorted(self.metrics.items()))
         return (f"LUWU_CONTROLLER={self.address} LUWU_TOKEN={self.token} luwu-ctl status   "
                 f"(also: jobs, plan {self.job_id} --explain, counters){scrape}")
 

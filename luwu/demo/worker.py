@@ -3,8 +3,9 @@
 Mode "mnn" trains the GPT with ModelInNetwork (parameters and AdamW on the optimizer node,
 gradients summed by the switch); mode "ddp" trains the same model on the same data with
 DistributedDataParallel over Gloo and torch.optim.AdamW (the baseline). The worker writes one
-JSON object per line on stdout: `{"event": "step", ...}` per step, then `{"event": "done",
-"report": ...}` (or `{"event": "error", ...}`); the launcher (launch.py) reads them.
+JSON object per line on stdout: `{"event": "metrics", "address": HOST:PORT}` when the spec asks
+for a Prometheus endpoint, `{"event": "step", ...}` per step, then `{"event": "done", "report":
+...}` (or `{"event": "error", ...}`); the launcher (launch.py) reads them.
 """
 
 from __future__ import annotations
@@ -60,7 +61,11 @@ def train(spec: dict, rank: int) -> dict:
     mnn: ModelInNetwork | None = None  # set in mode "mnn" only
     opt: torch.optim.Optimizer | None = None  # set in mode "ddp" only
     if spec["mode"] == "mnn":
+        from luwu.worker import metrics as worker_metrics
         from luwu.worker.model_in_network import AdamW, ModelInNetwork
+
+        if spec.get("metrics"):  # HOST:0: ModelInNetwork's engine serves /metrics on a port of its own
+            os.environ["LUWU_METRICS"] = spec["metrics"]
 
         network, watch = _network(spec, rank)
         store = None
@@ -73,6 +78,9 @@ def train(spec: dict, rank: int) -> dict:
                                       engine=spec.get("engine", "process"), keep_last=int(spec.get("keep_last", 1)),
                                       prefetch=int(spec.get("prefetch", 1)), start_version=start, store=store,
                                       p2p_host=spec.get("p2p_host", "127.0.0.1"))
+        served = worker_metrics.address()
+        if served is not None:
+            _emit({"event": "metrics", "rank": rank, "address": f"{served[0]}:{served[1]}"})
     elif spec["mode"] == "ddp":
         watch = None
         import torch.distributed as dist

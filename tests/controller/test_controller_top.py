@@ -156,6 +156,21 @@ def test_top_without_a_switch_metrics_endpoint_says_so(tmp_path, controller, sof
     every = json.loads(admin.call("GetTop", pb.GetTopRequest()).top_json)  # no job: every live job (admin)
     assert list(every["jobs"]) == [created.job_id]
 
+    # luwu-ctl top into a pipe: plain text, every header whole; --json after the command's name
+    bc, _ = controller
+    ctl = [str(BIN / "luwu-ctl"), "--controller", bc.address, "--token", ADMIN, "top", created.job_id,
+           "--once", "--interval", "0.1"]
+    plain = subprocess.run(ctl, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stdout.splitlines()
+    assert lines[1].split() == ["rank", "switch:port", "contrib/s", "dups", "last", "of", "slots", "share", "lag",
+                                "ms", "rx", "dropped", "tx", "lost"], plain.stdout
+    assert "no metrics endpoint registered" in lines[2] and "no straggler" in plain.stdout
+    assert not any(ch in plain.stdout for ch in "┃│━\x1b"), plain.stdout  # no box, no colour
+    as_json = subprocess.run([*ctl, "--json"], capture_output=True, text=True, timeout=120)
+    assert as_json.returncode == 0, as_json.stderr
+    assert list(json.loads(as_json.stdout)["jobs"]) == [created.job_id]
+
 
 def row(switch: str, last: int, completed: int, lag: float) -> dict:
     return {"switch": switch, "last": last, "completed": completed,

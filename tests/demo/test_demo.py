@@ -89,6 +89,48 @@ def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     assert {"worker forward", "worker backward"} <= set(cp["components"]), cp["components"]
     assert cp["critical_worker"] in names.values()
     assert "critical path of step" in " ".join(proc.stdout.split())
+    # 4 steps < --checkpoint-every 50: no checkpoint, so no restore command for one
+    assert "no checkpoint yet" in proc.stdout and "--restore latest" not in proc.stdout, proc.stdout
+    assert "version None" not in proc.stdout, proc.stdout
+
+
+def test_the_demo_names_a_metrics_endpoint_per_component_and_each_answers(tmp_path):
+    """While it trains, every component's /metrics (controller, switch, node, each worker) is named
+    in the demo's output and answers a GET with Prometheus text."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
+    proc = subprocess.Popen([str(LUWU), "demo", "--out", str(tmp_path / "out"), *TINY, "--steps", "100000",
+                             "--no-baseline"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    want = {"controller", "switch", "node node0", "worker 0", "worker 1"}
+    endpoints: dict[str, str] = {}
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        for line in proc.stdout:  # bounded: a handful of lines, then the demo trains quietly (--quiet)
+            seen.append(line)
+            m = re.search(r"curl http://(\S+)/metrics\s+# (.+)$", line.rstrip())
+            if m:
+                endpoints[m.group(2)] = m.group(1)
+            if set(endpoints) >= want or time.monotonic() > deadline:
+                break
+        assert set(endpoints) == want, "".join(seen)
+        for who, address in sorted(endpoints.items()):
+            text = urllib.request.urlopen(f"http://{address}/metrics", timeout=30).read().decode()
+            families = {f.name for f in text_string_to_metric_families(text)}
+            assert "process_cpu_seconds" in families, (who, sorted(families))
+            prefix = {"controller": "luwu_controller_", "switch": "luwu_switch_", "node": "luwu_node_",
+                      "worker": "luwu_engine_"}[who.split()[0]]
+            assert any(f.startswith(prefix) for f in families), (who, sorted(families))
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
 
 
 def test_a_diverging_run_says_which_steps_the_nodes_skipped(tmp_path):

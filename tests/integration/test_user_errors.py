@@ -1,5 +1,5 @@
 """User mistakes on the command line: each runs the real `luwu` / `luwu-ctl` command as a
-subprocess and must exit non-zero with exactly one line on stderr and no traceback.
+subprocess and must exit 2 with exactly one line on stderr and no traceback.
 
 One case per family of mistake (missing file, garbage file, bad HOST:PORT, bad size, bad count,
 options that contradict each other) in every command that takes such input. A corrupt
@@ -28,7 +28,7 @@ def _run(argv: list[str], tmp_path: Path, env: dict | None = None) -> subprocess
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *words: str) -> str:
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert proc.returncode != 0, f"exit 0 for a mistake; stdout: {proc.stdout!r}"
+    assert proc.returncode == 2, f"exit {proc.returncode} for a mistake (2 expected); stdout: {proc.stdout!r}"
     assert "Traceback" not in proc.stderr, proc.stderr
     assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{proc.stderr}"
     for w in words:
@@ -89,6 +89,21 @@ CASES = {
     "demo batch vs workers": (["luwu", "demo", "--batch", "5", "--workers", "2"], ["--batch"]),
     "demo packet mode": (["luwu", "demo", "--packet-mode", "huge"], ["--packet-mode"]),
     "ctl missing argument": (["luwu-ctl", "plan"], ["job"]),
+    # family: missing or unknown command (the same in every command that has commands or actions)
+    "unknown command": (["luwu", "nosuchcmd"], ["unknown command 'nosuchcmd'", "demo", "luwu --help"]),
+    "no command": (["luwu"], ["missing command", "demo", "luwu --help"]),
+    "bench no command": (["luwu", "bench"], ["missing command", "allreduce"]),
+    "bench unknown command": (["luwu", "bench", "nope"], ["unknown command 'nope'", "allreduce"]),
+    "p4 no action": (["luwu", "p4"], ["missing command", "generate"]),
+    "mininet no action": (["luwu", "mininet"], ["missing action", "run"]),
+    "ctl no command": (["luwu-ctl"], ["missing command", "status"]),
+    "ctl unknown command": (["luwu-ctl", "nosuchcmd"], ["nosuchcmd"]),
+    # family: garbage files given to flags
+    "switch config not yaml": (["luwu", "switch", "--config", "BADYAML"], ["BADYAML", "line 2, column 6"]),
+    "switch config binary": (["luwu", "switch", "--config", "BINARY"], ["BINARY", "UTF-8"]),
+    "ctl tls-ca garbage": (["luwu-ctl", "--tls-ca", "BINARY", "status"], ["--tls-ca", "not a PEM certificate"]),
+    "p4 load tls-ca garbage": (["luwu", "p4", "load", "--runtime", "PLAN", "--tls-ca", "GARBAGE"],
+                               ["--tls-ca", "not a PEM certificate"]),
 }
 
 
@@ -98,6 +113,7 @@ def test_user_mistake_is_one_line_without_traceback(tmp_path, name):
     (tmp_path / "GARBAGE").write_text("this is not json\n")
     (tmp_path / "WRONG").write_text('{"wiring": 3}\n')
     (tmp_path / "BINARY").write_bytes(b"\xff\xfe\x00\x80" * 64)
+    (tmp_path / "BADYAML").write_text("slots: [1, 2\nports: {\n")
     if "PLAN" in argv:
         from luwu.dataplane.loopback import StarPlan
 
@@ -105,3 +121,15 @@ def test_user_mistake_is_one_line_without_traceback(tmp_path, name):
         (tmp_path / "PLAN").write_text(plan.node_plan(0).to_json())
     line = assert_one_line_error(_run(argv, tmp_path), *words)
     print(f"{' '.join(argv)}\n  -> {line}")
+
+
+@pytest.mark.parametrize("argv", [["luwu", "--version"], ["luwu-ctl", "--version"], ["luwu", "--help"],
+                                  ["luwu", "bench", "--help"], ["luwu", "p4", "--help"], ["luwu", "mininet", "--help"],
+                                  ["luwu-ctl", "--help"], ["luwu-ctl", "top", "--help"]])
+def test_help_and_version_exit_zero(tmp_path, argv):
+    """Help and version are answers, not mistakes: stdout, exit 0, nothing on stderr."""
+    from luwu import __version__
+
+    proc = _run(argv, tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", (proc.returncode, proc.stderr)
+    assert (f"{argv[0]} {__version__}" if argv[-1] == "--version" else "usage:") in proc.stdout, proc.stdout

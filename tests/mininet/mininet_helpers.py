@@ -42,10 +42,13 @@ def luwu_mininet(*args: str, timeout: float = RUN_TIMEOUT) -> subprocess.Complet
 
 def run_json(*args: str) -> dict:
     """A run with --json; its JSON object (the test fails with the runner's stderr if there is none).
-    The run directory is a temporary one, removed afterwards; `_logs` keeps the tail of every log."""
+    The run directory is a temporary one, removed afterwards; `_logs` keeps the tail of every log,
+    `_audit` the P4Runtime audit logs."""
     with tempfile.TemporaryDirectory(prefix="luwu-mininet-test-") as tmp:
         r = luwu_mininet("run", "--json", "--run-dir", f"{tmp}/run", *args)
         logs = {p.name: p.read_text()[-1500:] for p in Path(tmp, "run").glob("*.log")}
+        audit = {p.name: [json.loads(line) for line in p.read_text().splitlines()]
+                 for p in Path(tmp, "run").glob("*-p4runtime-audit.jsonl")}
     try:
         info = json.loads(r.stdout)
     except json.JSONDecodeError:
@@ -53,6 +56,7 @@ def run_json(*args: str) -> dict:
                     f"{r.stderr[-3000:]}\n{logs}")
     info["_returncode"] = r.returncode
     info["_logs"] = logs
+    info["_audit"] = audit  # the P4Runtime audit logs the run kept: {file name: [records]}
     return info
 
 

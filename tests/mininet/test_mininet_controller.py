@@ -40,6 +40,17 @@ def test_star_allreduce_with_the_controller_process():
         assert info["allreduce"]["verified"] == 3
         # the switch was started without a runtime file: every sum it made used the controller's entries
         assert counters(info, "s1", "COMPLETED") == CHUNKS
+        # both ends logged every write into the run directory: the switch with its caller, the controller
+        # with the switch it wrote to, the same updates
+        switch_side = [x for x in info["_audit"]["s1-p4runtime-audit.jsonl"] if x["what"]["rpc"] == "Write"]
+        controller_side = info["_audit"]["controller-p4runtime-audit.jsonl"]
+        assert switch_side and all(x["result"] == "OK" and x["who"]["identity"] == "bearer token"
+                                   for x in switch_side), switch_side[:3]
+        assert len(controller_side) == len(switch_side) and all(x["what"]["switch"] == "s1" for x in controller_side)
+        # every component served /metrics while it ran (the workers on their management addresses; an
+        # allreduce without --push-pull plans no optimizer node)
+        assert set(info["metrics"]) == {"controller", "switch s1", "worker 0", "worker 1", "worker 2"}, info["metrics"]
+        assert all(url.startswith("http://10.254.") for who, url in info["metrics"].items() if "worker" in who)
     finally:
         check_clean(info)
 
@@ -55,6 +66,10 @@ def test_multi_rack_push_pull_with_the_controller_process():
         # the emulation reports its node processes' health for them (no `luwu node` agent there)
         nodes = info["controller"]["nodes"]
         assert nodes and all(n["health"] == "up" for n in nodes.values()), nodes
+        # a /metrics endpoint per component while it ran: the node processes too
+        assert set(info["metrics"]) == {"controller", *(f"switch {s}" for s in ("cluster", "tor0", "tor1")),
+                                        *(f"node {n}" for n in nodes), *(f"worker {r}" for r in range(4))}, \
+            info["metrics"]
         for sw in ("tor0", "tor1", "cluster"):
             assert counters(info, sw, "COMPLETED") >= CHUNKS
     finally:
@@ -129,6 +144,7 @@ def test_model_in_network_training_joins_through_the_controller_and_its_node_dae
         # the `luwu node` daemon re-registered itself with its engine's address and heartbeats
         assert node["health"] == "up" and node["data_address"].startswith("10.0.") and info["controller"]["job"] in \
             node["jobs"], node
+        assert info["metrics"]["node n0"].startswith("http://10.254."), info["metrics"]  # `luwu node --metrics`
     finally:
         check_clean(info)
 

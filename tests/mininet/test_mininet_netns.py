@@ -293,6 +293,12 @@ def test_up_keeps_the_network_for_a_user_to_run_torch_by_hand(tmp_path):
         assert 'luwu_switch_events_total{event="COMPLETED"}' in switch_metrics, switch_metrics[:2000]
         controller_metrics = urllib.request.urlopen(info["controller"]["metrics"], timeout=10).read().decode()
         assert 'luwu_controller_switch_programmed{switch="s1"} 1.0' in controller_metrics, controller_metrics[:2000]
+        # every component the emulation started names its endpoint, and each answers (no optimizer node
+        # without layers to serve; the workers here are the user's own processes: LUWU_METRICS)
+        assert set(info["metrics"]) == {"controller", "switch s1"}, info["metrics"]
+        for who, url in info["metrics"].items():
+            text = urllib.request.urlopen(url, timeout=10).read().decode()
+            assert "process_cpu_seconds_total" in text and "luwu_" in text, (who, text[:1000])
     finally:
         up.send_signal(signal.SIGTERM)
         out, err = up.communicate(timeout=120)

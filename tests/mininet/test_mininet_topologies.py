@@ -187,3 +187,17 @@ def test_bad_options_exit_2_with_a_message(args, words):
 def test_bmv2_without_simple_switch_grpc_is_a_clear_error():
     r = luwu_mininet("run", "--switch", "bmv2", "--backend", "netns", timeout=120)
     assert r.returncode == 2 and "simple_switch_grpc" in r.stderr and "--switch software" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args, timeout", [([], 120.0), (["--switch", "bmv2"], 600.0),
+                                           (["--switch", "bmv2", "--timeout", "50"], 50.0)])
+def test_the_workload_time_limit_scales_with_the_switch(args, timeout):
+    """BMv2 forwards about 100x slower than the software switch: its default limit is 5x; an
+    explicit --timeout is taken as given."""
+    from luwu.dataplane.usage import OneLineParser
+    from luwu.mininet import runner
+
+    parser = OneLineParser(prog="luwu mininet")
+    runner.add_arguments(parser)
+    _, run_opts = runner._options(parser.parse_args(["run", *args]))
+    assert run_opts.timeout == timeout
