@@ -27,7 +27,7 @@ import torch
 
 from luwu.dataplane import kernels as kernel_mode
 
-from . import fused, kernels
+from . import budget, fused, kernels
 from .checkpoint import CheckpointManager
 from .errors import (
     BadGradient,
@@ -46,7 +46,7 @@ from .param_prefetch import ParamPrefetcher
 from .pipeline import LayerStep, Pipeline
 from .served import ServedCache
 from .shard_file import FileSet
-from .spec import SHARD_ALIGN_ELEMS, JobSpec, NodeConfig
+from .spec import JobSpec, NodeConfig
 from .store import StateStore
 
 if TYPE_CHECKING:
@@ -56,15 +56,6 @@ log = logging.getLogger("luwu.optimizer")
 WIRE_DTYPE_NAMES = {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32"}  # luwu.dataplane.protocol.Dtype member names
 _QUIESCE = object()  # in_flight marker while a caller reads a layer's state
 SKIP_HISTORY = 1024  # steps with a skipped layer remembered per job (skipped_steps())
-MIN_SHARD_ELEMS = 16 * SHARD_ALIGN_ELEMS  # a small budget shrinks shards down to this (192 KiB AdamW records)
-
-
-def _floor(plans: list[LayerPlan]) -> int:
-    """The least RAM a node can step these layers in: two shard records (the one stepped, the
-    next one read or the last one written back) and two served copies of the largest layer (the
-    version being built and the one the workers pull)."""
-    return (2 * max(s.entry_bytes for p in plans for s in p.shards)
-            + 2 * max(p.served_buffer_bytes for p in plans))
 
 
 class ParamProvider(Protocol):
@@ -133,21 +124,11 @@ class OptimizerNode(CheckpointMixin):
             self._reject(e)
 
     def _shard_elems_for(self, spec: JobSpec) -> int:
-        """`max_shard_elems`, halved (down to MIN_SHARD_ELEMS) while the job's RAM floor
-        (`_floor`: two shard records plus two served copies of its largest layer) does not fit the
-        budget beside the other jobs' state. A shard is the unit of state the store moves, so
-        smaller shards lower the floor of a large model on a small budget; cuts stay on the kernels'
-        4096-element grid, so the results are the same bits (docs/optimizer.md "State store")."""
+        """The job's shard size: `max_shard_elems`, or smaller where the budget needs (budget.py)."""
         if not isinstance(spec, JobSpec):
             return self.config.max_shard_elems  # _add_job says what is wrong
-        elems = self.config.max_shard_elems
-        others = [lr.plan for j in self.jobs.values() for lr in j.layers.values()]
-        while elems > MIN_SHARD_ELEMS:
-            plans = others + [plan_layer(spec, ly, elems) for ly in spec.layers]
-            if _floor(plans) <= self.config.ram_budget:
-                break
-            elems = max(MIN_SHARD_ELEMS, elems // 2 // SHARD_ALIGN_ELEMS * SHARD_ALIGN_ELEMS)
-        return elems
+        return budget.shard_elems_for(self.config, [lr.plan for j in self.jobs.values() for lr in j.layers.values()],
+                                      spec)
 
     def _add_job(self, spec: JobSpec, max_shard_elems: int, restore: dict | None) -> None:
         """`restore`: {layer_id: (version, {shard index: record loader})} from a checkpoint."""
@@ -212,31 +193,10 @@ class OptimizerNode(CheckpointMixin):
         return self.config.state_dir / shard.job_id / f"{shard.name()}.state"
 
     def _set_budgets(self, extra: list[LayerPlan]) -> None:
-        """Split `ram_budget` between shard records and served copies. When everything fits, served
-        copies get twice their size (a new version is built beside the old) and nothing moves after
-        start-up. Otherwise each side gets at least its floor (`_floor`), served copies
-        `served_fraction` of the budget when that leaves the state its floor, and the state the rest."""
-        plans = [lr.plan for j in self.jobs.values() for lr in j.layers.values()] + list(extra)
-        state_total = sum(s.entry_bytes for p in plans for s in p.shards)
-        served_total = sum(p.served_buffer_bytes for p in plans)
-        budget = self.config.ram_budget
-        big_entry = max(s.entry_bytes for p in plans for s in p.shards)
-        big_served = max(p.served_buffer_bytes for p in plans)
-        if state_total + 2 * served_total <= budget:
-            served_budget = 2 * served_total  # double-buffered: a new version is built beside the old
-        else:
-            served_budget = min(max(int(self.config.served_fraction * budget), 2 * big_served),
-                                budget - 2 * big_entry)
-        state_budget = budget - served_budget
-        if state_budget < 2 * big_entry or served_budget < 2 * big_served:
-            raise OptimizerInputError(
-                f"ram_budget {budget} bytes is too small: it needs at least {_floor(plans)} bytes, twice the largest "
-                f"shard record ({big_entry} bytes, at shards of {max(s.numel for p in plans for s in p.shards)} "
-                f"elements) plus twice the largest served copy ({big_served} bytes: a unit's copy is one array, "
-                "the one being built beside the one being pulled); raise ram_budget, or cut the model into "
-                "smaller units")
-        self.store.set_budget(state_budget)
-        self.served.set_budget(served_budget)
+        state, served = budget.split(self.config, [lr.plan for j in self.jobs.values() for lr in j.layers.values()]
+                                     + list(extra))
+        self.store.set_budget(state)
+        self.served.set_budget(served)
 
     def _job(self, job_id: str) -> JobRuntime:
         job = self.jobs.get(job_id)

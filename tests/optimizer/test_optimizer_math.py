@@ -136,7 +136,7 @@ def test_a_budget_below_a_default_shard_cuts_smaller_shards_with_the_same_bits(t
     the state's share); now it cuts the job's shards smaller until two records and two served
     copies fit, streams them, and the result is still torch.optim(fused=True)'s bit for bit."""
     from luwu.dataplane.optimizer import LayerSpec
-    from luwu.dataplane.optimizer.node import MIN_SHARD_ELEMS
+    from luwu.dataplane.optimizer.budget import MIN_SHARD_ELEMS
 
     layers = [LayerSpec(i, {"w": (3 * 256, 256), "b": (256,)}, frozenset({"b"})) for i in range(4)]
     spec = JobSpec("ref", CASES["adamw"], layers, "bf16", initial_values(layers))
