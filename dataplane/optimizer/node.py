@@ -181,6 +181,44 @@ class OptimizerNode(CheckpointMixin):
         if spec.optimizer.name == "adamw" and spec.served_dtype in ("bf16", "fp32"):
             fused.warm_async(spec.served_dtype)  # the kernel loads while the workers start, not in the first step
 
+    def set_initial(self, job_id: str, layer_id: int, values: dict) -> None:
+        """Replace a layer's starting parameters before its first step: master weights from
+        `values` ({tensor name: fp32 array}, as `JobSpec.initial` gives a layer), optimizer state
+        zero, the served copy of version 0 rounded from them. So a job's values can come layer by
+        layer after a seeded `add_job`, and the node never holds more than one layer of them
+        (`ModelInNetwork`'s hand-over does this: issue 26).
+
+        Raises:
+            OptimizerInputError: an unknown job or layer, values of the wrong names or shapes, NaN,
+                or a layer that has had a step or a gradient already (nothing is changed).
+        """
+        try:
+            lr = self._layer(job_id, layer_id)[1]
+            master = initial_master(lr.plan, {layer_id: values})
+            with self._cv:
+                self._check_usable()
+                if lr.next_step != 0 or lr.in_flight is not None:
+                    raise StepOutOfOrder(f"job {job_id!r} layer {layer_id}: its starting values can be set only "
+                                         f"before its first gradient (it is at step {lr.next_step})")
+                lr.in_flight = _QUIESCE  # a gradient arriving meanwhile waits in `pending`
+        except OptimizerInputError as e:
+            self._reject(e)
+        try:
+            buf = self.served.new_buffer(lr.plan)
+            for shard in lr.plan.shards:
+                entry = self.store.acquire(shard.key)
+                try:
+                    if entry.buf is None:  # acquire() returns it pinned in memory
+                        raise AssertionError(f"shard {shard.name()} acquired but not in memory")
+                    self._with_served(lr.plan, shard, fresh_filler(shard, master), buf)(entry.buf)
+                    entry.step = 0
+                finally:
+                    self.store.release(entry, dirty=True)
+            self.served.publish(lr.plan, 0, buf)
+        finally:
+            with self._cv:
+                self._release_layer(lr)
+
     def _with_served(self, plan: LayerPlan, shard: ShardPlan, fill: Filler, served_buf: np.ndarray) -> Filler:
         def go(buf: np.ndarray) -> int:
             step = fill(buf)

@@ -59,6 +59,16 @@ class OptimizerService:
                                       f"{str(spec.job_id)[:80]!r}")
             self.add_job(int(header["session"]), int(header["contributors"]), spec)
             return {"job_id": spec.job_id}
+        if op == "set_layer":  # a layer's starting values after a seeded add_job: one layer per message
+            job_id = str(header.get("job_id", ""))
+            if grant is not None and grant.job_id is not None and job_id != grant.job_id:
+                raise PermissionError(f"this connection holds the token of job {grant.job_id!r}, not of "
+                                      f"{job_id[:80]!r}")
+            values = unpack_arrays(header["initial"], blobs)
+            if set(values) != {int(header["layer"])}:
+                raise ValueError(f"set_layer of layer {header['layer']} carries values of layers {sorted(values)}")
+            self.node.set_initial(job_id, int(header["layer"]), values[int(header["layer"])])
+            return {}
         if op == "stats":
             return {"stats": {"node": self.node.stats(), "engine": self.engine.session_stats()}}
         if op == "checkpoint":
@@ -69,7 +79,7 @@ class OptimizerService:
                 raise PermissionError(f"this connection holds the token of job {grant.job_id!r}, not of "
                                       f"{job_id[:80]!r}")
             return {"skipped": {str(s): ids for s, ids in self.node.skipped_steps(job_id).items()}}
-        raise ValueError(f"unknown control request {op!r}: add_job, stats, checkpoint or skipped")
+        raise ValueError(f"unknown control request {op!r}: add_job, set_layer, stats, checkpoint or skipped")
 
     @property
     def address(self) -> tuple[str, int]:

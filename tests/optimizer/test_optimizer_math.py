@@ -155,3 +155,25 @@ def test_a_budget_below_a_default_shard_cuts_smaller_shards_with_the_same_bits(t
     with OptimizerNode(NodeConfig(tmp_path / "t", ram_budget=2 << 20)) as node, \
             pytest.raises(OptimizerInputError, match="twice the largest served copy"):
         node.add_job(JobSpec("big", CASES["adamw"], [LayerSpec(0, {"w": (1 << 20,)})], "bf16"))
+
+
+def test_starting_values_set_layer_by_layer_after_a_seeded_job_train_the_same_bits(tmp_path):
+    """`set_initial` after a seeded `add_job` (how the workers' hand-over now sends a model, one
+    layer per control message): out of core, the same bits as the values given to add_job; a
+    layer that has had its first gradient refuses new starting values and keeps its state."""
+    spec = _job(CASES["adamw"], n_layers=6, rows=96, cols=80)
+    seeded = JobSpec(spec.job_id, spec.optimizer, spec.layers, spec.served_dtype, 7)
+    with OptimizerNode(NodeConfig(tmp_path / "s", ram_budget=180_000, max_shard_elems=4096)) as node:
+        node.add_job(seeded)
+        for ly in spec.layers:
+            node.set_initial(spec.job_id, ly.layer_id, spec.initial[ly.layer_id])
+        assert node.stats()["io"]["writes"] > 0  # the state is out of core
+        drive(node, spec, STEPS, 2)
+        assert_matches(node, spec, reference_run(spec, STEPS, 2, fused=True), rtol=0)
+        before = node.layer_state(spec.job_id, 0)
+        with pytest.raises(OptimizerInputError, match="before its first gradient"):
+            node.set_initial(spec.job_id, 0, spec.initial[0])
+        with pytest.raises(OptimizerInputError, match="missing"):
+            node.set_initial(spec.job_id, 1, {"weight": spec.initial[1]["weight"]})
+        after = node.layer_state(spec.job_id, 0)
+        assert all((before[k] == after[k]).all() for k in ("master", "exp_avg", "served"))

@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from luwu.dataplane.optimizer.control import ControlClient
+from luwu.dataplane.optimizer.control import ControlClient, pack_arrays
 from luwu.dataplane.optimizer.spec import JobSpec, LayerSpec, OptimizerSpec
 
 from .routes import Route, piece_initial, piece_spec
@@ -60,20 +60,21 @@ def fingerprint(units: list[Unit]) -> int:
 
 def node_jobs(job_id: str, optimizer: OptimizerSpec, units: list[Unit], routes: dict[int, Route],
               initial: Callable[[int], np.ndarray], served_dtype: str) -> dict[int, tuple[JobSpec, dict]]:
-    """node index -> (its JobSpec, {layer: {tensor: initial values}}) for every node this rank's
-    routes reach: a whole unit as the unit's LayerSpec, a slice as routes.piece_spec names it.
-    `initial(unit)` is the unit's flat fp32 values."""
+    """node index -> (its JobSpec, {layer: a function returning that layer's {tensor: initial
+    values}}) for every node this rank's routes reach: a whole unit as the unit's LayerSpec, a slice
+    as routes.piece_spec names it. `initial(unit)` is the unit's flat fp32 values; it is called
+    when a layer's values are sent, so one unit's copy at a time exists."""
     layers: dict[int, list[LayerSpec]] = {}
-    values: dict[int, dict[int, dict[str, np.ndarray]]] = {}
+    values: dict[int, dict[int, Callable[[], dict[str, np.ndarray]]]] = {}
     for u in units:
         route = routes[u.index]
         if not route.pieces:  # an empty rail shard (a unit smaller than the rails): nothing on a node
             continue
-        flat = initial(u.index)
         for piece in route.pieces:
             spec, spans = piece_spec(u, piece, route.whole)
             layers.setdefault(piece.node, []).append(spec)
-            values.setdefault(piece.node, {})[u.index] = piece_initial(flat, spans, spec.shapes)
+            values.setdefault(piece.node, {})[u.index] = functools.partial(
+                lambda i, spans, shapes: piece_initial(initial(i), spans, shapes), u.index, spans, spec.shapes)
     return {node: (JobSpec(job_id, optimizer, specs, served_dtype=served_dtype), values[node])
             for node, specs in sorted(layers.items())}
 
@@ -81,7 +82,11 @@ def node_jobs(job_id: str, optimizer: OptimizerSpec, units: list[Unit], routes: 
 def hand_over(jobs: dict[int, tuple[JobSpec, dict]], sessions: dict[int, int], controls: list[str],
               contributors: int, timeout: float, token: str = "") -> None:
     """Give each node its job and the initial values of its layers (`token`: the job's, for the
-    nodes' control channels; `contributors`: the job's ranks, whose mean the node steps with)."""
+    nodes' control channels; `contributors`: the job's ranks, whose mean the node steps with). The
+    job goes first, seeded, then each layer's values in a message of its own (`set_layer`), so
+    neither side holds more than one layer's values at a time (a whole model's in one message
+    was 4 bytes per parameter on the node, and over its control channel's message limit, the RAM
+    budget, for a model larger than a quarter of it)."""
     for node, (spec, initial) in jobs.items():
         if node >= len(controls) or not controls[node]:
             raise ValueError(f"this rank must reach optimizer node {node} to hand it the job: the network description "
@@ -91,7 +96,10 @@ def hand_over(jobs: dict[int, tuple[JobSpec, dict]], sessions: dict[int, int], c
                              f"(sessions for nodes {sorted(sessions)})")
         client = ControlClient(controls[node], timeout=timeout, token=token, job_id=spec.job_id)
         try:
-            client.add_job(sessions[node], contributors, spec.to_json(), initial=initial)
+            client.add_job(sessions[node], contributors, spec.to_json(), initial=0)
+            for layer, values in initial.items():
+                desc, blobs = pack_arrays({layer: values()})
+                client.call({"op": "set_layer", "job_id": spec.job_id, "layer": layer, "initial": desc}, blobs)
         finally:
             client.close()
 
