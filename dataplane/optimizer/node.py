@@ -38,7 +38,7 @@ from .errors import (
     UnknownJob,
     UnknownLayer,
 )
-from .initial import Filler, check_initial, fresh_filler, initial_master, record_filler
+from .initial import Filler, check_initial, fresh_filler, initial_master, layer_values, record_filler, values_filler
 from .layout import LayerPlan, ShardPlan, plan_layer
 from .node_checkpoints import CheckpointMixin
 from .order import OrderTracker
@@ -194,7 +194,7 @@ class OptimizerNode(CheckpointMixin):
         """
         try:
             lr = self._layer(job_id, layer_id)[1]
-            master = initial_master(lr.plan, {layer_id: values})
+            flat = layer_values(lr.plan, values)
             with self._cv:
                 self._check_usable()
                 if lr.next_step != 0 or lr.in_flight is not None:
@@ -210,7 +210,7 @@ class OptimizerNode(CheckpointMixin):
                 try:
                     if entry.buf is None:  # acquire() returns it pinned in memory
                         raise AssertionError(f"shard {shard.name()} acquired but not in memory")
-                    self._with_served(lr.plan, shard, fresh_filler(shard, master), buf)(entry.buf)
+                    self._with_served(lr.plan, shard, values_filler(lr.plan, shard, flat), buf)(entry.buf)
                     entry.step = 0
                 finally:
                     self.store.release(entry, dirty=True)

@@ -52,7 +52,10 @@ class OptimizerService:
     def handle(self, header: dict, blobs: list[bytes], grant: Grant | None = None) -> dict:
         op = header.get("op")
         if op == "add_job":
-            initial = unpack_arrays(header["initial"], blobs) if "initial" in header else int(header.get("seed", 0))
+            if "initial" in header:
+                initial: dict | int | None = unpack_arrays(header["initial"], blobs)
+            else:  # zeros: the values follow in set_layer messages (ModelInNetwork's hand-over)
+                initial = None if header.get("zeros") else int(header.get("seed", 0))
             spec = JobSpec.from_json(header["job"], initial)
             if grant is not None and grant.job_id is not None and spec.job_id != grant.job_id:
                 raise PermissionError(f"this connection holds the token of job {grant.job_id!r}; it cannot add job "

@@ -192,8 +192,9 @@ class LayerSpec:
 
 @dataclass
 class JobSpec:
-    """A training job on this node. `initial` is {layer_id: {name: fp32 array/tensor}} or an int
-    seed (weights ~ N(0, 0.02^2), deterministic per seed and layer)."""
+    """A training job on this node. `initial` is {layer_id: {name: fp32 array/tensor}}, an int
+    seed (weights ~ N(0, 0.02^2), deterministic per seed and layer), or None: zeros, for values that
+    follow layer by layer (`OptimizerNode.set_initial`)."""
 
     job_id: str
     optimizer: OptimizerSpec

@@ -157,12 +157,14 @@ def test_a_budget_below_a_default_shard_cuts_smaller_shards_with_the_same_bits(t
         node.add_job(JobSpec("big", CASES["adamw"], [LayerSpec(0, {"w": (1 << 20,)})], "bf16"))
 
 
-def test_starting_values_set_layer_by_layer_after_a_seeded_job_train_the_same_bits(tmp_path):
-    """`set_initial` after a seeded `add_job` (how the workers' hand-over now sends a model, one
-    layer per control message): out of core, the same bits as the values given to add_job; a
-    layer that has had its first gradient refuses new starting values and keeps its state."""
+@pytest.mark.parametrize("first", [None, 7], ids=["zeros", "seeded"])
+def test_starting_values_set_layer_by_layer_after_the_job_train_the_same_bits(tmp_path, first):
+    """`set_initial` after an `add_job` at zeros (how the workers' hand-over now sends a model, one
+    layer per control message) or seeded: out of core, the same bits as the values given to
+    add_job; a layer that has had its first gradient refuses new starting values and keeps its
+    state."""
     spec = _job(CASES["adamw"], n_layers=6, rows=96, cols=80)
-    seeded = JobSpec(spec.job_id, spec.optimizer, spec.layers, spec.served_dtype, 7)
+    seeded = JobSpec(spec.job_id, spec.optimizer, spec.layers, spec.served_dtype, first)
     with OptimizerNode(NodeConfig(tmp_path / "s", ram_budget=180_000, max_shard_elems=4096)) as node:
         node.add_job(seeded)
         for ly in spec.layers:

@@ -83,7 +83,7 @@ def hand_over(jobs: dict[int, tuple[JobSpec, dict]], sessions: dict[int, int], c
               contributors: int, timeout: float, token: str = "") -> None:
     """Give each node its job and the initial values of its layers (`token`: the job's, for the
     nodes' control channels; `contributors`: the job's ranks, whose mean the node steps with). The
-    job goes first, seeded, then each layer's values in a message of its own (`set_layer`), so
+    job goes first, at zeros, then each layer's values in a message of its own (`set_layer`), so
     neither side holds more than one layer's values at a time (a whole model's in one message
     was 4 bytes per parameter on the node, and over its control channel's message limit, the RAM
     budget, for a model larger than a quarter of it)."""
@@ -96,7 +96,8 @@ def hand_over(jobs: dict[int, tuple[JobSpec, dict]], sessions: dict[int, int], c
                              f"(sessions for nodes {sorted(sessions)})")
         client = ControlClient(controls[node], timeout=timeout, token=token, job_id=spec.job_id)
         try:
-            client.add_job(sessions[node], contributors, spec.to_json(), initial=0)
+            client.call({"op": "add_job", "session": sessions[node], "contributors": contributors,
+                         "job": spec.to_json(), "zeros": True})  # zeros until each layer's values come
             for layer, values in initial.items():
                 desc, blobs = pack_arrays({layer: values()})
                 client.call({"op": "set_layer", "job_id": spec.job_id, "layer": layer, "initial": desc}, blobs)
