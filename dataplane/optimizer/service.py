@@ -38,16 +38,19 @@ class OptimizerService:
             self.control = ControlServer(control, self.handle, auth=auth, max_message=max_message).start()
         return self
 
-    def add_job(self, session: int, contributors: int, spec: JobSpec) -> None:
-        """Serve `spec` on `session`; a job restored from a checkpoint is bound, not re-added."""
+    def add_job(self, session: int, contributors: int, spec: JobSpec) -> bool:
+        """Serve `spec` on `session`; a job restored from a checkpoint (or added before) is bound,
+        not re-added, and its state kept. Returns True when the job was already on the node."""
         with self._lock:
             if session in self.sessions and self.sessions[session] != spec.job_id:
                 raise ValueError(f"session {session} already serves job {self.sessions[session]!r}")
-            if spec.job_id not in self.node.jobs:
+            existing = spec.job_id in self.node.jobs
+            if not existing:
                 self.node.add_job(spec)
             self.sessions[session] = spec.job_id
         self.engine.bind(session, self.node.provider(spec.job_id),
                          self.node.gradient_sink(spec.job_id, contributors)).wait(30)
+        return existing
 
     def handle(self, header: dict, blobs: list[bytes], grant: Grant | None = None) -> dict:
         op = header.get("op")
@@ -60,8 +63,8 @@ class OptimizerService:
             if grant is not None and grant.job_id is not None and spec.job_id != grant.job_id:
                 raise PermissionError(f"this connection holds the token of job {grant.job_id!r}; it cannot add job "
                                       f"{str(spec.job_id)[:80]!r}")
-            self.add_job(int(header["session"]), int(header["contributors"]), spec)
-            return {"job_id": spec.job_id}
+            existing = self.add_job(int(header["session"]), int(header["contributors"]), spec)
+            return {"job_id": spec.job_id, "existing": existing}  # existing: its state kept (no set_layer)
         if op == "set_layer":  # a layer's starting values after a seeded add_job: one layer per message
             job_id = str(header.get("job_id", ""))
             if grant is not None and grant.job_id is not None and job_id != grant.job_id:

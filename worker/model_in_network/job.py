@@ -86,7 +86,8 @@ def hand_over(jobs: dict[int, tuple[JobSpec, dict]], sessions: dict[int, int], c
     job goes first, at zeros, then each layer's values in a message of its own (`set_layer`), so
     neither side holds more than one layer's values at a time (a whole model's in one message
     was 4 bytes per parameter on the node, and over its control channel's message limit, the RAM
-    budget, for a model larger than a quarter of it)."""
+    budget, for a model larger than a quarter of it). A job the node already has (restored from a
+    checkpoint) keeps its state: no values are sent."""
     for node, (spec, initial) in jobs.items():
         if node >= len(controls) or not controls[node]:
             raise ValueError(f"this rank must reach optimizer node {node} to hand it the job: the network description "
@@ -96,8 +97,10 @@ def hand_over(jobs: dict[int, tuple[JobSpec, dict]], sessions: dict[int, int], c
                              f"(sessions for nodes {sorted(sessions)})")
         client = ControlClient(controls[node], timeout=timeout, token=token, job_id=spec.job_id)
         try:
-            client.call({"op": "add_job", "session": sessions[node], "contributors": contributors,
-                         "job": spec.to_json(), "zeros": True})  # zeros until each layer's values come
+            reply = client.call({"op": "add_job", "session": sessions[node], "contributors": contributors,
+                                 "job": spec.to_json(), "zeros": True})  # zeros until each layer's values come
+            if reply.get("existing"):  # restored from a checkpoint (`luwu node --restore`): its state stays
+                continue
             for layer, values in initial.items():
                 desc, blobs = pack_arrays({layer: values()})
                 client.call({"op": "set_layer", "job_id": spec.job_id, "layer": layer, "initial": desc}, blobs)
