@@ -39,9 +39,9 @@ def _as_fp32(name: str, layer_id: int, value: Any, shape: tuple[int, ...]) -> np
 
 
 def check_initial(plans: list[LayerPlan], initial: Any) -> None:
-    """The structure of `initial` (a seed, or every layer's tensors by name with their shapes);
-    the values are checked as each layer is loaded."""
-    if isinstance(initial, (int, np.integer)) and not isinstance(initial, bool):
+    """The structure of `initial` (a seed, None for zeros, or every layer's tensors by name with
+    their shapes); the values are checked as each layer is loaded."""
+    if initial is None or (isinstance(initial, (int, np.integer)) and not isinstance(initial, bool)):
         return
     if not isinstance(initial, dict):
         raise OptimizerInputError("initial must be an int seed or {layer_id: {name: fp32 array}}")
@@ -62,8 +62,10 @@ def check_initial(plans: list[LayerPlan], initial: Any) -> None:
 
 
 def initial_master(plan: LayerPlan, initial: Any) -> np.ndarray:
-    """The layer's flat fp32 starting weights."""
+    """The layer's flat fp32 starting weights (None: zeros, whose untouched pages cost no RAM)."""
     spec = plan.spec
+    if initial is None:
+        return np.zeros(plan.numel, dtype=np.float32)
     if isinstance(initial, (int, np.integer)) and not isinstance(initial, bool):
         rng = np.random.default_rng([int(initial), spec.layer_id])
         return rng.standard_normal(plan.numel, dtype=np.float32) * np.float32(DEFAULT_INIT_STD)
@@ -72,14 +74,42 @@ def initial_master(plan: LayerPlan, initial: Any) -> np.ndarray:
     tensors = initial.get(spec.layer_id)
     if tensors is None:
         raise OptimizerInputError(f"initial has no entry for layer {spec.layer_id}")
+    flat = layer_values(plan, tensors)
+    out = np.empty(plan.numel, dtype=np.float32)
+    for name, lo, hi, _ in plan.segments:
+        out[lo:hi] = flat[name]
+    return out
+
+
+def layer_values(plan: LayerPlan, tensors: Any) -> dict[str, np.ndarray]:
+    """A layer's starting tensors ({name: values}) checked (names, sizes, finite) and flat fp32,
+    without a copy where they are already that."""
+    spec = plan.spec
+    if not isinstance(tensors, dict):
+        raise OptimizerInputError(f"initial values of layer {spec.layer_id} must be {{name: fp32 array}}")
     missing = [n for n in spec.shapes if n not in tensors]
     extra = [n for n in tensors if n not in spec.shapes]
     if missing or extra:
         raise OptimizerInputError(f"initial values of layer {spec.layer_id}: missing {missing}, unexpected {extra}")
-    out = np.empty(plan.numel, dtype=np.float32)
-    for name, lo, hi, _ in plan.segments:
-        out[lo:hi] = _as_fp32(name, spec.layer_id, tensors[name], spec.shapes[name])
-    return out
+    return {name: _as_fp32(name, spec.layer_id, tensors[name], spec.shapes[name]) for name in spec.shapes}
+
+
+def values_filler(plan: LayerPlan, shard: ShardPlan, flat: dict[str, np.ndarray]) -> Filler:
+    """Step 0 from a layer's checked tensors (`layer_values`): the shard's master copied from the
+    pieces of them it holds, optimizer state zero (no whole-layer copy: one shard at a time)."""
+
+    def fill(buf: np.ndarray) -> int:
+        buf[:] = 0  # pooled buffers hold old data
+        master = shard.state_views(buf)[0]
+        s_lo, s_hi = shard.elem_lo, shard.elem_lo + shard.numel
+        for name, lo, hi, _ in plan.segments:
+            a, b = max(lo, s_lo), min(hi, s_hi)
+            if a < b:
+                master[a - s_lo: b - s_lo] = flat[name][a - lo: b - lo]
+        shard.write_header(buf, 0)
+        return 0
+
+    return fill
 
 
 def fresh_filler(shard: ShardPlan, master: np.ndarray) -> Filler:

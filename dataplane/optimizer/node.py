@@ -27,7 +27,7 @@ import torch
 
 from luwu.dataplane import kernels as kernel_mode
 
-from . import fused, kernels
+from . import budget, fused, kernels
 from .checkpoint import CheckpointManager
 from .errors import (
     BadGradient,
@@ -38,7 +38,7 @@ from .errors import (
     UnknownJob,
     UnknownLayer,
 )
-from .initial import Filler, check_initial, fresh_filler, initial_master, record_filler
+from .initial import Filler, check_initial, fresh_filler, initial_master, layer_values, record_filler, values_filler
 from .layout import LayerPlan, ShardPlan, plan_layer
 from .node_checkpoints import CheckpointMixin
 from .order import OrderTracker
@@ -119,9 +119,16 @@ class OptimizerNode(CheckpointMixin):
     def add_job(self, spec: JobSpec) -> None:
         """Register a job: plan its shards, create their files, set its starting state (version 0)."""
         try:
-            self._add_job(spec, self.config.max_shard_elems, None)
+            self._add_job(spec, self._shard_elems_for(spec), None)
         except OptimizerInputError as e:
             self._reject(e)
+
+    def _shard_elems_for(self, spec: JobSpec) -> int:
+        """The job's shard size: `max_shard_elems`, or smaller where the budget needs (budget.py)."""
+        if not isinstance(spec, JobSpec):
+            return self.config.max_shard_elems  # _add_job says what is wrong
+        return budget.shard_elems_for(self.config, [lr.plan for j in self.jobs.values() for lr in j.layers.values()],
+                                      spec)
 
     def _add_job(self, spec: JobSpec, max_shard_elems: int, restore: dict | None) -> None:
         """`restore`: {layer_id: (version, {shard index: record loader})} from a checkpoint."""
@@ -174,6 +181,44 @@ class OptimizerNode(CheckpointMixin):
         if spec.optimizer.name == "adamw" and spec.served_dtype in ("bf16", "fp32"):
             fused.warm_async(spec.served_dtype)  # the kernel loads while the workers start, not in the first step
 
+    def set_initial(self, job_id: str, layer_id: int, values: dict) -> None:
+        """Replace a layer's starting parameters before its first step: master weights from
+        `values` ({tensor name: fp32 array}, as `JobSpec.initial` gives a layer), optimizer state
+        zero, the served copy of version 0 rounded from them. So a job's values can come layer by
+        layer after a seeded `add_job`, and the node never holds more than one layer of them
+        (`ModelInNetwork`'s hand-over does this: issue 26).
+
+        Raises:
+            OptimizerInputError: an unknown job or layer, values of the wrong names or shapes, NaN,
+                or a layer that has had a step or a gradient already (nothing is changed).
+        """
+        try:
+            lr = self._layer(job_id, layer_id)[1]
+            flat = layer_values(lr.plan, values)
+            with self._cv:
+                self._check_usable()
+                if lr.next_step != 0 or lr.in_flight is not None:
+                    raise StepOutOfOrder(f"job {job_id!r} layer {layer_id}: its starting values can be set only "
+                                         f"before its first gradient (it is at step {lr.next_step})")
+                lr.in_flight = _QUIESCE  # a gradient arriving meanwhile waits in `pending`
+        except OptimizerInputError as e:
+            self._reject(e)
+        try:
+            buf = self.served.new_buffer(lr.plan)
+            for shard in lr.plan.shards:
+                entry = self.store.acquire(shard.key)
+                try:
+                    if entry.buf is None:  # acquire() returns it pinned in memory
+                        raise AssertionError(f"shard {shard.name()} acquired but not in memory")
+                    self._with_served(lr.plan, shard, values_filler(lr.plan, shard, flat), buf)(entry.buf)
+                    entry.step = 0
+                finally:
+                    self.store.release(entry, dirty=True)
+            self.served.publish(lr.plan, 0, buf)
+        finally:
+            with self._cv:
+                self._release_layer(lr)
+
     def _with_served(self, plan: LayerPlan, shard: ShardPlan, fill: Filler, served_buf: np.ndarray) -> Filler:
         def go(buf: np.ndarray) -> int:
             step = fill(buf)
@@ -186,24 +231,10 @@ class OptimizerNode(CheckpointMixin):
         return self.config.state_dir / shard.job_id / f"{shard.name()}.state"
 
     def _set_budgets(self, extra: list[LayerPlan]) -> None:
-        plans = [lr.plan for j in self.jobs.values() for lr in j.layers.values()] + list(extra)
-        state_total = sum(s.entry_bytes for p in plans for s in p.shards)
-        served_total = sum(p.served_buffer_bytes for p in plans)
-        budget = self.config.ram_budget
-        if state_total + 2 * served_total <= budget:
-            served_budget = 2 * served_total  # double-buffered: a new version is built beside the old
-        else:
-            served_budget = int(self.config.served_fraction * budget)
-        state_budget = budget - served_budget
-        big_entry = max(s.entry_bytes for p in plans for s in p.shards)
-        big_served = max(p.served_buffer_bytes for p in plans)
-        if state_budget < 2 * big_entry or served_budget < 2 * big_served:
-            raise OptimizerInputError(
-                f"ram_budget {budget} bytes is too small: it needs at least twice the largest shard record "
-                f"({big_entry} bytes) for state plus twice the largest served copy ({big_served} bytes) "
-                f"within served_fraction; raise ram_budget or lower max_shard_elems")
-        self.store.set_budget(state_budget)
-        self.served.set_budget(served_budget)
+        state, served = budget.split(self.config, [lr.plan for j in self.jobs.values() for lr in j.layers.values()]
+                                     + list(extra))
+        self.store.set_budget(state)
+        self.served.set_budget(served)
 
     def _job(self, job_id: str) -> JobRuntime:
         job = self.jobs.get(job_id)

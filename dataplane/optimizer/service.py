@@ -41,27 +41,43 @@ class OptimizerService:
                                          limits=limits or ControlLimits(max_message=max_message)).start()
         return self
 
-    def add_job(self, session: int, contributors: int, spec: JobSpec) -> None:
-        """Serve `spec` on `session`; a job restored from a checkpoint is bound, not re-added."""
+    def add_job(self, session: int, contributors: int, spec: JobSpec) -> bool:
+        """Serve `spec` on `session`; a job restored from a checkpoint (or added before) is bound,
+        not re-added, and its state kept. Returns True when the job was already on the node."""
         with self._lock:
             if session in self.sessions and self.sessions[session] != spec.job_id:
                 raise ValueError(f"session {session} already serves job {self.sessions[session]!r}")
-            if spec.job_id not in self.node.jobs:
+            existing = spec.job_id in self.node.jobs
+            if not existing:
                 self.node.add_job(spec)
             self.sessions[session] = spec.job_id
         self.engine.bind(session, self.node.provider(spec.job_id),
                          self.node.gradient_sink(spec.job_id, contributors)).wait(30)
+        return existing
 
     def handle(self, header: dict, blobs: list[bytes], grant: Grant | None = None) -> dict:
         op = header.get("op")
         if op == "add_job":
-            initial = unpack_arrays(header["initial"], blobs) if "initial" in header else int(header.get("seed", 0))
+            if "initial" in header:
+                initial: dict | int | None = unpack_arrays(header["initial"], blobs)
+            else:  # zeros: the values follow in set_layer messages (ModelInNetwork's hand-over)
+                initial = None if header.get("zeros") else int(header.get("seed", 0))
             spec = JobSpec.from_json(header["job"], initial)
             if grant is not None and grant.job_id is not None and spec.job_id != grant.job_id:
                 raise PermissionError(f"this connection holds the token of job {grant.job_id!r}; it cannot add job "
                                       f"{str(spec.job_id)[:80]!r}")
-            self.add_job(int(header["session"]), int(header["contributors"]), spec)
-            return {"job_id": spec.job_id}
+            existing = self.add_job(int(header["session"]), int(header["contributors"]), spec)
+            return {"job_id": spec.job_id, "existing": existing}  # existing: its state kept (no set_layer)
+        if op == "set_layer":  # a layer's starting values after a seeded add_job: one layer per message
+            job_id = str(header.get("job_id", ""))
+            if grant is not None and grant.job_id is not None and job_id != grant.job_id:
+                raise PermissionError(f"this connection holds the token of job {grant.job_id!r}, not of "
+                                      f"{job_id[:80]!r}")
+            values = unpack_arrays(header["initial"], blobs)
+            if set(values) != {int(header["layer"])}:
+                raise ValueError(f"set_layer of layer {header['layer']} carries values of layers {sorted(values)}")
+            self.node.set_initial(job_id, int(header["layer"]), values[int(header["layer"])])
+            return {}
         if op == "stats":
             return {"stats": {"node": self.node.stats(), "engine": self.engine.session_stats()}}
         if op == "checkpoint":
@@ -72,7 +88,7 @@ class OptimizerService:
                 raise PermissionError(f"this connection holds the token of job {grant.job_id!r}, not of "
                                       f"{job_id[:80]!r}")
             return {"skipped": {str(s): ids for s, ids in self.node.skipped_steps(job_id).items()}}
-        raise ValueError(f"unknown control request {op!r}: add_job, stats, checkpoint or skipped")
+        raise ValueError(f"unknown control request {op!r}: add_job, set_layer, stats, checkpoint or skipped")
 
     @property
     def address(self) -> tuple[str, int]:

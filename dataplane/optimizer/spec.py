@@ -28,6 +28,10 @@ CLIP_SCOPES = ("global", "layer")
 PIPELINES = ("step", "layer")
 SHARD_ALIGN_ELEMS = 4096  # a tensor split across shards is cut on a multiple of this (the kernels' vector grid)
 DEFAULT_INIT_STD = 0.02  # `initial=<seed>`: weights ~ N(0, 0.02^2), GPT-2's init
+# bytes a `luwu node` process holds beyond its ram_budget, whatever the model (docs/optimizer.md "RAM"):
+# measured 440-475 MiB peak (VmHWM) at 4-16 MiB budgets on this VM: Python and torch ~225 MB, numba and
+# llvmlite (the compiled AdamW kernel) ~150 MB, the shared-memory rings ~31 MB, engine, pipeline and heap the rest
+NODE_RSS_OVERHEAD = 512 << 20
 
 
 def _bad(msg: str) -> OptimizerInputError:
@@ -188,8 +192,9 @@ class LayerSpec:
 
 @dataclass
 class JobSpec:
-    """A training job on this node. `initial` is {layer_id: {name: fp32 array/tensor}} or an int
-    seed (weights ~ N(0, 0.02^2), deterministic per seed and layer)."""
+    """A training job on this node. `initial` is {layer_id: {name: fp32 array/tensor}}, an int
+    seed (weights ~ N(0, 0.02^2), deterministic per seed and layer), or None: zeros, for values that
+    follow layer by layer (`OptimizerNode.set_initial`)."""
 
     job_id: str
     optimizer: OptimizerSpec

@@ -27,14 +27,14 @@ from rich.table import Table
 from luwu.dataplane.loopback import TRANSPORTS, default_transport
 from luwu.dataplane.net.shm_ring import supported as shm_supported
 from luwu.dataplane.optimizer.spec import SERVED_DTYPES
-from luwu.dataplane.usage import UserError, existing_file, positive_float, positive_int, probability
+from luwu.dataplane.usage import UserError, existing_file, positive_float, positive_int, probability, size
 
 from .cpu import StepCpu
 from .launch import WorkerGroup
 from .progress import DemoProgress, human_bytes
 
 RUN_TIMEOUT = 3600.0  # s a training run may take before the demo gives up
-NODE_RAM = 256 << 20  # bytes of RAM the optimizer node may use for state and served copies
+NODE_RAM = 256 << 20  # default --node-memory: bytes of RAM each optimizer node may use for state and served copies
 CHECKPOINT_EVERY = 50  # steps between the optimizer node's lazy checkpoints
 # packets per transport: on rings 16000-lane (64 KiB) packets trained 1.3x faster than jumbo ones here (2 cores;
 # README "Measured here"): fewer packets, each one row copy; UDP keeps jumbo (loopback's 64 KiB datagrams unmeasured)
@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-controller", action="store_true",
                    help="plan the loopback star without a controller (no P4Runtime, nothing for luwu-ctl)")
     p.add_argument("--nodes", type=positive_int, default=1, help="optimizer nodes; units are spread over them")
+    p.add_argument("--node-memory", type=size, default=NODE_RAM, metavar="SIZE",
+                   help="RAM each optimizer node may use for optimizer state and served copies (its --ram-budget; "
+                        "past it the state goes out of core to the node's files), e.g. 512MiB (default 256MiB)")
     p.add_argument("--batch", type=positive_int, default=16, help="global batch (sequences per step, split over workers)")
     p.add_argument("--lr", type=positive_float, default=3e-3, help="AdamW learning rate")
     p.add_argument("--weight-decay", type=float, default=0.1)
@@ -262,7 +265,7 @@ def _start_fabric(args, console: Console, workdir: Path, info: dict, resume: dic
     layers = [(u["layer_id"], u["numel"]) for u in info["units"]]
     optimizer = {"name": "adamw", "params": {"lr": args.lr, "weight_decay": args.weight_decay}}
     kw = dict(workers=args.workers, nodes=args.nodes, lanes=args.packet_mode, drop=args.drop, seed=args.seed,
-              node_ram=NODE_RAM, transport=args.transport)
+              node_ram=args.node_memory, transport=args.transport)
     if not args.no_controller:
         fabric = ControllerFabric(workdir / "fabric", checkpoints=args.out.resolve() / "checkpoints",
                                   checkpoint_every=args.checkpoint_every, restore=resume, **kw)

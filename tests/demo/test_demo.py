@@ -37,12 +37,16 @@ def _demo(out: Path, *extra: str) -> subprocess.CompletedProcess:
 
 def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     out = tmp_path / "out"
-    proc = _demo(out, "--steps", "4")
+    proc = _demo(out, "--steps", "4", "--node-memory", "48MiB")
     assert re.search(r"LUWU_CONTROLLER=127\.0\.0\.1:\d+ LUWU_TOKEN=\w+ luwu-ctl status", proc.stdout), proc.stdout
     report = json.loads((out / "report.json").read_text())
     for name in PNGS:
         assert (out / name).stat().st_size > 1000, name
     assert report["control_plane"]["kind"] == "controller"
+    # --node-memory is the node's budget (state + served copies), shown in the report's settings
+    assert report["settings"]["node_memory"] == 48 << 20
+    node = report["optimizer_nodes"][0]["node"]
+    assert node["store"]["budget"] + node["served"]["budget"] == 48 << 20
     # shared-memory switch ports where the loopback star supports them (the ready line's shm:/dev/shm/NAME
     # addresses went through the controller's plans to the workers and the node), UDP elsewhere
     transport = default_transport()  # shm where supported, LUWU_TRANSPORT if set

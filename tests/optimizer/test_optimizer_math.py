@@ -9,6 +9,7 @@ import torch
 from optimizer_reference import assert_matches, drive, initial_values, model_layers, reference_run
 
 from luwu.dataplane.optimizer import JobSpec, NodeConfig, OptimizerNode, OptimizerSpec, ScheduleSpec
+from luwu.dataplane.optimizer.errors import OptimizerInputError
 
 STEPS = 6
 
@@ -127,3 +128,54 @@ def test_tensors_larger_than_a_cache_chunk_stay_bit_exact(tmp_path):
         st = node.layer_state("ref", 0)
         served = torch.from_numpy(st["served"].view("int16")).view(torch.bfloat16)
         assert torch.equal(served, torch.from_numpy(st["master"]).to(torch.bfloat16))
+
+
+def test_a_budget_below_a_default_shard_cuts_smaller_shards_with_the_same_bits(tmp_path):
+    """Layers of 768 x 256 + 256 elements (one shard each at the 4M-element default: a 2.4 MB AdamW
+    record) on a 4 MiB budget: the node used to refuse the job (twice the largest record within
+    the state's share); now it cuts the job's shards smaller until two records and two served
+    copies fit, streams them, and the result is still torch.optim(fused=True)'s bit for bit."""
+    from luwu.dataplane.optimizer import LayerSpec
+    from luwu.dataplane.optimizer.budget import MIN_SHARD_ELEMS
+
+    layers = [LayerSpec(i, {"w": (3 * 256, 256), "b": (256,)}, frozenset({"b"})) for i in range(4)]
+    spec = JobSpec("ref", CASES["adamw"], layers, "bf16", initial_values(layers))
+    cfg = NodeConfig(tmp_path / "s", ram_budget=4 << 20)
+    with OptimizerNode(cfg) as node:
+        node.add_job(spec)
+        job = node.jobs["ref"]
+        assert MIN_SHARD_ELEMS <= job.max_shard_elems < layers[0].numel  # cut below the layer
+        assert all(len(lr.plan.shards) > 1 for lr in job.layers.values())
+        drive(node, spec, 3, 2)
+        st = node.stats()
+        assert st["io"]["writes"] > 0 and st["store"]["over_budget_loads"] == 0
+        assert st["store"]["budget"] + st["served"]["budget"] == cfg.ram_budget
+        assert_matches(node, spec, reference_run(spec, 3, 2, fused=True), rtol=0)
+    # the floor that cannot be cut: two served copies of the largest layer (one array each)
+    with OptimizerNode(NodeConfig(tmp_path / "t", ram_budget=2 << 20)) as node, \
+            pytest.raises(OptimizerInputError, match="twice the largest served copy"):
+        node.add_job(JobSpec("big", CASES["adamw"], [LayerSpec(0, {"w": (1 << 20,)})], "bf16"))
+
+
+@pytest.mark.parametrize("first", [None, 7], ids=["zeros", "seeded"])
+def test_starting_values_set_layer_by_layer_after_the_job_train_the_same_bits(tmp_path, first):
+    """`set_initial` after an `add_job` at zeros (how the workers' hand-over now sends a model, one
+    layer per control message) or seeded: out of core, the same bits as the values given to
+    add_job; a layer that has had its first gradient refuses new starting values and keeps its
+    state."""
+    spec = _job(CASES["adamw"], n_layers=6, rows=96, cols=80)
+    seeded = JobSpec(spec.job_id, spec.optimizer, spec.layers, spec.served_dtype, first)
+    with OptimizerNode(NodeConfig(tmp_path / "s", ram_budget=180_000, max_shard_elems=4096)) as node:
+        node.add_job(seeded)
+        for ly in spec.layers:
+            node.set_initial(spec.job_id, ly.layer_id, spec.initial[ly.layer_id])
+        assert node.stats()["io"]["writes"] > 0  # the state is out of core
+        drive(node, spec, STEPS, 2)
+        assert_matches(node, spec, reference_run(spec, STEPS, 2, fused=True), rtol=0)
+        before = node.layer_state(spec.job_id, 0)
+        with pytest.raises(OptimizerInputError, match="before its first gradient"):
+            node.set_initial(spec.job_id, 0, spec.initial[0])
+        with pytest.raises(OptimizerInputError, match="missing"):
+            node.set_initial(spec.job_id, 1, {"weight": spec.initial[1]["weight"]})
+        after = node.layer_state(spec.job_id, 0)
+        assert all((before[k] == after[k]).all() for k in ("master", "exp_avg", "served"))

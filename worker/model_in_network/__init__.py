@@ -7,9 +7,10 @@ parameters live on in-network optimizer nodes, gradients are summed by the switc
 See model.py for the mechanics, units.py for how a model is cut, schedule.py for the pull policy.
 """
 
+from .job import JoinError
 from .model import ModelInNetwork
 from .network import JobNetwork
 from .optimizers import SGD, Adam, AdamW
 from .units import Unit, UnitError, split_units
 
-__all__ = ["SGD", "Adam", "AdamW", "JobNetwork", "ModelInNetwork", "Unit", "UnitError", "split_units"]
+__all__ = ["SGD", "Adam", "AdamW", "JobNetwork", "JoinError", "ModelInNetwork", "Unit", "UnitError", "split_units"]

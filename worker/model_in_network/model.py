@@ -40,7 +40,7 @@ from .devices import HostStage
 from .flat import FlatParams, check_range
 from .hierarchy import ServerSteps
 from .inflight import ArrivingGrads, issued, joined
-from .job import barrier, hand_over, node_jobs
+from .job import REPORT_TIMEOUT, barrier, fingerprint, hand_over, join, names_join_failures, node_jobs, report_failure
 from .memory import MemoryTracker
 from .network import JobNetwork
 from .optimizers import OptimizerSpec, as_optimizer_spec
@@ -103,6 +103,7 @@ class ModelInNetwork(nn.Module):
         >>> loss = loss_fn(mnn(x), y); loss.backward(); mnn.step()
     """
 
+    @names_join_failures  # a rank that fails before the start barrier is named on every other rank (job.py)
     def __init__(self, model: nn.Module, optimizer: OptimizerSpec | dict[str, Any], network: JobNetwork | str, *,
                  units: list[Any] | None = None, keep_last: int = 1, keep_budget: int | None = None, prefetch: int = 1,
                  served_dtype: str = "bf16", engine: str | Engine | EngineClient = "process", store: Store | None = None,
@@ -185,15 +186,23 @@ class ModelInNetwork(nn.Module):
         if self.local_size > 1:  # the server's NVLink channel, before anything moves
             self.server = ServerSteps(store, self.network.job_id, self.rank, self.world_size, self.local_size,
                                       self._p2p_host, self.timeout)
-        if self.rank < self.local_size:  # the first rank of its group (rail) hands that group's nodes their layers
-            jobs = node_jobs(self.network.job_id, self.optimizer, self.units, self.routes,
-                             lambda i: self.flats[i].flat.detach().to("cpu", torch.float32, copy=True).numpy(),
-                             self.served_dtype)
-            hand_over(jobs, self.network.node_sessions, self.network.node_controls, self.world_size, self.timeout,
-                      self.network.control_token)
-        for f in self.flats:
-            f.free()
-        barrier(self.network.job_id, self.world_size, store, self.engine, self.timeout)
+        try:
+            if self.rank < self.local_size:  # the first rank of its group (rail) hands that group's nodes their layers
+                jobs = node_jobs(self.network.job_id, self.optimizer, self.units, self.routes,
+                                 lambda i: self.flats[i].flat.detach().to("cpu", torch.float32, copy=True).numpy(),
+                                 self.served_dtype)
+                hand_over(jobs, self.network.node_sessions, self.network.node_controls, self.world_size,
+                          self.timeout, self.network.control_token)
+            for f in self.flats:
+                f.free()
+        except Exception as e:  # joined with the error: every other rank raises JoinError naming this one
+            self._join_attempted = True
+            report_failure(self.network.job_id, self.rank, self.world_size, store, self.engine,
+                           min(self.timeout, REPORT_TIMEOUT), e)
+            raise
+        self._join_attempted = True
+        join(self.network.job_id, self.rank, self.world_size, store, self.engine, self.timeout,
+             model=fingerprint(self.units))
         self._started = True
         self.memory.reset_peak()  # the peak is over training; the caller built the whole model before
         self.schedule.prefetch_next_pass(self.version)
