@@ -20,6 +20,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 CALIBRATION_PARAMS = 1 << 20  # parameters stepped per timed step (4 layers of 256K)
 CALIBRATION_LAYERS = 4
@@ -46,7 +47,7 @@ class NodeRate:
 
 def measure(params: int = CALIBRATION_PARAMS, layers: int = CALIBRATION_LAYERS, served: str = "bf16",
             timed_steps: int = TIMED_STEPS, warmup_steps: int = WARMUP_STEPS, budget: float = TIME_BUDGET,
-            workdir: Path | None = None) -> NodeRate:
+            workdir: Path | None = None, **node_config: Any) -> NodeRate:
     """Measure this machine's optimizer node step rate on a small model.
 
     Args:
@@ -57,6 +58,8 @@ def measure(params: int = CALIBRATION_PARAMS, layers: int = CALIBRATION_LAYERS, 
         warmup_steps: untimed steps first.
         budget: seconds of timed stepping after which no further timed step starts.
         workdir: where the node's state directory goes (default: a temporary one, removed after).
+        **node_config: NodeConfig fields the measured node takes, as the real one does (e.g.
+            `pipeline="layer"`, `threads_per_step=2`).
 
     Returns:
         A `NodeRate`; `params_per_second` is what to register as the node's capacity.
@@ -74,7 +77,7 @@ def measure(params: int = CALIBRATION_PARAMS, layers: int = CALIBRATION_LAYERS, 
     try:
         specs = _layers(params, layers)
         n = sum(ly.numel for ly in specs)
-        run = NodeRun(root, "calibrate", specs, _grads(specs), served, ram_budget=3 * 16 * n)
+        run = NodeRun(root, "calibrate", specs, _grads(specs), served, ram_budget=3 * 16 * n, **node_config)
         try:
             run.run(warmup_steps)
             times: list[float] = []

@@ -3,7 +3,7 @@
 Prints one JSON line `{"ready": true, "udp": ..., "control": ..., "params_per_second": ...}` when
 it serves, and runs until SIGINT/SIGTERM. With --controller it registers the optimizer throughput
 it offers: `--params-per-second`, or by default its own step rate measured at start
-(luwu/bench/node_rate.py: `luwu bench optimizer`'s node step on a small model, ~1 s).
+(luwu/bench/node_rate.py: `luwu bench optimizer`'s node step on a small model, 1-3 s).
 
 The control channel is always authenticated (control.py): a job's token, checked with the
 controller (--controller), or the node's own --control-token-file (which, like the admin token
@@ -73,7 +73,7 @@ def add_arguments(p) -> None:
     p.add_argument("--params-per-second", type=positive_float, default=None,
                    help="with --controller: optimizer throughput this node offers (the planner balances layers "
                         "over nodes by it, `luwu-ctl plan --explain` predicts with it); default: measured at "
-                        "start, `luwu bench optimizer`'s node step on a small model (~1 s)")
+                        "start, `luwu bench optimizer`'s node step on a small model (1-3 s)")
 
 
 def run(args) -> int:
@@ -219,7 +219,7 @@ def node_capacity(args) -> dict:
     from luwu.dataplane import kernels
 
     kernels.wait_loaded(MEASURE_WAIT)
-    rate = measure()
+    rate = measure(pipeline=args.pipeline, threads_per_step=args.threads_per_step)  # as this node steps
     print(f"luwu node: measured {rate.params_per_second:.3g} params/s ({rate.params:,} params, median of "
           f"{rate.steps} steps, {rate.seconds:.1f} s with warm-up); --params-per-second overrides", file=sys.stderr,
           flush=True)

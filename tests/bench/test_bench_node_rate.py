@@ -24,6 +24,6 @@ def test_measure_steps_a_real_node_and_reports_its_rate(tmp_path):
 def test_luwu_node_registers_the_flag_or_else_its_measurement():
     given = node_capacity(argparse.Namespace(params_per_second=2.5e8))
     assert given == {"params_per_second": 2.5e8, "source": "--params-per-second"}
-    measured = node_capacity(argparse.Namespace(params_per_second=None))
+    measured = node_capacity(argparse.Namespace(params_per_second=None, pipeline="step", threads_per_step=1))
     assert measured["source"] == "measured" and measured["params_per_second"] > 0
     assert measured["params_per_second"] == measured["params"] / measured["step_seconds"]
