@@ -134,7 +134,7 @@ def plot_prediction(p: dict, path: Path) -> Path:
     prediction, the steps it took the compute time from shaded (luwu/demo/prediction.py)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 5))
     ms = 1000.0
     ax.axvspan(p["compute_steps"][0] - 0.5, p["compute_steps"][-1] + 0.5, color="tab:gray", alpha=0.15,
                label="steps the prediction's compute time comes from")
@@ -147,7 +147,7 @@ def plot_prediction(p: dict, path: Path) -> Path:
                label=f"measured {p['measured_s'] * ms:.0f} ms (median, steps {p['measured_steps'][0]}+)")
     ax.set_ylim(0, 2 * max(p["predicted_s"], p["measured_s"]) * ms)  # the warm-up step and spikes: clipped
     ax.set(xlabel="step", ylabel="ms", title=f"Iteration time: predicted / measured = {p['ratio'] or 0:.2f}")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: the series stay visible
     return _save(fig, path)
 
 
