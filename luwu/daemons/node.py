@@ -1,7 +1,9 @@
 """`luwu node`: run an in-network optimizer node (an engine hosting an `OptimizerNode`).
 
-Prints one JSON line `{"ready": true, "udp": ..., "control": ...}` when it serves, and runs
-until SIGINT/SIGTERM.
+Prints one JSON line `{"ready": true, "udp": ..., "control": ..., "params_per_second": ...}` when
+it serves, and runs until SIGINT/SIGTERM. With --controller it registers the optimizer throughput
+it offers: `--params-per-second`, or by default its own step rate measured at start
+(luwu/bench/node_rate.py: `luwu bench optimizer`'s node step on a small model, 1-3 s).
 
 The control channel is always authenticated (control.py): a job's token, checked with the
 controller (--controller), or the node's own --control-token-file (which, like the admin token
@@ -24,7 +26,7 @@ from luwu.dataplane.optimizer.spec import NodeConfig
 from luwu.dataplane.session import EndpointPlan, shm_port_address
 from luwu.dataplane.usage import UserError, host_port, positive_float, positive_int, size
 
-DEFAULT_CAPACITY = 1e8  # params/s registered with the controller when not measured
+MEASURE_WAIT = 30.0  # s the start-up measurement waits for the compiled kernels' background load
 
 
 def add_arguments(p) -> None:
@@ -68,9 +70,10 @@ def add_arguments(p) -> None:
     from luwu.controller.daemon_link import add_controller_arguments
 
     add_controller_arguments(p, "node")
-    p.add_argument("--params-per-second", type=float, default=DEFAULT_CAPACITY,
+    p.add_argument("--params-per-second", type=positive_float, default=None,
                    help="with --controller: optimizer throughput this node offers (the planner balances layers "
-                        f"over nodes by it; `luwu bench optimizer` measures it; default {DEFAULT_CAPACITY:g})")
+                        "over nodes by it, `luwu-ctl plan --explain` predicts with it); default: measured at "
+                        "start, `luwu bench optimizer`'s node step on a small model (1-3 s)")
 
 
 def run(args) -> int:
@@ -112,7 +115,8 @@ def run(args) -> int:
         service.node.add_checkpoint_listener(_log_checkpoint)
     service.start(args.control, auth, limits=control_limits(args, config.ram_budget))
     try:
-        beat = _join_controller(args, service, config)
+        capacity = node_capacity(args) if getattr(args, "controller", None) else None
+        beat = _join_controller(args, service, config, capacity)
     except Exception:
         service.close()
         raise
@@ -132,7 +136,9 @@ def run(args) -> int:
     print(json.dumps({"ready": True, "udp": None if plan.wiring.transport == "shm" else address,
                       "data_address": address, "metrics": metrics,
                       "control": service.control.address if service.control else None,
-                      "sessions": [s.session for s in plan.sessions]}), flush=True)
+                      "sessions": [s.session for s in plan.sessions],
+                      "params_per_second": capacity["params_per_second"] if capacity else None,
+                      "params_per_second_source": capacity["source"] if capacity else None}), flush=True)
     try:
         while not stop.wait(0.5):
             if service.engine.error is not None:
@@ -203,9 +209,27 @@ def data_address(service: OptimizerService, plan: EndpointPlan) -> str:
     return shm_port_address(host) if plan.wiring.transport == "shm" else f"{host}:{port}"
 
 
-def _join_controller(args, service: OptimizerService, config: NodeConfig):
+def node_capacity(args) -> dict:
+    """The params/s this node registers: --params-per-second, else measured now (luwu/bench/node_rate.py,
+    after the compiled kernels' background load, so that the measurement runs the kernels the node
+    steps with). Returns {"params_per_second", "source"} plus the measurement's figures."""
+    if args.params_per_second is not None:
+        return {"params_per_second": float(args.params_per_second), "source": "--params-per-second"}
+    from luwu.bench.node_rate import measure
+    from luwu.dataplane import kernels
+
+    kernels.wait_loaded(MEASURE_WAIT)
+    rate = measure(pipeline=args.pipeline, threads_per_step=args.threads_per_step)  # as this node steps
+    print(f"luwu node: measured {rate.params_per_second:.3g} params/s ({rate.params:,} params, median of "
+          f"{rate.steps} steps, {rate.seconds:.1f} s with warm-up); --params-per-second overrides", file=sys.stderr,
+          flush=True)
+    return rate.to_dict()
+
+
+def _join_controller(args, service: OptimizerService, config: NodeConfig, capacity: dict | None = None):
     """Register (or re-register, with the engine's real address) and report health; None without
-    --controller. A node that stops reporting is marked down by the controller."""
+    --controller. A node that stops reporting is marked down by the controller. `capacity`:
+    `node_capacity(args)` (measured here when not given)."""
     from luwu.controller.daemon_link import HEARTBEAT_INTERVAL, connect
 
     client = connect(args)
@@ -217,8 +241,9 @@ def _join_controller(args, service: OptimizerService, config: NodeConfig):
 
     config.state_dir.mkdir(parents=True, exist_ok=True)
     address = data_address(service, service.engine.plan)
+    capacity = capacity or node_capacity(args)
     client.register_node(pb.Node(name=args.name, data_address=address, capacity=pb.NodeCapacity(
-        params_per_second=args.params_per_second, ram_bytes=config.ram_budget,
+        params_per_second=capacity["params_per_second"], ram_bytes=config.ram_budget,
         disk_bytes=shutil.disk_usage(config.state_dir).free)))
 
     def counters() -> dict[str, int]:

@@ -294,6 +294,7 @@ def _start_fabric(args, console: Console, workdir: Path, info: dict, resume: dic
 def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int, resume: dict | None) -> dict:
     from luwu.dataplane import trace
 
+    from . import prediction
     from . import report as rep
 
     # every process the demo starts (workers, switch, nodes) writes its timeline here (inherited)
@@ -318,6 +319,7 @@ def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int
                          workdir, progress, True, console, cpu_luwu)
         # nothing below may lose the training run: a part that cannot be read is named in the report
         counters = fabric.counters()
+        planned = prediction.capture(fabric, args.served_dtype)  # the plan and the nodes' rates, while they run
         try:
             nodes = fabric.node_stats()
         except (OSError, RuntimeError, ValueError) as exc:
@@ -343,6 +345,7 @@ def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int
             ddp = _train("DDP + Gloo baseline", spec, workdir, progress, False, cpu=cpu_ddp)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     report = rep.build(settings, control, mnn, ddp, info, counters, nodes, tokens_per_step)
+    report["prediction"] = prediction.compare(planned, mnn)  # the plan's iteration time against the measured one
     # CPU seconds per steady step of every process, by role (luwu/demo/cpu.py); None: too few steps
     report["cpu_per_step"] = {"luwu": cpu_luwu.result(), "ddp": cpu_ddp.result() if ddp else None}
     # one Chrome trace (Perfetto) of the run, every process on one clock (docs/observability.md)
@@ -406,6 +409,10 @@ def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> No
                   f"held at most {human_bytes(held)} of it at once (parameters in flight, gradients, staging; no "
                   "optimizer state)" + (f"; a DDP worker {human_bytes(ddp_held)} (parameters, gradients, AdamW "
                                         "state)." if ddp_held is not None else "."))
+    from .prediction import summary_line
+
+    if summary_line(report):
+        console.print(summary_line(report))
     for line in _anomalies(report):
         console.print(f"[bold red]{line}[/]")
     if report["control_plane"]["kind"] != "controller":

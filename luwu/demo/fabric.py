@@ -27,7 +27,9 @@ if TYPE_CHECKING:  # imported where used: the embedded fabric runs without the c
 
 READY_TIMEOUT = 60.0  # s a daemon may take to come up
 SWITCH_SLOTS = 1024  # aggregation slots per set of the demo's switch
-NODE_PARAMS_PER_SECOND = 1e7  # the node capacity registered with the controller (one node: no effect)
+# the placeholder capacity each node is registered with before it starts (equal nodes: an even shard split);
+# each node then re-registers the rate it measures at start (luwu/bench/node_rate.py), which predictions use
+NODE_PARAMS_PER_SECOND = 1e7
 NODE_DISK_BYTES = 1 << 34
 
 
@@ -66,6 +68,7 @@ class ControllerFabric:
         self.restart: list[str] = []  # per node: the command that restarts it from its newest checkpoint
         self.node_controls: list[str] = []
         self.metrics: dict[str, str] = {}  # component -> HOST:PORT of its /metrics (Prometheus)
+        self.node_rates: dict[str, dict] = {}  # node -> the params/s it registered and where that came from
 
     def start(self, layers: list[tuple[int, int]], optimizer: dict, served_dtype: str) -> ControllerFabric:
         from luwu.controller.client import ControllerClient
@@ -121,8 +124,7 @@ class ControllerFabric:
             control = f"unix:{self.dir / (name + '.sock')}"
             argv = ["node", "--plan", str(plan_path), "--state-dir", str(self.dir / f"{name}-state"), "--control",
                     control, "--ram-budget", str(self.node_ram), "--controller", self.address, "--token-file",
-                    str(token_file), "--name", name, "--params-per-second", str(NODE_PARAMS_PER_SECOND),
-                    "--metrics", "127.0.0.1:0"]
+                    str(token_file), "--name", name, "--metrics", "127.0.0.1:0"]
             if self.checkpoints is not None:
                 ckpt = self.checkpoints / name
                 ckpt.mkdir(parents=True, exist_ok=True)
@@ -141,6 +143,8 @@ class ControllerFabric:
             self.node_controls.append(ready.get("control") or control)
             if ready.get("metrics"):
                 self.metrics[f"node {name}"] = str(ready["metrics"])
+            self.node_rates[name] = {"params_per_second": ready.get("params_per_second"),
+                                     "source": ready.get("params_per_second_source")}
         return self
 
     def checkpoint_summary(self) -> dict:

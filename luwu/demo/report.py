@@ -124,7 +124,31 @@ def plot(report: dict, out: Path) -> list[Path]:
     ax.set(ylabel="MiB per worker per step", title="Network traffic per worker")
     ax.legend()
     paths.append(_save(fig, out / "traffic.png"))
+    if "predicted_s" in (report.get("prediction") or {}):
+        paths.append(plot_prediction(report["prediction"], out / "iteration.png"))
     return paths
+
+
+def plot_prediction(p: dict, path: Path) -> Path:
+    """iteration.png: each step's iteration time and worker compute (slowest rank) against the plan's
+    prediction, the steps it took the compute time from shaded (luwu/demo/prediction.py)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ms = 1000.0
+    ax.axvspan(p["compute_steps"][0] - 0.5, p["compute_steps"][-1] + 0.5, color="tab:gray", alpha=0.15,
+               label="steps the prediction's compute time comes from")
+    ax.plot(np.array(p["iteration_seconds"]) * ms, label="measured iteration (slowest rank)")
+    ax.plot(np.array(p["compute_seconds"]) * ms, label="measured worker compute (not waiting on the network)",
+            linestyle=":")
+    ax.axhline(p["predicted_s"] * ms, color="tab:red", linestyle="--",
+               label=f"predicted {p['predicted_s'] * ms:.0f} ms ({p['bottleneck']})")
+    ax.axhline(p["measured_s"] * ms, color="tab:green", linestyle="-.",
+               label=f"measured {p['measured_s'] * ms:.0f} ms (median, steps {p['measured_steps'][0]}+)")
+    ax.set_ylim(0, 2 * max(p["predicted_s"], p["measured_s"]) * ms)  # the warm-up step and spikes: clipped
+    ax.set(xlabel="step", ylabel="ms", title=f"Iteration time: predicted / measured = {p['ratio'] or 0:.2f}")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)  # below: the series stay visible
+    return _save(fig, path)
 
 
 def _peak_state(memory: dict) -> int:

@@ -91,12 +91,14 @@ def train(spec: dict, rank: int) -> dict:
         opt = torch.optim.AdamW(_optimizer_groups(model, spec["weight_decay"]), lr=spec["lr"])
     else:
         raise ValueError(f"mode {spec['mode']!r}: 'mnn' or 'ddp'")
-    report: dict = {"rank": rank, "mode": spec["mode"], "losses": [], "step_seconds": [], "start_step": start}
+    report: dict = {"rank": rank, "mode": spec["mode"], "losses": [], "step_seconds": [], "compute_seconds": [],
+                    "start_step": start}
     ddp_state = None
     try:
         for step in range(start, steps):  # the batches are a function of the step: a resumed run sees the same
             x, y = shard(*corpus.batch(step, batch, cfg.context, seed), rank, world)
             t0 = time.perf_counter()
+            waited0 = sum(mnn.wait_seconds.values()) if mnn is not None else 0.0
             loss = loss_fn(runner(x), y)
             loss.backward()
             if mnn is not None:
@@ -107,11 +109,17 @@ def train(spec: dict, rank: int) -> dict:
                     ddp_state = _ddp_state_bytes(model, opt)
                 opt.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
+            # the worker's own time this step (forward, backward, staging the gradient, the loss): the step
+            # less what it spent blocked on the network; the demo's plan prediction takes it from the first steps
+            # (DDP's step overlaps its allreduce with backward: no such split, None)
+            compute = dt - (sum(mnn.wait_seconds.values()) - waited0) if mnn is not None else None
             value = loss.item()
             report["losses"].append(value)
             report["step_seconds"].append(dt)
+            report["compute_seconds"].append(compute)
             _emit({"event": "step", "rank": rank, "step": step, "loss": value, "tokens": int(x.numel()),
-                   "seconds": dt, "pushed_bytes": int(getattr(runner, "stats", {}).get("pushed_bytes", 0))
+                   "seconds": dt, "compute_seconds": compute,
+                   "pushed_bytes": int(getattr(runner, "stats", {}).get("pushed_bytes", 0))
                    if spec["mode"] == "mnn" else 0})
         if mnn is not None:
             report["mnn"] = mnn.report()

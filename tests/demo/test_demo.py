@@ -96,6 +96,18 @@ def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     # 4 steps < --checkpoint-every 50: no checkpoint, so no restore command for one
     assert "no checkpoint yet" in proc.stdout and "--restore latest" not in proc.stdout, proc.stdout
     assert "version None" not in proc.stdout, proc.stdout
+    # the plan's predicted iteration time beside the measured one (luwu/demo/prediction.py): the node's
+    # params/s as it measured it at start, the workers' compute time from their first steps (no timed
+    # assertion: how close the two come is the machine's to say)
+    p = report["prediction"]
+    assert p["predicted_s"] > 0 and p["measured_s"] > 0
+    assert p["ratio"] == pytest.approx(p["predicted_s"] / p["measured_s"], rel=1e-12)
+    assert p["node_rates"]["node0"]["source"] == "measured"  # not the fabric's placeholder
+    assert p["node_params_per_second"]["node0"] == p["node_rates"]["node0"]["params_per_second"] > 0
+    assert p["compute_steps"] == [1, 2, 3] and p["compute_s"] > 0 and p["bottleneck"] in p["busy_s"]
+    assert all(0 < c <= s for c, s in zip(p["compute_seconds"], p["iteration_seconds"])), p
+    assert (out / "iteration.png").stat().st_size > 1000
+    assert "plan prediction:" in proc.stdout and "predicted/measured" in " ".join(proc.stdout.split())
 
 
 def test_the_demo_names_a_metrics_endpoint_per_component_and_each_answers(tmp_path):
