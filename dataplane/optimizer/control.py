@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -206,6 +207,39 @@ class ControlClient:
                               "initial": desc}, blobs)
         return self.call({"op": "add_job", "session": session, "contributors": contributors, "job": job,
                           "seed": int(initial)})
+
+    def add_job_streamed(self, session: int, contributors: int, job: dict,
+                         layers: Sequence[tuple[int, dict[str, tuple[int, ...]]]],
+                         produce: Callable[[int], dict[str, np.ndarray]]) -> dict:
+        """`add_job` whose initial values are made while the message is sent, one layer at a time:
+        `layers` lists (layer, {name: shape}) in sending order, `produce(layer)` returns that
+        layer's {name: array}. The sender holds one layer's values at a time (the node receives the
+        message as `add_job`'s). If `produce` raises, the connection is closed (the node drops the
+        partial message and adds nothing) and the error propagates."""
+        desc = [{"layer": int(layer), "name": name, "shape": [int(d) for d in shape]}
+                for layer, shapes in layers for name, shape in shapes.items()]
+        sizes = [4 * int(np.prod(shape, dtype=np.int64)) for _, shapes in layers for shape in shapes.values()]
+        header = {"op": "add_job", "session": session, "contributors": contributors, "job": job, "initial": desc,
+                  "blobs": sizes}
+        with self._lock:
+            data = json.dumps(header).encode()
+            try:
+                self.sock.sendall(framing.LENGTH.pack(len(data)) + data)
+                for layer, shapes in layers:
+                    values = produce(layer)
+                    for name, shape in shapes.items():
+                        a = np.ascontiguousarray(np.asarray(values[name], dtype=np.float32))
+                        if a.size != int(np.prod(shape, dtype=np.int64)):
+                            raise ControlError(f"layer {layer} {name!r}: {a.size} values for shape {list(shape)}")
+                        self.sock.sendall(a.data.cast("B"))
+                    del values
+                reply, _ = recv_msg(self.sock)
+            except BaseException:
+                self.sock.close()  # a partial message: the node drops it
+                raise
+        if not reply.get("ok"):
+            raise ControlError(reply.get("error", "the node refused the request"))
+        return reply
 
     def stats(self) -> dict:
         return self.call({"op": "stats"})["stats"]

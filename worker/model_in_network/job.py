@@ -13,7 +13,8 @@ nothing beyond the network itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -28,28 +29,40 @@ BARRIER_KEY = "luwu/mnn/{job}/{what}"
 
 def node_jobs(job_id: str, optimizer: OptimizerSpec, units: list[Unit], routes: dict[int, Route],
               initial: Callable[[int], np.ndarray], served_dtype: str) -> dict[int, tuple[JobSpec, dict]]:
-    """node index -> (its JobSpec, {layer: {tensor: initial values}}) for every node this rank's
+    """node index -> (its JobSpec, {layer: ({tensor: shape}, values())}) for every node this rank's
     routes reach: a whole unit as the unit's LayerSpec, a slice as routes.piece_spec names it.
-    `initial(unit)` is the unit's flat fp32 values."""
+    `initial(unit)` is the unit's flat fp32 values; it is called while the layer is handed over
+    (`hand_over`), so one unit's values are made at a time (the last unit's are kept for its
+    other pieces)."""
     layers: dict[int, list[LayerSpec]] = {}
-    values: dict[int, dict[int, dict[str, np.ndarray]]] = {}
+    values: dict[int, dict[int, tuple[Mapping[str, tuple[int, ...]], Callable[[], dict[str, np.ndarray]]]]] = {}
+    last: dict[int, np.ndarray] = {}
+
+    def piece_values(unit: int, spans: dict[str, tuple[int, int]],
+                     shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+        if unit not in last:
+            last.clear()  # one unit at a time
+            last[unit] = initial(unit)
+        return piece_initial(last[unit], spans, shapes)
+
     for u in units:
         route = routes[u.index]
         if not route.pieces:  # an empty rail shard (a unit smaller than the rails): nothing on a node
             continue
-        flat = initial(u.index)
         for piece in route.pieces:
             spec, spans = piece_spec(u, piece, route.whole)
             layers.setdefault(piece.node, []).append(spec)
-            values.setdefault(piece.node, {})[u.index] = piece_initial(flat, spans, spec.shapes)
+            values.setdefault(piece.node, {})[u.index] = (
+                spec.shapes, functools.partial(piece_values, u.index, spans, spec.shapes))
     return {node: (JobSpec(job_id, optimizer, specs, served_dtype=served_dtype), values[node])
             for node, specs in sorted(layers.items())}
 
 
 def hand_over(jobs: dict[int, tuple[JobSpec, dict]], sessions: dict[int, int], controls: list[str],
               contributors: int, timeout: float, token: str = "") -> None:
-    """Give each node its job and the initial values of its layers (`token`: the job's, for the
-    nodes' control channels; `contributors`: the job's ranks, whose mean the node steps with)."""
+    """Give each node its job and the initial values of its layers, streamed layer by layer
+    (`token`: the job's, for the nodes' control channels; `contributors`: the job's ranks, whose
+    mean the node steps with)."""
     for node, (spec, initial) in jobs.items():
         if node >= len(controls) or not controls[node]:
             raise ValueError(f"this rank must reach optimizer node {node} to hand it the job: the network description "
@@ -59,9 +72,15 @@ def hand_over(jobs: dict[int, tuple[JobSpec, dict]], sessions: dict[int, int], c
                              f"(sessions for nodes {sorted(sessions)})")
         client = ControlClient(controls[node], timeout=timeout, token=token, job_id=spec.job_id)
         try:
-            client.add_job(sessions[node], contributors, spec.to_json(), initial=initial)
+            client.add_job_streamed(sessions[node], contributors, spec.to_json(),
+                                    [(layer, shapes) for layer, (shapes, _) in initial.items()],
+                                    functools.partial(_produce, initial))
         finally:
             client.close()
+
+
+def _produce(initial: dict, layer: int) -> dict[str, np.ndarray]:
+    return initial[layer][1]()
 
 
 def barrier(job_id: str, world_size: int, store=None, engine=None, timeout: float = 300.0, what: str = "ready") -> None:
