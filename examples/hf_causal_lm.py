@@ -1,6 +1,8 @@
 """A Hugging Face causal LM trained through ModelInNetwork, next to one process training it alone.
 
     python examples/hf_causal_lm.py --model gpt2 --steps 5 --workers 2 [--checkpointing]
+    python examples/hf_causal_lm.py --model llama --meta --save /tmp/llama-trained
+    python examples/hf_causal_lm.py --model llama --from-pretrained /tmp/llama-trained
 
 Builds a tiny `transformers` model from a random config (no download): OPT (the paper's model
 family), GPT-2, LLaMA or Qwen2 (grouped-query attention, RMSNorm, rotary), with the input embedding
@@ -11,6 +13,12 @@ examples/model_in_network.py does): the HF model is called with keyword argument
 `ModelOutput`, the tied weight is one layer on the node, `--checkpointing` turns on HF's activation
 checkpointing (each recomputed block pulls its parameters again). The same model trained by
 torch.optim.AdamW in one process, on the same shards, gives the losses printed beside.
+
+Never whole on a worker: `--meta` builds the model on the meta device and lets the network
+initialise it, unit by unit (each unit's modules' own init under `torch.manual_seed(seed + unit)`);
+`--from-pretrained DIR` streams a `save_pretrained` safetensors directory of the same `--model` to
+the node unit by unit (`ModelInNetwork.from_pretrained`); `--save DIR` writes the trained model
+back out in that format, one unit at a time. The one-process run starts from the same values.
 """
 
 from __future__ import annotations
@@ -178,7 +186,7 @@ def train(name: str, steps: int, workers: int, seed: int = 0, checkpointing: boo
                     mnn = ModelInNetwork.from_pretrained(init_from, opt, net.network(rank), **kw)
                 else:
                     mnn = ModelInNetwork(models[rank], opt, net.network(rank), init_from=init_from, **kw)
-                initial = mnn.gather()
+                initial = mnn.gather() if meta or init_from is not None else None  # the network's initial values
                 losses = []
                 for step in range(steps):
                     x = batch(step, rank, workers, vocab=mnn.module.config.vocab_size)
@@ -219,26 +227,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpointing", action="store_true", help="HF activation checkpointing in every block")
     p.add_argument("--untied", action="store_true", help="untie the input embedding and the output head")
     p.add_argument("--dtype", choices=DTYPES, default="fp32", help="the model's dtype, served so by the node")
+    p.add_argument("--meta", action="store_true",
+                   help="build the model on the meta device: the network initialises it unit by unit (its modules' "
+                        "own init, seeded per unit), no worker ever holds it whole")
+    p.add_argument("--from-pretrained", metavar="DIR",
+                   help="start from a save_pretrained safetensors directory, streamed to the node unit by unit "
+                        "(ModelInNetwork.from_pretrained; the one-process run loads it too)")
+    p.add_argument("--save", metavar="DIR", help="write the trained model there (save_pretrained format, unit by unit)")
     args = p.parse_args(argv)
     if args.steps < 1 or args.workers < 1 or 4 % args.workers:
         print("hf_causal_lm: --steps must be >= 1 and --workers one of 1, 2, 4 (the batch has 4 rows)",
               file=sys.stderr)
         return 2
+    if args.from_pretrained is not None and not os.path.isdir(args.from_pretrained):
+        print(f"hf_causal_lm: --from-pretrained {args.from_pretrained}: no such directory", file=sys.stderr)
+        return 2
     import torch
 
     torch.set_num_threads(1)  # the same reduction order in both runs
     tied = not args.untied
-    got = train(args.model, args.steps, args.workers, checkpointing=args.checkpointing, dtype=args.dtype, tied=tied)
-    want = reference(args.model, args.steps, args.workers, dtype=args.dtype, tied=tied)
+    meta = args.meta or args.from_pretrained is not None
+    got = train(args.model, args.steps, args.workers, checkpointing=args.checkpointing, dtype=args.dtype, tied=tied,
+                meta=meta, init_from=args.from_pretrained, save_to=args.save)
+    # the one-process run starts from the values the network started from
+    want = reference(args.model, args.steps, args.workers, dtype=args.dtype, tied=tied, initial=got["initial"])
     units = got["reports"][0]["units"]
+    start = (f"streamed from {args.from_pretrained}" if args.from_pretrained else
+             "built on meta, initialised by the network" if meta else "built whole on each worker")
     print(f"{args.model} ({'tied' if tied else 'untied'}, {args.dtype}), {args.workers} workers, {units} units on "
-          "the node")
+          f"the node; {start}")
     print("step  rank  ModelInNetwork  one process")
     for step in range(args.steps):
         for r in range(args.workers):
             print(f"{step:4d}  {r:4d}  {got['losses'][r][step]:14.6f}  {want['losses'][r][step]:11.6f}")
     worst = max(float((got["params"][n].float() - t.float()).abs().max()) for n, t in want["params"].items())
     print(f"largest parameter difference after {args.steps} steps: {worst:.2e}")
+    if args.save:
+        print(f"trained model written to {args.save} (transformers.AutoModelForCausalLM.from_pretrained loads it)")
     return 0
 
 
