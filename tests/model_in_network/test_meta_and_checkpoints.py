@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from luwu.worker.model_in_network.devices import HostStage
+from luwu.worker.model_in_network.local import LocalNetwork
 from luwu.worker.model_in_network.materialize import Materializer, MetaInitError, post_order
 from luwu.worker.model_in_network.memory import MemoryTracker
 from luwu.worker.model_in_network.units import split_units
@@ -225,3 +226,17 @@ def test_memory_a_meta_model_worker_holds_units_in_flight_only(tmp_path):
         assert whole >= 6 * largest
         assert setup["peak_bytes_by_kind"]["params"] <= largest
         assert rep["memory"]["peak_bytes_by_kind"]["params"] <= 3 * largest < whole / 2  # prefetch + 2 units
+
+
+def test_an_init_error_while_handing_over_leaves_no_job_on_the_node(tmp_path):
+    """The layers are streamed into the node's add_job message as they are made: an error on the
+    way closes the connection, and the node adds nothing of the job."""
+    from luwu.worker.model_in_network import SGD, ModelInNetwork
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 4), _Scaled())
+    with LocalNetwork(1, 1, mode="tofino", state_dir=str(tmp_path), switch_process=False) as net:
+        with pytest.raises(MetaInitError, match=r"1\.scale"):
+            ModelInNetwork(model, SGD(lr=0.1), net.network(0), engine="embedded", timeout=WAIT)
+        node = net.services[0].node
+        assert not node.jobs  # the error came before the message was complete: the node never read a job
