@@ -108,7 +108,7 @@ class Materializer:
                     self.holders.setdefault(id(p), []).append((m, pname))
         for k in self.names:
             self.names[k] = list(dict.fromkeys(self.names[k]))
-        self.peak_unit_bytes = 0  # the most bytes of unit parameters materialised at once here for init
+        self.meta_units: set[int] = set()  # units built on meta (a unit built normally keeps its own values)
 
     @classmethod
     def for_model(cls, model: nn.Module, init_from: str | os.PathLike | None, seed: int,
@@ -198,7 +198,12 @@ class Materializer:
         out = []
         for u in units:
             meta = any(p.is_meta for _, p in u.params)
+            if meta and not all(p.is_meta for _, p in u.params):
+                raise MetaInitError(f"unit {u.label()} holds parameters on the meta device and parameters built "
+                                    f"normally ({', '.join(n for n, p in u.params if not p.is_meta)[:200]}): build "
+                                    "the whole unit on meta (the network initialises it) or none of it")
             if meta:
+                self.meta_units.add(u.index)
                 for i, (name, p) in enumerate(u.params):
                     # a one-element stand-in: FlatParams copies it (one parameter at a time) and re-points .data
                     stand_in = torch.zeros((), dtype=p.dtype, device=self.device).expand(p.shape)
@@ -218,11 +223,10 @@ class Materializer:
         u, f = units[index], flats[index]
         if self.reader is not None:
             return self.reader.unit_values(u, self.names, getattr(self.model, "base_model_prefix", "") or "")
-        if not self.meta:  # a model built normally: its own values
+        if index not in self.meta_units:  # a unit built normally: its own values
             return f.flat.detach().to("cpu", torch.float32, copy=True).numpy()
         was_resident = f.resident
         f.allocate()
-        self.peak_unit_bytes = max(self.peak_unit_bytes, f.nbytes)
         try:
             mine = {id(p) for _, p in u.params}
             with torch.no_grad():
