@@ -158,6 +158,15 @@ def test_plain_torch_model_on_meta_uses_reset_parameters():
         assert torch.equal(torch.from_numpy(init.values(units, flats, u.index)), want)
 
 
+def test_a_model_partly_on_meta_is_refused_with_advice():
+    from luwu.worker.model_in_network.units import UnitError
+
+    with torch.device("meta"):
+        second = nn.Linear(4, 4)
+    with pytest.raises(UnitError, match="meta device and others are not"):
+        split_units(nn.Sequential(nn.Linear(4, 4), second))
+
+
 @pytest.mark.parametrize("shard", [None, "2KB"], ids=["single-file", "sharded"])
 def test_streamed_from_a_checkpoint_trains_as_the_saved_model(tmp_path, shard):
     model = hf_lm.build("llama")  # seed 0, tied
