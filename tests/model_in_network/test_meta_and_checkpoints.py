@@ -249,3 +249,15 @@ def test_an_init_error_while_handing_over_leaves_no_job_on_the_node(tmp_path):
             ModelInNetwork(model, SGD(lr=0.1), net.network(0), engine="embedded", timeout=WAIT)
         node = net.services[0].node
         assert not node.jobs  # the error came before the message was complete: the node never read a job
+
+
+def test_a_bf16_meta_model_trains_as_the_eager_model_with_its_values(tmp_path):
+    """Built on meta then cast to bf16 (still meta): each unit is initialised in bf16 directly."""
+    got = hf_lm.train("llama", STEPS, WORKERS, seed=2, meta=True, dtype="bf16", state_dir=str(tmp_path / "a"),
+                      timeout=WAIT)
+    assert all(t.dtype == torch.bfloat16 for t in got["initial"].values())
+    eager = hf_lm.train("llama", STEPS, WORKERS, dtype="bf16", initial=got["initial"], state_dir=str(tmp_path / "b"),
+                        timeout=WAIT)
+    assert eager["losses"] == got["losses"]
+    for k, t in eager["params"].items():
+        assert torch.equal(got["params"][k], t), k
