@@ -68,6 +68,14 @@ class FlatParams:
             self.resident = False
             self.memory.sub("params", self.nbytes)
 
+    def allocate(self) -> None:
+        """Make the storage resident without writing it (the parameters hold whatever the memory
+        held), for an initialiser that fills them in place (materialize.py)."""
+        if not self.resident:
+            self.storage.resize_(self.nbytes)
+            self.resident = True
+            self.memory.add("params", self.nbytes)
+
     def materialise(self, values: np.ndarray, version: int) -> None:
         """Make the parameters hold `values` (flat float32 on the host, the unit's numel), rounded
         to the parameters' dtype.

@@ -62,10 +62,19 @@ def node_jobs(job_id: str, optimizer: OptimizerSpec, units: list[Unit], routes: 
               initial: Callable[[int], np.ndarray], served_dtype: str) -> dict[int, tuple[JobSpec, dict]]:
     """node index -> (its JobSpec, {layer: a function returning that layer's {tensor: initial
     values}}) for every node this rank's routes reach: a whole unit as the unit's LayerSpec, a slice
-    as routes.piece_spec names it. `initial(unit)` is the unit's flat fp32 values; it is called
-    when a layer's values are sent, so one unit's copy at a time exists."""
+    as routes.piece_spec names it. `initial(unit)` is the unit's flat fp32 values (made by the unit's
+    own init for a meta-built model: materialize.py); it is called when a layer's values are sent,
+    so one unit's values exist at a time (the last unit's are kept for its other pieces)."""
     layers: dict[int, list[LayerSpec]] = {}
     values: dict[int, dict[int, Callable[[], dict[str, np.ndarray]]]] = {}
+    last: dict[int, np.ndarray] = {}
+
+    def piece_values(unit: int, spans: dict[str, tuple[int, int]], shapes: dict) -> dict[str, np.ndarray]:
+        if unit not in last:
+            last.clear()  # one unit at a time
+            last[unit] = initial(unit)
+        return piece_initial(last[unit], spans, shapes)
+
     for u in units:
         route = routes[u.index]
         if not route.pieces:  # an empty rail shard (a unit smaller than the rails): nothing on a node
@@ -73,8 +82,7 @@ def node_jobs(job_id: str, optimizer: OptimizerSpec, units: list[Unit], routes: 
         for piece in route.pieces:
             spec, spans = piece_spec(u, piece, route.whole)
             layers.setdefault(piece.node, []).append(spec)
-            values.setdefault(piece.node, {})[u.index] = functools.partial(
-                lambda i, spans, shapes: piece_initial(initial(i), spans, shapes), u.index, spans, spec.shapes)
+            values.setdefault(piece.node, {})[u.index] = functools.partial(piece_values, u.index, spans, spec.shapes)
     return {node: (JobSpec(job_id, optimizer, specs, served_dtype=served_dtype), values[node])
             for node, specs in sorted(layers.items())}
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import re
 import tempfile
 import time
@@ -36,14 +37,18 @@ from luwu.dataplane.engine.liveness import LuwuPeerDead
 from luwu.worker import metrics as worker_metrics
 from luwu.worker.engine_link import Staging, open_engine
 
+from .checkpoint_io import meta_model_from_pretrained, pull_unit
+from .checkpoint_io import save_pretrained as save_units
 from .devices import HostStage
-from .flat import FlatParams, check_range
+from .flat import FlatParams
 from .hierarchy import ServerSteps
 from .inflight import ArrivingGrads, issued, joined
 from .job import REPORT_TIMEOUT, barrier, fingerprint, hand_over, join, names_join_failures, node_jobs, report_failure
+from .materialize import Materializer
 from .memory import MemoryTracker
 from .network import JobNetwork
 from .optimizers import OptimizerSpec, as_optimizer_spec
+from .reporting import report, skipped_steps
 from .routes import PlanError, Route, plan_routes
 from .schedule import BACKWARD, PullSchedule, Ticket, use_phase
 from .staging import StagingPool
@@ -96,6 +101,12 @@ class ModelInNetwork(nn.Module):
         start_version (int): the version training starts at (0; k to resume from optimizer nodes
             restored from a checkpoint of version k, `luwu node --restore`): the first pull is of
             version k and the first push is the gradient of step k. Every worker passes the same value.
+        init_from (str, optional): a `save_pretrained` safetensors directory the initial values
+            are streamed from, tensor by tensor, unit by unit (checkpoint_io.py).
+        seed (int): a model built on the meta device is initialised by the network: unit i by its
+            modules' own init under ``torch.manual_seed(seed + i)``, on the rank that hands the
+            nodes their layers, one unit at a time (materialize.py). Every worker passes the same.
+        device (optional): where a meta-built model computes (default: the CPU).
 
     Examples:
         >>> net = JobNetwork.from_json(os.environ["LUWU_JOB_NETWORK"])  # doctest: +SKIP
@@ -108,7 +119,8 @@ class ModelInNetwork(nn.Module):
                  units: list[Any] | None = None, keep_last: int = 1, keep_budget: int | None = None, prefetch: int = 1,
                  served_dtype: str = "bf16", engine: str | Engine | EngineClient = "process", store: Store | None = None,
                  max_inflight_pushes: int = 2, timeout: float = DEFAULT_TIMEOUT, start_version: int = 0,
-                 p2p_host: str = "127.0.0.1") -> None:
+                 p2p_host: str = "127.0.0.1", init_from: str | os.PathLike | None = None, seed: int = 0,
+                 device: str | torch.device | None = None) -> None:
         super().__init__()
         self.module = model
         self.optimizer = as_optimizer_spec(optimizer)
@@ -121,9 +133,11 @@ class ModelInNetwork(nn.Module):
             raise ValueError(f"start_version must be >= 0, got {start_version}")
         self.version = int(start_version)
         self.memory = MemoryTracker()
+        self.init = Materializer.for_model(model, init_from, seed, device)  # meta-built or a checkpoint; else None
         self.units = split_units(model, units)
         self._pull_stage, self._push_stage = HostStage(self.memory), HostStage(self.memory)  # non-CPU devices
-        self.flats = [FlatParams(u, self.memory, self._pull_stage) for u in self.units]
+        self.flats = (self.init.flats(self.units, self.memory, self._pull_stage) if self.init is not None else
+                      [FlatParams(u, self.memory, self._pull_stage) for u in self.units])
         self.local_size = self.network.local_size  # > 1: rail-only, hierarchical push/pull
         self.routes: dict[int, Route] = plan_routes(self.units, self.network)  # PlanError: cannot be honoured
         if self.local_size > 1 and store is None:
@@ -188,8 +202,9 @@ class ModelInNetwork(nn.Module):
                                       self._p2p_host, self.timeout)
         try:
             if self.rank < self.local_size:  # the first rank of its group (rail) hands that group's nodes their layers
-                jobs = node_jobs(self.network.job_id, self.optimizer, self.units, self.routes,
-                                 lambda i: self.flats[i].flat.detach().to("cpu", torch.float32, copy=True).numpy(),
+                initial = (functools.partial(self.init.values, self.units, self.flats) if self.init is not None else
+                           lambda i: self.flats[i].flat.detach().to("cpu", torch.float32, copy=True).numpy())
+                jobs = node_jobs(self.network.job_id, self.optimizer, self.units, self.routes, initial,
                                  self.served_dtype)
                 hand_over(jobs, self.network.node_sessions, self.network.node_controls, self.world_size,
                           self.timeout, self.network.control_token)
@@ -204,6 +219,7 @@ class ModelInNetwork(nn.Module):
         join(self.network.job_id, self.rank, self.world_size, store, self.engine, self.timeout,
              model=fingerprint(self.units))
         self._started = True
+        self.setup_memory = self.memory.snapshot()  # the units made here before training (materialize.py)
         self.memory.reset_peak()  # the peak is over training; the caller built the whole model before
         self.schedule.prefetch_next_pass(self.version)
 
@@ -481,26 +497,32 @@ class ModelInNetwork(nn.Module):
         """The model's trainable parameters at the current version, by name, in their dtype on
         their device (the node's served copies, rounded to the parameters' dtype as a pull is).
         A collective: every rank calls it at the same point, since pulls are matched across workers."""
-        out: dict[str, torch.Tensor] = {}
-        for u in self.units:
-            st = self.pool.acquire()
-            try:
-                h = self._pull_pieces(st, u.index, self.version)
-                self.stats["pulls"] += 1
-                self._wait(h, f"gather of unit {u.label()}", "pull")
-                if self.server is not None:
-                    self._server_step("all_gather", u.index, self.version, st.view(u.numel),
-                                      f"gather of unit {u.label()}", "gather")
-                flat = torch.from_numpy(st.view(u.numel).copy())
-            finally:
-                self.pool.release(st)
-            if u.dtype != torch.float32:
-                wide, flat = flat, flat.to(u.dtype)
-                check_range(wide, flat, f"gather of unit {u.label()}")
-            flat = flat.to(u.device)
-            for (name, p), (lo, hi) in zip(u.params, u.offsets):
-                out[f"{u.name}.{name}" if u.name else name] = flat[lo:hi].view(p.shape).clone()
-        return out
+        return {k: v for u in self.units for k, v in pull_unit(self, u).items()}
+
+    def save_pretrained(self, path: str | os.PathLike, rank: int = 0) -> os.PathLike | None:
+        """Write the model at the current version as a `save_pretrained` directory (one safetensors
+        file per unit, its index, config.json), pulling one unit at a time: `from_pretrained(path)`
+        loads it. A collective like `gather()`; rank `rank` writes (checkpoint_io.py).
+
+        Returns:
+            The directory on the writing rank, None on the others.
+
+        Examples:
+            >>> mnn.save_pretrained("out/")  # doctest: +SKIP  (every rank)
+            >>> AutoModelForCausalLM.from_pretrained("out/")  # doctest: +SKIP
+        """
+        return save_units(self, path, rank)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, optimizer: OptimizerSpec | dict[str, Any],
+                        network: JobNetwork | str, **kwargs: Any) -> ModelInNetwork:
+        """The `transformers` model of a `save_pretrained` directory, built on the meta device and
+        streamed to the nodes unit by unit (`init_from=path`): no worker holds it whole.
+
+        Examples:
+            >>> mnn = ModelInNetwork.from_pretrained("ckpt/", luwu.AdamW(lr=3e-4), net)  # doctest: +SKIP
+        """
+        return cls(meta_model_from_pretrained(path), optimizer, network, init_from=path, **kwargs)
 
     def skipped_steps(self) -> dict[int, list[str]]:
         """The steps the optimizer nodes skipped for some unit because its summed gradient held
@@ -521,42 +543,13 @@ class ModelInNetwork(nn.Module):
             if mnn.skipped_steps():      # e.g. {41: ["blocks.3"]}
                 scaler_like_backoff()
         """
-        from luwu.dataplane.optimizer.control import ControlClient
-
-        out: dict[int, list[str]] = {}
-        for node in self._nodes():
-            client = ControlClient(self.network.node_controls[node], timeout=self.timeout,
-                                   token=self.network.control_token, job_id=self.network.job_id)
-            try:
-                for step, ids in client.skipped_steps(self.network.job_id).items():
-                    labels = out.setdefault(step, [])  # a sliced unit is skipped on each of its nodes: named once
-                    labels.extend(x for x in dict.fromkeys(self.units[i].label() for i in ids) if x not in labels)
-            finally:
-                client.close()
-        return dict(sorted(out.items()))
-
-    def _nodes(self) -> list[int]:
-        """The optimizer nodes this rank's pieces are on."""
-        return sorted({p.node for r in self.routes.values() for p in r.pieces})
+        return skipped_steps(self)
 
     def report(self) -> dict:
         """Counters, time spent waiting on the network, memory, the engine's traffic, and the
         steps the nodes skipped for non-finite gradients (`skipped_steps()`, when the nodes'
         control channels are known)."""
-        from luwu.dataplane.optimizer.control import ControlError
-
-        controls = self.network.node_controls
-        skipped = None  # unknown: this rank cannot ask the nodes
-        if all(n < len(controls) and controls[n] for n in self._nodes()):
-            try:
-                skipped = self.skipped_steps()
-            except (ControlError, OSError):
-                pass
-        return {"version": self.version, "units": len(self.units), "keep": sorted(self.keep),
-                "model_bytes": sum(u.nbytes for u in self.units),
-                "largest_unit_bytes": max(u.nbytes for u in self.units),
-                "counters": dict(self.stats), "wait_seconds": dict(self.wait_seconds),
-                "memory": self.memory.snapshot(), "engine": self.engine.stats(), "skipped_steps": skipped}
+        return report(self)
 
     def close(self) -> None:
         if self.closed:

@@ -163,6 +163,10 @@ def _check_dtypes_and_device(units: list[Unit]) -> None:
     for u in units:
         for n, p in u.params:
             by_device.setdefault(str(p.device), []).append(full(u, n))
+    if len(by_device) > 1 and "meta" in by_device:
+        raise UnitError(f"parameters {_names(by_device['meta'])} are on the meta device and others are not: build the "
+                        "whole model under `with torch.device('meta')` (ModelInNetwork then initialises it unit by "
+                        "unit, materialize.py) or build it normally")
     if len(by_device) > 1:
         where = "; ".join(f"{dev}: {_names(names)}" for dev, names in by_device.items())
         raise UnitError(f"the model's parameters are on {len(by_device)} devices ({where}): ModelInNetwork needs "
