@@ -441,7 +441,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
         if not works:
             joined._complete()
         for w in works:
-            w.get_future().add_done_callback(one)
+            w._done_future.add_done_callback(one)
         return joined
 
 
