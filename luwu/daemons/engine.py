@@ -30,7 +30,7 @@ import threading
 import numpy as np
 
 from luwu.dataplane.engine.engine import Engine, EngineConfig
-from luwu.dataplane.engine.handles import Handle
+from luwu.dataplane.engine.handles import CollectiveMismatch, Handle
 from luwu.dataplane.engine.shm import ShmCache
 from luwu.dataplane.heap import freeze_collector, refreeze, retain_freed_memory
 from luwu.dataplane.kernels import load_in_background
@@ -219,7 +219,9 @@ class EngineServer:
         def done(h: Handle) -> None:
             self.served.set()
             if h.error is not None:
-                reply({"id": rid, "ok": False, "error": str(h.error)})
+                err = h.error
+                mismatch = {"lo": err.lo, "hi": err.hi, "mine": err.mine} if isinstance(err, CollectiveMismatch) else None
+                reply({"id": rid, "ok": False, "error": str(err), "mismatch": mismatch})
                 return
             # the common reply, formatted directly (a client's ids are ints; anything else as JSON)
             reply_text(f'{{"id": {rid if type(rid) is int else json.dumps(rid)}, "ok": true, '
@@ -228,7 +230,9 @@ class EngineServer:
         if op == "allreduce":
             # in place: the result is decoded straight into the worker's buffer (the worker keeps
             # its own input for an exact recomputation of saturated elements)
-            h = engine.allreduce(view, req.get("reduce", "sum"), req.get("session"), out=view)
+            check = req.get("check")  # the collective's fingerprint fields (Engine.allreduce)
+            h = engine.allreduce(view, req.get("reduce", "sum"), req.get("session"), out=view,
+                                 check=None if check is None else np.asarray(check, dtype=np.int32))
         elif op == "push":
             h = engine.push(int(req["session"]), int(req["tensor"]), view)
         elif op == "pull":

@@ -1,6 +1,8 @@
 """No silent wrong result and no crash (issue 27, the backend's side): a switch that dies during
 DDP's backward fails `loss.backward()` with the backend's named error on every rank (it used to
-kill both ranks with SIGSEGV: worker/backend/work.py says why)."""
+kill both ranks with SIGSEGV: worker/backend/work.py says why); ranks that call different
+collectives (sizes, dtypes, ops) all fail naming each rank's (worker/backend/fingerprint.py), also in
+torch's words under TORCH_DISTRIBUTED_DEBUG=DETAIL; NaN in MAX/MIN gives Gloo's bits."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 import signal
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 from backend_harness import run_ranks
@@ -50,3 +53,68 @@ def test_switch_dying_in_ddp_backward_names_the_switch(tmp_path):
         assert err is not None, f"rank {rank} trained on after the switch died: {res}"
         assert err.startswith("RuntimeError") and "LuwuError" in err, err
         assert f"switch port {rank + 1} over shared memory" in err and "stopped answering" in err, err
+
+
+def mismatched_collectives_on_rank(rank: int, world: int) -> dict:
+    """The last rank's collective differs (size, dtype or op, by the test's case); every rank reports its error."""
+    import os
+
+    case = os.environ["CASE"]
+    odd = rank == world - 1
+    dist.all_reduce(torch.ones(3))  # #1 after the start barrier: agreed, summed
+    t = torch.ones(4)
+    op = dist.ReduceOp.SUM
+    if case == "size" and odd:
+        t = torch.ones(8)
+    if case == "dtype" and odd:
+        t = torch.ones(4, dtype=torch.int32)
+    if case == "op" and odd:
+        op = dist.ReduceOp.MAX
+    try:
+        dist.all_reduce(t, op=op)
+        out = {"error": None, "t": t.tolist()}
+    except Exception as e:  # noqa: BLE001 - the message is what the test checks
+        out = {"error": f"{type(e).__name__}: {e}", "t": t.tolist()}
+    try:
+        dist.all_reduce(torch.ones(2))
+        out["after"] = None
+    except Exception as e:  # noqa: BLE001
+        out["after"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+@pytest.mark.parametrize(("case", "world", "engine"), [("size", 2, "process"), ("dtype", 2, "process"),
+                                                       ("op", 2, "process"), ("size", 3, "process"),
+                                                       ("op", 3, "process"), ("dtype", 3, "process"),
+                                                       ("size", 2, "embedded"), ("op", 2, "embedded")])
+def test_mismatched_collectives_raise_on_every_rank(tmp_path, case, world, engine):
+    """Before: `torch.ones(4 if rank == 0 else 8)` summed to [2, 2, 2, 2, 1, 1, 1, 1] on rank 1, exit 0;
+    SUM against MAX gave each rank a different answer. Now every rank raises, naming every rank's call."""
+    results = run_ranks(mismatched_collectives_on_rank, world, tmp_path, env={"CASE": case, "LUWU_ENGINE": engine},
+                        pg_timeout=60.0)
+    differs = {"size": "numel_lo differ", "dtype": "dtype differ", "op": "op differ"}[case]
+    last = {"size": "8 x torch.float32, SUM", "dtype": "4 x torch.int32, SUM", "op": "4 x torch.float32, MAX"}[case]
+    for rank, res in enumerate(results):
+        err = res["error"]
+        assert err is not None, f"rank {rank} got a result: {res}"
+        assert err.startswith("CollectiveMismatchError: luwu all_reduce #2: the ranks called different"), err
+        assert differs in err, err
+        assert f"rank {world - 1} has all_reduce of {last}" in err, err
+        for r in range(world - 1):
+            assert f"rank {r} has all_reduce of 4 x torch.float32, SUM" in err, err
+        # nothing was written into the tensor, and the group refuses to go on
+        assert res["t"] == ([1.0] * 8 if case == "size" and rank == world - 1 else [1.0] * 4), res
+        assert res["after"] is not None and "broken by an earlier failure" in res["after"], res["after"]
+
+
+def test_detail_debug_names_the_mismatch_in_torchs_words(tmp_path):
+    env = {"CASE": "size", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+    results = run_ranks(mismatched_collectives_on_rank, 2, tmp_path, env=env, pg_timeout=60.0)
+    for rank, res in enumerate(results):
+        err = res["error"]
+        other = 1 - rank
+        assert "Detected mismatch between collectives on ranks" in err, err
+        assert f"Rank {rank} is running collective: CollectiveFingerPrint(SequenceNumber=2, OpType=ALLREDUCE" in err
+        assert f"Rank {other} is running collective: CollectiveFingerPrint(SequenceNumber=2" in err, err
+        assert "TensorShape=[4]" in err and "TensorShape=[8]" in err, err
+

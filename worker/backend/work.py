@@ -45,6 +45,8 @@ class LuwuWork(dist.Work):
         self.deadline = None if timeout is None else self.started + timeout
         self.probe = False  # the startup barrier: a timeout means the switch is unreachable
         self.source = -1  # a receive from any source: the rank it came from
+        self.fingerprint = None  # what every rank must agree on (fingerprint.py); None: not checked
+        self.checks: list[int] = []  # the group's check numbers of its engine operations (fingerprint.py)
         self._done_future: Future = Future()  # what the backend completes (Python's set_exception)
         self._future: Future = self._done_future.then(_unwrap)  # what c10d and DDP get: C++ sees errors
         self._done = threading.Event()
