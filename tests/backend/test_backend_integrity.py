@@ -118,3 +118,48 @@ def test_detail_debug_names_the_mismatch_in_torchs_words(tmp_path):
         assert f"Rank {other} is running collective: CollectiveFingerPrint(SequenceNumber=2" in err, err
         assert "TensorShape=[4]" in err and "TensorShape=[8]" in err, err
 
+
+NAN_SIZES = (10, 1000, 300_001)  # the last one spans several of Gloo's 1 MiB segments per rank
+
+
+def nan_max_min_on_rank(rank: int, world: int) -> dict:
+    """MAX/MIN allreduces with NaN (either sign), inf and signed zeros in some ranks' elements."""
+    out = {}
+    for size in NAN_SIZES:
+        gen = torch.Generator().manual_seed(1000 * size + rank)
+        base = torch.randn(size, generator=gen, dtype=torch.float64)
+        pick = torch.rand(size, generator=gen, dtype=torch.float64)
+        base[pick < 0.15] = float("nan")
+        base[(pick >= 0.15) & (pick < 0.2)] = -float("nan")
+        base[(pick >= 0.2) & (pick < 0.22)] = float("inf")
+        base[(pick >= 0.22) & (pick < 0.24)] = -float("inf")
+        out[(size, "input nan")] = base.isnan().numpy()
+        for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+            t0 = base.clone()
+            if dtype == torch.float64:  # exact on the hosts: signed zeros too
+                t0[(pick >= 0.24) & (pick < 0.3)] = 0.0 if rank % 2 else -0.0
+            for op in ("MAX", "MIN"):
+                t = t0.to(dtype)
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+                out[(size, str(dtype), op)] = t.view(torch.int16 if t.element_size() == 2 else
+                                                     torch.int32 if t.element_size() == 4 else torch.int64).numpy()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_nan_in_max_min_gives_gloos_bits(tmp_path, world):
+    import numpy as np
+
+    luwu = run_ranks(nan_max_min_on_rank, world, tmp_path, env={"LUWU_ENGINE": "embedded"})
+    gloo = run_ranks(nan_max_min_on_rank, world, tmp_path, backend="gloo")
+    for rank in range(world):
+        for key, want in gloo[rank].items():
+            got = luwu[rank][key]
+            bad = np.flatnonzero(got != want)
+            assert bad.size == 0, f"rank {rank} {key}: {bad.size} elements differ from Gloo's, first at {bad[:5]}: {got[bad[:5]]} vs {want[bad[:5]]}"
+    # the test can fail: where some rank had NaN, Gloo's result is NaN in some elements and not in others
+    # (luwu used to propagate every NaN, as torch.maximum does)
+    size = NAN_SIZES[1]
+    any_nan = np.logical_or.reduce([gloo[r][(size, "input nan")] for r in range(world)])
+    nan_out = np.isnan(gloo[0][(size, "torch.float32", "MAX")].view(np.float32))
+    assert nan_out[any_nan].any() and not nan_out[any_nan].all(), "the inputs do not tell NaN-propagation from Gloo"
