@@ -30,6 +30,7 @@ import torch.distributed as dist
 from luwu.worker import metrics as worker_metrics
 from luwu.worker.engine_link import EngineHost, open_engine
 
+from . import cleanup
 from . import collectives as C
 from .codec import UnsupportedCollective, nbytes, reduction_encoding, tensor_bytes, write_bytes
 from .config import BackendConfig
@@ -91,6 +92,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
         self._closed = False
         self._link = self._sched = self._p2p = None
         self._workdir = workdir or default_workdir(cfg, rank)  # given: startup.prestart_children launched them
+        cleanup.track(self._workdir, temporary=not cfg.workdir)  # removed when the last group closes, or on exit
         # both child processes start now (unless already launched: idempotent for this workdir) and
         # load while the plan is worked out (docs/backend.md "Start-up")
         prestart_switch(rank, cfg, self._workdir)
@@ -101,6 +103,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
         except BaseException:
             EngineHost.stop_if_unused()
             discard_prestarted_switch(self._workdir)
+            cleanup.untrack(self._workdir)
             raise
         try:
             self._link = open_engine(cfg.engine, self._lease.plan, self._workdir, cfg.connect_timeout)
@@ -423,6 +426,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
         lease = getattr(self, "_lease", None)
         if lease is not None:
             release_plan(self._store, lease, self.rank(), self.size(), self._cfg.shutdown_wait)
+        cleanup.untrack(self._workdir)  # the last group's: the processes are stopped, their directories go
 
     def abort(self) -> None:
         self.shutdown()
