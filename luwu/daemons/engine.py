@@ -58,6 +58,7 @@ class EngineServer:
         self.listener.bind(control_path)
         self.listener.listen(8)
         self.stopped = threading.Event()
+        self._orphans: set[ShmCache] = set()  # the buffer maps of connections whose worker has not said `close`
 
     def serve_forever(self) -> None:
         threads = []
@@ -103,14 +104,17 @@ class EngineServer:
                 except OSError:
                     pass
 
-        state = {"engine": self.engine, "own": None}
+        state = {"engine": self.engine, "own": None, "closed": False}
         reader = FrameReader(conn)
+        self._orphans.add(shm)
 
         def serve(req: dict) -> bool:
             """One request; False once the connection is to end (`close`)."""
             engine, own = state["engine"], state["own"]
             try:
                 if req.get("op") == "close":
+                    state["closed"] = True  # the worker unlinks its buffers itself
+                    self._orphans.discard(shm)
                     reply({"id": req.get("id"), "ok": True})
                     if own is None:
                         self.stop()
@@ -162,7 +166,16 @@ class EngineServer:
         finally:
             if state["own"] is not None:
                 state["own"].close()
+            if not state["closed"]:  # the worker died (SIGKILL, a crash): its buffers are nobody's now
+                shm.unlink_all()
+            self._orphans.discard(shm)
             shm.close()
+
+    def remove_orphans(self) -> None:
+        """At exit (SIGTERM: the worker died and the daemon goes with it, maybe before a connection's
+        thread saw the end): remove the buffers of every worker that never said `close`."""
+        for shm in list(self._orphans):
+            shm.unlink_all()
 
     def _served_by_engine(self, conn: socket.socket, reader: FrameReader, engine: Engine, serve, refuse) -> bool:
         """Hand the connection's reading to `engine`'s loop; returns True once the connection ended
@@ -282,6 +295,7 @@ def run(args) -> int:
     try:
         server.serve_forever()
     finally:
+        server.remove_orphans()
         if engine is not None:
             engine.close()
     return 0

@@ -2,7 +2,8 @@
 its pid, its engine daemon's and (rank 0) its switch's to `<dir>/pids-<rank>.json`, then exits the way
 `MODE` says: `clean` (destroy_process_group, return), `error` (an exception escapes the script),
 `sigterm` (all-reduces until the test sends SIGTERM), `sigterm-user` (the same, with the script's own
-SIGTERM handler set before init: it exits with status 7, and must still be called)."""
+SIGTERM handler set before init: it exits with status 7, and must still be called), `sigkill` (the
+same loop, until the test sends SIGKILL)."""
 
 from __future__ import annotations
 
