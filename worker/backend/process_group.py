@@ -278,7 +278,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
             raise ValueError(f"luwu allgather: output {self.rank()} holds {nbytes(mine)} bytes but this rank's "
                              f"input has {nbytes(t)}")
         return self._work(f"allgather({_describe(t)})", outs, lambda ctx: C.allgather(ctx, outs, t, self.rank()),
-                          Fingerprint.of("all_gather", [t]))
+                          Fingerprint.of("all_gather", outs))  # the outputs: equal on every rank, even uneven
 
     @staged(outputs=(0,))
     def all_gather_single(self, output, input, opts=None):
