@@ -92,7 +92,7 @@ def test_mismatched_collectives_raise_on_every_rank(tmp_path, case, world, engin
     SUM against MAX gave each rank a different answer. Now every rank raises, naming every rank's call."""
     results = run_ranks(mismatched_collectives_on_rank, world, tmp_path, env={"CASE": case, "LUWU_ENGINE": engine},
                         pg_timeout=60.0)
-    differs = {"size": "numel_lo differ", "dtype": "dtype differ", "op": "op differ"}[case]
+    differs = {"size": "(differing: element count)", "dtype": "(differing: dtype)", "op": "(differing: reduce op)"}[case]
     last = {"size": "8 x torch.float32, SUM", "dtype": "4 x torch.int32, SUM", "op": "4 x torch.float32, MAX"}[case]
     for rank, res in enumerate(results):
         err = res["error"]

@@ -7,10 +7,10 @@ meta session (dataplane/engine/reductions.py): a float sum's fields go in the ex
 makes anyway, any other reduction adds one packet beside its data, not a round trip. Ranks whose
 fingerprints differ all get the same MAX/MIN of every field, so each of them fails the collective
 (never a partial or mixed result): `mismatch_error` then reads every rank's own description
-through the group's store (the error path only) and names them, e.g. "all_reduce #17: rank 0 has
-4 x torch.float32 (SUM), rank 1 has 8 x torch.float32 (SUM)"; under DETAIL in the words of
-torch's ProcessGroupWrapper ("Detected mismatch between collectives on ranks ..."). A mismatch
-breaks the group: the ranks' packet streams no longer line up.
+through the group's store (the error path only) and names them, e.g. "all_reduce #17: ... rank 0
+has all_reduce of 4 x torch.float32, SUM, rank 1 has all_reduce of 8 x torch.float32, SUM"; under
+DETAIL in the words of torch's ProcessGroupWrapper ("Detected mismatch between collectives on ranks
+..."). A mismatch breaks the group: the ranks' packet streams no longer line up.
 
 Collectives that go point to point (gather, scatter, all_to_all, send/recv) are not fingerprinted:
 their receivers check the sizes they get (collectives.py).
@@ -36,7 +36,8 @@ KINDS = {
     "all_gather": (6, "ALLGATHER"), "all_gather_into_tensor": (7, "_ALLGATHER_BASE"), "barrier": (8, "BARRIER"),
 }
 OPS = {"": 0, "sum": 1, "avg": 2, "max": 3, "min": 4, "product": 5, "band": 6, "bor": 7, "bxor": 8}
-_FIELDS = ("collective", "dtype", "numel_hi", "numel_lo", "op", "root", "seq", "shape", "part")
+_FIELDS = ("collective", "dtype", "element count", "element count", "reduce op", "root", "sequence number", "shape",
+           "engine operation")
 _MASK = 0x7FFFFFFF  # fields are non-negative int32 (the engine agrees on v and ~v)
 MISMATCH_KEY = "luwu-mismatch/{check}/{rank}"  # each rank's description of a disagreed check, in the group's store
 EXPLAIN_WAIT = 5.0  # s a rank waits for the others' descriptions before naming what it has
@@ -101,7 +102,7 @@ class Fingerprint:
 
 
 def _differs(lo: list[int], hi: list[int]) -> list[str]:
-    return [name for name, a, b in zip(_FIELDS, lo, hi) if a != b]
+    return list(dict.fromkeys(name for name, a, b in zip(_FIELDS, lo, hi) if a != b))
 
 
 def mismatch_error(store, check: int, rank: int, world: int, fp: Fingerprint, err) -> LuwuError:
@@ -134,7 +135,7 @@ def mismatch_error(store, check: int, rank: int, world: int, fp: Fingerprint, er
     if len(others) < world:
         ranks += f"; the other ranks did not say (they differ in: {', '.join(differs)})"
     return CollectiveMismatchError(
-        f"luwu {name}: the ranks called different collectives ({', '.join(differs)} differ): {ranks}. Every rank "
+        f"luwu {name}: the ranks called different collectives (differing: {', '.join(differs)}): {ranks}. Every rank "
         "must call the same collectives in the same order with the same sizes, dtypes and ops; this group is "
         "unusable now")
 
