@@ -61,7 +61,7 @@ def mismatched_collectives_on_rank(rank: int, world: int) -> dict:
 
     case = os.environ["CASE"]
     odd = rank == world - 1
-    dist.all_reduce(torch.ones(3))  # #1 after the start barrier: agreed, summed
+    dist.all_reduce(torch.ones(3))  # #0: agreed, summed
     t = torch.ones(4)
     op = dist.ReduceOp.SUM
     if case == "size" and odd:
@@ -97,7 +97,7 @@ def test_mismatched_collectives_raise_on_every_rank(tmp_path, case, world, engin
     for rank, res in enumerate(results):
         err = res["error"]
         assert err is not None, f"rank {rank} got a result: {res}"
-        assert err.startswith("CollectiveMismatchError: luwu all_reduce #2: the ranks called different"), err
+        assert err.startswith("CollectiveMismatchError: luwu all_reduce #1: the ranks called different"), err
         assert differs in err, err
         assert f"rank {world - 1} has all_reduce of {last}" in err, err
         for r in range(world - 1):
@@ -114,8 +114,8 @@ def test_detail_debug_names_the_mismatch_in_torchs_words(tmp_path):
         err = res["error"]
         other = 1 - rank
         assert "Detected mismatch between collectives on ranks" in err, err
-        assert f"Rank {rank} is running collective: CollectiveFingerPrint(SequenceNumber=2, OpType=ALLREDUCE" in err
-        assert f"Rank {other} is running collective: CollectiveFingerPrint(SequenceNumber=2" in err, err
+        assert f"Rank {rank} is running collective: CollectiveFingerPrint(SequenceNumber=1, OpType=ALLREDUCE" in err
+        assert f"Rank {other} is running collective: CollectiveFingerPrint(SequenceNumber=1" in err, err
         assert "TensorShape=[4]" in err and "TensorShape=[8]" in err, err
 
 

@@ -178,6 +178,7 @@ class LuwuProcessGroup(dist.ProcessGroup):
         work.probe = True
         work.fingerprint = Fingerprint("barrier", [], 0)
         self._sched.run(work, lambda ctx: C.barrier(ctx))
+        self._sched._seq = 0  # the user's first collective is #0, as torch's wrapper numbers them
         work.wait()
 
     def _after_startup(self) -> None:
