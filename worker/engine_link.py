@@ -60,7 +60,9 @@ def _shared(st: Staging) -> ShmBuffer:
 class EngineLink:
     kind = "engine"
 
-    def allreduce(self, x: np.ndarray, op: str = "sum") -> Handle:
+    def allreduce(self, x: np.ndarray, op: str = "sum", check: np.ndarray | None = None) -> Handle:
+        """The engine's allreduce of x; `check`: fingerprint fields every worker must have equal
+        (Engine.allreduce: else the handle fails with CollectiveMismatch on every worker)."""
         raise NotImplementedError
 
     def staging(self, numel: int) -> Staging:
@@ -100,8 +102,8 @@ class EmbeddedLink(EngineLink):
             engine = Engine(plan, config).start()
         self.engine = engine
 
-    def allreduce(self, x: np.ndarray, op: str = "sum") -> Handle:
-        return self.engine.allreduce(x, op)
+    def allreduce(self, x: np.ndarray, op: str = "sum", check: np.ndarray | None = None) -> Handle:
+        return self.engine.allreduce(x, op, check=check)
 
     def staging(self, numel: int) -> Staging:
         return Staging(np.zeros(numel, dtype=np.float32))
@@ -186,7 +188,7 @@ class DaemonLink(EngineLink):
     def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int, offset: int = 0) -> Handle:
         return self.client.pull(_shared(st), st.view(numel, offset), session, tensor, version)
 
-    def allreduce(self, x: np.ndarray, op: str = "sum") -> Handle:
+    def allreduce(self, x: np.ndarray, op: str = "sum", check: np.ndarray | None = None) -> Handle:
         buf = self.pool.take(x.nbytes)
         view = buf.view(x.dtype, x.size)
         np.copyto(view, x.reshape(-1))
@@ -203,7 +205,7 @@ class DaemonLink(EngineLink):
             out.set_result(result)
 
         try:
-            self.client.allreduce(buf, view, op).add_done_callback(done)
+            self.client.allreduce(buf, view, op, check=check).add_done_callback(done)
         except Exception:
             self.pool.give(buf)
             raise

@@ -23,7 +23,7 @@ import numpy as np
 from .. import children
 from ..net.framing import FrameError, FrameReader, send_msg
 from ..session import EndpointPlan
-from .handles import EngineError, Handle
+from .handles import CollectiveMismatch, EngineError, Handle
 from .shm import ShmBuffer
 
 MAX_REPLY = 16 << 20  # bytes of one reply (stats are the largest)
@@ -132,10 +132,13 @@ class EngineClient:
         offset = view.__array_interface__["data"][0] - buf.view(np.uint8, 1).__array_interface__["data"][0]
         return dict(kw, buf=buf.path, offset=int(offset), numel=int(view.size), dtype=_NAMES[view.dtype])
 
-    def allreduce(self, buf: ShmBuffer, view: np.ndarray, op: str = "sum", session: int | None = None) -> Handle:
-        """In place on `view`, a view of `buf`."""
-        return self._call(self._req(buf, view, op="allreduce", reduce=op, session=session),
-                          f"allreduce({view.size})", view)
+    def allreduce(self, buf: ShmBuffer, view: np.ndarray, op: str = "sum", session: int | None = None,
+                  check: np.ndarray | None = None) -> Handle:
+        """In place on `view`, a view of `buf`; `check`: the fingerprint fields (Engine.allreduce)."""
+        req = self._req(buf, view, op="allreduce", reduce=op, session=session)
+        if check is not None:
+            req["check"] = [int(v) for v in check]
+        return self._call(req, f"allreduce({view.size})", view)
 
     def push(self, buf: ShmBuffer, view: np.ndarray, session: int, tensor: int) -> Handle:
         return self._call(self._req(buf, view, op="push", session=session, tensor=tensor), f"push({tensor})")
@@ -158,7 +161,9 @@ class EngineClient:
                 if h is None:
                     continue
                 if not msg.get("ok"):
-                    h.set_error(EngineError(msg.get("error", "engine error")))
+                    m = msg.get("mismatch")
+                    h.set_error(CollectiveMismatch(msg.get("error", ""), m["lo"], m["hi"], m["mine"]) if m
+                                else EngineError(msg.get("error", "engine error")))
                 else:
                     h.saturated = bool(msg.get("saturated"))
                     h.set_result(msg.get("stats", msg.get("udp", h.info.get("result"))))

@@ -150,7 +150,7 @@ class Engine:
 
     # -- API (any thread) -------------------------------------------------------------------------
     def allreduce(self, x: np.ndarray, op: str = "sum", session: int | None = None,
-                  out: np.ndarray | None = None) -> Handle:
+                  out: np.ndarray | None = None, check: np.ndarray | None = None) -> Handle:
         """Reduce a float32/int32 buffer over the session's workers.
 
         Args:
@@ -163,6 +163,9 @@ class Engine:
                 itself (in place: each chunk of x is read before its sum can arrive), but then x
                 is gone for an exact recomputation of saturated elements. Its contents are
                 undefined until the handle completes.
+            check (np.ndarray, optional): this worker's fingerprint of the operation, non-negative
+                int32 fields every worker must have equal (reductions.py); if any worker's differ,
+                the handle fails with `CollectiveMismatch` (lo/hi per field) on every worker.
 
         Returns:
             Handle: its result is `out` (a flat view of it when it is not 1-D), or a new
@@ -187,7 +190,8 @@ class Engine:
             if out.ndim != 1:
                 out = out.reshape(-1)
         handle = Handle(f"allreduce({x.size} x {x.dtype}, {op})")
-        aop = AllreduceOp(x, op, data.spec.num_workers, handle, AllreduceOp.local_exponents(x, op, data.lanes), out)
+        aop = AllreduceOp(x, op, data.spec.num_workers, handle, AllreduceOp.local_exponents(x, op, data.lanes), out,
+                          check)
         self._submit(handle, lambda: aop.start(self.meta, data))
         return handle
 

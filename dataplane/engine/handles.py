@@ -15,6 +15,15 @@ class EngineError(RuntimeError):
     """An operation failed or the engine stopped before completing it."""
 
 
+class CollectiveMismatch(EngineError):
+    """The workers' fingerprints of one allreduce differ (`Engine.allreduce(check=...)`): `lo` and
+    `hi` are the smallest and largest value of each field over the workers; `mine` this worker's."""
+
+    def __init__(self, message: str, lo: list[int], hi: list[int], mine: list[int]):
+        super().__init__(message)
+        self.lo, self.hi, self.mine = lo, hi, mine
+
+
 class Handle:
     __slots__ = ("_callbacks", "_done", "_error", "_event", "_lock", "_result", "info", "name", "saturated")
 

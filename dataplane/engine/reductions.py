@@ -11,6 +11,14 @@ agreed exponent could not hold) cannot be read from the fixed-point sum: the eng
 its clipped value but fills that chunk with NaN and sets `handle.saturated`, so a caller recomputes
 exactly those elements on an exact path (the torch backend: worker/backend/fallback.py) and a
 caller that does not still sees no plausible number (docs/protocol.md 5.1).
+
+A fingerprint (`check`: non-negative int32 fields the caller packs, e.g. the collective, dtype,
+element count, reduce op and sequence number) is agreed on the meta session before any result is
+used: every worker sends each field v and its complement ~v, the switch takes the lane MAX, so
+every worker reads max(v) and min(v) of every field and sees the same disagreement. A float sum's
+fields ride in the exponent agreement it makes anyway (no extra packet; its data is not sent when
+they differ); any other reduction sends one meta packet beside its data, waited for with it. A
+disagreement fails the handle with `CollectiveMismatch`, never a result.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from ..quantize import (
     to_ordered,
 )
 from .collective import CollectiveSession, ReduceOp
-from .handles import Handle
+from .handles import CollectiveMismatch, Handle
 from .packets import QuantizedLanes, payload_int32
 
 OPS = ("sum", "avg", "max", "min")
@@ -48,8 +56,15 @@ class AllreduceOp:
     """One allreduce of a flat float32/int32 buffer over the meta and data sessions."""
 
     def __init__(self, x: np.ndarray, op: str, n: int, handle: Handle, exps: np.ndarray | None = None,
-                 out: np.ndarray | None = None):
+                 out: np.ndarray | None = None, check: np.ndarray | None = None):
         check_reduction(x.dtype, op)
+        if check is not None:
+            check = np.ascontiguousarray(check, dtype=np.int32).reshape(-1)
+            if check.size == 0 or int(check.min()) < 0:
+                raise ValueError("an allreduce's check fields must be non-negative int32 values (at least one)")
+        self.check = check  # the fingerprint agreed on the meta session (module docstring)
+        self._parts = 1  # results to come before the handle completes: the data, and a check of its own
+        self._result: np.ndarray | None = None
         self.x = x
         self.op = op
         self.n = n
@@ -73,8 +88,18 @@ class AllreduceOp:
         return None
 
     def start(self, meta: CollectiveSession | None, data: CollectiveSession) -> None:
+        if meta is None:
+            self.check = None  # a plan without a meta session (no float sums either): nothing to agree on
+        float_sum = self.x.dtype == np.float32 and self.op in ("sum", "avg") and self.numel > 0
+        if self.check is not None and not float_sum:  # its own meta packet, beside the data
+            self._parts += 1
+            k = 2 * self.check.size
+            vals = np.zeros(num_chunks(k, meta.lanes) * meta.lanes, dtype=np.int32)
+            vals[:k] = self._check_lanes()
+            meta.set_values(meta.new_op(k, Dtype.INT32, True, self._checked), vals)
         if self.numel == 0:
-            self.handle.set_result(self.x.copy() if self.dest is None else self.dest)
+            self._result = self.x.copy() if self.dest is None else self.dest
+            self._part_done()
             return
         lanes = data.lanes
         chunks = num_chunks(self.numel, lanes)
@@ -90,9 +115,12 @@ class AllreduceOp:
             if meta.lanes != lanes:
                 raise RuntimeError("meta and data sessions must use the same packet mode")
             data_op = data.new_op(self.numel, Dtype.FIXED32, False, self._done, self._decode_fixed)
-            local = np.zeros(num_chunks(chunks, lanes) * lanes, dtype=np.int32)
-            local[:chunks] = self.local_exps
-            meta_op = meta.new_op(chunks, Dtype.INT32, True, lambda m: self._have_exps(m, data, data_op))
+            k = 0 if self.check is None else 2 * self.check.size  # the fingerprint first, then the exponents
+            local = np.zeros(num_chunks(k + chunks, lanes) * lanes, dtype=np.int32)
+            if k:
+                local[:k] = self._check_lanes()
+            local[k:k + chunks] = self.local_exps
+            meta_op = meta.new_op(k + chunks, Dtype.INT32, True, lambda m: self._have_exps(m, data, data_op))
             meta.set_values(meta_op, local)
             return
         if self.x.dtype == np.float32:
@@ -112,7 +140,11 @@ class AllreduceOp:
     # -- float sums ---------------------------------------------------------------------------
     def _have_exps(self, meta_op: ReduceOp, data: CollectiveSession, data_op: ReduceOp) -> None:
         chunks = data_op.chunks
-        self.exps = meta_op.result.reshape(-1)[:chunks].copy()
+        agreed = meta_op.result.reshape(-1)
+        k = 0 if self.check is None else 2 * self.check.size
+        if k and not self._agreed(agreed[:k]):
+            return  # its data is never sent: the workers' data streams no longer match (the caller's group is broken)
+        self.exps = agreed[k:k + chunks].copy()
         # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it; split once per op,
         # not per received batch
         s1, s2, _ = pow2_split(sum_shift(self.exps, self.n))
@@ -172,7 +204,33 @@ class AllreduceOp:
         if self.op == "avg":
             result /= np.float32(self.n)
         self.handle.saturated = self.saturated or data_op.saturated
-        self.handle.set_result(result)
+        self._result = result
+        self._part_done()
+
+    # -- the fingerprint ------------------------------------------------------------------------
+    def _check_lanes(self) -> np.ndarray:
+        return np.concatenate([self.check, ~self.check])
+
+    def _agreed(self, lanes: np.ndarray) -> bool:
+        """Whether every worker sent this fingerprint (lanes: the MAX of [v, ~v]); else fail the handle."""
+        k = self.check.size
+        hi = lanes[:k].astype(np.int64)
+        lo = (~lanes[k:2 * k]).astype(np.int64)
+        if np.array_equal(hi, lo):
+            return True
+        self.handle.set_error(CollectiveMismatch(
+            f"the workers' collectives differ: fields {self.check.tolist()} here, from {lo.tolist()} to "
+            f"{hi.tolist()} over the workers", lo.tolist(), hi.tolist(), self.check.tolist()))
+        return False
+
+    def _checked(self, meta_op: ReduceOp) -> None:
+        if self._agreed(meta_op.result.reshape(-1)):
+            self._part_done()
+
+    def _part_done(self) -> None:
+        self._parts -= 1
+        if self._parts == 0:
+            self.handle.set_result(self._result)  # ignored when a disagreement failed it first
 
 
 def nan_wins(x: np.ndarray, op: str) -> np.ndarray:

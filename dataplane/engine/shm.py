@@ -73,6 +73,15 @@ class ShmCache:
             buf = self._maps[path] = ShmBuffer.attach(path, nbytes)
         return buf
 
+    def unlink_all(self) -> None:
+        """Remove the files of every buffer mapped here: their worker died without closing them
+        (SIGKILL, a crash), so nobody else will (the daemon's connection ended without `close`)."""
+        for path in self._maps:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
     def forget(self, path: str) -> None:
         buf = self._maps.pop(path, None)
         if buf is not None:

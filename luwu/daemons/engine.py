@@ -30,7 +30,7 @@ import threading
 import numpy as np
 
 from luwu.dataplane.engine.engine import Engine, EngineConfig
-from luwu.dataplane.engine.handles import Handle
+from luwu.dataplane.engine.handles import CollectiveMismatch, Handle
 from luwu.dataplane.engine.shm import ShmCache
 from luwu.dataplane.heap import freeze_collector, refreeze, retain_freed_memory
 from luwu.dataplane.kernels import load_in_background
@@ -58,6 +58,7 @@ class EngineServer:
         self.listener.bind(control_path)
         self.listener.listen(8)
         self.stopped = threading.Event()
+        self._orphans: set[ShmCache] = set()  # the buffer maps of connections whose worker has not said `close`
 
     def serve_forever(self) -> None:
         threads = []
@@ -103,14 +104,17 @@ class EngineServer:
                 except OSError:
                     pass
 
-        state = {"engine": self.engine, "own": None}
+        state = {"engine": self.engine, "own": None, "closed": False}
         reader = FrameReader(conn)
+        self._orphans.add(shm)
 
         def serve(req: dict) -> bool:
             """One request; False once the connection is to end (`close`)."""
             engine, own = state["engine"], state["own"]
             try:
                 if req.get("op") == "close":
+                    state["closed"] = True  # the worker unlinks its buffers itself
+                    self._orphans.discard(shm)
                     reply({"id": req.get("id"), "ok": True})
                     if own is None:
                         self.stop()
@@ -162,7 +166,16 @@ class EngineServer:
         finally:
             if state["own"] is not None:
                 state["own"].close()
+            if not state["closed"]:  # the worker died (SIGKILL, a crash): its buffers are nobody's now
+                shm.unlink_all()
+            self._orphans.discard(shm)
             shm.close()
+
+    def remove_orphans(self) -> None:
+        """At exit (SIGTERM: the worker died and the daemon goes with it, maybe before a connection's
+        thread saw the end): remove the buffers of every worker that never said `close`."""
+        for shm in list(self._orphans):
+            shm.unlink_all()
 
     def _served_by_engine(self, conn: socket.socket, reader: FrameReader, engine: Engine, serve, refuse) -> bool:
         """Hand the connection's reading to `engine`'s loop; returns True once the connection ended
@@ -219,7 +232,9 @@ class EngineServer:
         def done(h: Handle) -> None:
             self.served.set()
             if h.error is not None:
-                reply({"id": rid, "ok": False, "error": str(h.error)})
+                err = h.error
+                mismatch = {"lo": err.lo, "hi": err.hi, "mine": err.mine} if isinstance(err, CollectiveMismatch) else None
+                reply({"id": rid, "ok": False, "error": str(err), "mismatch": mismatch})
                 return
             # the common reply, formatted directly (a client's ids are ints; anything else as JSON)
             reply_text(f'{{"id": {rid if type(rid) is int else json.dumps(rid)}, "ok": true, '
@@ -228,7 +243,9 @@ class EngineServer:
         if op == "allreduce":
             # in place: the result is decoded straight into the worker's buffer (the worker keeps
             # its own input for an exact recomputation of saturated elements)
-            h = engine.allreduce(view, req.get("reduce", "sum"), req.get("session"), out=view)
+            check = req.get("check")  # the collective's fingerprint fields (Engine.allreduce)
+            h = engine.allreduce(view, req.get("reduce", "sum"), req.get("session"), out=view,
+                                 check=None if check is None else np.asarray(check, dtype=np.int32))
         elif op == "push":
             h = engine.push(int(req["session"]), int(req["tensor"]), view)
         elif op == "pull":
@@ -278,6 +295,7 @@ def run(args) -> int:
     try:
         server.serve_forever()
     finally:
+        server.remove_orphans()
         if engine is not None:
             engine.close()
     return 0

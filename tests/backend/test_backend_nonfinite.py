@@ -3,7 +3,8 @@
 A contribution with inf/NaN (or a value the shared exponent cannot hold) saturates its chunk; the
 backend recomputes those elements exactly over the ranks' TCP channel (worker/backend/fallback.py),
 so inf/NaN propagate by IEEE rules and the finite elements of the same tensor stay exact
-(docs/protocol.md 5.1). MAX/MIN propagate NaN as torch.maximum/minimum do.
+(docs/protocol.md 5.1). MAX/MIN with NaN give what Gloo gives (not always NaN: its ring keeps a rank's
+own value over a NaN it receives; bit for bit in tests/backend/test_backend_integrity.py).
 """
 
 from __future__ import annotations
@@ -96,17 +97,13 @@ def test_nonfinite_values_propagate_as_in_gloo(tmp_path, world, engine):
 
     for rank, out in enumerate(results):
         where = f"rank {rank} of {world}"
-        for dname, dtype in DTYPES.items():
+        for dname in DTYPES:
             mine, ref = out[f"done_when_{dname}"]
             _same(mine, [INF, 2, NAN, 3, -2], f"done-when vector, {dname}, {where}")
             _same(mine, ref, f"done-when vector vs gloo, {dname}, {where}")
-            x = torch.tensor(np.stack(ins("maxmin")), dtype=dtype)
-            for op, fn in (("MAX", torch.amax), ("MIN", torch.amin)):
+            for op in ("MAX", "MIN"):
                 mine, ref = out[f"{op}_{dname}"]
-                want = fn(x, dim=0).float().numpy()  # NaN propagates, as torch.maximum/minimum
-                _same(mine, want, f"{op} {dname} vs torch, {where}")
-                finite = ~np.isnan(want)  # Gloo's std::max/min keeps whichever side a NaN is not on
-                _same(mine[finite], ref[finite], f"{op} {dname} vs gloo, {where}")
+                _same(mine, ref, f"{op} {dname} vs gloo, {where}")  # NaN where Gloo has NaN, and only there
         mine, ref = out["overflow"]
         _same(mine, [INF, 0, -INF, 0, NAN, 7.25], f"overflow, {where}")
         _same(mine, ref, f"overflow vs gloo, {where}")

@@ -72,9 +72,60 @@ def reduction_encoding(dtype: torch.dtype, op: str, collective: str = "allreduce
     return Encoding(dtype, op, "host")
 
 
+GLOO_MAX_SEGMENT = 1 << 20  # bytes: gloo::AllreduceOptions::kMaxSegmentSize, which torch's ProcessGroupGloo keeps
+
+
+def gloo_owners(numel: int, esize: int, world: int) -> np.ndarray:
+    """Which rank's chunk each element is in, in Gloo's ring allreduce (gloo/allreduce.cc `ring`):
+    the buffer is cut into numSegments segments (a multiple of world, at least 2 * world, at most
+    kMaxSegmentSize bytes each), rank r owning segments r * perRank .. (r + 1) * perRank - 1."""
+    total = numel * esize
+    max_seg = esize * max(1, GLOO_MAX_SEGMENT // esize)
+    segments = max(-(-total // max_seg), 2 * world)
+    segments = -(-segments // world) * world
+    per_segment = -(-total // segments)  # bytes, rounded up, then up to whole elements
+    seg_bytes = -(-per_segment // esize) * esize
+    per_rank = segments // world
+    return (np.arange(numel, dtype=np.int64) * esize // max(seg_bytes, 1)) // per_rank % world
+
+
+def gloo_max_min(parts: list[torch.Tensor], op: str, owners: np.ndarray) -> torch.Tensor:
+    """MAX/MIN of floats exactly as Gloo's ring allreduce computes them, NaN and signed zeros included.
+
+    Element i's partial result travels the ring from rank owner-1 down to its owner, and each rank
+    keeps `std::max(local, received)` = `local < received ? received : local` (MIN: `received <
+    local ? received : local`): a comparison with NaN is false, so a rank's own value replaces a NaN
+    it receives, and its own NaN is kept; equal values (0.0 and -0.0) keep its own. Checked against
+    Gloo in tests/backend/test_backend_integrity.py.
+
+    Args:
+        parts: every rank's values (rank order), one flat tensor each, all of one floating dtype.
+        op: "max" or "min".
+        owners: each element's owner rank (`gloo_owners` of the whole buffer, indexed like parts).
+
+    Returns:
+        The reduced values, a new tensor.
+    """
+    world = len(parts)
+    if world == 1:
+        return parts[0].clone()
+    stacked = torch.stack([p.reshape(-1) for p in parts])
+    owner = torch.from_numpy(np.asarray(owners, dtype=np.int64))
+    cols = torch.arange(stacked.shape[1])
+    acc = stacked[(owner - 1) % world, cols]
+    for k in range(2, world + 1):
+        local = stacked[(owner - k) % world, cols]
+        keep = (local < acc) if op == "max" else (acc < local)
+        acc = torch.where(keep, acc, local)
+    return acc
+
+
 def host_reduce(parts: list[torch.Tensor], op: str) -> torch.Tensor:
     """The ranks' contributions (rank order) reduced in rank order, in their own dtype: the same
-    result on every rank; for SUM/AVG of floats the rounding of a sequential sum."""
+    result on every rank; for SUM/AVG of floats the rounding of a sequential sum; float MAX/MIN
+    as Gloo's allreduce computes them (`gloo_max_min`)."""
+    if op in ("max", "min") and parts[0].is_floating_point():
+        return gloo_max_min(parts, op, gloo_owners(parts[0].numel(), parts[0].element_size(), len(parts)))
     acc = parts[0].clone()
     for p in parts[1:]:
         if op in ("sum", "avg"):
@@ -104,7 +155,14 @@ def encode(t: torch.Tensor, enc: Encoding) -> np.ndarray:
     """The engine's input for tensor t: float32 or int32, words_per_element words per element."""
     x = flat(t)
     if enc.kind == "float":
-        return x.to(torch.float32).numpy() if x.dtype != torch.float32 else x.numpy()
+        if x.dtype == torch.float32:
+            return x.numpy()
+        wide = x.to(torch.float32)
+        if x.dtype == torch.float16 and bool(torch.isnan(x).any()):  # a NaN's sign and payload, exactly (decode)
+            nan = torch.isnan(x)
+            h = x.view(torch.int16)[nan].to(torch.int32)
+            wide.view(torch.int32)[nan] = (h & 0x8000) << 16 | 0x7F800000 | (h & 0x3FF) << 13
+        return wide.numpy()
     if enc.kind == "int":
         a = x.numpy()
         return a if a.dtype == np.int32 else a.astype(np.int32)
@@ -117,7 +175,19 @@ def decode(a: np.ndarray, enc: Encoding) -> torch.Tensor:
     """A flat tensor of enc.dtype from the engine's result `a` (whose dtype is float32 or int32)."""
     if enc.kind == "float":
         out = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-        return out if enc.dtype == torch.float32 else out.to(enc.dtype)
+        if enc.dtype == torch.float32:
+            return out
+        narrow = out.to(enc.dtype)
+        # a NaN keeps its bits (sign and payload of the widened value), as Gloo moves it: torch's
+        # conversions make NaNs 0xFFFF (bfloat16, vectorised) or 0x7FFF (float16, some paths)
+        nan = torch.isnan(out)
+        if bool(nan.any()):
+            bits = out.view(torch.int32)[nan]
+            if enc.dtype == torch.bfloat16:
+                narrow.view(torch.int16)[nan] = (bits >> 16).to(torch.int16)
+            else:  # float16: sign, all-ones exponent, the top 10 bits of the mantissa
+                narrow.view(torch.int16)[nan] = ((bits >> 16) & -32768 | 0x7C00 | (bits >> 13) & 0x3FF).to(torch.int16)
+        return narrow
     if enc.kind == "int":
         return torch.from_numpy(np.asarray(a, dtype=np.int32).astype(SMALL_INTS[enc.dtype]))
     limbs = np.asarray(a, dtype=np.int32).reshape(-1, LIMBS).astype(np.uint64)  # limb sums are >= 0

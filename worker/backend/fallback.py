@@ -9,6 +9,11 @@ inf, inf + -inf = NaN, a finite sum past the float32 range = inf) and the identi
 every rank. Every rank learns the same saturated set from the same RESULT flags, so they exchange
 the same elements without asking each other.
 
+A float MAX/MIN allreduce whose result has NaN elements (the switch makes any contributor's NaN
+win, reductions.py) takes the same exchange for those elements, and each rank computes what Gloo
+computes there (codec.gloo_max_min: a NaN is not always the result in Gloo's ring), so NaN in
+MAX/MIN gives Gloo's bits.
+
 The exchange runs from the engine handle's callback and the channel's threads, never blocking the
 scheduler's threads, and is matched by a tag every rank assigns in submission order, so saturated
 collectives may complete in any order without deadlock. Tags from FALLBACK_TAG_BASE up are
@@ -20,9 +25,11 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import torch
 
 from luwu.dataplane.engine import Handle
 
+from .codec import gloo_max_min, gloo_owners
 from .diagnostics import LuwuError
 
 FALLBACK_TAG_BASE = -(2**62)  # p2p tags of fallback exchanges (HELLO_TAG is -2^63; user tags are >= 0)
@@ -51,11 +58,13 @@ class ExactFallback:
         self._next = 0
         self.stats = {"exchanges": 0, "elements": 0}
 
-    def guard(self, handle: Handle, x: np.ndarray, op: str) -> Handle:
+    def guard(self, handle: Handle, x: np.ndarray, op: str, esize: int = 4) -> Handle:
         """A handle that completes like `handle`, with any saturated elements recomputed exactly.
 
-        Call on the submit thread, once per float32 SUM/AVG engine allreduce, in submission order
-        (that order numbers the exchange). `x` is this rank's float32 input, read when the result is in.
+        Call on the submit thread, once per float32 SUM/AVG engine allreduce and per float MAX/MIN
+        all_reduce, in submission order (that order numbers the exchange). `x` is this rank's float32
+        input, read when the result is in; `esize` the bytes per element of the caller's dtype (where
+        Gloo's ring cuts a MAX/MIN buffer).
         """
         tag = FALLBACK_TAG_BASE + self._next
         self._next += 1
@@ -67,18 +76,19 @@ class ExactFallback:
                 out.set_error(h.error)
                 return
             result = h.wait()
-            if not h.saturated:
+            redo = bool(np.isnan(result).any()) if op in ("max", "min") else h.saturated
+            if not redo:
                 out.set_result(result)
                 return
             try:
-                self._exchange(result, x, op, tag, out)
+                self._exchange(result, x, op, tag, out, esize)
             except Exception as e:  # noqa: BLE001 - e.g. the channel is closed: this collective fails
                 out.set_error(LuwuError(f"luwu {out.name}: the exact recomputation of saturated elements failed: {e}"))
 
         handle.add_done_callback(done)
         return out
 
-    def _exchange(self, result: np.ndarray, x: np.ndarray, op: str, tag: int, out: Handle) -> None:
+    def _exchange(self, result: np.ndarray, x: np.ndarray, op: str, tag: int, out: Handle, esize: int = 4) -> None:
         idx = np.flatnonzero(np.isnan(result))
         mine = np.ascontiguousarray(x.reshape(-1)[idx], dtype=np.float32)
         parts: list[np.ndarray | None] = [None] * self.world_size
@@ -98,7 +108,11 @@ class ExactFallback:
             if len(arrived) != len(parts):  # finish runs after every receive completed: a missing part is a bug
                 failed("a rank's values are missing", RuntimeError(f"{len(arrived)} of {len(parts)} ranks' values"))
                 return
-            result[idx] = exact_sum(arrived, op == "avg")
+            if op in ("max", "min"):
+                owners = gloo_owners(result.size, esize, self.world_size)[idx]
+                result[idx] = gloo_max_min([torch.from_numpy(np.array(p)) for p in arrived], op, owners).numpy()
+            else:
+                result[idx] = exact_sum(arrived, op == "avg")
             out.set_result(result)
 
         def sent(peer: int, err: BaseException | None) -> None:

@@ -30,12 +30,14 @@ import torch.distributed as dist
 from luwu.worker import metrics as worker_metrics
 from luwu.worker.engine_link import EngineHost, open_engine
 
+from . import cleanup
 from . import collectives as C
 from .codec import UnsupportedCollective, nbytes, reduction_encoding, tensor_bytes, write_bytes
 from .config import BackendConfig
 from .diagnostics import LuwuError
 from .direct import DirectMoves
 from .fallback import ExactFallback
+from .fingerprint import Fingerprint, detail
 from .hierarchy import RailHierarchy, check_rails
 from .plan_source import default_workdir, discard_prestarted_switch, obtain_plan, prestart_switch, release_plan
 from .scheduler import Scheduler
@@ -91,6 +93,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         self._closed = False
         self._link = self._sched = self._p2p = None
         self._workdir = workdir or default_workdir(cfg, rank)  # given: startup.prestart_children launched them
+        cleanup.track(self._workdir, temporary=not cfg.workdir)  # removed when the last group closes, or on exit
         # both child processes start now (unless already launched: idempotent for this workdir) and
         # load while the plan is worked out (docs/backend.md "Start-up")
         prestart_switch(rank, cfg, self._workdir)
@@ -101,6 +104,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         except BaseException:
             EngineHost.stop_if_unused()
             discard_prestarted_switch(self._workdir)
+            cleanup.untrack(self._workdir)
             raise
         try:
             self._link = open_engine(cfg.engine, self._lease.plan, self._workdir, cfg.connect_timeout)
@@ -110,6 +114,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
             self._sched = Scheduler(self._link, self._lease, f"r{rank}", cfg.watchdog_tick,
                                     ExactFallback(self._p2p, rank, world_size), DirectMoves(self._p2p, rank, world_size),
                                     self._rail_hierarchy(rank, world_size))
+            self._sched.mismatch, self._sched.shapes = (store, rank, world_size), detail()  # fingerprint.py
             self._probe()
             self._after_startup()
             self._metrics_name = f"rank{rank}-group{next(_GROUP_IDS)}"
@@ -161,16 +166,20 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         return self._workdir
 
     # -- plumbing ----------------------------------------------------------------------------------------
-    def _work(self, name: str, outputs: list[torch.Tensor], start) -> LuwuWork:
+    def _work(self, name: str, outputs: list[torch.Tensor], start, fp: Fingerprint | None = None) -> LuwuWork:
         if self._closed:
             raise LuwuError(f"luwu {name}: the process group has been shut down")
-        return self._sched.run(LuwuWork(name, outputs, self._timeout.total_seconds()), start)
+        work = LuwuWork(name, outputs, self._timeout.total_seconds())
+        work.fingerprint = fp  # every rank's must agree (fingerprint.py)
+        return self._sched.run(work, start)
 
     def _probe(self) -> None:
         """A barrier at creation, so that an unreachable switch is reported by init_process_group."""
         work = LuwuWork("startup barrier", [], self._cfg.connect_timeout)
         work.probe = True
+        work.fingerprint = Fingerprint("barrier", [], 0)
         self._sched.run(work, lambda ctx: C.barrier(ctx))
+        self._sched._seq = 0  # the user's first collective is #0, as torch's wrapper numbers them
         work.wait()
 
     def _after_startup(self) -> None:
@@ -194,7 +203,8 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         encs = [reduction_encoding(t.dtype, op, "allreduce") for t in tensors]
         name = f"allreduce({', '.join(_describe(t) for t in tensors)}, {op.upper()})"
         return self._work(name, tensors, lambda ctx: C.reduce_tensors(ctx, tensors, encs, op, True, self.size(),
-                                                                          self.rank()))
+                                                                          self.rank()),
+                          Fingerprint.of("all_reduce", tensors, op))
 
     @staged(outputs=(0,))
     def allreduce_coalesced(self, tensors, opts=None):
@@ -207,7 +217,8 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         enc = reduction_encoding(t.dtype, op, "reduce")
         keep = self.rank() == opts.rootRank
         return self._work(f"reduce({_describe(t)}, {op.upper()}, root {opts.rootRank})", [t],
-                          lambda ctx: C.reduce_tensors(ctx, [t], [enc], op, keep, self.size(), self.rank()))
+                          lambda ctx: C.reduce_tensors(ctx, [t], [enc], op, keep, self.size(), self.rank()),
+                          Fingerprint.of("reduce", [t], op, opts.rootRank))
 
     @staged(outputs=(0,))
     def reduce_scatter(self, outputs, inputs, opts):
@@ -222,7 +233,8 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         enc = reduction_encoding(out.dtype, op, "reduce_scatter")
         return self._work(f"reduce_scatter({self.size()} x {_describe(out)}, {op.upper()})", [out],
                           lambda ctx: C.reduce_scatter(ctx, out, lambda: torch.cat([C.flat(t) for t in ins]), enc, op,
-                                                       self.rank(), self.size()))
+                                                       self.rank(), self.size()),
+                          Fingerprint.of("reduce_scatter", ins, op))
 
     @staged(outputs=(0,))
     def reduce_scatter_single(self, output, input, opts):
@@ -234,7 +246,8 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         enc = reduction_encoding(output.dtype, op, "reduce_scatter_tensor")
         return self._work(f"reduce_scatter_tensor({_describe(input)}, {op.upper()})", [output],
                           lambda ctx: C.reduce_scatter(ctx, output, lambda: C.flat(input), enc, op, self.rank(),
-                                                       self.size()))
+                                                       self.size()),
+                          Fingerprint.of("reduce_scatter_tensor", [input], op))
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -254,7 +267,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         root = opts.rootRank
         self._check_rank(root, "broadcast root")
         return self._work(f"broadcast({_describe(t)}, root {root})", [t],
-                          lambda ctx: C.broadcast(ctx, t, root, self.rank()))
+                          lambda ctx: C.broadcast(ctx, t, root, self.rank()), Fingerprint.of("broadcast", [t], root=root))
 
     @staged(outputs=(0,))
     def allgather(self, outputs, inputs, opts=None):
@@ -266,7 +279,8 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         if nbytes(mine) != nbytes(t):
             raise ValueError(f"luwu allgather: output {self.rank()} holds {nbytes(mine)} bytes but this rank's "
                              f"input has {nbytes(t)}")
-        return self._work(f"allgather({_describe(t)})", outs, lambda ctx: C.allgather(ctx, outs, t, self.rank()))
+        return self._work(f"allgather({_describe(t)})", outs, lambda ctx: C.allgather(ctx, outs, t, self.rank()),
+                          Fingerprint.of("all_gather", outs))  # the outputs: equal on every rank, even uneven
 
     @staged(outputs=(0,))
     def all_gather_single(self, output, input, opts=None):
@@ -275,7 +289,8 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
             raise ValueError(f"luwu all_gather_into_tensor: the output ({_describe(output)}) must hold world_size "
                              f"({self.size()}) times the input ({_describe(input)})")
         return self._work(f"all_gather_into_tensor({_describe(input)})", [output],
-                          lambda ctx: C.allgather_into(ctx, output, input, self.size(), self.rank()))
+                          lambda ctx: C.allgather_into(ctx, output, input, self.size(), self.rank()),
+                          Fingerprint.of("all_gather_into_tensor", [input]))
 
     _allgather_base = all_gather_single
 
@@ -357,7 +372,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
     alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
-        return self._work("barrier", [], lambda ctx: C.barrier(ctx))
+        return self._work("barrier", [], lambda ctx: C.barrier(ctx), Fingerprint("barrier", [], 0))
 
     # -- point to point (TCP, luwu.worker.p2p) -------------------------------------------------------------
     @staged(outputs=())
@@ -413,6 +428,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         lease = getattr(self, "_lease", None)
         if lease is not None:
             release_plan(self._store, lease, self.rank(), self.size(), self._cfg.shutdown_wait)
+        cleanup.untrack(self._workdir)  # the last group's: the processes are stopped, their directories go
 
     def abort(self) -> None:
         self.shutdown()
@@ -442,7 +458,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         if not works:
             joined._complete()
         for w in works:
-            w.get_future().add_done_callback(one)
+            w._done_future.add_done_callback(one)
         return joined
 
 

@@ -7,11 +7,14 @@ first agrees on the block sizes) `hold`s the queue: later collectives wait until
 been submitted, so the order stays the same on every rank without blocking anyone's caller.
 Results are turned into output tensors on a *completion* thread (never on the engine's packet
 thread), which also fails operations that pass their deadline (the process group's timeout).
+Every collective gets its sequence number here, in call order, and each of its engine operations
+carries its fingerprint (fingerprint.py); a disagreement fails it and breaks the group.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import queue
 import threading
 import time
@@ -20,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from luwu.dataplane.engine import Handle
+from luwu.dataplane.engine.handles import CollectiveMismatch
 
 from .diagnostics import LuwuError, engine_failure, timeout_failure
 from .work import LuwuWork
@@ -37,14 +41,23 @@ class OpContext:
     def allreduce(self, x: np.ndarray, op: str) -> Handle:
         """The engine's allreduce of x; a float sum's saturated elements are recomputed exactly (fallback.py)."""
         x = np.ascontiguousarray(x).reshape(-1)
+        submit = self.sched.link.allreduce
+        fp = self.work.fingerprint
+        if fp is not None and self.sched.mismatch is not None:  # fingerprint.py: agreed on the meta session
+            self.work.checks.append(self.sched._checks)
+            self.sched._checks += 1
+            submit = functools.partial(submit, check=fp.fields(len(self.work.checks) - 1, self.sched.shapes))
         if self.sched.hierarchy is not None:  # a rail-only plan: server, rail, server (hierarchy.py)
-            h = self.sched.hierarchy.allreduce(x, op, self.sched.link.allreduce)
+            h = self.sched.hierarchy.allreduce(x, op, submit)
             h.info["numel"] = int(x.size)
             return h
-        h = self.sched.link.allreduce(x, op)
+        h = submit(x, op)
         h.info["numel"] = int(x.size)
         if x.dtype == np.float32 and op in ("sum", "avg") and self.sched.fallback is not None:
             h = self.sched.fallback.guard(h, x, op)
+        elif x.dtype == np.float32 and op in ("max", "min") and self.sched.fallback is not None \
+                and fp is not None and fp.kind == "all_reduce":  # NaN elements as Gloo computes them (fallback.py)
+            h = self.sched.fallback.guard(h, x, op, fp.dtypes[0].itemsize if fp.dtypes else 4)
         return h
 
     def direct(self, sends: dict[int, np.ndarray], sources: list[int]) -> tuple[list[Handle], dict[int, Handle]]:
@@ -73,6 +86,10 @@ class Scheduler:
         self.fallback = fallback  # ExactFallback for saturated float sums (None: a float sum may not saturate)
         self.tick = tick
         self.broken: LuwuError | None = None
+        self.mismatch = None  # (store, rank, world): fingerprint every collective (fingerprint.py); None: don't
+        self.shapes = False  # compare shapes too (TORCH_DISTRIBUTED_DEBUG=DETAIL)
+        self._seq = 0  # the next collective's sequence number
+        self._checks = 0  # the next fingerprinted engine operation's number (the same on every rank)
         self._submit_q: queue.SimpleQueue = queue.SimpleQueue()
         self._done_q: queue.SimpleQueue = queue.SimpleQueue()
         self._holds = 0
@@ -88,6 +105,9 @@ class Scheduler:
     def run(self, work: LuwuWork, start: Start) -> LuwuWork:
         if self.broken is not None:
             raise LuwuError(f"luwu {work.name}: the process group is broken by an earlier failure: {self.broken}")
+        if work.fingerprint is not None:
+            work.fingerprint.seq = self._seq
+        self._seq += 1
         with self._pending_lock:
             self._pending[id(work)] = work
         self._submit_q.put(("op", OpContext(self, work), None, start))
@@ -192,6 +212,21 @@ class Scheduler:
     def _fail(self, work: LuwuWork, error: BaseException, engine: bool = True) -> None:
         from luwu.dataplane.engine import EngineError
 
+        if isinstance(error, CollectiveMismatch) and self.mismatch is not None and work.fingerprint is not None:
+            from .fingerprint import mismatch_error
+
+            store, rank, world = self.mismatch
+            error = mismatch_error(store, work.checks[0] if work.checks else -1, rank, world, work.fingerprint, error)
+            self.broken = self.broken or error
+            self._forget(work)
+            work._fail(error)
+            # the ranks' packet streams no longer line up: what is in flight cannot complete either
+            broken = LuwuError(f"luwu: the process group is broken by an earlier failure: {error}")
+            with self._pending_lock:
+                pending, self._pending = list(self._pending.values()), {}
+            for w in pending:
+                w._fail(broken)
+            return
         if engine and isinstance(error, EngineError):
             error = engine_failure(work.name, error, self.link, self.lease)
             self.broken = self.broken or error

@@ -109,7 +109,7 @@ def staged(outputs: tuple[int, ...], needs: Callable[[torch.Tensor], bool] = _ne
                 outer.source = getattr(inner, "source", -1)
                 outer._complete()
 
-            inner.get_future().add_done_callback(done)
+            inner._done_future.add_done_callback(done)
             return outer
 
         return call

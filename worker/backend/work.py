@@ -4,6 +4,15 @@ the collective call.
 `wait()` blocks until the collective finished (raising its error), `get_future()` returns a
 `torch.futures.Future` whose value is the list of output tensors (what DDP's reducer reads), and
 callbacks chained with `then` run in the backend's completion thread.
+
+A failed Work's future must carry the error as C++ sees errors. `torch.futures.Future.set_exception`
+does not: it completes the C++ future *successfully*, its value the exception object, and only
+Python's `wait()` raises it. DDP's reducer reads that value in C++ as the bucket's tensors (an
+empty list: it indexed past it, and both ranks died with SIGSEGV in `loss.backward()` when the
+switch died). So `get_future()` is a `then` of the future the backend completes: a callback that
+raises marks the C++ future failed (`setError`), and `loss.backward()` raises a RuntimeError with the
+backend's message. Backend code waits on `_done_future` (the one it completes), which raises the
+error as it is.
 """
 
 from __future__ import annotations
@@ -17,6 +26,15 @@ import torch.distributed as dist
 from torch.futures import Future
 
 
+def _unwrap(fut: Future) -> list[torch.Tensor]:
+    """The value of a completed Work's future, or its error raised (C++ then marks the chained future failed;
+    its message is this error's, after torch's "Got the following error when running the callback")."""
+    try:
+        return fut.value()
+    except Exception as e:
+        raise e.with_traceback(None) from None  # the message gets the traceback's frames: keep them to this one
+
+
 class LuwuWork(dist.Work):
     def __init__(self, name: str, outputs: list[torch.Tensor], timeout: float | None = None):
         super().__init__()
@@ -27,7 +45,10 @@ class LuwuWork(dist.Work):
         self.deadline = None if timeout is None else self.started + timeout
         self.probe = False  # the startup barrier: a timeout means the switch is unreachable
         self.source = -1  # a receive from any source: the rank it came from
-        self._future: Future = Future()
+        self.fingerprint = None  # what every rank must agree on (fingerprint.py); None: not checked
+        self.checks: list[int] = []  # the group's check numbers of its engine operations (fingerprint.py)
+        self._done_future: Future = Future()  # what the backend completes (Python's set_exception)
+        self._future: Future = self._done_future.then(_unwrap)  # what c10d and DDP get: C++ sees errors
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._lock = threading.Lock()
@@ -38,7 +59,7 @@ class LuwuWork(dist.Work):
             if self._done.is_set():
                 return False
             self._done.set()
-        self._future.set_result(self.outputs)
+        self._done_future.set_result(self.outputs)
         return True
 
     def _fail(self, error: BaseException) -> bool:
@@ -47,7 +68,7 @@ class LuwuWork(dist.Work):
                 return False
             self._error = error
             self._done.set()
-        self._future.set_exception(error)
+        self._done_future.set_exception(error)
         return True
 
     # -- the c10d Work API ------------------------------------------------------------------------------
