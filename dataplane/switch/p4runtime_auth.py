@@ -85,7 +85,9 @@ def certificate_identity(auth_context) -> tuple[str, str | None] | None:
 def _identity(pem: bytes) -> tuple[str, str | None]:
     cert = x509.load_pem_x509_certificate(pem)
     cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    name = f"CN={cns[0].value}" if cns else (cert.subject.rfc4514_string() or "an unnamed certificate")
+    cn = cns[0].value if cns else ""
+    cn = cn.decode(errors="replace") if isinstance(cn, bytes) else cn
+    name = f"CN={cn}" if cns else (cert.subject.rfc4514_string() or "an unnamed certificate")
     try:
         uris = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
             x509.UniformResourceIdentifier)

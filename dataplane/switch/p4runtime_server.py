@@ -18,7 +18,8 @@ server (tests/controller/fake_p4runtime.py) reuses it with a recording store.
 With a `P4RuntimeAuth` (`p4runtime_auth.py`; `luwu switch` always has one) every call but
 Capabilities needs a credential: a TLS client certificate with a luwu role (`luwu certs`) or the
 switch's bearer token. Only the `controller` role may become primary, Write or set the pipeline
-(PERMISSION_DENIED for a `reader`, whose StreamChannel is always a backup); a client with no
+(PERMISSION_DENIED for a `reader`, whose StreamChannel is always a backup, told of an election id
+above its own when no primary is); a client with no
 credential can neither arbitrate, nor write, nor read. `serve(..., auth=None)` is the
 unauthenticated in-process server of tests and tools.
 """
@@ -128,12 +129,16 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
             if why:
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         election = U128.decode(update.election_id)
-        if stream.reader:  # always a backup: told the primary's election id (0: none yet) and never counted
+        if stream.reader:  # always a backup, never counted for primary
             with self._mutex:
                 primary = self.primary_election_id()
+            if primary is None or primary <= election:
+                # no primary above it: stock clients (finsy) take a backup whose id is not below the primary's
+                # for a broken invariant, so the answer names an id just above the reader's, which no one holds
+                primary = min(election + 1, (1 << 128) - 1)
             stream.outbox.put(p4r.StreamMessageResponse(arbitration=p4r.MasterArbitrationUpdate(
                 device_id=self.device_id, role=update.role if update.HasField("role") else None,
-                election_id=U128.encode(primary or 0), status=rpc_status.Status(
+                election_id=U128.encode(primary), status=rpc_status.Status(
                     code=rpc_code.ALREADY_EXISTS, message="role reader: a backup that may only read"))))
             return
         with self._mutex:

@@ -42,6 +42,7 @@ from luwu.p4 import P4INFO_TXTPB
 
 HERE = Path(__file__).resolve().parent
 BMV2_JSON = Path(P4INFO_TXTPB).with_name("luwu_v1model.json")  # the device config a P4 user has at hand
+STAR4 = Path(P4INFO_TXTPB).parent.parent / "runtime" / "star4.json"  # `luwu p4 load`'s example runtime
 TIMEOUT = 30.0  # s, an upper bound for any exchange (never an assertion on speed)
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
@@ -222,6 +223,27 @@ def test_clients_without_a_certificate_of_the_ca_get_no_connection(pki, luwu_swi
         with pytest.raises(grpc.RpcError) as err:  # admitted: it only finds no pipeline yet
             stub.GetForwardingPipelineConfig(p4r.GetForwardingPipelineConfigRequest(device_id=0), timeout=TIMEOUT)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_luwu_p4_load_with_certificates_only(pki, luwu_switch):
+    """luwu's own P4Runtime CLI, `luwu p4 load`, with the controller's certificate; the reader's is refused in
+    one line."""
+    address, audit = luwu_switch
+
+    def load(who: str) -> subprocess.CompletedProcess:
+        return luwu("p4", "load", "--addr", address, "--runtime", str(STAR4), "--tls-ca", str(pki / "ca.pem"),
+                    "--tls-cert", str(pki / f"{who}.pem"), "--tls-key", str(pki / f"{who}.key"), check=False)
+
+    refused = load("viewer")
+    assert refused.returncode == 1, refused.stderr
+    assert "answered PERMISSION_DENIED" in refused.stderr and "role 'reader'" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    done = load("ops")
+    assert done.returncode == 0, done.stderr
+    assert "entities written" in done.stdout
+    writes = [json.loads(x) for x in audit.read_text().splitlines()]
+    assert sum(x["what"]["rpc"] == "Write" and x["result"] == "OK" and x["who"]["identity"] == "certificate CN=ops"
+               for x in writes) > 3
 
 
 @pytest.fixture(scope="module")
