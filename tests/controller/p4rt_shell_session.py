@@ -1,6 +1,6 @@
 """A p4runtime-shell session against a `luwu switch`, run with p4runtime-shell's own venv (it pins
 protobuf 3.20): mutual TLS with certificates from `luwu certs`, nothing else. Prints one JSON
-object of what it saw. docs/observability.md ("Connect with finsy, p4runtime-shell, the P4Runtime
+object of what it saw. p4/README.md ("Connect with finsy, p4runtime-shell, the P4Runtime
 CLI") shows the same statements.
 
     python p4rt_shell_session.py controller ADDR CA CERT KEY P4INFO DEVICE_CONFIG

@@ -5,7 +5,7 @@ and no bearer token; stock finsy (its own `GRPCCredentialsTLS`) and p4runtime-sh
 own venv: it pins protobuf 3.20) set the pipeline, write a table entry and a multicast group, read
 them back and delete them; a `reader` certificate may read but its writes are PERMISSION_DENIED;
 a client without a certificate of the CA gets no connection at all; the audit log names the
-certificate. The commands are the ones docs/observability.md ("Connect with finsy,
+certificate. The commands are the ones p4/README.md ("Connect with finsy,
 p4runtime-shell, the P4Runtime CLI") shows.
 """
 
@@ -158,7 +158,7 @@ def test_stock_finsy_with_certificates_only(pki, luwu_switch):
     group = P4MulticastGroupEntry(7, replicas=[(1, 0), (2, 0)])
 
     async def body():
-        opts = SwitchOptions(p4info=Path(P4INFO_TXTPB), p4blob=BMV2_JSON, device_id=0, initial_election_id=100,
+        opts = SwitchOptions(p4info=Path(P4INFO_TXTPB), p4blob=BMV2_JSON, device_id=0,
                              channel_credentials=tls(pki, "ops"))
         seen = {}
         async with Switch("s1", address, opts) as sw:  # sets the pipeline: finsy is primary
