@@ -62,12 +62,13 @@ def ensure(base_python: str = sys.executable) -> Path | str:
             subprocess.run([base_python, "-m", "venv", str(tmp)], check=True, capture_output=True,
                            timeout=INSTALL_TIMEOUT)
             subprocess.run([str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                            f"p4runtime-shell=={VERSION}"], check=True, capture_output=True, text=True,
-                           timeout=INSTALL_TIMEOUT)
+                            "--retries", "2", "--timeout", "30", f"p4runtime-shell=={VERSION}"], check=True,
+                           capture_output=True, text=True, timeout=INSTALL_TIMEOUT)
         except subprocess.CalledProcessError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             tail = (e.stderr or "").strip().splitlines()[-1:] if isinstance(e.stderr, str) else []
-            return f"cannot build a venv with p4runtime-shell=={VERSION}: {' '.join(e.cmd[-2:])} failed " \
+            step = "pip install" if "pip" in e.cmd else "python -m venv"
+            return f"cannot build a venv with p4runtime-shell=={VERSION}: {step} failed " \
                    f"({tail[0] if tail else 'exit ' + str(e.returncode)})"
         except (OSError, subprocess.TimeoutExpired) as e:
             shutil.rmtree(tmp, ignore_errors=True)
