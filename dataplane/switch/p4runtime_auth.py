@@ -35,8 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from cryptography import x509
-from cryptography.x509.oid import NameOID
 
 AUTH_METADATA = "authorization"
 DEFAULT_ROLE = ""  # P4Runtime's default role: full pipeline access
@@ -83,6 +81,11 @@ def certificate_identity(auth_context) -> tuple[str, str | None] | None:
 
 @functools.lru_cache(maxsize=64)  # every call of a connection presents the same certificate
 def _identity(pem: bytes) -> tuple[str, str | None]:
+    # imported here: only a server that admits client certificates needs `cryptography` (the GPU
+    # image of docs/gpu.md runs switches without it)
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
     cert = x509.load_pem_x509_certificate(pem)
     cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     cn = cns[0].value if cns else ""
