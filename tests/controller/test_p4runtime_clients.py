@@ -37,7 +37,7 @@ from finsy import (
 from finsy.proto import p4r, p4r_grpc
 from p4rt_shell_venv import ensure as p4runtime_shell_python
 
-from luwu.dataplane.switch.p4runtime_auth import P4RuntimeAuth, certificate_identity
+from luwu.dataplane.switch.p4runtime_auth import P4RuntimeAuth, certificate_identity, check_transport
 from luwu.p4 import P4INFO_TXTPB
 
 HERE = Path(__file__).resolve().parent
@@ -132,6 +132,14 @@ def test_luwu_certs_makes_a_ca_and_certificates_with_roles(pki):
     assert both.admit((("authorization", "Bearer t"),), roleless).role == "controller"
     assert both.admit((("authorization", "Bearer wrong"),), {"x509_pem_cert": [(pki / "ops.pem").read_bytes()]}) \
         == "wrong P4Runtime token for this switch"
+
+
+def test_certificate_roles_need_mutual_tls():
+    with pytest.raises(ValueError, match="admitting clients by certificate needs mutual TLS"):
+        check_transport("127.0.0.1:9559", P4RuntimeAuth(None, certificates=True), tls=True, client_ca=False)
+    check_transport("127.0.0.1:9559", P4RuntimeAuth(None, certificates=True), tls=True, client_ca=True)
+    with pytest.raises(ValueError, match="needs a token, client certificates with roles, or both"):
+        P4RuntimeAuth(None)
 
 
 @pytest.mark.parametrize("args, needle", [
