@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mininet": ("luwu.mininet.runner", "run a topology in Mininet emulation"),
     "p4": ("luwu.p4.tool", "generate, check and build the P4 programs"),
     "simulate": ("luwu.simulate.command", "simulate a training iteration at paper scale; plan optimizer nodes"),
+    "certs": ("luwu.certs", "make a CA and P4Runtime TLS certificates (client roles controller/reader, servers)"),
     "wireshark": ("luwu.dataplane.wireshark", "write the Wireshark/tshark dissector for the luwu header"),
 }
 BENCHES: dict[str, tuple[str, str]] = {

@@ -6,11 +6,13 @@ controller (`luwu controller --audit-log`, controller/programmer.py) logs every 
 One JSON object per line, appended and flushed as it happens:
 
     {"time": 1764300000.123, "source": {"switch": "s1", "pid": 4242},
-     "who": {"peer": "ipv4:127.0.0.1:41234", "identity": "bearer token"},
+     "who": {"peer": "ipv4:127.0.0.1:41234", "identity": "certificate CN=ops", "role": "controller"},
      "what": {"rpc": "Write", "type": "INSERT", "entity": "table_entry", "table": "sessions",
               "action": "session_params", "match": {"session": "0x0001"}},
      "result": "OK"}
 
+`who.identity` is how the switch admitted the caller: "certificate CN=NAME" (a client certificate
+of `luwu certs`, its `role` beside it), "bearer token", or both.
 `result` is "OK" or the error as the writer saw it (`CODE: message`). A refused Write (not
 primary, wrong token) is one line for the whole request, its `what` naming the first update
 and the count. Lines are self-contained, so `jq` or `grep` read them; a log is never rewritten.

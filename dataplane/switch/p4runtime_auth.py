@@ -1,11 +1,18 @@
-"""Who may program the software switch over P4Runtime: the controller's role and credential.
+"""Who may program the software switch over P4Runtime: client certificates with roles, and the controller's token.
 
-A P4Runtime server with `P4RuntimeAuth` answers only callers that present its bearer token in
-gRPC metadata (`authorization: Bearer <token>`): StreamChannel (so nobody else can become
-primary), Write and SetForwardingPipelineConfig (which also need the primary's election id),
-Read and GetForwardingPipelineConfig (the tables name the workers' addresses and sessions, so
-reads are authenticated too). Capabilities stays open. Arbitration accepts only the role the
-controller uses (`role`, default "": P4Runtime's default full-access role).
+A P4Runtime server with `P4RuntimeAuth` answers only callers it can name (`admit`):
+- a client certificate (mutual TLS, `certificates=True`) whose SAN holds the URI
+  `urn:luwu:role:controller` or `urn:luwu:role:reader` (`luwu certs issue NAME --role ROLE`);
+  its CN names the caller in the audit log;
+- or the switch's bearer token in gRPC metadata (`authorization: Bearer <token>`), which grants the
+  controller role. With certificates the token is an optional extra; without, it is required.
+A wrong token is refused even beside a good certificate (never a silent fallback).
+
+Roles: `controller` may do everything (arbitrate as primary, Write, SetForwardingPipelineConfig);
+`reader` may Read, GetForwardingPipelineConfig and open a StreamChannel as a backup that never
+becomes primary. Every call needs a credential (the tables name the workers' addresses and
+sessions, so reads are authenticated too) but Capabilities, which stays open. Arbitration accepts
+only the P4Runtime role the controller uses (`role`, default "": the default full-access role).
 
 The token is per switch: `switch_token(admin_token, name)` = HMAC-SHA256 of the switch's name
 under the deployment's admin token, so the controller and a `luwu switch --controller` that
@@ -20,6 +27,7 @@ clear text on a network is no credential; `check_transport` refuses the other co
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -31,6 +39,9 @@ import grpc
 AUTH_METADATA = "authorization"
 DEFAULT_ROLE = ""  # P4Runtime's default role: full pipeline access
 _DERIVATION = b"luwu p4runtime writer v1:"
+CONTROLLER, READER = "controller", "reader"
+CERT_ROLES = (CONTROLLER, READER)  # what a client certificate may hold (`luwu certs issue --role`)
+ROLE_URI_PREFIX = "urn:luwu:role:"  # a client certificate's role: SAN URI urn:luwu:role:ROLE
 
 
 def switch_token(admin_token: str, switch_name: str) -> str:
@@ -49,24 +60,102 @@ def switch_token(admin_token: str, switch_name: str) -> str:
 
 
 @dataclass(frozen=True)
+class Grant:
+    """What an admitted caller may do (`role`: controller or reader) and how it is named in audit logs."""
+
+    role: str
+    identity: str
+
+
+def certificate_identity(auth_context) -> tuple[str, str | None] | None:
+    """(name, role) from the TLS client certificate of a call's `auth_context()`; None without one.
+
+    name: "CN=<common name>" (else the subject); role: the SAN URI `urn:luwu:role:ROLE`'s ROLE, or
+    None when the certificate has none or an unknown one (a CA's other certificates grant nothing).
+    """
+    pems = (auth_context or {}).get("x509_pem_cert") or []
+    if not pems:
+        return None
+    return _identity(pems[0] if isinstance(pems[0], bytes) else str(pems[0]).encode())
+
+
+@functools.lru_cache(maxsize=64)  # every call of a connection presents the same certificate
+def _identity(pem: bytes) -> tuple[str, str | None]:
+    # imported here: only a server that admits client certificates needs `cryptography` (the GPU
+    # image of docs/gpu.md runs switches without it)
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    cert = x509.load_pem_x509_certificate(pem)
+    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    cn = cns[0].value if cns else ""
+    cn = cn.decode(errors="replace") if isinstance(cn, bytes) else cn
+    name = f"CN={cn}" if cns else (cert.subject.rfc4514_string() or "an unnamed certificate")
+    try:
+        uris = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        uris = []
+    roles = {u[len(ROLE_URI_PREFIX):] for u in uris if u.startswith(ROLE_URI_PREFIX)} & set(CERT_ROLES)
+    # two roles in one certificate: the lesser one (a CA that issued such a thing meant no more)
+    role = READER if READER in roles else (CONTROLLER if roles else None)
+    return name, role
+
+
+@dataclass(frozen=True)
 class P4RuntimeAuth:
-    token: str
+    """Who a P4Runtime server admits.
+
+    Args:
+        token: the bearer token that grants the controller role; None: certificates only.
+        role: the P4Runtime arbitration role the controller uses ("": the default role).
+        certificates: admit callers by their TLS client certificate's role (needs a server with
+            a client CA: `server_credentials(cert, key, client_ca)`).
+
+    Example:
+        >>> auth = P4RuntimeAuth(None, certificates=True)  # mutual TLS with `luwu certs` roles only
+    """
+
+    token: str | None
     role: str = DEFAULT_ROLE
+    certificates: bool = False
 
     def __post_init__(self):
-        if not self.token or not self.token.strip():
+        if self.token is None and not self.certificates:
+            raise ValueError("a P4Runtime server needs a token, client certificates with roles, or both")
+        if self.token is not None and not self.token.strip():
             raise ValueError("a P4Runtime token must not be empty")
 
-    def refusal(self, metadata) -> str | None:
-        """None when `metadata` carries this token; else why the call is refused."""
+    def admit(self, metadata, auth_context=None) -> Grant | str:
+        """The Grant of a call with `metadata` over a connection with `auth_context`; else why it is refused."""
         values = [v for k, v in (metadata or ()) if k == AUTH_METADATA]
-        if not values:
-            return ("this switch's P4Runtime needs `authorization: Bearer <token>` metadata: only the controller "
-                    "(or a client given the switch's --p4runtime-token-file) may use it")
-        scheme, _, token = str(values[0]).partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.token.encode()):
-            return "wrong P4Runtime token for this switch"
-        return None
+        cert = certificate_identity(auth_context) if self.certificates else None
+        if values:
+            scheme, _, token = str(values[0]).partition(" ")
+            if self.token is None:
+                return ("this switch takes no bearer token (it admits client certificates with a role only): "
+                        "drop the authorization metadata")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.token.encode()):
+                return "wrong P4Runtime token for this switch"
+            return Grant(CONTROLLER, f"certificate {cert[0]} + bearer token" if cert else "bearer token")
+        if cert is not None:
+            name, role = cert
+            if role is not None:
+                return Grant(role, f"certificate {name}")
+            return (f"client certificate {name} has no luwu role: issue one with `luwu certs issue NAME --role "
+                    f"controller|reader` (SAN URI {ROLE_URI_PREFIX}ROLE)"
+                    + (" or send the switch's bearer token" if self.token is not None else ""))
+        if self.certificates and self.token is None:
+            return ("this switch's P4Runtime admits only clients with a TLS client certificate holding a luwu role "
+                    "(`luwu certs issue NAME --role controller|reader`)")
+        return ("this switch's P4Runtime needs `authorization: Bearer <token>` metadata"
+                + (" or a client certificate with a luwu role" if self.certificates else "")
+                + ": only the controller (or a client given the switch's --p4runtime-token-file) may use it")
+
+    def refusal(self, metadata, auth_context=None) -> str | None:
+        """None when the call is admitted (`admit`); else why it is refused."""
+        grant = self.admit(metadata, auth_context)
+        return grant if isinstance(grant, str) else None
 
     def role_refusal(self, role_name: str) -> str | None:
         if role_name != self.role:
@@ -95,8 +184,12 @@ def server_credentials(cert: str, key: str, client_ca: str = "") -> grpc.ServerC
     return grpc.ssl_server_credentials(pair)
 
 
-def check_transport(address: str, auth: P4RuntimeAuth | None, tls: bool) -> None:
-    """Refuse a bearer token offered in clear text beyond loopback (ValueError saying what to pass)."""
+def check_transport(address: str, auth: P4RuntimeAuth | None, tls: bool, client_ca: bool = False) -> None:
+    """Refuse a bearer token offered in clear text beyond loopback, and certificate roles without mutual TLS
+    (ValueError saying what to pass)."""
+    if auth is not None and auth.certificates and not client_ca:
+        raise ValueError("admitting clients by certificate needs mutual TLS: pass --p4runtime-tls-cert, "
+                         "--p4runtime-tls-key and --p4runtime-tls-client-ca")
     if auth is not None and not tls and not is_loopback(address):
         raise ValueError(f"P4Runtime on {address} without TLS would carry its token in clear text: serve it on a "
                          "loopback address or pass --p4runtime-tls-cert/--p4runtime-tls-key")

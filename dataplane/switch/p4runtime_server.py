@@ -16,9 +16,12 @@ every write can be audited (p4runtime_audit.py).
 server (tests/controller/fake_p4runtime.py) reuses it with a recording store.
 
 With a `P4RuntimeAuth` (`p4runtime_auth.py`; `luwu switch` always has one) every call but
-Capabilities needs the switch's bearer token, and arbitration only the controller's role: a
-client without them can neither become primary, nor write, nor read. `serve(..., auth=None)`
-is the unauthenticated in-process server of tests and tools.
+Capabilities needs a credential: a TLS client certificate with a luwu role (`luwu certs`) or the
+switch's bearer token. Only the `controller` role may become primary, Write or set the pipeline
+(PERMISSION_DENIED for a `reader`, whose StreamChannel is always a backup, told of an election id
+above its own when no primary is); a client with no
+credential can neither arbitrate, nor write, nor read. `serve(..., auth=None)` is the
+unauthenticated in-process server of tests and tools.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from finsy.proto import U128, p4i, p4r, p4r_grpc, rpc_code, rpc_status
 
 from . import p4runtime_semantics as sem
 from .p4runtime_audit import AuditLog, WatchedContext, describe_update, peer_identity
-from .p4runtime_auth import P4RuntimeAuth, check_transport, local_server_credentials
+from .p4runtime_auth import CONTROLLER, Grant, P4RuntimeAuth, check_transport, local_server_credentials
 from .table_schema import SCHEMA, TableError, check_p4info_implemented, short_name
 
 API_VERSION = "1.4.1"
@@ -61,6 +64,7 @@ class _Stream:
     def __init__(self, context):
         self.context = context
         self.election_id: int | None = None
+        self.reader = False  # a reader's stream is a backup that never becomes primary
         self.outbox: queue.Queue = queue.Queue()
 
 
@@ -93,11 +97,23 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
         raise UpdateError(grpc.StatusCode.UNIMPLEMENTED, "reads are not supported")
 
     # -- authentication -------------------------------------------------------------------------
-    def _authenticate(self, context) -> None:
-        if self.auth is not None:
-            why = self.auth.refusal(context.invocation_metadata())
-            if why:
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+    def _grant(self, context) -> Grant | str:
+        if self.auth is None:
+            return Grant(CONTROLLER, "none (no authentication)")
+        return self.auth.admit(context.invocation_metadata(), context.auth_context())
+
+    def _authenticate(self, context) -> Grant:
+        grant = self._grant(context)
+        if isinstance(grant, str):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, grant)
+            raise AssertionError("abort returned")  # grpc's abort raises; a test double might not
+        return grant
+
+    def _require_controller(self, grant: Grant, rpc: str, context) -> None:
+        if grant.role != CONTROLLER:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{grant.identity} has role {grant.role!r}, which may "
+                                                             f"not {rpc}: only role 'controller' may (issue one with "
+                                                             f"`luwu certs issue NAME --role controller`)")
 
     # -- arbitration ----------------------------------------------------------------------------
     def primary_election_id(self) -> int | None:
@@ -113,6 +129,18 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
             if why:
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         election = U128.decode(update.election_id)
+        if stream.reader:  # always a backup, never counted for primary
+            with self._mutex:
+                primary = self.primary_election_id()
+            if primary is None or primary <= election:
+                # no primary above it: stock clients (finsy) take a backup whose id is not below the primary's
+                # for a broken invariant, so the answer names an id just above the reader's, which no one holds
+                primary = min(election + 1, (1 << 128) - 1)
+            stream.outbox.put(p4r.StreamMessageResponse(arbitration=p4r.MasterArbitrationUpdate(
+                device_id=self.device_id, role=update.role if update.HasField("role") else None,
+                election_id=U128.encode(primary), status=rpc_status.Status(
+                    code=rpc_code.ALREADY_EXISTS, message="role reader: a backup that may only read"))))
+            return
         with self._mutex:
             for other in list(self._streams):
                 if other is not stream and other.election_id == election:
@@ -132,15 +160,16 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
                     election_id=U128.encode(primary), status=rpc_status.Status(code=code))))
 
     def StreamChannel(self, request_iterator, context):
-        if self.auth is not None and self.auth.refusal(context.invocation_metadata()):
+        if isinstance(self._grant(context), str):
             # take the client's first message (its arbitration) before refusing, for at most a second: a
             # stream aborted while the client still wrote it reached the client as gRPC's INTERNAL ("Internal
             # error from Core") instead of the refusal, now and then on a loaded machine
             first = threading.Thread(target=next, args=(request_iterator, None), name="p4rt-refused", daemon=True)
             first.start()
             first.join(REFUSED_STREAM_DRAIN)
-        self._authenticate(context)  # before the stream exists: an unauthenticated client never arbitrates
+        grant = self._authenticate(context)  # before the stream exists: an unauthenticated client never arbitrates
         stream = _Stream(context)
+        stream.reader = grant.role != CONTROLLER
         with self._mutex:
             self._streams.append(stream)
 
@@ -183,8 +212,8 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
                                 status=rpc_status.Status(code=rpc_code.OK if s.election_id == primary
                                                          else rpc_code.ALREADY_EXISTS))))
 
-    def _check_writer(self, device_id: int, election_id, context) -> None:
-        self._authenticate(context)
+    def _check_writer(self, device_id: int, election_id, context, rpc: str = "Write") -> None:
+        self._require_controller(self._authenticate(context), rpc, context)
         if device_id != self.device_id:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown device id {device_id}: this switch is device "
                                                      f"{self.device_id}")
@@ -198,7 +227,10 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
         return p4r.CapabilitiesResponse(p4runtime_api_version=API_VERSION)
 
     def _who(self, context) -> dict[str, str]:
-        return peer_identity(context, "bearer token" if self.auth is not None else "none (no authentication)")
+        grant = self._grant(context)
+        if isinstance(grant, str):  # refused: named by its certificate where it showed one
+            return peer_identity(context, "none (refused)")
+        return {"peer": str(context.peer() or ""), "identity": grant.identity, "role": grant.role}
 
     def _audit_refusal(self, context: WatchedContext, what: dict) -> None:
         if self.audit is not None and context.refused is not None and not context.logged:
@@ -219,7 +251,7 @@ class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
         return response
 
     def _set_pipeline(self, request, context):
-        self._check_writer(request.device_id, request.election_id, context)
+        self._check_writer(request.device_id, request.election_id, context, "SetForwardingPipelineConfig")
         A = p4r.SetForwardingPipelineConfigRequest
         with self._mutex:
             if request.action == A.COMMIT:
@@ -551,7 +583,8 @@ def start_server(servicer: P4RuntimeBase, address: str, credentials: grpc.Server
 
 
 def serve(switch, address: str, p4info_path, device_id: int = 0, credentials=None,
-          auth: P4RuntimeAuth | None = None, audit: AuditLog | None = None) -> P4RuntimeHandle:
+          auth: P4RuntimeAuth | None = None, audit: AuditLog | None = None,
+          client_ca: bool = False) -> P4RuntimeHandle:
     """Serve P4Runtime for `switch` (a SoftwareSwitch) on `address` ("HOST:PORT", port 0 = any).
 
     Args:
@@ -560,11 +593,13 @@ def serve(switch, address: str, p4info_path, device_id: int = 0, credentials=Non
         p4info_path: the P4Info the controller will install (checked to exist).
         device_id: the P4Runtime device id (BMv2's convention: 0).
         credentials: TLS server credentials (`p4runtime_auth.server_credentials`), or None.
-        auth: the token and role every call must present; None serves unauthenticated (tests and
-            in-process tools only). With auth and no TLS, only a loopback address is allowed and
+        auth: who is admitted (a token, certificate roles or both); None serves unauthenticated
+            (tests and in-process tools only). With auth and no TLS, only a loopback address is allowed and
             the server uses gRPC local credentials (loopback peers; call credentials allowed).
         audit: where every Write update and pipeline change is logged with its caller and result
             (p4runtime_audit.py); None: not logged.
+        client_ca: `credentials` require a client certificate (mutual TLS); needed for
+            `auth.certificates`.
 
     Returns:
         A P4RuntimeHandle (`.address`, `.stop()`).
@@ -572,7 +607,7 @@ def serve(switch, address: str, p4info_path, device_id: int = 0, credentials=Non
     Example:
         >>> handle = serve(sw, "127.0.0.1:0", P4INFO_TXTPB, auth=P4RuntimeAuth(switch_token(admin, "s1")))
     """
-    check_transport(address, auth, credentials is not None)
+    check_transport(address, auth, credentials is not None, client_ca)
     if auth is not None and credentials is None:
         credentials = local_server_credentials()
     if p4info_path and not Path(p4info_path).exists():

@@ -5,9 +5,10 @@ JSON ready line (`{"ready": true, "ports": {N: "HOST:PORT" or "shm:/dev/shm/NAME
 rewrites `--stats-file` (JSON counters) every stats interval so a hung job can be diagnosed without a CLI, optionally serves P4Runtime, and shuts down
 cleanly on SIGINT/SIGTERM.
 
-P4Runtime is always authenticated (p4runtime_auth.py): the token comes from
---p4runtime-token-file, or, with --controller, is derived from the admin token and --name (what
-the controller sends). Without TLS it serves loopback only.
+P4Runtime is always authenticated (p4runtime_auth.py): by client certificates with a luwu role
+(`luwu certs`; mutual TLS with --p4runtime-tls-client-ca), and/or by a bearer token from
+--p4runtime-token-file or, with --controller, derived from the admin token and --name (what the
+controller sends); with a client CA the token is optional. Without TLS it serves loopback only.
 """
 
 from __future__ import annotations
@@ -69,14 +70,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats-interval", type=float, help="seconds between stats file writes (default 1)")
     p.add_argument("--p4runtime", metavar="ADDR", help="serve P4Runtime on HOST:PORT")
     p.add_argument("--p4info", help="P4Info for --p4runtime (default: the committed p4/build/p4info.txtpb)")
-    p.add_argument("--p4runtime-token-file", help="file holding the token every P4Runtime client must present "
-                                                   "(default with --controller: derived from the admin token and "
-                                                   "--name, as the controller does; required otherwise)")
+    p.add_argument("--p4runtime-token-file", help="file holding the bearer token that admits a P4Runtime client as "
+                                                   "the controller (default with --controller: derived from the "
+                                                   "admin token and --name, as the controller does; required "
+                                                   "unless --p4runtime-tls-client-ca admits clients by certificate)")
     p.add_argument("--p4runtime-tls-cert", help="PEM certificate: serve P4Runtime over TLS (with --p4runtime-tls-key;"
                                                 " needed for a non-loopback --p4runtime address)")
     p.add_argument("--p4runtime-tls-key", help="PEM private key for --p4runtime-tls-cert")
     p.add_argument("--p4runtime-tls-client-ca", help="PEM CA: P4Runtime clients must present a certificate it signed "
-                                                     "(mutual TLS; the controller's --switch-tls-cert)")
+                                                     "(mutual TLS); its role (`luwu certs issue NAME --role "
+                                                     "controller|reader`) says what the client may do, and the "
+                                                     "bearer token becomes optional")
     p.add_argument("--audit-log", metavar="PATH|off",
                    help="with --p4runtime: append every P4Runtime write (who, what, result) to PATH as JSON lines "
                         "(dataplane/switch/p4runtime_audit.py; default $XDG_STATE_HOME/luwu, else "
@@ -219,7 +223,7 @@ def _start_p4runtime(sw, cfg: DaemonConfig, args):
     audit = _audit_log(args)
     try:
         return p4runtime_server.serve(sw, cfg.p4runtime, p4info, device_id=0, credentials=credentials, auth=auth,
-                                      audit=audit)
+                                      audit=audit, client_ca=bool(args.p4runtime_tls_client_ca))
     except ValueError as e:  # a token in clear text beyond loopback
         raise ConfigError(str(e)) from None
 
@@ -238,21 +242,26 @@ def _audit_log(args):
 
 
 def _p4runtime_auth(args):
-    """The token P4Runtime clients must present (ConfigError saying where to get one when there is none)."""
+    """Who P4Runtime admits: certificate roles with a client CA, and/or the token (ConfigError saying
+    where to get a credential when there is none)."""
     from luwu.controller.config import read_token
     from luwu.dataplane.switch.p4runtime_auth import P4RuntimeAuth, switch_token
 
+    certificates = bool(args.p4runtime_tls_client_ca)
     if args.p4runtime_token_file:
         token = read_token("", args.p4runtime_token_file)
         if not token:
             raise ConfigError(f"--p4runtime-token-file {args.p4runtime_token_file} is empty: write the token into it")
-        return P4RuntimeAuth(token)
+        return P4RuntimeAuth(token, certificates=certificates)
     if getattr(args, "controller", None):
         admin = read_token("", args.token_file)
         if admin:
-            return P4RuntimeAuth(switch_token(admin, args.name))
-    raise ConfigError("--p4runtime needs a credential for its clients: pass --p4runtime-token-file FILE, or "
-                      "--controller with --token-file (the controller's token is then derived)")
+            return P4RuntimeAuth(switch_token(admin, args.name), certificates=certificates)
+    if certificates:
+        return P4RuntimeAuth(None, certificates=True)
+    raise ConfigError("--p4runtime needs a credential for its clients: pass --p4runtime-tls-client-ca CA (client "
+                      "certificates of `luwu certs issue --role`), --p4runtime-token-file FILE, or --controller "
+                      "with --token-file (the controller's token is then derived)")
 
 
 def _p4runtime_tls(args):
