@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -104,7 +105,7 @@ class EngineServer:
                 except OSError:
                     pass
 
-        state = {"engine": self.engine, "own": None, "closed": False}
+        state: dict[str, Any] = {"engine": self.engine, "own": None, "closed": False}
         reader = FrameReader(conn)
         self._orphans.add(shm)
 

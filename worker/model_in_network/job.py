@@ -28,7 +28,7 @@ import tempfile
 import threading
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -69,7 +69,8 @@ def node_jobs(job_id: str, optimizer: OptimizerSpec, units: list[Unit], routes: 
     values: dict[int, dict[int, Callable[[], dict[str, np.ndarray]]]] = {}
     last: dict[int, np.ndarray] = {}
 
-    def piece_values(unit: int, spans: dict[str, tuple[int, int]], shapes: dict) -> dict[str, np.ndarray]:
+    def piece_values(unit: int, spans: dict[str, tuple[int, int]],
+                     shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
         if unit not in last:
             last.clear()  # one unit at a time
             last[unit] = initial(unit)
