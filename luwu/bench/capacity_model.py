@@ -4,7 +4,8 @@ input embedding and output head), a fixed hidden size and a number of decoder la
 With `transformers` installed it is `LlamaForCausalLM` built from a `LlamaConfig` (random init,
 nothing downloaded, `tie_word_embeddings=False`); otherwise a built-in module of the same shapes
 and parameter count (no rotary embedding: it has no parameters). Activation checkpointing is on in
-both: HF's `gradient_checkpointing_enable()`, or `torch.utils.checkpoint` around each block.
+both: HF's `activation_checkpointing_enable()` (`gradient_checkpointing_enable()` before
+transformers 5), or `torch.utils.checkpoint` around each block.
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ def build(cfg: dict, meta: bool = False) -> nn.Module:
                                intermediate_size=cfg["intermediate"], max_position_embeddings=max(cfg["seq"], 16),
                                tie_word_embeddings=False, use_cache=False)
             hf = LlamaForCausalLM(conf)
-            if cfg.get("checkpointing", True):
-                hf.gradient_checkpointing_enable()
+            if cfg.get("checkpointing", True):  # the newer name where there is one (the old one warns)
+                getattr(hf, "activation_checkpointing_enable", hf.gradient_checkpointing_enable)()
             model: nn.Module = hf
         else:
             model = TinyLlama(cfg["vocab"], cfg["hidden"], cfg["layers"], cfg["heads"], cfg["intermediate"])

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from luwu.bench.capacity_search import _next_layers
 
 LUWU = Path(sys.executable).parent / "luwu"
@@ -53,11 +55,14 @@ def test_capacity_reports_each_systems_largest_fitting_trial_and_the_ratio(tmp_p
     print({k: v for k, v in res.items() if k not in ("trials", "config")})
 
 
-def test_a_cap_too_small_for_one_layer_is_reported_as_nothing_fitting():
+@pytest.mark.parametrize("enforce", ["auto", "rlimit-as"])
+def test_a_cap_too_small_for_one_layer_is_reported_as_nothing_fitting(enforce):
     # 96 MiB: less than torch itself takes; the cgroup kills the workers (or RLIMIT_AS refuses them,
     # or their peak is found over it afterwards): no size fits, and the bench says so
-    _, res = _bench("--systems", "ddp,luwu", "--worker-memory", "96MiB", "--time-budget", "200")
+    _, res = _bench("--systems", "ddp,luwu", "--worker-memory", "96MiB", "--time-budget", "200", "--enforce", enforce)
     assert res["errors"] == [], res["errors"]
+    if enforce != "auto":
+        assert res["enforced"] == enforce
     for system in ("ddp", "luwu"):
         trials = [t for t in res["trials"] if t["system"] == system]
         assert len(trials) == 1 and trials[0]["layers"] == 1 and not trials[0]["fits"], trials
