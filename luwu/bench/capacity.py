@@ -6,7 +6,11 @@ to `--worker-memory`, measured in the same run:
   reported apart);
 * ``ddp``: DistributedDataParallel + torch AdamW, 2 ranks over Gloo;
 * ``fsdp``: FSDP2 (`torch.distributed.fsdp.fully_shard` on each decoder layer and the root),
-  2 ranks over Gloo on the CPU, torch AdamW.
+  2 ranks over Gloo on the CPU, torch AdamW; the model built on the meta device, sharded, then
+  initialised (`--fsdp-init meta`: never whole on a rank), or built whole first (`eager`).
+
+luwu's workers and DDP's ranks build the whole model (ModelInNetwork takes a materialised model
+today: capacity_trial.py's `_build_luwu_model` is where a meta-device build goes once it can).
 
 The model has a fixed `--hidden` size and a growing number of layers (`capacity_model.py`:
 transformers' `LlamaForCausalLM` when installed, else a built-in module of the same shapes),
@@ -16,9 +20,12 @@ memory, and the JSON's `checkpointing` says so). Each trial trains `--steps` ste
 processes. Per system the layers double from 1 until a size does not fit (or `--max-layers`),
 then bisect, within the system's share of `--time-budget`.
 
-The cap (memcap.py) is a cgroup where this process may create one, else RLIMIT_AS, else the peak
-RSS measured afterwards (`enforced` in the output); in every case a trial fits only if each worker's
-peak RSS (VmHWM, plus the processes it started: a luwu worker's engine daemon) stays under the cap.
+The cap (memcap.py) is a cgroup where this process may create one (one per worker: the worker and
+what it starts, a luwu worker's engine daemon, are charged together, each page once), else
+RLIMIT_AS (per process), else the peak RSS measured afterwards (`enforced` in the output). A trial
+fits only if, besides that, each worker process's peak RSS (VmHWM: shared libraries included, which
+a cgroup does not charge when another cgroup loaded them) stays under the cap; with no enforcement,
+each worker's peak summed with the processes it started (`peak_held_to_cap` says which).
 
 Prints grep-able `key: value` lines; `--json` prints one JSON object (`largest_params`,
 `ratio_to_ddp`, `ratio_to_fsdp`, `tokens_per_s`, `enforced`, `trials`, ...); `--out DIR` writes
@@ -59,6 +66,9 @@ def add_arguments(p) -> None:
                    help="how the cap is held: auto (the strongest possible here), or one kind")
     p.add_argument("--model", choices=("auto", "hf", "builtin"), default="auto",
                    help="transformers' LlamaForCausalLM (hf), the built-in LLaMA-shaped module, or hf when installed")
+    p.add_argument("--fsdp-init", choices=("meta", "eager"), default="meta",
+                   help="FSDP2's model: built on the meta device, sharded, then initialised (its recipe for models "
+                        "no rank holds whole; the default), or built whole on every rank first")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of key: value lines")
     p.add_argument("--out", type=Path, help="directory for capacity.json and capacity.png")
     p.add_argument("--keep", type=Path, help="keep the trials' specs and logs in this directory")
@@ -83,7 +93,7 @@ def _config(args) -> dict:
              "intermediate": args.intermediate or intermediate_for(args.hidden), "seq": args.seq, "seed": 1,
              "backend": backend}
     return {"world": 2, "steps": args.steps, "batch": args.batch, "node_memory": args.node_memory, "threads": 1,
-            "lr": 1e-4, "model": model, "systems": list(dict.fromkeys(systems))}
+            "lr": 1e-4, "model": model, "systems": list(dict.fromkeys(systems)), "fsdp_init": args.fsdp_init}
 
 
 def run(args) -> int:
@@ -124,7 +134,9 @@ def _print(res: dict) -> None:
         tps = res["tokens_per_s"][sys_]
         print(f"tokens_per_s_{sys_}: {tps:.1f}" if tps is not None else f"tokens_per_s_{sys_}: None")
         print(f"worker_peak_rss_{sys_}: {res['worker_peak_rss_bytes'][sys_]}")
+        print(f"worker_cgroup_peak_{sys_}: {res['worker_cgroup_peak_bytes'][sys_]}")
         print(f"checkpointing_{sys_}: {res['checkpointing'][sys_]}")
+        print(f"init_{sys_}: {res['init'][sys_]}")
     for k in ("ratio_to_ddp", "ratio_to_fsdp", "node_peak_rss_bytes", "node_disk_read_bytes", "node_disk_write_bytes",
               "node_disk_source", "trials_run", "errors"):
         if k in res:

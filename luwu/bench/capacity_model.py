@@ -106,6 +106,22 @@ def build(cfg: dict, meta: bool = False) -> nn.Module:
     return model
 
 
+def materialise(model: nn.Module, backend: str) -> None:
+    """Give a model built on the meta device (and perhaps sharded since) CPU storage and its init:
+    FSDP2's recipe for a model no rank can hold whole. HF's `initialize_weights()` (its own init,
+    rotary buffers included), or the built-in modules' `reset_parameters()` and RMSNorm's ones."""
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        if backend == "hf":
+            model.initialize_weights()  # type: ignore[operator]
+            return
+        for m in model.modules():
+            if isinstance(m, _RMSNorm):
+                m.weight.fill_(1.0)
+            elif isinstance(m, (nn.Linear, nn.Embedding)):
+                m.reset_parameters()
+
+
 def loss_of(model: nn.Module, ids: torch.Tensor, backend: str) -> torch.Tensor:
     """Next-token cross-entropy of `model` (or a wrapper of it) on `ids`."""
     if backend == "hf":

@@ -1,8 +1,8 @@
 """One trial of `luwu bench capacity`: a system (luwu, ddp, fsdp) trains the model of a given number
 of layers for a few steps in fresh processes, its workers capped (memcap.py); did it fit?
 
-A trial fits when every worker finished its steps and, where nothing enforced the cap (`measured`),
-every worker's peak RSS with the processes it started stayed under it. It does not fit when a
+A trial fits when every worker finished its steps and each worker process's peak RSS stayed under
+the cap (where nothing enforced it, `measured`: each worker's summed with the processes it started). It does not fit when a
 worker was OOM-killed by its cgroup, raised MemoryError (RLIMIT_AS), or peaked over the cap; it
 failed (`error`) on anything else, and (`timeout`) when it outlived its time.
 """
@@ -110,11 +110,18 @@ def trial(system: str, layers: int, params: int, base: dict, cap: MemoryCap, wor
         oom = [s.oom_kills() for s in slots]
         rec["cgroup_oom_kills"] = oom if cap.kind.startswith("cgroup") else None
         rec["cgroup_peak_bytes"] = [s.cgroup_peak() for s in slots] if cap.kind.startswith("cgroup") else None
+        rec["init"] = next((m.get("init") for m in msgs[0] if m.get("built")), None)  # meta or eager
         dones = [next((m for m in msgs[r] if m.get("done")), None) for r in range(world)]
         ooms = [next((m for m in msgs[r] if "oom" in m), None) for r in range(world)]
-        peaks = [m.get("peak_rss_tree_bytes", 0) for m in dones if m]
-        rec["worker_peak_rss_bytes"] = [m.get("peak_rss_bytes") if m else None for m in dones]
-        rec["worker_tree_peak_rss_bytes"] = [m.get("peak_rss_tree_bytes") if m else None for m in dones]
+        each = [m["peak_rss_each_bytes"] if m else None for m in dones]
+        rec["worker_peak_rss_bytes"] = [e[0] if e else None for e in each]  # the worker process itself
+        rec["worker_processes_peak_rss_bytes"] = each  # the worker, then what it started (luwu: its engine)
+        # summed peaks count shared memory (a luwu worker's /dev/shm rings with its engine) once per process
+        rec["worker_tree_peak_rss_bytes"] = [sum(e) if e else None for e in each]
+        # what is held to the cap: with no enforcement, each worker with the processes it started (their
+        # summed peaks: an upper bound); else (the cgroup held them jointly, or RLIMIT_AS each) each process
+        rec["worker_capped_peak_bytes"] = [(sum(e) if cap.kind == "measured" else max(e)) if e else None for e in each]
+        peaks = [p for p in rec["worker_capped_peak_bytes"] if p is not None]
         if cap.kind == "rlimit-as" and not any(ooms):  # too little address space to start, or an allocator that aborts
             hit = next((w.name for w in workers if w.proc.returncode not in (0, None) and w.log is not None
                         and any(m in _read(w.log) for m in _NO_MEMORY)), None)

@@ -69,6 +69,7 @@ def search(base: dict, cap: MemoryCap, work: Path, max_layers: int, budget: floa
                 show("starting")
                 rec = trial(system, layers, params, sys_base, cap, work, max(left, MIN_TRIAL_S), show)
                 rec["checkpointing"] = ckpt[system]
+                rec["init"] = rec.get("init") or ("meta" if system == "fsdp" and base.get("fsdp_init") == "meta" else "eager")
                 trials.append(rec)
                 if rec["fits"]:
                     lo = layers
@@ -95,9 +96,18 @@ def summarise(base: dict, cap: MemoryCap, trials: list[dict]) -> dict:
         "largest_params": largest,
         "largest_layers": {s: (best[s]["layers"] if best[s] else 0) for s in systems},  # type: ignore[index]
         "tokens_per_s": {s: (best[s].get("tokens_per_s") if best[s] else None) for s in systems},  # type: ignore[union-attr]
-        "worker_peak_rss_bytes": {s: (max(best[s]["worker_tree_peak_rss_bytes"]) if best[s] else None)  # type: ignore[index]
+        "worker_peak_rss_bytes": {s: (max(best[s]["worker_capped_peak_bytes"]) if best[s] else None)  # type: ignore[index]
                                   for s in systems},
+        "worker_tree_peak_rss_bytes": {s: (max(best[s]["worker_tree_peak_rss_bytes"]) if best[s] else None)  # type: ignore[index]
+                                       for s in systems},
+        "worker_cgroup_peak_bytes": {s: (max(best[s]["cgroup_peak_bytes"]) if best[s] and best[s]["cgroup_peak_bytes"]  # type: ignore[index]
+                                         else None) for s in systems},
+        "peak_held_to_cap": ("each worker with the processes it started, summed peak RSS" if cap.kind == "measured"
+                             else "each worker process's peak RSS (VmHWM)"
+                             + (", and each worker with what it started within the cgroup" if cap.kind.startswith("cgroup")
+                                else "")),
         "checkpointing": {s: next((t["checkpointing"] for t in trials if t["system"] == s), None) for s in systems},
+        "init": {s: next((t["init"] for t in trials if t["system"] == s), None) for s in systems},
         "trials": trials, "trials_run": len(trials),
         "errors": [f"{t['system']} L{t['layers']}: {t['reason']}: {str(t.get('detail', ''))[:300]}"
                    for t in trials if t["reason"] in ("error", "timeout")],

@@ -6,7 +6,8 @@ Roles:
   the optimizer node(s) in this one, with `node_memory` bytes of RAM). Prints
   ``{"ready": true, "networks": [...]}``, waits for a line on stdin, then prints the node's
   statistics, its disk traffic (/proc/self/io) and its peak RSS, and exits. Not capped.
-* ``luwu``, ``ddp``, ``fsdp``: one training worker (rank RANK of 2) that builds the model, trains
+* ``luwu``, ``ddp``, ``fsdp``: one training worker (rank RANK of 2) that builds the model (FSDP2: on
+  the meta device, sharded, then materialised, unless `fsdp_init` is "eager"), trains
   `steps` steps and prints ``{"done": true, ...}`` with its step times, losses, parameters and
   peak RSS (VmHWM: its own, and its own plus the processes it started, e.g. a luwu worker's engine
   daemon). Run capped (memcap.py); a MemoryError is reported as ``{"oom": "..."}``.
@@ -32,9 +33,9 @@ def _say(**msg: object) -> None:
     print(json.dumps(msg, default=float), flush=True)
 
 
-def _tree_hwm() -> int:
-    """This process's peak RSS plus the peaks of the processes it started (an upper bound of the tree's peak)."""
-    return vm_hwm("self") + sum(vm_hwm(p) for p in descendants(os.getpid()))
+def _tree_hwms() -> list[int]:
+    """Peak RSS of this process, then of each process it started (a luwu worker's engine daemon)."""
+    return [vm_hwm("self"), *(vm_hwm(p) for p in descendants(os.getpid()))]
 
 
 def _batch(spec: dict, rank: int, step: int):
@@ -44,7 +45,7 @@ def _batch(spec: dict, rank: int, step: int):
     return torch.randint(0, int(spec["model"]["vocab"]), (int(spec["batch"]), int(spec["model"]["seq"])), generator=g)
 
 
-def _build_luwu_model(cfg: dict):
+def _build_luwu_model(cfg: dict) -> tuple[Any, str]:
     """The model a luwu worker wraps. Today ModelInNetwork takes a materialised model (the whole model
     is built here before the wrapper frees its units), so a luwu worker's peak includes one full fp32
     copy of the model. When ModelInNetwork can initialise units from a meta-device model, it says so
@@ -53,13 +54,14 @@ def _build_luwu_model(cfg: dict):
     from luwu.bench.capacity_model import build
     from luwu.train import ModelInNetwork
 
-    return build(cfg, meta=bool(getattr(ModelInNetwork, "builds_from_meta", False)))
+    meta = bool(getattr(ModelInNetwork, "builds_from_meta", False))
+    return build(cfg, meta=meta), ("meta" if meta else "eager")
 
 
 def _train(spec: dict, role: str, rank: int) -> dict:
     import torch
 
-    from luwu.bench.capacity_model import build, loss_of
+    from luwu.bench.capacity_model import build, loss_of, materialise
 
     torch.set_num_threads(int(spec.get("threads", 1)))
     cfg, world, steps, backend = spec["model"], int(spec["world"]), int(spec["steps"]), spec["model"]["backend"]
@@ -71,7 +73,7 @@ def _train(spec: dict, role: str, rank: int) -> dict:
         import luwu
         from luwu.train import ModelInNetwork
 
-        model = _build_luwu_model(cfg)
+        model, init = _build_luwu_model(cfg)
         network = json.loads(Path(spec["networks"]).read_text())[rank]
         mnn = ModelInNetwork(model, optimizer=luwu.AdamW(lr=lr), network=network, engine="process",
                              served_dtype=spec.get("served_dtype", "bf16"))
@@ -82,7 +84,8 @@ def _train(spec: dict, role: str, rank: int) -> dict:
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank, world_size=world)
         close.append(dist.destroy_process_group)
-        model = build(cfg)
+        meta = role == "fsdp" and spec.get("fsdp_init", "meta") == "meta"  # built sharded: never whole here
+        model, init = build(cfg, meta=meta), ("meta" if meta else "eager")
         if role == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
@@ -96,9 +99,11 @@ def _train(spec: dict, role: str, rank: int) -> dict:
             for block in blocks:
                 fully_shard(block, mesh=mesh)
             fully_shard(model, mesh=mesh)
+            if meta:
+                materialise(model, backend)
             train_model = model
         opt = torch.optim.AdamW(train_model.parameters(), lr=lr)
-    _say(built=True, rank=rank, rss_bytes=vm_hwm("self"))
+    _say(built=True, rank=rank, rss_bytes=vm_hwm("self"), init=init)
     times, losses = [], []
     try:
         for step in range(steps):
@@ -115,7 +120,7 @@ def _train(spec: dict, role: str, rank: int) -> dict:
             losses.append(float(loss.detach()))
             _say(step=step, rank=rank, seconds=times[-1], loss=losses[-1])
         report = {"rank": rank, "seconds": times, "losses": losses, "tokens_per_step": int(ids.numel()),
-                  "peak_rss_bytes": vm_hwm("self"), "peak_rss_tree_bytes": _tree_hwm()}
+                  "peak_rss_bytes": vm_hwm("self"), "peak_rss_each_bytes": _tree_hwms()}
         if opt is None:
             report["mnn_memory"] = mnn.report().get("memory")
     finally:

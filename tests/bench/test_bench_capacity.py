@@ -42,9 +42,14 @@ def test_capacity_reports_each_systems_largest_fitting_trial_and_the_ratio(tmp_p
         assert res["largest_params"][system] == max(t["params"] for t in fit) > 0
         assert res["largest_layers"][system] == 1
         assert res["tokens_per_s"][system] > 0
-        peaks = fit[0]["worker_tree_peak_rss_bytes"]
+        peaks = fit[0]["worker_capped_peak_bytes"]
         assert len(peaks) == 2 and all(0 < p <= res["worker_memory_bytes"] for p in peaks)
         assert res["worker_peak_rss_bytes"][system] == max(peaks)
+        each = fit[0]["worker_processes_peak_rss_bytes"]
+        assert peaks == [sum(e) if res["enforced"] == "measured" else max(e) for e in each]
+        assert fit[0]["worker_tree_peak_rss_bytes"] == [sum(e) for e in each]
+        if system == "luwu":  # its engine daemon is a process of the worker's, counted with it
+            assert all(len(e) >= 2 for e in each), each
     assert res["ratio_to_ddp"] == res["largest_params"]["luwu"] / res["largest_params"]["ddp"]
     assert "ratio_to_fsdp" not in res  # FSDP was not run
     luwu = next(t for t in res["trials"] if t["system"] == "luwu")
