@@ -154,10 +154,13 @@ def _write(out: Path, res: dict) -> None:
     (out / "capacity.json").write_text(json.dumps(res, indent=2, default=float))
     names = res["systems"]
     colors = {"luwu": "tab:blue", "ddp": "tab:orange", "fsdp": "tab:green"}
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.4))
-    ax[0].bar(names, [(res["largest_params"][n] or 0) / 1e6 for n in names], color=[colors[n] for n in names])
+    # a search that ended on a failure other than memory says so under its bar (its size is a lower bound)
+    labels = [n + ("\n(search ended on an error)" if any(e.startswith(n + " ") for e in res["errors"]) else "")
+              for n in names]
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.6))
+    ax[0].bar(labels, [(res["largest_params"][n] or 0) / 1e6 for n in names], color=[colors[n] for n in names])
     ax[0].set_ylabel("largest model trained (M params)")
-    ax[1].bar(names, [res["tokens_per_s"][n] or 0.0 for n in names], color=[colors[n] for n in names])
+    ax[1].bar(labels, [res["tokens_per_s"][n] or 0.0 for n in names], color=[colors[n] for n in names])
     ax[1].set_ylabel("tokens/s at that size")
     fig.suptitle(f"capacity: every worker under {res['worker_memory_bytes'] / 2**30:.2f} GiB ({res['enforced']}), "
                  f"hidden {res['config']['model']['hidden']}")
