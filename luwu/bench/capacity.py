@@ -9,14 +9,13 @@ to `--worker-memory`, measured in the same run:
   2 ranks over Gloo on the CPU, torch AdamW; the model built on the meta device, sharded, then
   initialised (`--fsdp-init meta`: never whole on a rank), or built whole first (`eager`).
 
-luwu's workers and DDP's ranks build the whole model (ModelInNetwork takes a materialised model
-today: capacity_trial.py's `_build_luwu_model` is where a meta-device build goes once it can).
+luwu's workers build the model on the meta device (ModelInNetwork initialises it unit by unit, so
+no worker holds it whole: worker/model_in_network/materialize.py); DDP's ranks build it whole.
 
 The model has a fixed `--hidden` size and a growing number of layers (`capacity_model.py`:
 transformers' `LlamaForCausalLM` when installed, else a built-in module of the same shapes),
-activation checkpointing on for every system that supports it (ModelInNetwork says so with a true
-`supports_activation_checkpointing`; until then luwu trains without it, which only costs luwu
-memory, and the JSON's `checkpointing` says so). Each trial trains `--steps` steps in fresh
+activation checkpointing on for every system (a recomputed forward pulls its unit again in luwu).
+Each trial trains `--steps` steps in fresh
 processes. Per system the layers double from 1 until a size does not fit (or `--max-layers`),
 then bisect, within the system's share of `--time-budget`.
 

@@ -20,15 +20,6 @@ RESOLUTION = 8  # bisect until the largest fitting size is known within 1/8 of i
 MIN_TRIAL_S = 60.0  # a trial gets at least this long, even when the budget is nearly spent
 
 
-def luwu_checkpointing() -> bool:
-    """Whether ModelInNetwork takes activation checkpointing (a recomputed forward pulls the unit
-    again). It says so with a true `supports_activation_checkpointing`; without it a recomputed
-    forward finds its unit freed, so luwu trains without checkpointing."""
-    from luwu.train import ModelInNetwork
-
-    return bool(getattr(ModelInNetwork, "supports_activation_checkpointing", False))
-
-
 def _next_layers(lo: int, hi: int | None, max_layers: int) -> int | None:
     """The next size to try: double past the largest fit `lo` until one fails (`hi`), then bisect; None
     when done (the most layers fit, or `hi` is within max(1, lo / RESOLUTION) of `lo`)."""
@@ -45,7 +36,7 @@ def search(base: dict, cap: MemoryCap, work: Path, max_layers: int, budget: floa
     """Every trial of every system of `base["systems"]`, in order, within `budget` seconds."""
     from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
-    ckpt = {s: (luwu_checkpointing() if s == "luwu" else True) for s in base["systems"]}
+    ckpt = dict.fromkeys(base["systems"], True)  # every system recomputes (ModelInNetwork pulls again)
     t_end = time.monotonic() + budget
     trials: list[dict] = []
     with Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), TextColumn("{task.fields[info]}"),

@@ -46,16 +46,11 @@ def _batch(spec: dict, rank: int, step: int):
 
 
 def _build_luwu_model(cfg: dict) -> tuple[Any, str]:
-    """The model a luwu worker wraps. Today ModelInNetwork takes a materialised model (the whole model
-    is built here before the wrapper frees its units), so a luwu worker's peak includes one full fp32
-    copy of the model. When ModelInNetwork can initialise units from a meta-device model, it says so
-    with a true `builds_from_meta` class attribute, and the model is built on the meta device instead.
-    TODO(issue 26): if the attribute ends up with another name, this is the one switch point."""
+    """The model a luwu worker wraps: built on the meta device, so no worker ever holds it whole
+    (ModelInNetwork initialises it unit by unit on the rank handing it over: materialize.py)."""
     from luwu.bench.capacity_model import build
-    from luwu.train import ModelInNetwork
 
-    meta = bool(getattr(ModelInNetwork, "builds_from_meta", False))
-    return build(cfg, meta=meta), ("meta" if meta else "eager")
+    return build(cfg, meta=True), "meta"
 
 
 def _train(spec: dict, role: str, rank: int) -> dict:
