@@ -57,6 +57,9 @@ def build(args: dict, fabric: dict, mnn: dict[int, dict], ddp: dict[int, dict] |
                     "wait_seconds": {r: mnn[r]["mnn"]["wait_seconds"] for r in sorted(mnn)},
                     "units": mnn[0]["mnn"]["units"], "kept_units": mnn[0]["mnn"]["keep"],
                     "largest_unit_bytes": mnn[0]["mnn"]["largest_unit_bytes"],
+                    # what each worker held before training (ModelInNetwork.setup_memory): a meta-built model's
+                    # initialisation makes one unit at a time on the rank that hands the nodes their layers
+                    "setup_memory": {r: mnn[r].get("setup_memory") for r in sorted(mnn)},
                     # steps an optimizer node skipped for a unit (its summed gradient was non-finite or
                     # saturated): None when no rank could ask the nodes
                     "skipped_steps": mnn[0]["mnn"].get("skipped_steps"),
