@@ -1,5 +1,7 @@
 """`luwu demo`: train a small GPT through a software switch and an in-network optimizer node on
-loopback, then the same model, data and seed with DDP + Gloo + AdamW, and compare.
+loopback, then the same model, data and seed with DDP + Gloo + AdamW, and compare. `--model 125m|350m|custom`
+trains an OPT-shaped transformers model instead, built on the meta device by the luwu workers
+(hf_model.py); the report's memory block gives every process's own peak RSS (rss.py).
 
 The switch's ports are shared-memory rings with 64 KiB (loopback-mode) packets where
 `luwu.dataplane.loopback` supports them, else loopback UDP with jumbo packets (`--transport`,

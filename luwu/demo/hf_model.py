@@ -33,6 +33,7 @@ DEFAULT_LR = {"tiny": 3e-3, "custom": 3e-3, "125m": 6e-4, "350m": 3e-4}  # OPT's
 def config_dict(size: str, vocab: int, context: int, d_model: int | None = None, layers: int | None = None,
                 heads: int | None = None) -> dict:
     """The OPTConfig fields of `size` ("125m", "350m", or "custom" with d_model/layers/heads)."""
+    extra: dict[str, Any]
     if size == "custom":
         if d_model is None or layers is None or heads is None:
             raise ValueError("--model custom needs --d-model, --layers and --heads")

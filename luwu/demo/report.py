@@ -164,6 +164,9 @@ def _rss_panel(workers, nodes, memory: dict) -> None:
     nodes.bar([n for n, _ in node], [v / 2**20 for _, v in node], color="tab:green")
     if memory.get("node_budget_bytes"):
         nodes.axhline(memory["node_budget_bytes"] / 2**20, color="tab:red", linestyle="--", label="--node-memory")
+        if memory.get("node_rss_overhead_bytes"):
+            nodes.axhline((memory["node_budget_bytes"] + memory["node_rss_overhead_bytes"]) / 2**20, color="tab:gray",
+                          linestyle=":", label="+ the node's stated fixed overhead")
         nodes.legend(fontsize=8)
     nodes.set(ylabel="MiB", title="optimizer node peak RSS\n" + ("(VmHWM) and its budget" if node else
                                                                  "(in the demo's process: not measured)"))

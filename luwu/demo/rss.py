@@ -7,6 +7,8 @@ started by a demo that had built a large model would report the demo's pages as 
 
 from __future__ import annotations
 
+from luwu.dataplane.optimizer.spec import NODE_RSS_OVERHEAD
+
 SOURCE = "VmHWM of /proc/PID/status (each process's own peak RSS)"
 
 
@@ -36,8 +38,12 @@ def block(mnn: dict[int, dict], ddp: dict[int, dict] | None, nodes: dict[str, in
                  "luwu_built_on": sorted({str(mnn[r].get("built_on")) for r in mnn}),
                  "luwu_built_vm_hwm_bytes": {r: mnn[r].get("built_vm_hwm_bytes") for r in sorted(mnn)},
                  "ddp_workers": {r: ddp[r].get("vm_hwm_bytes") for r in sorted(ddp)} if ddp else None,
-                 "nodes": {n: {"peak_rss_bytes": v, "budget_bytes": node_budget} for n, v in nodes.items()},
-                 "node_budget_bytes": node_budget}
+                 "nodes": {n: {"peak_rss_bytes": v, "budget_bytes": node_budget,
+                               "within_budget_and_overhead": None if v is None else v <= node_budget + NODE_RSS_OVERHEAD}
+                           for n, v in nodes.items()},
+                 "node_budget_bytes": node_budget,
+                 # what a `luwu node` holds beyond its budget whatever the model (dataplane/optimizer/spec.py)
+                 "node_rss_overhead_bytes": NODE_RSS_OVERHEAD}
     known = [v for v in luwu.values() if v is not None]
     out["luwu_worker_peak_rss_bytes"] = max(known) if known else None
     dknown = [v for v in (out["ddp_workers"] or {}).values() if v is not None]

@@ -1,8 +1,11 @@
 """One training worker of the demo, as its own process: `python -m luwu.demo.worker SPEC.json RANK`.
 
-Mode "mnn" trains the GPT with ModelInNetwork (parameters and AdamW on the optimizer node,
+Mode "mnn" trains the model with ModelInNetwork (parameters and AdamW on the optimizer node,
 gradients summed by the switch); mode "ddp" trains the same model on the same data with
-DistributedDataParallel over Gloo and torch.optim.AdamW (the baseline). The worker writes one
+DistributedDataParallel over Gloo and torch.optim.AdamW (the baseline). The model is the demo's GPT
+(model.py) or an OPT (hf_model.py): built on the meta device in mode "mnn" (the network initialises
+it), whole in mode "ddp" with the values the network gives it. The report carries the process's own
+peak RSS (`vm_hwm_bytes`, rss.py). The worker writes one
 JSON object per line on stdout: `{"event": "metrics", "address": HOST:PORT}` when the spec asks
 for a Prometheus endpoint, `{"event": "step", ...}` per step, then `{"event": "done", "report":
 ...}` (or `{"event": "error", ...}`); the launcher (launch.py) reads them.

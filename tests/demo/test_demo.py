@@ -443,6 +443,7 @@ def test_an_opt_model_built_on_meta_trains_and_the_memory_panel_shows_every_work
     assert all(mem["luwu_workers"][r] >= mem["luwu_built_vm_hwm_bytes"][r] for r in ("0", "1")), mem
     node = mem["nodes"]["node0"]
     assert node["peak_rss_bytes"] > 50 << 20 and node["budget_bytes"] == mem["node_budget_bytes"] == 64 << 20
+    assert node["within_budget_and_overhead"] == (node["peak_rss_bytes"] <= (64 << 20) + mem["node_rss_overhead_bytes"])
     assert "worker peak RSS, VmHWM" in proc.stdout and "optimizer node0 peak" in " ".join(proc.stdout.split())
 
 
