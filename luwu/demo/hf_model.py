@@ -62,7 +62,12 @@ def build(cfg: dict, *, meta: bool, seed: int = 0, checkpointing: bool = False) 
             model = hf.OPTForCausalLM(config)
     model.train()
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5; older: the alias
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return model
 
 
