@@ -1,5 +1,7 @@
 """`luwu demo`: train a small GPT through a software switch and an in-network optimizer node on
-loopback, then the same model, data and seed with DDP + Gloo + AdamW, and compare.
+loopback, then the same model, data and seed with DDP + Gloo + AdamW, and compare. `--model 125m|350m|custom`
+trains an OPT-shaped transformers model instead, built on the meta device by the luwu workers
+(hf_model.py); the report's memory block gives every process's own peak RSS (rss.py).
 
 The switch's ports are shared-memory rings with 64 KiB (loopback-mode) packets where
 `luwu.dataplane.loopback` supports them, else loopback UDP with jumbo packets (`--transport`,
@@ -30,6 +32,7 @@ from luwu.dataplane.optimizer.spec import SERVED_DTYPES
 from luwu.dataplane.usage import UserError, existing_file, positive_float, positive_int, probability, size
 
 from .cpu import StepCpu
+from .hf_model import DEFAULT_LR, DEFAULT_STEPS, SIZES
 from .launch import WorkerGroup
 from .progress import DemoProgress, human_bytes
 
@@ -43,11 +46,24 @@ DEFAULT_PACKET_MODE = {"shm": "loopback", "udp": "jumbo"}
 # control socket's round trips per pull and push (README "Measured here": ~11 ms of CPU per step, 8% more tokens/s
 # on 2 cores); "process" keeps the engine daemon beside each worker, the torch backend's default
 ENGINES = ("embedded", "process")
+MODELS = ("tiny", *SIZES, "custom")  # the demo's GPT; OPT-shaped transformers models (hf_model.py)
+TINY_DIMS = {"d_model": 128, "layers": 4, "heads": 4}  # --d-model, --layers, --heads when not given
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=positive_int, default=2, help="worker processes (default 2)")
-    p.add_argument("--steps", type=positive_int, default=150, help="training steps (default 150)")
+    p.add_argument("--model", choices=MODELS, default="tiny",
+                   help="tiny: the demo's own GPT (default; --d-model/--layers/--heads size it); 125m, 350m: OPT-125m- "
+                        "and OPT-350m-shaped transformers models; custom: an OPT of --d-model/--layers/--heads. The "
+                        "OPT models are built on the meta device on the luwu workers (the network initialises them "
+                        "unit by unit) and whole, to the same values, in the DDP baseline")
+    p.add_argument("--vocab", type=positive_int, default=None,
+                   help="the model's vocabulary (default: the corpus's characters; at least that many)")
+    p.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                   help="activation checkpointing in every block, in both runs (OPT models only; default: on for "
+                        "125m and 350m)")
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help="training steps (default " + ", ".join(f"{v} for {k}" for k, v in DEFAULT_STEPS.items()) + ")")
     p.add_argument("--out", type=Path, default=Path("luwu-demo"), help="where report.json and the plots go")
     p.add_argument("--drop", type=probability, default=0.0, help="simulated packet loss on every switch port and "
                                                            "direction (e.g. 0.01); recovery keeps results exact")
@@ -59,11 +75,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="RAM each optimizer node may use for optimizer state and served copies (its --ram-budget; "
                         "past it the state goes out of core to the node's files), e.g. 512MiB (default 256MiB)")
     p.add_argument("--batch", type=positive_int, default=16, help="global batch (sequences per step, split over workers)")
-    p.add_argument("--lr", type=positive_float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--lr", type=positive_float, default=None,
+                   help="AdamW learning rate (default " + ", ".join(f"{v:g} for {k}" for k, v in DEFAULT_LR.items())
+                        + ")")
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--d-model", type=positive_int, default=128)
-    p.add_argument("--layers", type=positive_int, default=4, help="transformer blocks")
-    p.add_argument("--heads", type=positive_int, default=4, help="attention heads (must divide --d-model)")
+    p.add_argument("--d-model", type=positive_int, default=None, help="width of --model tiny or custom (default 128)")
+    p.add_argument("--layers", type=positive_int, default=None, help="transformer blocks (tiny, custom; default 4)")
+    p.add_argument("--heads", type=positive_int, default=None,
+                   help="attention heads (tiny, custom; default 4; must divide --d-model)")
     p.add_argument("--context", type=positive_int, default=64, help="characters per training sequence")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-dtype", choices=sorted(SERVED_DTYPES), default="bf16",
@@ -105,6 +124,20 @@ def _check(args) -> None:
         raise UserError("--transport shm: shared-memory rings need Linux on x86-64 with /dev/shm; use --transport udp")
     if args.packet_mode is None:
         args.packet_mode = DEFAULT_PACKET_MODE[args.transport]
+    dims = [f"--{k.replace('_', '-')}" for k in TINY_DIMS if getattr(args, k) is not None]
+    if args.model in SIZES and dims:
+        raise UserError(f"--model {args.model} has fixed dimensions; for {' '.join(dims)} use --model custom")
+    for k, v in TINY_DIMS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.checkpointing and args.model == "tiny":
+        raise UserError("--checkpointing is for the OPT models (--model 125m, 350m or custom)")
+    if args.checkpointing is None:
+        args.checkpointing = args.model in SIZES
+    if args.steps is None:
+        args.steps = DEFAULT_STEPS[args.model]
+    if args.lr is None:
+        args.lr = DEFAULT_LR[args.model]
     if args.d_model % args.heads:
         raise UserError(f"--heads {args.heads} must divide --d-model {args.d_model} (each head gets d_model/heads)")
     try:
@@ -150,8 +183,7 @@ def _spec(args, mode: str) -> dict:
     return {"mode": mode, "workers": args.workers, "steps": args.steps, "batch": args.batch, "lr": args.lr,
             "weight_decay": args.weight_decay, "seed": args.seed, "served_dtype": args.served_dtype,
             "engine": args.engine, "corpus": str(args.corpus) if args.corpus else None,
-            "model": {"d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads,
-                      "context": args.context}}
+            "model": args.model_spec}
 
 
 def _model_info(args) -> dict:
@@ -167,11 +199,31 @@ def _model_info(args) -> dict:
         raise UserError(f"--corpus {args.corpus}: cannot read it as UTF-8 text ({exc})") from None
     if len(corpus.tokens) <= args.context + 1:
         raise UserError(f"--corpus has {len(corpus.tokens)} characters, fewer than --context {args.context} + 2")
-    cfg = GPTConfig(vocab=corpus.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
-                    context=args.context)
-    units = split_units(build(cfg, args.seed))
+    vocab = args.vocab or corpus.vocab
+    if vocab < corpus.vocab:
+        raise UserError(f"--vocab {vocab} is smaller than the corpus's {corpus.vocab} characters")
+    if args.model == "tiny":
+        cfg = GPTConfig(vocab=vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                        context=args.context)
+        units = split_units(build(cfg, args.seed))
+        config, how = cfg.to_dict(), {"family": "gpt", "luwu_build": "whole, seeded", "ddp_build": "whole, seeded",
+                                      "initial_values": "the same in both runs (one generator seeded --seed)"}
+        args.model_spec = {"kind": "gpt", "d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads,
+                           "context": args.context, **({"vocab": vocab} if args.vocab else {})}
+    else:
+        from . import hf_model
+
+        config = hf_model.config_dict(args.model, vocab, args.context, args.d_model, args.layers, args.heads)
+        units = split_units(hf_model.build(config, meta=True))  # shapes only: the demo never holds it either
+        args.model_spec = {"kind": "opt", "config": config, "context": args.context,
+                           "checkpointing": bool(args.checkpointing)}
+        how = {"family": "opt", "luwu_build": "meta (ModelInNetwork initialises it unit by unit)",
+               "ddp_build": "whole, then set to the network's initial values unit by unit",
+               "initial_values": "the same in both runs: unit i by its modules' own init under seed --seed + i "
+                                 "(worker/model_in_network/materialize.py)"}
     numel = sum(u.numel for u in units)
-    return {"config": cfg.to_dict(), "parameters": numel, "bytes_fp32": 4 * numel,
+    return {"name": args.model, **how, "activation_checkpointing": bool(args.checkpointing), "config": config,
+            "parameters": numel, "bytes_fp32": 4 * numel, "largest_unit_numel": max(u.numel for u in units),
             "served_itemsize": SERVED_DTYPES[args.served_dtype].itemsize,
             "units": [{"layer_id": u.index, "module": u.label(), "numel": u.numel} for u in units],
             "corpus_characters": len(corpus.tokens)}
@@ -213,9 +265,13 @@ def run(args) -> int:
     info = _model_info(args)
     resume = _resume_point(args)  # before the run: a missing checkpoint is the user's mistake (exit 2)
     tokens_per_step = args.batch * args.context
-    console.print(f"[bold]luwu demo[/]: a {info['parameters']:,}-parameter GPT ({args.layers} blocks, d_model "
-                  f"{args.d_model}, context {args.context}) on {info['corpus_characters']:,} characters, "
-                  f"{args.workers} workers, {args.steps} steps"
+    shape = (f"GPT ({args.layers} blocks, d_model {args.d_model}" if args.model == "tiny" else
+             f"OPT {args.model} ({info['config']['num_hidden_layers']} blocks, hidden {info['config']['hidden_size']}, "
+             f"vocab {info['config']['vocab_size']}, {'activation checkpointing, ' if args.checkpointing else ''}"
+             "built on meta by the luwu workers")
+    console.print(f"[bold]luwu demo[/]: a {info['parameters']:,}-parameter {shape}, context {args.context}) on "
+                  f"{info['corpus_characters']:,} characters, {args.workers} workers, {args.steps} steps "
+                  f"(--steps), node memory {human_bytes(args.node_memory)}"
                   + (f", {args.drop:.1%} simulated loss" if args.drop else ""))
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a terminated demo still stops what it started
     try:
@@ -325,6 +381,7 @@ def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int
         except (OSError, RuntimeError, ValueError) as exc:
             nodes = []
             fabric.notes.append(f"optimizer_nodes missing: their control channels did not answer ({exc})")
+        node_rss = fabric.node_peak_rss()  # VmHWM of the nodes' processes, while they still run
     finally:
         fabric.stop()
     if hasattr(fabric, "checkpoint_summary"):
@@ -343,8 +400,12 @@ def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int
         with DemoProgress(console, enabled=not args.quiet) as progress:
             spec = dict(_spec(args, "ddp"), init_method=f"tcp://127.0.0.1:{free_tcp_port()}")
             ddp = _train("DDP + Gloo baseline", spec, workdir, progress, False, cpu=cpu_ddp)
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                if k not in ("func", "model_spec")}
     report = rep.build(settings, control, mnn, ddp, info, counters, nodes, tokens_per_step)
+    from .rss import block
+
+    report["memory"] = block(mnn, ddp, node_rss, args.node_memory, args.engine)  # peak RSS of every process
     report["prediction"] = prediction.compare(planned, mnn)  # the plan's iteration time against the measured one
     # CPU seconds per steady step of every process, by role (luwu/demo/cpu.py); None: too few steps
     report["cpu_per_step"] = {"luwu": cpu_luwu.result(), "ddp": cpu_ddp.result() if ddp else None}
@@ -392,9 +453,15 @@ def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> No
     ddp_held = max(m["state_bytes"]["total"] for m in ddp["memory"].values()) if ddp else None
     table.add_row("worker model state held (peak)", human_bytes(held),
                   human_bytes(ddp_held) if ddp_held is not None else "-")
-    table.add_row("worker peak RSS" + (" (with its engine)" if report["settings"].get("engine") != "process" else ""),
-                  human_bytes(max(m["peak_rss_bytes"] for m in mem.values())),
-                  human_bytes(max(m["peak_rss_bytes"] for m in ddp["memory"].values())) if ddp else "-")
+    rss = report["memory"]
+    lw, dw = rss["luwu_worker_peak_rss_bytes"], rss["ddp_worker_peak_rss_bytes"]
+    table.add_row("worker peak RSS, VmHWM" + (" (with its engine)" if report["settings"].get("engine") != "process"
+                                              else ""),
+                  human_bytes(lw) if lw is not None else "?", human_bytes(dw) if dw is not None else "-")
+    for name, n in rss["nodes"].items():
+        table.add_row(f"optimizer {name} peak RSS / --node-memory",
+                      f"{human_bytes(n['peak_rss_bytes']) if n['peak_rss_bytes'] else '?'} / "
+                      f"{human_bytes(n['budget_bytes'])}", "-")
     m, f = t["luwu_measured_per_step"], t["fsdp_per_step"]
     table.add_row("traffic per worker per step, in / out", f"{human_bytes(m['in'])} / {human_bytes(m['out'])}",
                   f"FSDP would: {human_bytes(f['in'])} / {human_bytes(f['out'])}")

@@ -239,6 +239,13 @@ class ControllerFabric:
                 c.close()
         return out
 
+    def node_peak_rss(self) -> dict[str, int | None]:
+        """{node: its process's peak RSS (VmHWM) so far}: read while the nodes run (None: /proc did not say)."""
+        from .rss import vm_hwm_bytes
+
+        return {c.name.removeprefix("optimizer node "): vm_hwm_bytes(c.proc.pid) for c in self.children
+                if c.name.startswith("optimizer node ")}
+
     def stop(self) -> None:
         if self.admin is not None and self.job_id:
             try:
@@ -296,6 +303,10 @@ class LocalFabric:
 
     def node_stats(self) -> list[dict]:
         return self.net.node_stats()
+
+    def node_peak_rss(self) -> dict[str, int | None]:
+        """Empty: the nodes are threads of the demo's own process, whose RSS is not theirs alone."""
+        return {}
 
     def stop(self) -> None:
         self.net.close()

@@ -57,6 +57,9 @@ def build(args: dict, fabric: dict, mnn: dict[int, dict], ddp: dict[int, dict] |
                     "wait_seconds": {r: mnn[r]["mnn"]["wait_seconds"] for r in sorted(mnn)},
                     "units": mnn[0]["mnn"]["units"], "kept_units": mnn[0]["mnn"]["keep"],
                     "largest_unit_bytes": mnn[0]["mnn"]["largest_unit_bytes"],
+                    # what each worker held before training (ModelInNetwork.setup_memory): a meta-built model's
+                    # initialisation makes one unit at a time on the rank that hands the nodes their layers
+                    "setup_memory": {r: mnn[r].get("setup_memory") for r in sorted(mnn)},
                     # steps an optimizer node skipped for a unit (its summed gradient was non-finite or
                     # saturated): None when no rank could ask the nodes
                     "skipped_steps": mnn[0]["mnn"].get("skipped_steps"),
@@ -93,16 +96,14 @@ def plot(report: dict, out: Path) -> list[Path]:
     ax.legend()
     paths.append(_save(fig, out / "loss.png"))
 
-    labels, state, rss = ["luwu"], [_peak_state(report["luwu"]["memory"])], [_peak_rss(report["luwu"]["memory"])]
+    labels, state = ["luwu"], [_peak_state(report["luwu"]["memory"])]
     if ddp:
         labels.append("DDP")
         state.append(max(m["state_bytes"]["total"] for m in ddp["memory"].values()))
-        rss.append(max(m["peak_rss_bytes"] for m in ddp["memory"].values()))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 4))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(12, 4))
     left.bar(labels, np.array(state) / 2**20, color=["tab:blue", "tab:orange"][: len(labels)])
     left.set(ylabel="MiB", title="model state held by a worker\n(params, grads, optimizer, staging)")
-    right.bar(labels, np.array(rss) / 2**20, color=["tab:blue", "tab:orange"][: len(labels)])
-    right.set(ylabel="MiB", title="worker peak RSS\n(incl. torch and activations)")
+    _rss_panel(middle, right, report.get("memory") or {})
     paths.append(_save(fig, out / "memory.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -151,12 +152,28 @@ def plot_prediction(p: dict, path: Path) -> Path:
     return _save(fig, path)
 
 
+def _rss_panel(workers, nodes, memory: dict) -> None:
+    """Every luwu worker's peak RSS next to every DDP worker's (VmHWM, rss.py); each optimizer node's
+    beside its --node-memory budget."""
+    bars = [(f"luwu w{r}", v, "tab:blue") for r, v in (memory.get("luwu_workers") or {}).items()]
+    bars += [(f"DDP w{r}", v, "tab:orange") for r, v in (memory.get("ddp_workers") or {}).items()]
+    bars = [(n, v, c) for n, v, c in bars if v is not None]
+    workers.bar([n for n, _, _ in bars], [v / 2**20 for _, v, _ in bars], color=[c for _, _, c in bars])
+    workers.set(ylabel="MiB", title="worker peak RSS (VmHWM)\n(incl. torch and activations)")
+    node = [(n, m["peak_rss_bytes"]) for n, m in (memory.get("nodes") or {}).items() if m["peak_rss_bytes"]]
+    nodes.bar([n for n, _ in node], [v / 2**20 for _, v in node], color="tab:green")
+    if memory.get("node_budget_bytes"):
+        nodes.axhline(memory["node_budget_bytes"] / 2**20, color="tab:red", linestyle="--", label="--node-memory")
+        if memory.get("node_rss_overhead_bytes"):
+            nodes.axhline((memory["node_budget_bytes"] + memory["node_rss_overhead_bytes"]) / 2**20, color="tab:gray",
+                          linestyle=":", label="+ the node's stated fixed overhead")
+        nodes.legend(fontsize=8)
+    nodes.set(ylabel="MiB", title="optimizer node peak RSS\n" + ("(VmHWM) and its budget" if node else
+                                                                 "(in the demo's process: not measured)"))
+
+
 def _peak_state(memory: dict) -> int:
     return max(int(m["peak_bytes"]) for m in memory.values())
-
-
-def _peak_rss(memory: dict) -> int:
-    return max(int(m["peak_rss_bytes"]) for m in memory.values())
 
 
 def _save(fig, path: Path) -> Path:

@@ -1,8 +1,11 @@
 """One training worker of the demo, as its own process: `python -m luwu.demo.worker SPEC.json RANK`.
 
-Mode "mnn" trains the GPT with ModelInNetwork (parameters and AdamW on the optimizer node,
+Mode "mnn" trains the model with ModelInNetwork (parameters and AdamW on the optimizer node,
 gradients summed by the switch); mode "ddp" trains the same model on the same data with
-DistributedDataParallel over Gloo and torch.optim.AdamW (the baseline). The worker writes one
+DistributedDataParallel over Gloo and torch.optim.AdamW (the baseline). The model is the demo's GPT
+(model.py) or an OPT (hf_model.py): built on the meta device in mode "mnn" (the network initialises
+it), whole in mode "ddp" with the values the network gives it. The report carries the process's own
+peak RSS (`vm_hwm_bytes`, rss.py). The worker writes one
 JSON object per line on stdout: `{"event": "metrics", "address": HOST:PORT}` when the spec asks
 for a Prometheus endpoint, `{"event": "step", ...}` per step, then `{"event": "done", "report":
 ...}` (or `{"event": "error", ...}`); the launcher (launch.py) reads them.
@@ -44,17 +47,38 @@ def _ddp_state_bytes(model, optimizer) -> dict:
     return {"params": params, "grads": grads, "optimizer_state": state, "total": params + grads + state}
 
 
+def _build(spec: dict, vocab: int, meta: bool):
+    """The spec's model (spec["model"]["kind"]: "gpt", the demo's own, or "opt", hf_model.py) and
+    the forward that gives its logits; `meta`: an OPT model on the meta device (ModelInNetwork
+    initialises it), else built normally with the values the network would give it."""
+    m = dict(spec["model"])
+    kind, seed = m.pop("kind", "gpt"), int(spec["seed"])
+    if kind == "gpt":
+        from .model import GPTConfig, build
+
+        cfg = GPTConfig(vocab=m.pop("vocab", None) or vocab, **m)
+        return build(cfg, seed), cfg.context, (lambda runner, x: runner(x))
+    from . import hf_model
+
+    model = hf_model.build(m["config"], meta=meta, seed=seed, checkpointing=bool(m.get("checkpointing")))
+    if not meta:
+        hf_model.network_initial_values(model, m["config"], seed)
+    return model, int(m["context"]), (lambda runner, x: runner(input_ids=x, use_cache=False).logits)
+
+
 def train(spec: dict, rank: int) -> dict:
     import torch
 
     from .data import CharCorpus, shard
-    from .model import GPTConfig, build, loss_fn
+    from .model import loss_fn
+    from .rss import vm_hwm_bytes
 
     torch.set_num_threads(1)
     world = int(spec["workers"])
     corpus = CharCorpus.load(spec.get("corpus"))
-    cfg = GPTConfig(vocab=corpus.vocab, **spec["model"])
-    model = build(cfg, int(spec["seed"]))
+    meta = spec["mode"] == "mnn" and spec["model"].get("kind") == "opt"  # never whole on a luwu worker
+    model, context, forward = _build(spec, corpus.vocab, meta)
+    built_rss = vm_hwm_bytes()
     steps, batch, seed = int(spec["steps"]), int(spec["batch"]), int(spec["seed"])
     start = int(spec.get("start_step", 0))  # > 0: resuming from optimizer nodes restored at that version
     runner: torch.nn.Module  # the model as trained: ModelInNetwork (mode "mnn") or DDP around it
@@ -77,7 +101,7 @@ def train(spec: dict, rank: int) -> dict:
                                       served_dtype=spec.get("served_dtype", "bf16"),
                                       engine=spec.get("engine", "process"), keep_last=int(spec.get("keep_last", 1)),
                                       prefetch=int(spec.get("prefetch", 1)), start_version=start, store=store,
-                                      p2p_host=spec.get("p2p_host", "127.0.0.1"))
+                                      p2p_host=spec.get("p2p_host", "127.0.0.1"), seed=int(spec["seed"]))
         served = worker_metrics.address()
         if served is not None:
             _emit({"event": "metrics", "rank": rank, "address": f"{served[0]}:{served[1]}"})
@@ -92,14 +116,14 @@ def train(spec: dict, rank: int) -> dict:
     else:
         raise ValueError(f"mode {spec['mode']!r}: 'mnn' or 'ddp'")
     report: dict = {"rank": rank, "mode": spec["mode"], "losses": [], "step_seconds": [], "compute_seconds": [],
-                    "start_step": start}
+                    "start_step": start, "built_on": "meta" if meta else "cpu", "built_vm_hwm_bytes": built_rss}
     ddp_state = None
     try:
         for step in range(start, steps):  # the batches are a function of the step: a resumed run sees the same
-            x, y = shard(*corpus.batch(step, batch, cfg.context, seed), rank, world)
+            x, y = shard(*corpus.batch(step, batch, context, seed), rank, world)
             t0 = time.perf_counter()
             waited0 = sum(mnn.wait_seconds.values()) if mnn is not None else 0.0
-            loss = loss_fn(runner(x), y)
+            loss = loss_fn(forward(runner, x), y)
             loss.backward()
             if mnn is not None:
                 mnn.step()
@@ -121,8 +145,10 @@ def train(spec: dict, rank: int) -> dict:
                    "seconds": dt, "compute_seconds": compute,
                    "pushed_bytes": int(getattr(runner, "stats", {}).get("pushed_bytes", 0))
                    if spec["mode"] == "mnn" else 0})
+        report["vm_hwm_bytes"] = vm_hwm_bytes()  # this process's own peak RSS (the embedded engine's included)
         if mnn is not None:
             report["mnn"] = mnn.report()
+            report["setup_memory"] = mnn.setup_memory
             if spec.get("gather"):
                 report["params"] = {k: v.reshape(-1).tolist() for k, v in mnn.gather().items()}
         else:

@@ -402,3 +402,58 @@ def test_demo_resumes_from_the_nodes_checkpoint_bit_identically(tmp_path):
     assert resumed["control_plane"]["resumed_from"]["step"] == 3
     assert resumed["luwu"]["losses"] == full["luwu"]["losses"][3:]
     print(f"resumed at step 3: losses {resumed['luwu']['losses']} == {full['luwu']['losses'][3:]}")
+
+
+def test_an_opt_model_built_on_meta_trains_and_the_memory_panel_shows_every_worker(tmp_path):
+    """`--model custom` (tiny dimensions) takes the big sizes' path: an OPT-shaped transformers model
+    the luwu workers build on the meta device (the network initialises it unit by unit), activation
+    checkpointing on, while DDP builds it whole and sets it to the same values. The report names the
+    model, shows every luwu and DDP worker's peak RSS (VmHWM) and the node's beside its budget."""
+    out = tmp_path / "out"
+    proc = _demo(out, "--model", "custom", "--checkpointing", "--vocab", "100", "--steps", "2",
+                 "--node-memory", "64MiB")
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "memory.png").stat().st_size > 1000
+    model = report["model"]
+    assert model["name"] == "custom" and model["family"] == "opt" and model["activation_checkpointing"] is True
+    cfg = model["config"]
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["vocab_size"],
+            cfg["max_position_embeddings"]) == (32, 2, 2, 100, 16)
+    assert model["parameters"] == sum(u["numel"] for u in model["units"])
+    assert model["largest_unit_numel"] == max(u["numel"] for u in model["units"])
+    assert "meta" in model["luwu_build"] and "2 steps" in " ".join(proc.stdout.split())
+    assert report["steps"] == 2 and len(report["ddp"]["losses"]) == 2
+    # the same initial values in both runs (the DDP model set unit by unit to the network's): the first loss
+    # differs by the node's bf16 serving only
+    assert report["luwu"]["losses"][0] == pytest.approx(report["ddp"]["losses"][0], rel=1e-2)
+    # built on meta: before training no worker held more unit parameters than the largest unit (the rank
+    # handing the nodes their layers makes one at a time; the other none)
+    setup = report["luwu"]["setup_memory"]
+    largest = 4 * model["largest_unit_numel"]
+    assert 0 < setup["0"]["peak_bytes_by_kind"]["params"] <= largest, setup
+    assert setup["1"]["peak_bytes_by_kind"]["params"] <= largest, setup
+    mem = report["memory"]
+    assert mem["luwu_built_on"] == ["meta"] and "VmHWM" in mem["source"]
+    assert set(mem["luwu_workers"]) == set(mem["ddp_workers"]) == {"0", "1"}
+    assert all(v > 50 << 20 for v in [*mem["luwu_workers"].values(), *mem["ddp_workers"].values()]), mem
+    assert mem["luwu_worker_peak_rss_bytes"] == max(mem["luwu_workers"].values())
+    assert mem["ddp_worker_peak_rss_bytes"] == max(mem["ddp_workers"].values())
+    assert mem["luwu_to_ddp"] == pytest.approx(mem["luwu_worker_peak_rss_bytes"] / mem["ddp_worker_peak_rss_bytes"])
+    # a worker's peak covers what it had at the end of building its model
+    assert all(mem["luwu_workers"][r] >= mem["luwu_built_vm_hwm_bytes"][r] for r in ("0", "1")), mem
+    node = mem["nodes"]["node0"]
+    assert node["peak_rss_bytes"] > 50 << 20 and node["budget_bytes"] == mem["node_budget_bytes"] == 64 << 20
+    assert node["within_budget_and_overhead"] == (node["peak_rss_bytes"] <= (64 << 20) + mem["node_rss_overhead_bytes"])
+    assert "worker peak RSS, VmHWM" in proc.stdout and "optimizer node0 peak" in " ".join(proc.stdout.split())
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--model", "125m", "--d-model", "64"], "--model 125m has fixed dimensions"),
+    (["--checkpointing"], "--checkpointing is for the OPT models"),
+    (["--model", "custom", "--vocab", "3"], "--vocab 3 is smaller than the corpus"),
+])
+def test_bad_model_options_are_one_line_and_exit_2(tmp_path, argv, says):
+    proc = subprocess.run([str(LUWU), "demo", "--out", str(tmp_path / "out"), *argv], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
