@@ -232,7 +232,7 @@ _spare: dict[str, subprocess.Popen] = {}  # log path -> a switch process `presta
 def _launch(log_path: str) -> subprocess.Popen:
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "luwu.dataplane.loopback"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            children.python_module("luwu.dataplane.loopback"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=log, text=True, env=dict(os.environ, OMP_NUM_THREADS="1", LUWU_NO_BACKEND="1"))
 
 

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from luwu.dataplane.children import python_module
+
 from .emulation import EmuSwitch
 from .processes import Child, ChildError, ChildGroup
 
@@ -54,7 +56,7 @@ def route_entries(sw: EmuSwitch) -> list[dict]:
 def luwu_command() -> list[str]:
     """The installed `luwu` entry point beside this python, or the module behind it."""
     exe = Path(sys.executable).parent / "luwu"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "luwu.cli"]
+    return [str(exe)] if exe.exists() else python_module("luwu.cli")
 
 
 @dataclass
