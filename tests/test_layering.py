@@ -6,7 +6,8 @@ import-graph tools cannot follow). Layers, bottom up (a module may import its ow
 lower ones):
 
 0. wire facts and leaf helpers: dataplane.protocol, .quantize, .usage, .children, .scapy_layer,
-   .kernels, .net, and the generated gRPC stubs in proto;
+   .kernels, .net, .p4runtime (the P4Runtime facts the controller, the software switch and BMv2
+   share: P4Info, table entries, credentials), and the generated gRPC stubs in proto;
 1. the data plane: dataplane.switch / .engine / .optimizer / .session / .loopback, and p4 (the
    program, its generator and compiler runner);
 2. the controller;
@@ -36,7 +37,7 @@ LAYERS = {  # longest prefix wins
     "luwu.dataplane.protocol": 0, "luwu.dataplane.quantize": 0, "luwu.dataplane.usage": 0,
     "luwu.dataplane.children": 0, "luwu.dataplane.scapy_layer": 0, "luwu.dataplane.kernels": 0,
     "luwu.dataplane.trace": 0,
-    "luwu.dataplane.net": 0, "luwu.proto": 0,
+    "luwu.dataplane.net": 0, "luwu.dataplane.p4runtime": 0, "luwu.proto": 0,
     "luwu.dataplane": 1, "luwu.p4": 1,
     "luwu.controller": 2,
     "luwu.worker": 3,
@@ -155,15 +156,25 @@ def upward(edges: dict[str, set[str]]) -> list[str]:
     return found
 
 
-def cycles(edges: dict[str, set[str]]) -> list[str]:
-    """Every cycle between the nodes (`node`) of the module graph `edges`."""
+def folder(module: str) -> str:
+    """The top-level folder of a module (its package-dir entry): luwu.p4.bmv2 -> luwu.p4,
+    luwu.cli -> luwu."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[1:2] and parts[1] in FOLDERS else "luwu"
+
+
+FOLDERS = ("dataplane", "controller", "worker", "proto", "mininet", "p4")
+
+
+def cycles(edges: dict[str, set[str]], node=node) -> list[str]:
+    """Every cycle between the nodes (`node(module)`) of the module graph `edges`."""
     nodes: dict[str, set[str]] = {}
     for m, ts in edges.items():
         a = node(m)
         nodes.setdefault(a, set())
         for t in ts:
             b = node(t)
-            if b != a and t != "luwu":
+            if b != a and t != "luwu":  # `from luwu import x` is the upward check's
                 nodes[a].add(b)
     found, state, stack = [], {}, []
 
@@ -196,6 +207,14 @@ def test_no_cycles_between_packages():
     assert not found, "package cycles:\n" + "\n".join(found)
 
 
+def test_no_cycles_between_folders():
+    # the folders are the project's parts: one may use another, never the other way round as well
+    # (the P4Runtime facts dataplane and p4 both need live in dataplane/p4runtime, not in p4/)
+    edges, _ = graph()
+    found = cycles(edges, folder)
+    assert not found, "folders that import each other:\n" + "\n".join(found)
+
+
 def test_every_launch_names_its_module():
     # a process started by a computed module name is an import the two tests above cannot see
     mods = modules()
@@ -226,8 +245,10 @@ def test_the_detector_sees_launches():
     assert upward({"luwu.dataplane.engine.client": found}) == [
         f"luwu.dataplane.engine.client (data plane) imports {t} (application)"
         for t in ("luwu.cli", "luwu.daemons.engine", "luwu.demo.worker")]
-    assert cycles({"luwu.dataplane.switch.x": {"luwu.p4.tool"}, "luwu.p4.tool": {"luwu.dataplane.switch.y"}}) == [
-        "luwu.dataplane.switch -> luwu.p4.tool -> luwu.dataplane.switch"]
+    loop = {"luwu.dataplane.switch.x": {"luwu.p4.tool"}, "luwu.p4.tool": {"luwu.dataplane.switch.y"}}
+    assert cycles(loop) == ["luwu.dataplane.switch -> luwu.p4.tool -> luwu.dataplane.switch"]
+    assert cycles({"luwu.dataplane.loopback": {"luwu.p4.entries"}, "luwu.p4.entries": {"luwu.dataplane.protocol"}},
+                  folder) == ["luwu.dataplane -> luwu.p4 -> luwu.dataplane"]
 
 
 def test_the_graph_is_read():
