@@ -44,7 +44,7 @@ class ControllerConfig:
     switch_tls_key: str = ""
     reconcile_interval: float = 10.0  # seconds between read-backs of every switch (drift repair); 0: off
     metrics: str = ""  # HOST:PORT to serve Prometheus /metrics on ("": none); port 0 picks one
-    audit_log: str = ""  # JSON-lines file of every P4Runtime write to a switch ("": none; p4runtime_audit.py)
+    audit_log: str = ""  # JSON-lines file of every P4Runtime write to a switch ("": none; dataplane/p4runtime/audit.py)
 
     def validate(self) -> None:
         for name in ("meta_pool", "data_pool", "node_pool", "min_pool"):
@@ -65,14 +65,14 @@ class ControllerConfig:
     def p4info_path(self) -> Path:
         if self.p4info:
             return Path(self.p4info)
-        from luwu.p4 import P4INFO_TXTPB
+        from luwu.dataplane.p4runtime import P4INFO_TXTPB
 
         return Path(P4INFO_TXTPB)
 
     def bmv2_json_path(self) -> Path:
         if self.bmv2_json:
             return Path(self.bmv2_json)
-        from luwu.p4 import BUILD_DIR
+        from luwu.dataplane.p4runtime import BUILD_DIR
 
         return Path(BUILD_DIR) / "luwu_v1model.json"
 

@@ -16,11 +16,11 @@ from collections.abc import Iterable
 
 import grpc
 
+from luwu.dataplane.p4runtime import device_config_marker, switch_token
+from luwu.dataplane.p4runtime.audit import AuditLog
+from luwu.dataplane.p4runtime.credentials import SwitchTls
+from luwu.dataplane.p4runtime.entries import TableEntry, drop_rate_entry, route_entry
 from luwu.dataplane.protocol import DropReason, Event, MsgType
-from luwu.dataplane.switch.p4runtime_audit import AuditLog
-from luwu.dataplane.switch.p4runtime_auth import switch_token
-from luwu.dataplane.switch.p4runtime_server import device_config_marker
-from luwu.p4.runtime_config import TableEntry, drop_rate_entry, route_entry
 from luwu.proto import controller_pb2 as pb
 
 from .addresses import check_endpoint_address
@@ -34,7 +34,6 @@ from .planner import PlanError, Planner, ip_to_int
 from .programmer import ProgramError, SwitchProgrammer, SwitchTarget
 from .registry import build_topology, declared_routes, validate_node, validate_switch
 from .store import JobRow, StateStore, token_hash
-from .switch_credentials import SwitchTls
 from .usage import SwitchUsage
 
 LABELS = {"drops": DropReason, "events": Event, "rx_types": MsgType}

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from luwu.dataplane.p4runtime.entries import MulticastGroupEntry, Replica, RuntimeConfig, TableEntry
 from luwu.dataplane.session import EndpointPlan, SessionSpec, Wiring
-from luwu.p4.runtime_config import MulticastGroupEntry, Replica, RuntimeConfig, TableEntry
 
 
 @dataclass

@@ -19,9 +19,7 @@ import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from luwu.dataplane.protocol import DEFAULT_UDP_PORT, DTYPE_ITEMSIZE, HEADER_LEN, NODE, Dtype, NextStep
-from luwu.dataplane.session import SHM_SCHEME, SessionSpec, Wiring, parse_port_address
-from luwu.p4.runtime_config import (
+from luwu.dataplane.p4runtime.entries import (
     TableEntry,
     child_port_entry,
     endpoint_entry,
@@ -29,6 +27,8 @@ from luwu.p4.runtime_config import (
     session_entry,
     worker_entry,
 )
+from luwu.dataplane.protocol import DEFAULT_UDP_PORT, DTYPE_ITEMSIZE, HEADER_LEN, NODE, Dtype, NextStep
+from luwu.dataplane.session import SHM_SCHEME, SessionSpec, Wiring, parse_port_address
 
 from .config import ControllerConfig
 from .job_spec import JobSpec

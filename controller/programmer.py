@@ -35,11 +35,11 @@ from finsy import (
 from finsy.p4entity import P4Replica, encode_updates
 from finsy.proto import p4r
 
-from luwu.dataplane.switch.p4runtime_audit import AuditLog, describe_update
-from luwu.p4.runtime_config import TableEntry, multicast_group
+from luwu.dataplane.p4runtime.audit import AuditLog, describe_update
+from luwu.dataplane.p4runtime.credentials import SwitchTls, switch_credentials
+from luwu.dataplane.p4runtime.entries import TableEntry, multicast_group
 
 from .plan import SwitchProgram
-from .switch_credentials import SwitchTls, switch_credentials
 
 MANAGED_TABLES = ("sessions", "workers", "child_ports", "endpoints", "ingress_drop_sim", "egress_drop_sim", "ipv4_lpm")
 WRITE_BATCH = 500  # updates per WriteRequest
@@ -80,11 +80,11 @@ class SwitchTarget:
     target: str = "software"  # "software" | "bmv2" | "tofino"
     lanes: int = 0
     slots: int = 0
-    token: str = ""  # the switch's P4Runtime bearer token (switch_credentials.py)
+    token: str = ""  # the switch's P4Runtime bearer token (dataplane/p4runtime/credentials.py)
 
 
 class SwitchProgrammer:
-    """Programs and reads switches over P4Runtime. With `audit` (p4runtime_audit.AuditLog) every
+    """Programs and reads switches over P4Runtime. With `audit` (dataplane/p4runtime/audit.py AuditLog) every
     update it writes is logged with the switch and its result, as the switch's own log does."""
 
     def __init__(self, p4info: Path, device_config: Callable[[SwitchTarget], bytes], timeout: float = 20.0,

@@ -2,6 +2,9 @@
 Mininet runner's children): started so that they die with their parent, stopped for sure, and
 their logs quoted in errors. One helper, so every launcher stops and reports children alike.
 
+- `python_module(module, *args)`: the argv that runs `python -m module` with this interpreter, safe
+  from a folder that shadows the package: every launch of a luwu module goes through it, so
+  tests/test_layering.py reads the name it starts as an import of that module.
 - `die_with_parent(argv)`: Linux SIGTERMs the child when the process that started it dies, even
   by SIGKILL (PR_SET_PDEATHSIG set by a tiny prelude that then exec's argv), so no daemon
   outlives its worker.
@@ -39,11 +42,42 @@ _PRELUDE = ("import ctypes, os, signal, sys\n"
             "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
 
+# Python < 3.11 has no -P: run the module through runpy after dropping the current directory
+_SAFE_PATH_PRELUDE = ("import runpy, sys\n"
+                      "del sys.path[0]  # the current directory: a luwu/ folder there would shadow the package\n"
+                      "sys.argv = sys.argv[1:]\n"
+                      "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n")
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """The argv that runs `module` as ``python -m module *args`` with this interpreter.
+
+    The current directory is not put on the child's ``sys.path`` (``-P``; on Python 3.10 a small
+    runpy prelude does the same): started from a repository root, ``python -m luwu...`` would
+    otherwise import the root's ``luwu/`` folder instead of the installed package ("No module
+    named 'luwu.dataplane'"). Launch every luwu module through this helper with the module name as
+    a string literal: tests/test_layering.py counts the call as an import of that module.
+
+    Args:
+        module: the module to run, e.g. ``"luwu.dataplane.engine.daemon"``.
+        *args: its command-line arguments.
+
+    Returns:
+        The argv, for ``subprocess.Popen`` or `die_with_parent`.
+
+    Examples:
+        >>> subprocess.run(python_module("luwu.cli", "--version"), check=True)  # doctest: +SKIP
+    """
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module, *args]
+    return [sys.executable, "-c", _SAFE_PATH_PRELUDE, module, *args]
+
+
 def die_with_parent(argv: list[str]) -> list[str]:
     """`argv` wrapped so the child gets SIGTERM when this process dies.
 
     Args:
-        argv: the command, e.g. ``[sys.executable, "-m", "luwu.daemons.engine", ...]``.
+        argv: the command, e.g. ``python_module("luwu.dataplane.engine.daemon", ...)``.
 
     Returns:
         The argv to pass to ``subprocess.Popen``.

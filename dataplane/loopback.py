@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from luwu.p4.runtime_config import StarSession, star_program
+from luwu.dataplane.p4runtime.entries import StarSession, star_program
 
 from . import children
 from .heap import freeze_collector, retain_freed_memory
@@ -165,7 +165,7 @@ class StarPlan:
     # -- the switch side ----------------------------------------------------------------------------
     def runtime(self) -> dict:
         """p4lang/tutorials-style runtime JSON for the switch (built as every switch program is:
-        luwu.p4.runtime_config)."""
+        luwu.dataplane.p4runtime.entries)."""
         sessions = [StarSession(s.session, s.pool_base, s.pool_size, s.epoch,
                                 up_port=self.node_port(s.node_rank) if s.node_rank is not None else 0)
                     for s in self.sessions()]
@@ -232,7 +232,7 @@ _spare: dict[str, subprocess.Popen] = {}  # log path -> a switch process `presta
 def _launch(log_path: str) -> subprocess.Popen:
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "luwu.dataplane.loopback"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            children.python_module("luwu.dataplane.loopback"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=log, text=True, env=dict(os.environ, OMP_NUM_THREADS="1", LUWU_NO_BACKEND="1"))
 
 

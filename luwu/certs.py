@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from luwu.dataplane.switch.p4runtime_auth import CERT_ROLES, ROLE_URI_PREFIX
+from luwu.dataplane.p4runtime import CERT_ROLES, ROLE_URI_PREFIX
 from luwu.dataplane.usage import UserError, positive_int
 
 DEFAULT_CA_DAYS = 3650

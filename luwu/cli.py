@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("luwu.demo", "train a small GPT through the switch and the optimizer node on loopback"),
     "switch": ("luwu.daemons.switch", "run the software switch (UDP on loopback, or raw interfaces)"),
     "bmv2": ("luwu.p4.bmv2_switch", "run BMv2 (simple_switch_grpc) with the luwu pipeline on interfaces"),
-    "engine": ("luwu.daemons.engine", "run a SmartNIC engine daemon beside a worker"),
+    "engine": ("luwu.dataplane.engine.daemon", "run a SmartNIC engine daemon beside a worker"),
     "node": ("luwu.daemons.node", "run an in-network optimizer node"),
     "controller": ("luwu.controller.server", "run the gRPC controller"),
     "mininet": ("luwu.mininet.runner", "run a topology in Mininet emulation"),

@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from luwu.controller.topology import Topology
 from luwu.dataplane import trace
+from luwu.dataplane.children import python_module
 
 from .control import EmulatedController
 from .emulation import EmulationSpec
@@ -329,7 +329,7 @@ class Emulation:
     def _workload(self, name: str, cfg: dict, ns_path: str):
         path = self.run_dir / f"{name}.workload.json"
         path.write_text(json.dumps(cfg))
-        return self.children.start(name, [sys.executable, "-m", "luwu.mininet.workload", str(path)], ns_path)
+        return self.children.start(name, python_module("luwu.mininet.workload", str(path)), ns_path)
 
     def _start_nodes(self, namespaces: dict[str, str]) -> list:
         if self.opts.workload == "train":
@@ -370,7 +370,7 @@ class Emulation:
             plan_file = self.run_dir / f"{node}-plan.json"
             plan_file.write_text(plans[0].to_json())
             self.progress(f"starting optimizer node {node} (AdamW, RAM budget {ram} bytes)")
-            argv = train_workload.node_argv(sys.executable, node, plan_file, self.run_dir, token_file, ram)
+            argv = train_workload.node_argv(node, plan_file, self.run_dir, token_file, ram)
             if self.ctl is not None:  # re-registers itself, heartbeats, checks the workers' job token with it
                 argv += ["--controller", self.ctl.address, "--token-file", str(self.ctl.token_file), "--name", node]
             if self._metrics_address(node):

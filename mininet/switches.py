@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from luwu.dataplane.children import python_module
+
 from .emulation import EmuSwitch
 from .processes import Child, ChildError, ChildGroup
 
@@ -37,8 +39,8 @@ def drop_entries(ports: list[int], probability: float) -> list[dict]:
     """Runtime entries that make every port lose `probability` of what it receives."""
     if not probability:
         return []
+    from luwu.dataplane.p4runtime.entries import drop_rate_entry
     from luwu.dataplane.switch.controls.drop_simulator import threshold_for
-    from luwu.p4.runtime_config import drop_rate_entry
 
     return [drop_rate_entry("ingress", p, threshold=threshold_for(probability)).to_dict() for p in sorted(ports)]
 
@@ -46,7 +48,7 @@ def drop_entries(ports: list[int], probability: float) -> list[dict]:
 def route_entries(sw: EmuSwitch) -> list[dict]:
     """Runtime `ipv4_lpm` entries for the plain IPv4 the emulation routes through `sw` (rail-only:
     GPU to GPU on one rail, topologies._cross_rail)."""
-    from luwu.p4.runtime_config import route_entry
+    from luwu.dataplane.p4runtime.entries import route_entry
 
     return [route_entry(prefix, plen, port=port, dst_mac=mac).to_dict() for prefix, plen, port, mac in sw.ipv4_routes]
 
@@ -54,7 +56,7 @@ def route_entries(sw: EmuSwitch) -> list[dict]:
 def luwu_command() -> list[str]:
     """The installed `luwu` entry point beside this python, or the module behind it."""
     exe = Path(sys.executable).parent / "luwu"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "luwu.cli"]
+    return [str(exe)] if exe.exists() else python_module("luwu.cli")
 
 
 @dataclass

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from luwu.dataplane.children import python_module
+
 MODEL: dict[str, Any] = {"d_model": 32, "n_layers": 4, "n_heads": 2, "context": 16, "attn_bias": False}
 ROWS_PER_WORKER = 4  # the global batch is this many rows per worker
 LR, WEIGHT_DECAY = 1e-2, 0.1
@@ -153,10 +155,10 @@ def network_json(job, rank: int, run_dir: Path, token: str) -> str:
     return JobNetwork.from_controller(job.worker_plans[rank], info, controls, job_token=token).to_json()
 
 
-def node_argv(python: str, node: str, plan_file: Path, run_dir: Path, token_file: Path, ram: int) -> list[str]:
-    return [python, "-m", "luwu.cli", "node", "--plan", str(plan_file), "--state-dir", str(run_dir / f"{node}-state"),
-            "--ram-budget", str(ram), "--control", f"unix:{run_dir / (node + '.sock')}",
-            "--control-token-file", str(token_file)]
+def node_argv(node: str, plan_file: Path, run_dir: Path, token_file: Path, ram: int) -> list[str]:
+    return python_module(
+        "luwu.cli", "node", "--plan", str(plan_file), "--state-dir", str(run_dir / f"{node}-state"),
+        "--ram-budget", str(ram), "--control", f"unix:{run_dir / (node + '.sock')}", "--control-token-file", str(token_file))
 
 
 def summary(workers: list[dict], compared: dict) -> dict:

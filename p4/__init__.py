@@ -1,7 +1,6 @@
 """Locates the P4 sources and their committed build artifacts (P4Info, runtime JSON)."""
 
-from pathlib import Path
+# defined once, with the P4Runtime facts the controller and the switches share
+from luwu.dataplane.p4runtime import BUILD_DIR, P4_DIR, P4INFO_TXTPB
 
-P4_DIR = Path(__file__).resolve().parent
-BUILD_DIR = P4_DIR / "build"
-P4INFO_TXTPB = BUILD_DIR / "p4info.txtpb"
+__all__ = ["BUILD_DIR", "P4INFO_TXTPB", "P4_DIR"]

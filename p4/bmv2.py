@@ -16,7 +16,7 @@ from pathlib import Path
 
 import finsy as fy
 
-from .runtime_config import P4InfoIndex, RuntimeConfig, parse_value
+from luwu.dataplane.p4runtime.entries import P4InfoIndex, RuntimeConfig, parse_value
 
 BMV2_DEVICE_ID = 0
 # counter name in P4Info -> the counters() family it adds to

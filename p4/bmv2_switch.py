@@ -116,8 +116,9 @@ def program(proc: subprocess.Popen | None, address: str, runtime: Path | None, p
     """Push the pipeline (forced) and `runtime`'s entities to the BMv2 at `address`, retrying while
     it starts; returns the entities written. Raises Bmv2Error when `proc` exits, `cancelled()`
     turns true or time runs out; ValueError/KeyError when the runtime does not fit the P4Info."""
+    from luwu.dataplane.p4runtime.entries import RuntimeConfig
+
     from . import bmv2 as loader
-    from .runtime_config import RuntimeConfig
 
     async def push() -> int:
         sw = loader.switch_for(address, p4info, bmv2_json, BMV2_DEVICE_ID)
@@ -143,7 +144,7 @@ def program(proc: subprocess.Popen | None, address: str, runtime: Path | None, p
 
 
 def _index(p4info: Path):
-    from .runtime_config import P4InfoIndex
+    from luwu.dataplane.p4runtime.entries import P4InfoIndex
 
     return P4InfoIndex.load(p4info)
 
@@ -232,7 +233,7 @@ def _check(args) -> tuple[dict[int, str], Path, Path]:
     if why:
         raise UserError(why)
     if args.runtime:
-        from .runtime_config import RuntimeConfig
+        from luwu.dataplane.p4runtime.entries import RuntimeConfig
 
         try:
             RuntimeConfig.load(Path(args.runtime)).validate(_index(p4info))

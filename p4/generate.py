@@ -69,7 +69,8 @@ def render_sources(lanes: int = DEFAULT_LANES) -> dict[Path, str]:
 
 def render_runtime() -> dict[Path, str]:
     """The example runtime config, validated against the committed P4Info."""
-    from .runtime_config import P4InfoIndex, RuntimeConfig
+    from luwu.dataplane.p4runtime.entries import P4InfoIndex, RuntimeConfig
+
     from .runtime_examples import STAR_FILE, star_runtime
 
     text = star_runtime().dumps()

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from luwu.dataplane.p4runtime.entries import RuntimeConfig, StarSession, route_entry, star_program
 from luwu.dataplane.protocol import DEFAULT_UDP_PORT, NODE
-
-from .runtime_config import RuntimeConfig, StarSession, route_entry, star_program
 
 STAR_FILE = "star4.json"
 

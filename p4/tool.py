@@ -190,7 +190,7 @@ def _build(args: argparse.Namespace) -> int:
 
 def _load_credentials(args: argparse.Namespace):
     """finsy channel credentials for `luwu p4 load`, the way the controller reaches a switch
-    (luwu.controller.switch_credentials): the token over TLS, or over gRPC local credentials on
+    (luwu.dataplane.p4runtime.credentials): the token over TLS, or over gRPC local credentials on
     loopback; None for a plaintext switch (BMv2). Bad options raise UserError (one line)."""
     from luwu.dataplane.usage import UserError, existing_file_or_error, pem_certificates_or_error
 
@@ -215,8 +215,8 @@ def _load_credentials(args: argparse.Namespace):
         pem_certificates_or_error(args.tls_ca, "--tls-ca")
     if not token and not args.tls_ca:
         return None
-    from luwu.controller.switch_credentials import SwitchTls, switch_credentials
-    from luwu.dataplane.switch.p4runtime_auth import is_loopback
+    from luwu.dataplane.p4runtime import is_loopback
+    from luwu.dataplane.p4runtime.credentials import SwitchTls, switch_credentials
 
     tls = SwitchTls(args.tls_ca, args.tls_cert or "", args.tls_key or "") if args.tls_ca else None
     if token and tls is None and not is_loopback(args.addr):
@@ -239,8 +239,9 @@ def _load(args: argparse.Namespace) -> int:
 
     import finsy
 
+    from luwu.dataplane.p4runtime.entries import RuntimeConfigError
+
     from .bmv2 import load
-    from .runtime_config import RuntimeConfigError
 
     credentials = _load_credentials(args)
     logging.getLogger("finsy").setLevel(logging.CRITICAL + 1)  # its tracebacks (logged CRITICAL) say what one line says

@@ -265,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(Path(args.out).resolve(), args.device)
     env = dict(os.environ, PIP_NO_INDEX="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
                TORCH_NCCL_ASYNC_ERROR_HANDLING="1", CUBLAS_WORKSPACE_CONFIG=":4096:8")
-    # The repository root holds luwu's folders, not its import layout: luwu starts its daemons as
-    # `python -m luwu...`, which would put the current folder first on sys.path and find ./luwu
-    # (without luwu.dataplane). Python 3.11+ leaves it out with PYTHONSAFEPATH (as -P does).
+    # The repository root holds luwu's folders, not its import layout: `python -m ...` would put the
+    # current folder first on sys.path and find ./luwu (without luwu.dataplane). luwu's own children
+    # pass -P (dataplane/children.py python_module); PYTHONSAFEPATH covers what this script starts.
     env["PYTHONSAFEPATH"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
     env["PATH"] = os.pathsep.join([str(site / "bin"), os.environ.get("PATH", "")])

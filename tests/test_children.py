@@ -116,3 +116,20 @@ def test_cpu_seconds_counts_every_thread_of_a_child_including_exited_ones():
         proc.stdin.close()
         proc.wait(30)
     assert children.cpu_seconds(proc.pid) == 0.0
+
+
+@pytest.mark.parametrize("prelude", [False, True], ids=["python_module", "py310-runpy-prelude"])
+def test_python_module_ignores_a_luwu_folder_in_the_current_directory(tmp_path, prelude):
+    # a repository root (or any folder) holding luwu/ must not shadow the installed package
+    decoy = tmp_path / "luwu"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("import sys\nprint('the decoy luwu/ was imported')\nsys.exit(3)\n")
+    argv = ([sys.executable, "-c", children._SAFE_PATH_PRELUDE, "luwu.cli", "--version"] if prelude
+            else children.python_module("luwu.cli", "--version"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    plain = subprocess.run([sys.executable, "-m", "luwu.cli", "--version"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 3, "the decoy must shadow a plain `python -m` (else this test shows nothing)"
+    out = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "decoy" not in out.stdout and out.stdout.strip().startswith("luwu ")

@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -81,9 +80,9 @@ class EngineClient:
         log_path = log_path or os.path.join(workdir, f"engine-{name}.log")
         env = dict(os.environ, OMP_NUM_THREADS="1", LUWU_NO_BACKEND="1")
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                children.die_with_parent([sys.executable, "-m", "luwu.daemons.engine", *args, "--control", control,
-                                          "--batch", str(batch)]),
+            argv = children.python_module("luwu.dataplane.engine.daemon", *args, "--control", control,
+                                          "--batch", str(batch))
+            proc = subprocess.Popen(children.die_with_parent(argv),
                 env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         return proc, control, log_path
 

@@ -63,7 +63,7 @@ def send_msg(sock: socket.socket, header: dict, blobs: Sequence[Any] = ()) -> No
 
 def send_json_text(sock: socket.socket, text: str) -> None:
     """One frame with no blobs whose header is `text`, a JSON object the caller formatted itself
-    (a reply of fixed shape, sent thousands of times a second: luwu/daemons/engine.py); it must
+    (a reply of fixed shape, sent thousands of times a second: dataplane/engine/daemon.py); it must
     be what `send_msg` would send for that header, `"blobs": []` aside (readers default to none)."""
     data = text.encode()
     sock.sendall(LENGTH.pack(len(data)) + data)
@@ -139,7 +139,7 @@ class FrameReader:
 
     def feed(self, data: bytes) -> None:
         """Add bytes the caller received itself (an event loop that owns the socket's readiness:
-        luwu/daemons/engine.py); `next_msg` then hands out the frames they complete."""
+        dataplane/engine/daemon.py); `next_msg` then hands out the frames they complete."""
         if self._pos:
             del self._buf[:self._pos]
             self._pos = 0

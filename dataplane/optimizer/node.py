@@ -18,7 +18,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
@@ -39,6 +38,7 @@ from .errors import (
     UnknownLayer,
 )
 from .initial import Filler, check_initial, fresh_filler, initial_master, layer_values, record_filler, values_filler
+from .job_state import JobRuntime, LayerRuntime
 from .layout import LayerPlan, ShardPlan, plan_layer
 from .node_checkpoints import CheckpointMixin
 from .order import OrderTracker
@@ -62,26 +62,6 @@ class ParamProvider(Protocol):
     """The engine's ParamProvider shape (`OptimizerNode.provider`; this package never imports the engine)."""
 
     def lookup(self, tensor: int, version: int) -> tuple[np.ndarray, Dtype] | None: ...
-
-
-@dataclass(eq=False)
-class LayerRuntime:
-    plan: LayerPlan
-    version: int = 0
-    next_step: int = 0
-    pending: collections.deque[LayerStep] = field(default_factory=collections.deque)
-    in_flight: object = None  # LayerStep, _QUIESCE or None
-
-
-@dataclass(eq=False)
-class JobRuntime:
-    spec: JobSpec
-    max_shard_elems: int
-    layers: dict[int, LayerRuntime]
-    rank: dict[int, int]  # layer id -> position in the spec (forward order; the global norm's order)
-    order: list[int] = field(default_factory=list)  # layer ids in forward order
-    arrivals: dict[int, list[int]] = field(default_factory=dict)  # step -> layer ids in arrival order
-    skipped: dict[int, list[int]] = field(default_factory=dict)  # step -> layer ids whose step was skipped
 
 
 class OptimizerNode(CheckpointMixin):

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, NoReturn, Self
 from .checkpoint import CheckpointHandle, CheckpointManager
 from .checkpoint_files import latest_checkpoint, read_manifest, verify_record
 from .errors import CheckpointError, OptimizerInputError
+from .job_state import JobRuntime, LayerRuntime
 from .layout import plan_layer
 from .spec import JobSpec, NodeConfig
 
 if TYPE_CHECKING:
-    from .node import JobRuntime, LayerRuntime
     from .store import StateStore
 
 

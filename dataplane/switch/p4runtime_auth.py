@@ -14,7 +14,8 @@ becomes primary. Every call needs a credential (the tables name the workers' add
 sessions, so reads are authenticated too) but Capabilities, which stays open. Arbitration accepts
 only the P4Runtime role the controller uses (`role`, default "": the default full-access role).
 
-The token is per switch: `switch_token(admin_token, name)` = HMAC-SHA256 of the switch's name
+The token is per switch: `switch_token(admin_token, name)` (dataplane/p4runtime, shared with the
+controller) = HMAC-SHA256 of the switch's name
 under the deployment's admin token, so the controller and a `luwu switch --controller` that
 registered under that name both know it without the admin token ever reaching a switch's
 P4Runtime port.
@@ -28,35 +29,15 @@ clear text on a network is no credential; `check_transport` refuses the other co
 from __future__ import annotations
 
 import functools
-import hashlib
 import hmac
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-AUTH_METADATA = "authorization"
+from luwu.dataplane.p4runtime import AUTH_METADATA, CERT_ROLES, CONTROLLER, READER, ROLE_URI_PREFIX, is_loopback
+
 DEFAULT_ROLE = ""  # P4Runtime's default role: full pipeline access
-_DERIVATION = b"luwu p4runtime writer v1:"
-CONTROLLER, READER = "controller", "reader"
-CERT_ROLES = (CONTROLLER, READER)  # what a client certificate may hold (`luwu certs issue --role`)
-ROLE_URI_PREFIX = "urn:luwu:role:"  # a client certificate's role: SAN URI urn:luwu:role:ROLE
-
-
-def switch_token(admin_token: str, switch_name: str) -> str:
-    """The P4Runtime credential of switch `switch_name` in the deployment of `admin_token`.
-
-    Args:
-        admin_token: the deployment's admin token (the controller's `--token-file`).
-        switch_name: the name the switch registers under.
-
-    Returns:
-        64 hex characters; the same on the controller and on the switch.
-    """
-    if not admin_token:
-        raise ValueError("deriving a switch's P4Runtime token needs the deployment's admin token")
-    return hmac.new(admin_token.encode(), _DERIVATION + switch_name.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -162,17 +143,6 @@ class P4RuntimeAuth:
             return (f"role {role_name[:80]!r} is not configured on this switch: only the controller's role "
                     f"{self.role!r} may arbitrate")
         return None
-
-
-def is_loopback(address: str) -> bool:
-    """True for HOST:PORT on a loopback host (127.0.0.0/8, ::1, localhost)."""
-    host = address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def server_credentials(cert: str, key: str, client_ca: str = "") -> grpc.ServerCredentials:

@@ -10,7 +10,7 @@ matches), Write (table entries, default actions, multicast groups; per-update er
 `drops` / `events` / `rx_types` / `session_packets` counters; registers are UNIMPLEMENTED as on
 BMv2), StreamChannel (primary arbitration by election id) and Capabilities. Where the spec leaves
 a choice, BMv2's answer (p4runtime_semantics.py: default-entry reset, `egress_port` read-back);
-every write can be audited (p4runtime_audit.py).
+every write can be audited (dataplane/p4runtime/audit.py).
 
 `P4RuntimeBase` holds everything but the storage; the controller's in-process fake P4Runtime
 server (tests/controller/fake_p4runtime.py) reuses it with a recording store.
@@ -26,7 +26,6 @@ unauthenticated in-process server of tests and tools.
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 from concurrent import futures
@@ -38,8 +37,8 @@ from finsy.p4entity import P4Replica
 from finsy.p4values import encode_exact, encode_lpm
 from finsy.proto import U128, p4i, p4r, p4r_grpc, rpc_code, rpc_status
 
+from ..p4runtime.audit import AuditLog, WatchedContext, describe_update, peer_identity
 from . import p4runtime_semantics as sem
-from .p4runtime_audit import AuditLog, WatchedContext, describe_update, peer_identity
 from .p4runtime_auth import CONTROLLER, Grant, P4RuntimeAuth, check_transport, local_server_credentials
 from .table_schema import SCHEMA, TableError, check_p4info_implemented, short_name
 
@@ -70,7 +69,7 @@ class _Stream:
 
 class P4RuntimeBase(p4r_grpc.P4RuntimeServicer):
     """Arbitration, pipeline config and the Write/Read envelopes; subclasses store entities.
-    With `audit` (p4runtime_audit.AuditLog) every Write update and pipeline change, accepted or
+    With `audit` (dataplane/p4runtime/audit.py AuditLog) every Write update and pipeline change, accepted or
     refused, is logged with its caller."""
 
     def __init__(self, device_id: int = 0, auth: P4RuntimeAuth | None = None, audit: AuditLog | None = None):
@@ -597,7 +596,7 @@ def serve(switch, address: str, p4info_path, device_id: int = 0, credentials=Non
             (tests and in-process tools only). With auth and no TLS, only a loopback address is allowed and
             the server uses gRPC local credentials (loopback peers; call credentials allowed).
         audit: where every Write update and pipeline change is logged with its caller and result
-            (p4runtime_audit.py); None: not logged.
+            (dataplane/p4runtime/audit.py); None: not logged.
         client_ca: `credentials` require a client certificate (mutual TLS); needed for
             `auth.certificates`.
 
@@ -616,8 +615,3 @@ def serve(switch, address: str, p4info_path, device_id: int = 0, credentials=Non
     # The P4Info itself arrives with SetForwardingPipelineConfig (checked against the tables then);
     # the path is only checked here so that a daemon misconfiguration shows at start.
     return start_server(SwitchP4Runtime(switch, device_id, auth, audit), address, credentials)
-
-
-def device_config_marker(lanes: int, slots: int, name: str = "luwu-software-switch") -> bytes:
-    """The p4_device_config a controller sends to a software switch (it has no compiled program)."""
-    return json.dumps({"target": name, "lanes": lanes, "slots": slots}).encode()

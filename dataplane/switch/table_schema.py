@@ -99,7 +99,7 @@ def _cached_facts() -> dict:
     import json
     import os
 
-    from luwu.p4 import P4INFO_TXTPB
+    from luwu.dataplane.p4runtime import P4INFO_TXTPB
 
     text = P4INFO_TXTPB.read_text()
     digest = hashlib.sha256(f"{FACTS_VERSION}\n{text}".encode()).hexdigest()[:32]

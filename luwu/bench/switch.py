@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
+from luwu.dataplane.p4runtime.entries import StarSession, star_program
 from luwu.dataplane.protocol import (
     HEADER_LEN,
     Dtype,
@@ -36,7 +37,6 @@ from luwu.dataplane.protocol import (
     ver_type,
 )
 from luwu.dataplane.usage import UserError, positive_int, size
-from luwu.p4.runtime_config import StarSession, star_program
 
 HOST = "127.0.0.1"
 SESSION = 1

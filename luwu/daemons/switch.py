@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                      "bearer token becomes optional")
     p.add_argument("--audit-log", metavar="PATH|off",
                    help="with --p4runtime: append every P4Runtime write (who, what, result) to PATH as JSON lines "
-                        "(dataplane/switch/p4runtime_audit.py; default $XDG_STATE_HOME/luwu, else "
+                        "(dataplane/p4runtime/audit.py; default $XDG_STATE_HOME/luwu, else "
                         "~/.local/state/luwu, switch-p4runtime-audit.jsonl; off: none)")
     from luwu.controller.daemon_link import add_controller_arguments
 
@@ -230,7 +230,7 @@ def _start_p4runtime(sw, cfg: DaemonConfig, args):
 
 def _audit_log(args):
     """--audit-log's AuditLog (None with `off`)."""
-    from luwu.dataplane.switch.p4runtime_audit import AuditLog, default_audit_path
+    from luwu.dataplane.p4runtime.audit import AuditLog, default_audit_path
 
     if args.audit_log == "off":
         return None
@@ -245,7 +245,8 @@ def _p4runtime_auth(args):
     """Who P4Runtime admits: certificate roles with a client CA, and/or the token (ConfigError saying
     where to get a credential when there is none)."""
     from luwu.controller.config import read_token
-    from luwu.dataplane.switch.p4runtime_auth import P4RuntimeAuth, switch_token
+    from luwu.dataplane.p4runtime import switch_token
+    from luwu.dataplane.switch.p4runtime_auth import P4RuntimeAuth
 
     certificates = bool(args.p4runtime_tls_client_ca)
     if args.p4runtime_token_file:

@@ -14,7 +14,7 @@ import os
 from luwu.dataplane.children import cpu_seconds, descendants
 
 # role -> what its command line contains (first match wins, in this order)
-ROLES = (("workers", "luwu.demo.worker"), ("engines", "luwu.daemons.engine"), ("switch", " switch "),
+ROLES = (("workers", "luwu.demo.worker"), ("engines", "luwu.dataplane.engine.daemon"), ("switch", " switch "),
          ("optimizer nodes", " node "), ("controller", " controller "))
 
 

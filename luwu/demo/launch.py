@@ -32,7 +32,7 @@ def child_env(**extra: str) -> dict:
 def luwu_command() -> list[str]:
     """The installed `luwu` entry point beside this interpreter (not `python -m` from a checkout)."""
     script = Path(sys.executable).parent / "luwu"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "luwu.cli"]
+    return [str(script)] if script.exists() else children.python_module("luwu.cli")
 
 
 class Child(children.LineChild):
@@ -74,7 +74,7 @@ class WorkerGroup:
         for rank in range(self.workers):
             log = self.workdir / f"{self.name}-worker{rank}.log"
             child = Child(f"{self.name} worker {rank}",
-                          [sys.executable, "-m", "luwu.demo.worker", str(self.spec_path), str(rank)], log=log,
+                          children.python_module("luwu.demo.worker", str(self.spec_path), str(rank)), log=log,
                           on_message=functools.partial(self._message, rank, log))
             self.children.append(child)
         return self

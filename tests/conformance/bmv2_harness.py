@@ -157,8 +157,8 @@ class P4RuntimeSession:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def program(self, runtime: dict) -> None:
+        from luwu.dataplane.p4runtime.entries import RuntimeConfig
         from luwu.p4.bmv2 import write_runtime
-        from luwu.p4.runtime_config import RuntimeConfig
 
         self.call(write_runtime(self.switch, RuntimeConfig.from_dict(runtime)))
 

@@ -11,7 +11,7 @@ node on port 5, a parent switch (for the ToR session) on port 6, a host no sessi
   TOR    5  UPSTREAM,   ranks 0,1, pool [600, 608), epoch 5, group 3, up 6, up_worker 7
   REUSE  6  collective, 4 workers, pool [16, 32),   epoch 6, group 1       (reuses DATA's slots)
 
-The runtime JSON is built with luwu.p4.runtime_config's builders and validated against the
+The runtime JSON is built with luwu.dataplane.p4runtime.entries's builders and validated against the
 committed P4Info, so the same file programs the software switch and BMv2.
 """
 
@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from luwu.dataplane.protocol import DEFAULT_UDP_PORT, NODE, NextStep
-from luwu.p4.runtime_config import (
+from luwu.dataplane.p4runtime.entries import (
     RuntimeConfig,
     TableEntry,
     child_port_entry,
@@ -30,6 +29,7 @@ from luwu.p4.runtime_config import (
     session_entry,
     worker_entry,
 )
+from luwu.dataplane.protocol import DEFAULT_UDP_PORT, NODE, NextStep
 
 LANES = 64
 SLOTS = 1024  # slots per set of the switch under test (>= every pool end below)

@@ -21,9 +21,9 @@ from conformance_topology import GROUPS, LANES, SESSIONS, UDP_PORT, Host, Sessio
 from scapy.layers.inet import UDP
 from scapy.layers.l2 import Ether
 
+from luwu.dataplane.p4runtime.entries import TableEntry
 from luwu.dataplane.protocol import HEADER_LEN, Dtype, Flag, MsgType
 from luwu.dataplane.scapy_layer import Luwu
-from luwu.p4.runtime_config import TableEntry
 
 COUNTER_KINDS = ("drops", "events", "rx_types", "session_packets")
 

@@ -8,8 +8,8 @@ from conformance_topology import DATA, LANES, NODE_HOST, NODE_S, OUTSIDER, PAREN
 from conformance_vectors import Script, Vector, agg, to_group, to_up
 from scapy.packet import Raw
 
+from luwu.dataplane.p4runtime.entries import drop_rate_entry
 from luwu.dataplane.protocol import NODE, DropReason, Dtype, Event, MsgType
-from luwu.p4.runtime_config import drop_rate_entry
 
 W0, W1, W2, W3 = WORKERS
 ALWAYS = 0xFFFFFFFF  # drop threshold: every packet but one in 2^32

@@ -13,6 +13,8 @@ from bmv2_harness import P4RuntimeSession
 from conformance_suite import all_vectors, run_vector
 from conformance_topology import LANES, SLOTS, UDP_PORT, runtime_for
 
+from luwu.dataplane.p4runtime import device_config_marker
+
 switch = pytest.importorskip("luwu.dataplane.switch", reason="the software switch (dataplane/switch) is not importable")
 p4rt = pytest.importorskip("luwu.dataplane.switch.p4runtime_server", reason="no software switch P4Runtime server")
 
@@ -22,7 +24,7 @@ VECTORS = all_vectors()
 @pytest.fixture
 def device_config(tmp_path):
     path = tmp_path / "device_config.bin"
-    path.write_bytes(p4rt.device_config_marker(LANES, SLOTS))
+    path.write_bytes(device_config_marker(LANES, SLOTS))
     return path
 
 

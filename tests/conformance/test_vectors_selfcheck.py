@@ -9,9 +9,9 @@ from conformance_topology import CHILD, NODE_HOST, OUTSIDER, PARENT, UDP_PORT, W
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
+from luwu.dataplane.p4runtime.entries import RuntimeConfig
 from luwu.dataplane.protocol import MsgType
 from luwu.dataplane.scapy_layer import Luwu
-from luwu.p4.runtime_config import RuntimeConfig
 
 # every behaviour issue 3 asks the suite to cover
 REQUIRED = {

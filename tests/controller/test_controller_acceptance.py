@@ -13,8 +13,8 @@ from ctl_helpers import ADMIN, LANES, SLOTS, controller_process, job, node, two_
 from luwu.controller.client import ControllerClient, ControllerRefused
 from luwu.controller.plan import JobPlan
 from luwu.controller.programmer import SwitchProgrammer, SwitchTarget
+from luwu.dataplane.p4runtime import device_config_marker
 from luwu.dataplane.protocol import NODE, Dtype, MsgType, Packet
-from luwu.dataplane.switch.p4runtime_server import device_config_marker
 from luwu.proto import controller_pb2 as pb
 
 LAYERS_A = [3000, 5000, 700, 12000]

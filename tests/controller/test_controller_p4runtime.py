@@ -18,8 +18,9 @@ from luwu.controller.job_spec import JobSpec
 from luwu.controller.planner import Planner
 from luwu.controller.programmer import ProgramError, SwitchProgrammer, SwitchTarget
 from luwu.controller.usage import SwitchUsage
+from luwu.dataplane.p4runtime import device_config_marker
 from luwu.dataplane.protocol import DropReason, Dtype, MsgType, Packet
-from luwu.dataplane.switch.p4runtime_server import NO_PIPELINE, device_config_marker
+from luwu.dataplane.switch.p4runtime_server import NO_PIPELINE
 
 
 def star_plan(workers=3, nodes=1):
@@ -164,7 +165,7 @@ def test_runtime_json_validates_and_loads_like_p4runtime_programming(software_sw
         key = lambda e: json.dumps(e, sort_keys=True)  # noqa: E731
         assert sorted(map(key, by_file.tables.entries(table))) == sorted(map(key, by_p4rt.tables.entries(table)))
     assert by_file.tables.multicast_groups() == by_p4rt.tables.multicast_groups()
-    from luwu.p4.runtime_config import RuntimeConfigError
+    from luwu.dataplane.p4runtime.entries import RuntimeConfigError
 
     plan.programs["s1"].entries[0].action_params["bogus"] = 1
     with pytest.raises(RuntimeConfigError):

@@ -19,7 +19,7 @@ from finsy import P4TableAction, P4TableEntry, P4TableMatch, Switch, SwitchOptio
 
 from luwu.controller.client import ControllerClient, ControllerRefused
 from luwu.controller.programmer import SwitchProgrammer, SwitchTarget
-from luwu.dataplane.switch.p4runtime_server import device_config_marker
+from luwu.dataplane.p4runtime import device_config_marker
 from luwu.proto import controller_pb2 as pb
 
 MAC1 = "02:00:00:00:01:01"  # what is behind port 1 (declared as the port's MAC)
@@ -147,7 +147,7 @@ def test_luwu_switch_declares_its_routes(tmp_path, p4info):
                 assert rec.programmed == "ok"
                 assert [(r.prefix, r.port, r.mac) for r in rec.routes] == [("10.1.0.5/32", 1, ""),
                                                                          ("10.2.0.0/16", 2, MAC2)]
-            from luwu.dataplane.switch.p4runtime_auth import switch_token
+            from luwu.dataplane.p4runtime import switch_token
 
             rows = _read_authenticated(p4info, ready["p4runtime"], switch_token(ADMIN, "sw0"))
             assert rows == EXPECTED
@@ -178,7 +178,7 @@ def test_planned_entries_may_not_replace_declared_ones():
     """The guard CreateJob and RegisterSwitch run: a planned entry with a declared route's (or drop
     rule's) table and match is named; entries in other tables or with other matches pass."""
     from luwu.controller.core import _collision, declared_entries
-    from luwu.p4.runtime_config import route_entry, worker_entry
+    from luwu.dataplane.p4runtime.entries import route_entry, worker_entry
 
     rec = routed(star_switch("s1", "127.0.0.1:1", 2, []))
     rec.ports[1].ingress_drop_threshold = 1 << 30

@@ -19,9 +19,10 @@ from finsy.proto import U128, p4r, p4r_grpc
 
 from luwu.controller.client import ControllerClient
 from luwu.controller.server import BackgroundController
-from luwu.controller.switch_credentials import switch_credentials
+from luwu.dataplane.p4runtime import switch_token
+from luwu.dataplane.p4runtime.credentials import switch_credentials
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
-from luwu.dataplane.switch.p4runtime_auth import P4RuntimeAuth, check_transport, server_credentials, switch_token
+from luwu.dataplane.switch.p4runtime_auth import P4RuntimeAuth, check_transport, server_credentials
 from luwu.dataplane.switch.p4runtime_server import serve
 
 TOKEN = switch_token(ADMIN, "s1")

@@ -24,8 +24,8 @@ from luwu.controller.job_spec import JobSpec
 from luwu.controller.planner import Planner
 from luwu.controller.programmer import ProgramError, SwitchProgrammer, SwitchTarget
 from luwu.controller.usage import SwitchUsage
-from luwu.dataplane.switch.p4runtime_audit import AuditLog
-from luwu.dataplane.switch.p4runtime_server import device_config_marker
+from luwu.dataplane.p4runtime import device_config_marker
+from luwu.dataplane.p4runtime.audit import AuditLog
 
 TOKEN = "audit-test-token"
 WAIT = 60.0  # s the switch may take to start on a loaded machine

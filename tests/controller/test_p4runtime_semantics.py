@@ -17,7 +17,7 @@ from finsy.proto import U128, p4r, p4r_grpc
 from test_p4runtime_audit import _program
 
 from luwu.controller.programmer import SwitchProgrammer, SwitchTarget
-from luwu.dataplane.switch.p4runtime_server import device_config_marker
+from luwu.dataplane.p4runtime import device_config_marker
 
 _LOOP = asyncio.new_event_loop()  # one loop for the module: grpc.aio binds its poller to the first loop
 TIMEOUT = 30.0

@@ -1,4 +1,4 @@
-"""The engine daemon's control socket (luwu/daemons/engine.py) speaks framing.py frames: a client
+"""The engine daemon's control socket (dataplane/engine/daemon.py) speaks framing.py frames: a client
 that sends something else gets one error frame and its connection closed, and the daemon goes on
 serving other connections."""
 

@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from luwu.p4 import P4_DIR
-from luwu.p4.runtime_config import (
+from luwu.dataplane.p4runtime.entries import (
     RuntimeConfig,
     RuntimeConfigError,
     drop_rate_entry,
@@ -17,6 +16,7 @@ from luwu.p4.runtime_config import (
     session_entry,
     worker_entry,
 )
+from luwu.p4 import P4_DIR
 from luwu.p4.runtime_examples import STAR_FILE, star_runtime
 
 STAR = P4_DIR / "runtime" / STAR_FILE

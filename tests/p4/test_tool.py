@@ -7,6 +7,7 @@ import json
 import pytest
 
 from luwu.cli import main
+from luwu.dataplane.p4runtime import device_config_marker
 from luwu.p4 import P4_DIR, P4INFO_TXTPB
 
 
@@ -52,7 +53,7 @@ def test_load_programs_a_p4runtime_switch(capsys, tmp_path):
     from luwu.dataplane.scapy_layer import Luwu
 
     blob = tmp_path / "device.bin"
-    blob.write_bytes(p4rt.device_config_marker(64, 1024))
+    blob.write_bytes(device_config_marker(64, 1024))
     runtime = tmp_path / "star.json"
     raw = json.loads((P4_DIR / "runtime" / "star4.json").read_text())
     raw["p4info"], raw["bmv2_json"] = str(P4INFO_TXTPB), str(blob)
@@ -81,7 +82,7 @@ def test_load_presents_the_switch_token(capsys, tmp_path):
     from luwu.dataplane.switch.p4runtime_auth import P4RuntimeAuth
 
     blob = tmp_path / "device.bin"
-    blob.write_bytes(p4rt.device_config_marker(64, 1024))
+    blob.write_bytes(device_config_marker(64, 1024))
     runtime = tmp_path / "star.json"
     raw = json.loads((P4_DIR / "runtime" / "star4.json").read_text())
     raw["p4info"], raw["bmv2_json"] = str(P4INFO_TXTPB), str(blob)

@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from luwu.daemons.engine import KERNELS_DEFER as ENGINE_KERNELS_DEFER
 from luwu.dataplane import kernels
 from luwu.dataplane.engine.client import EngineClient
+from luwu.dataplane.engine.daemon import KERNELS_DEFER as ENGINE_KERNELS_DEFER
 from luwu.dataplane.loopback import KERNELS_DEFER, LoopbackSwitch, StarPlan
 
 DEADLINE = 60.0  # s, an upper bound for a load to show (never an assertion on speed)

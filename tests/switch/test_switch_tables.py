@@ -192,7 +192,7 @@ def test_committed_p4_runtime_example_loads():
     import pathlib
 
     import luwu.p4
-    from luwu.p4 import runtime_config  # noqa: F401  (the P4 engineer's builders exist)
+    from luwu.dataplane.p4runtime import entries  # noqa: F401  (the P4 engineer's builders exist)
 
     for path in sorted((pathlib.Path(luwu.p4.__file__).parent / "runtime").glob("*.json")):
         data = json.loads(path.read_text())

@@ -268,7 +268,7 @@ def _check_match(table, match: dict, where: str) -> tuple:
     if unknown:
         raise RuntimeConfigError(f"{where}: unknown match field(s) {sorted(unknown)}; the key is "
                                  f"{[f'{f.name}:{f.bitwidth}' for f in table.match_fields]}")
-    key = []
+    key: list[int | tuple[int, int]] = []
     for f in table.match_fields:
         if f.name not in match:
             raise RuntimeConfigError(f"{where}: match needs field {f.name!r} ({f.bitwidth} bits)")

@@ -1,7 +1,7 @@
 """How the controller authenticates to a switch's P4Runtime: the switch's token, over TLS or loopback.
 
 Every call carries `authorization: Bearer <switch_token(admin token, switch name)>` (see
-`luwu.dataplane.switch.p4runtime_auth`). gRPC sends call credentials only over a protected
+`luwu.dataplane.p4runtime`). gRPC sends call credentials only over a protected
 channel, so the token rides on TLS when the deployment configures it (`--switch-tls-ca`, plus
 `--switch-tls-cert/--switch-tls-key` for switches that require a client certificate), else on
 gRPC local credentials when the switch is on loopback. A switch beyond loopback without TLS gets
@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 from finsy.grpcutil import GRPCCredentialsTLS
 
-from luwu.dataplane.switch.p4runtime_auth import AUTH_METADATA, is_loopback
+from . import AUTH_METADATA, is_loopback
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,9 @@
 """`luwu engine`: the SmartNIC engine as its own process beside a worker.
 
+It lives in the data plane, not with the application's daemons in luwu/daemons/, because the data
+plane starts it: `EngineClient.launch` (client.py) runs it as
+`children.python_module("luwu.dataplane.engine.daemon")`, a name tests/test_layering.py reads.
+
 The worker talks to it over a Unix socket (frames of dataplane/net/framing.py: a length and a
 JSON header) and shares its buffers through /dev/shm (`shm.py`), so packet work never competes
 with training for the GIL. Requests:

@@ -1,6 +1,6 @@
 """The audit log of P4Runtime writes: who wrote what to a switch, and whether it took.
 
-Both ends keep one: the switch's P4Runtime server (`luwu switch --audit-log`, p4runtime_server.py)
+Both ends keep one: the switch's P4Runtime server (`luwu switch --audit-log`, dataplane/switch/p4runtime_server.py)
 logs every Write update and SetForwardingPipelineConfig it is sent, accepted or refused, and the
 controller (`luwu controller --audit-log`, controller/programmer.py) logs every update it sends.
 One JSON object per line, appended and flushed as it happens:
