@@ -2,8 +2,9 @@
 
 `EmbeddedLink` runs `luwu.dataplane.engine.Engine` in a thread of this process; `DaemonLink`
 runs it in an engine process (`luwu engine`) and moves data through /dev/shm buffers. Both give:
-`allreduce(x, op)` (a Handle whose result is an array the caller owns; the daemon's buffers come
-from a pool, as DDP reuses the same bucket sizes every step), and for model-in-network training
+`allreduce(x, op, out=)` (a Handle whose result is an array the caller owns: `out` when given, which
+may be `x` itself; the daemon's buffers come from a pool, as DDP reuses the same bucket sizes every
+step), and for model-in-network training
 `staging(numel)` buffers that `push` reads and `pull` writes in place (the pulled parameters land
 in the posted buffer, no copy), `stats`, `describe`/`failure` for error messages, `close`.
 `open_engine` picks one by name or wraps a running Engine / EngineClient the caller keeps.
@@ -60,9 +61,17 @@ def _shared(st: Staging) -> ShmBuffer:
 class EngineLink:
     kind = "engine"
 
-    def allreduce(self, x: np.ndarray, op: str = "sum", check: np.ndarray | None = None) -> Handle:
+    def allreduce(self, x: np.ndarray, op: str = "sum", check: np.ndarray | None = None,
+                  out: np.ndarray | None = None) -> Handle:
         """The engine's allreduce of x; `check`: fingerprint fields every worker must have equal
-        (Engine.allreduce: else the handle fails with CollectiveMismatch on every worker)."""
+        (Engine.allreduce: else the handle fails with CollectiveMismatch on every worker).
+
+        `out` (a C-contiguous array of x's dtype and size, possibly x itself) receives the result
+        with no new array: the embedded engine decodes RESULTs straight into it; the daemon decodes
+        into its shared buffer and copies that into `out` once. Except: a float sum whose handle is
+        `saturated` (NaN chunks for an exact recomputation) gets a new array from the daemon, and
+        `out` (and so an in-place x) is left as it was, the input that recomputation reads; the
+        embedded engine decodes into `out` and keeps the inputs it needs (`handle.info["kept"]`)."""
         raise NotImplementedError
 
     def staging(self, numel: int) -> Staging:
@@ -102,8 +111,9 @@ class EmbeddedLink(EngineLink):
             engine = Engine(plan, config).start()
         self.engine = engine
 
-    def allreduce(self, x: np.ndarray, op: str = "sum", check: np.ndarray | None = None) -> Handle:
-        return self.engine.allreduce(x, op, check=check)
+    def allreduce(self, x: np.ndarray, op: str = "sum", check: np.ndarray | None = None,
+                  out: np.ndarray | None = None) -> Handle:
+        return self.engine.allreduce(x, op, out=out, check=check)
 
     def staging(self, numel: int) -> Staging:
         return Staging(np.zeros(numel, dtype=np.float32))
@@ -188,28 +198,36 @@ class DaemonLink(EngineLink):
     def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int, offset: int = 0) -> Handle:
         return self.client.pull(_shared(st), st.view(numel, offset), session, tensor, version)
 
-    def allreduce(self, x: np.ndarray, op: str = "sum", check: np.ndarray | None = None) -> Handle:
+    def allreduce(self, x: np.ndarray, op: str = "sum", check: np.ndarray | None = None,
+                  out: np.ndarray | None = None) -> Handle:
+        if out is not None and (out.dtype != x.dtype or out.size != x.size or not out.flags.c_contiguous):
+            raise ValueError(f"allreduce out= must be a C-contiguous {x.dtype} array of {x.size} elements")
+        dest = None if out is None else out.reshape(-1)  # a view: out is contiguous
         buf = self.pool.take(x.nbytes)
         view = buf.view(x.dtype, x.size)
         np.copyto(view, x.reshape(-1))
-        out = Handle(f"allreduce({x.size} x {x.dtype}, {op})")
+        res = Handle(f"allreduce({x.size} x {x.dtype}, {op})")
 
         def done(h: Handle) -> None:
             if h.error is not None:
-                out.set_error(h.error)
+                res.set_error(h.error)
                 self.pool.give(buf)
                 return
-            result = view.copy()
+            if dest is not None and not h.saturated:  # one copy, from the shared buffer into the caller's
+                np.copyto(dest, view)
+                result = dest
+            else:  # dest (maybe the caller's input) stays as it was for the exact recomputation
+                result = view.copy()
             self.pool.give(buf)
-            out.saturated = h.saturated
-            out.set_result(result)
+            res.saturated = h.saturated
+            res.set_result(result)
 
         try:
             self.client.allreduce(buf, view, op, check=check).add_done_callback(done)
         except Exception:
             self.pool.give(buf)
             raise
-        return out
+        return res
 
     def describe(self) -> str:
         pid = self.proc.pid if self.proc is not None else "not a child of this process"

@@ -10,7 +10,11 @@ A float sum chunk whose RESULT carries SATURATED (some contributor had inf/NaN o
 agreed exponent could not hold) cannot be read from the fixed-point sum: the engine never returns
 its clipped value but fills that chunk with NaN and sets `handle.saturated`, so a caller recomputes
 exactly those elements on an exact path (the torch backend: worker/backend/fallback.py) and a
-caller that does not still sees no plausible number (docs/protocol.md 5.1).
+caller that does not still sees no plausible number (docs/protocol.md 5.1). An in-place sum
+(`out` is `x`: the torch backend reduces a tensor in its own storage) would lose this worker's
+inputs of those chunks to the decode: the engine copies them aside just before their RESULTs are
+decoded and hands them over as `handle.info["kept"]` (the inputs at the result's NaN elements, in
+order), so the exact path still has them; nothing is kept when nothing saturates.
 
 A fingerprint (`check`: non-negative int32 fields the caller packs, e.g. the collective, dtype,
 element count, reduce op and sequence number) is agreed on the meta session before any result is
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..protocol import HEADER_LEN, Dtype
+from ..protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag
 from ..quantize import (
     chunk_exponents,
     dequantize_rows_scaled,
@@ -41,6 +45,8 @@ from .handles import CollectiveMismatch, Handle
 from .packets import QuantizedLanes, payload_int32
 
 OPS = ("sum", "avg", "max", "min")
+_FLAGS_AT = DATA_HEADER.fields["flags"][1]  # a RESULT row's flags byte
+_SATURATED = np.uint8(Flag.SATURATED)
 
 
 def check_reduction(dtype: np.dtype, op: str) -> None:
@@ -80,6 +86,9 @@ class AllreduceOp:
         self.out: np.ndarray | None = None
         self.tail: np.ndarray | None = None
         self.saturated = False
+        # in place (out is x) float sums: this worker's inputs of saturated chunks, copied before
+        # their RESULTs are decoded over them (module docstring); None when not in place
+        self.kept: dict[int, np.ndarray] | None = None
 
     @staticmethod
     def local_exponents(x: np.ndarray, op: str, lanes: int) -> np.ndarray | None:
@@ -105,6 +114,8 @@ class AllreduceOp:
         chunks = num_chunks(self.numel, lanes)
         if self.dest is None:
             self.dest = np.empty(self.numel, dtype=self.x.dtype)
+        elif self.x.dtype == np.float32 and self.op in ("sum", "avg") and np.may_share_memory(self.dest, self.x):
+            self.kept = {}
         full = self.numel // lanes
         self.out = self.dest[:full * lanes].reshape(full, lanes)
         if full < chunks:
@@ -158,6 +169,12 @@ class AllreduceOp:
                                            live=lambda: not self.handle.done()), exponents=self.exps)
 
     def _decode_fixed(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
+        if self.kept is not None:  # in place: keep the inputs a saturated chunk's decode would overwrite
+            sat = (rows[sel, _FLAGS_AT] & _SATURATED) != 0
+            if sat.any():
+                lanes = self.out.shape[1]
+                for c in chunk[sat].tolist():
+                    self.kept.setdefault(c, self.x[c * lanes: min((c + 1) * lanes, self.numel)].copy())
         s1, s2 = self.scale
         s1, s2 = s1[chunk], s2[chunk]
         lanes = self.out.shape[1]
@@ -194,6 +211,8 @@ class AllreduceOp:
         if data_op.saturated_chunks and data_op.dtype == Dtype.FIXED32:
             # the clipped fixed-point sum of these chunks is not the sum: never hand it out
             bad = np.concatenate(data_op.saturated_chunks)
+            if self.kept is not None:  # the inputs at the NaN elements the result will have, in order
+                self.handle.info["kept"] = np.concatenate([self.kept[c] for c in sorted(set(bad.tolist()))])
             self.out[bad[bad < len(self.out)]] = np.float32(np.nan)
             if self.tail is not None and (bad == len(self.out)).any():
                 self.tail[:] = np.float32(np.nan)

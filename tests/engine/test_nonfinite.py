@@ -138,6 +138,23 @@ def test_sprinkled_nonfinite_matches_ieee_reference(group, case):
         np.testing.assert_array_equal(np.isinf(r) * np.sign(r), np.isinf(ref) * np.sign(ref))
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=sprinkled())
+def test_in_place_sums_keep_the_inputs_the_exact_path_needs(group, case):
+    """out=x (the torch backend reduces a tensor in its own storage): the result overwrites the
+    input, so the engine keeps this worker's inputs of saturated chunks (reductions.py) and the
+    exact path gives the same bits as with a separate output."""
+    xs, op = case
+    engines, fallbacks = group
+    ys = [x.copy() for x in xs]
+    hs = [f.guard(e.allreduce(y, op, out=y), y, op) for e, f, y in zip(engines, fallbacks, ys)]
+    results = [h.wait(60) for h in hs]
+    ref = [h.wait(60) for h in [f.guard(e.allreduce(x, op), x, op) for e, f, x in zip(engines, fallbacks, xs)]]
+    for r, y, want in zip(results, ys, ref):
+        assert r is y, "an in-place sum must land in the caller's array, not a new one"
+        np.testing.assert_array_equal(r, want)  # NaN == NaN here
+
+
 def test_grad_path_gives_the_node_nan_for_saturated_chunks_never_a_clipped_number():
     """Model in the network: a GRAD sum with an inf contribution reaches the node's sink flagged and NaN
     in that chunk (the node's check then rejects it as non-finite), the other chunks exact."""

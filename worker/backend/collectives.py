@@ -53,7 +53,12 @@ def reduce_tensors(ctx: OpContext, tensors: list[torch.Tensor], encs: list[Encod
             continue
         parts = [encode(tensors[i], enc) for i in idx]
         x = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        handles.append(ctx.allreduce(x, op))
+        # in place: x is the tensor's own storage (a contiguous float32/int32 tensor) or this call's
+        # own encoding of it; the result lands there with no new array (assemble skips the copy into
+        # the tensor when it is its storage). Not for MAX/MIN of floats, whose NaN elements the
+        # exact path recomputes from x (fallback.py), nor for a reduce's non-root ranks (write_back)
+        in_place = write_back and (enc.kind == "int" or (enc.kind == "float" and op in ("sum", "avg")))
+        handles.append(ctx.allreduce(x, op, out=x if in_place else None))
         plans.append((enc, idx, None))
 
     def assemble(results: list[np.ndarray]) -> None:
@@ -69,10 +74,19 @@ def reduce_tensors(ctx: OpContext, tensors: list[torch.Tensor], encs: list[Encod
             at = 0
             for i in idx:
                 n = tensors[i].numel() * enc.words_per_element
-                write(tensors[i], decode(r[at: at + n], enc))
+                if not _is_storage(r, at, tensors[i]):  # already there when reduced in the tensor's own storage
+                    write(tensors[i], decode(r[at: at + n], enc))
                 at += n
 
     ctx.finish(handles, assemble)
+
+
+def _is_storage(r: np.ndarray, at: int, t: torch.Tensor) -> bool:
+    """Whether r[at:] is t's own memory (a contiguous CPU tensor reduced in place) with t's dtype."""
+    if not t.is_contiguous() or t.device.type != "cpu" or r.dtype.itemsize != t.element_size() \
+            or r.dtype.kind != ("f" if t.is_floating_point() else "i") or t.numel() == 0:
+        return False
+    return r.__array_interface__["data"][0] + at * r.dtype.itemsize == t.data_ptr()
 
 
 def _from_bytes(data: np.ndarray, like: torch.Tensor) -> torch.Tensor:

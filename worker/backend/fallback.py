@@ -64,7 +64,8 @@ class ExactFallback:
         Call on the submit thread, once per float32 SUM/AVG engine allreduce and per float MAX/MIN
         all_reduce, in submission order (that order numbers the exchange). `x` is this rank's float32
         input, read when the result is in; `esize` the bytes per element of the caller's dtype (where
-        Gloo's ring cuts a MAX/MIN buffer).
+        Gloo's ring cuts a MAX/MIN buffer). A sum reduced in place (the engine's `out` is `x`) reads
+        the inputs the engine kept of its saturated chunks instead (`handle.info["kept"]`).
         """
         tag = FALLBACK_TAG_BASE + self._next
         self._next += 1
@@ -81,16 +82,24 @@ class ExactFallback:
                 out.set_result(result)
                 return
             try:
-                self._exchange(result, x, op, tag, out, esize)
+                self._exchange(result, x, op, tag, out, esize, h.info.get("kept"))
             except Exception as e:  # noqa: BLE001 - e.g. the channel is closed: this collective fails
                 out.set_error(LuwuError(f"luwu {out.name}: the exact recomputation of saturated elements failed: {e}"))
 
         handle.add_done_callback(done)
         return out
 
-    def _exchange(self, result: np.ndarray, x: np.ndarray, op: str, tag: int, out: Handle, esize: int = 4) -> None:
+    def _exchange(self, result: np.ndarray, x: np.ndarray, op: str, tag: int, out: Handle, esize: int = 4,
+                  kept: np.ndarray | None = None) -> None:
         idx = np.flatnonzero(np.isnan(result))
-        mine = np.ascontiguousarray(x.reshape(-1)[idx], dtype=np.float32)
+        if kept is None:
+            if idx.size and np.may_share_memory(result, x):  # in place, yet nothing kept: x's inputs are gone
+                raise RuntimeError("the inputs of the saturated elements were overwritten by the result")
+            mine = np.ascontiguousarray(x.reshape(-1)[idx], dtype=np.float32)
+        else:  # an in-place sum: x holds the result; the engine kept the inputs at its NaN elements (reductions.py)
+            if kept.size != idx.size:
+                raise RuntimeError(f"the engine kept {kept.size} inputs of saturated chunks for {idx.size} NaN elements")
+            mine = np.ascontiguousarray(kept, dtype=np.float32)
         parts: list[np.ndarray | None] = [None] * self.world_size
         parts[self.rank] = mine
         peers = [r for r in range(self.world_size) if r != self.rank]

@@ -38,8 +38,10 @@ class OpContext:
         self.sched = sched
         self.work = work
 
-    def allreduce(self, x: np.ndarray, op: str) -> Handle:
-        """The engine's allreduce of x; a float sum's saturated elements are recomputed exactly (fallback.py)."""
+    def allreduce(self, x: np.ndarray, op: str, out: np.ndarray | None = None) -> Handle:
+        """The engine's allreduce of x; a float sum's saturated elements are recomputed exactly (fallback.py).
+        `out` (possibly x itself): where the result goes, no new array (EngineLink.allreduce); a
+        rail-only plan's result is a new array all the same."""
         x = np.ascontiguousarray(x).reshape(-1)
         submit = self.sched.link.allreduce
         fp = self.work.fingerprint
@@ -51,7 +53,7 @@ class OpContext:
             h = self.sched.hierarchy.allreduce(x, op, submit)
             h.info["numel"] = int(x.size)
             return h
-        h = submit(x, op)
+        h = submit(x, op) if out is None else submit(x, op, out=out)
         h.info["numel"] = int(x.size)
         if x.dtype == np.float32 and op in ("sum", "avg") and self.sched.fallback is not None:
             h = self.sched.fallback.guard(h, x, op)
