@@ -30,8 +30,9 @@ SHARD_ALIGN_ELEMS = 4096  # a tensor split across shards is cut on a multiple of
 DEFAULT_INIT_STD = 0.02  # `initial=<seed>`: weights ~ N(0, 0.02^2), GPT-2's init
 # bytes a `luwu node` process holds beyond its ram_budget, whatever the model (docs/optimizer.md "RAM"):
 # measured 440-475 MiB peak (VmHWM) at 4-16 MiB budgets on this VM: Python and torch ~225 MB, numba and
-# llvmlite (the compiled AdamW kernel) ~150 MB, the shared-memory rings ~31 MB, engine, pipeline and heap the rest
-NODE_RSS_OVERHEAD = 512 << 20
+# llvmlite (the compiled AdamW kernel) ~150 MB, the shared-memory rings ~31 MB, engine, pipeline and heap the rest;
+# 548 MiB on a fresh install, whose first node compiles the kernels (LLVM maps ~100 MiB more of its library)
+NODE_RSS_OVERHEAD = 640 << 20
 
 
 def _bad(msg: str) -> OptimizerInputError:
