@@ -301,8 +301,8 @@ class ControlServer:
                                f"{self.limits.hello_timeout:g} s (is the controller slow?)" if p.verifying else
                                f"control handshake failed: no hello within {self.limits.hello_timeout:g} s")
 
-    def _drop(self, sel: selectors.BaseSelector, p: _Pending, error: str | None) -> None:
-        """Close a pending connection with a best-effort error (never blocking the loop)."""
+    def _detach(self, sel: selectors.BaseSelector, p: _Pending) -> None:
+        """Take a connection out of the hello loop (it is dropped or admitted next)."""
         p.dead = True
         with self._lock:
             self._pending.pop(p.conn, None)
@@ -310,16 +310,14 @@ class ControlServer:
             sel.unregister(p.conn)
         except (KeyError, ValueError):
             pass
+
+    def _drop(self, sel: selectors.BaseSelector, p: _Pending, error: str | None) -> None:
+        """Close a pending connection with a best-effort error (never blocking the loop)."""
+        self._detach(sel, p)
         _refuse(p.conn, error, blocking=False)
 
     def _authenticated(self, sel: selectors.BaseSelector, p: _Pending, grant: Grant) -> None:
-        p.dead = True
-        with self._lock:
-            self._pending.pop(p.conn, None)
-        try:
-            sel.unregister(p.conn)
-        except (KeyError, ValueError):
-            pass
+        self._detach(sel, p)
         self._admit(p.conn, p.peer, grant, p.reader.take_buffered())
 
     def _admit(self, conn: socket.socket, peer: str, grant: Grant | None, buffered: bytes) -> None:
