@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,14 @@ if TYPE_CHECKING:
 
 class MetaInitError(ValueError):
     """A meta-built model's tensor that its module's own init does not set; the message names it."""
+
+
+# Seeded inits draw from torch's global generator: two of them at once in one process (ranks run
+# as threads in tests and examples, each materialising its buffers while the handing-over rank
+# initialises units) would interleave their draws and give values that depend on timing. One at a
+# time, process-wide. (Any other thread drawing from the global generator meanwhile would still
+# disturb them, as it would any seeded torch init.)
+_SEEDED_INIT = threading.Lock()
 
 
 def on_meta(model: nn.Module) -> bool:
@@ -169,7 +178,7 @@ class Materializer:
             with torch.no_grad():
                 for _, t in made:
                     t.fill_(fill)
-                with torch.random.fork_rng(devices=self._rng_devices()):
+                with _SEEDED_INIT, torch.random.fork_rng(devices=self._rng_devices()):
                     torch.manual_seed(self.seed)
                     self._init_module(m)
             runs.append([t.detach().clone() for _, t in made])
@@ -231,7 +240,7 @@ class Materializer:
             mine = {id(p) for _, p in u.params}
             with torch.no_grad():
                 f.flat.fill_(float("nan"))
-                with torch.random.fork_rng(devices=self._rng_devices()):
+                with _SEEDED_INIT, torch.random.fork_rng(devices=self._rng_devices()):
                     torch.manual_seed(self.seed + index)
                     for m in post_order(u.module):
                         own = list(m.parameters(recurse=False))
