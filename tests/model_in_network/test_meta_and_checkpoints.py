@@ -277,3 +277,23 @@ def test_a_bf16_meta_model_trains_as_the_eager_model_with_its_values(tmp_path):
     assert eager["losses"] == got["losses"]
     for k, t in eager["params"].items():
         assert torch.equal(got["params"][k], t), k
+
+
+def test_a_clean_close_leaves_no_work_folder(tmp_path):
+    """A worker's engine daemon keeps its socket and log in a folder of its own under /tmp; a
+    clean close() removes it (after a failure it stays, for the log the error names)."""
+    import os
+
+    from luwu.worker.model_in_network import SGD, ModelInNetwork
+
+    with LocalNetwork(1, 1, mode="tofino", state_dir=str(tmp_path), switch_process=False) as net:
+        mnn = ModelInNetwork(nn.Sequential(nn.Linear(4, 4)), SGD(lr=0.1), net.network(0), engine="process",
+                             timeout=WAIT)
+        try:
+            mnn(torch.ones(2, 4)).sum().backward()
+            mnn.step()
+            workdir = mnn._workdir
+            assert os.listdir(workdir)  # the daemon's socket and log are there while it runs
+        finally:
+            mnn.close()
+        assert not os.path.exists(workdir)

@@ -21,6 +21,7 @@ import collections
 import functools
 import os
 import re
+import shutil
 import tempfile
 import time
 import warnings
@@ -158,7 +159,8 @@ class ModelInNetwork(nn.Module):
         self.stats: collections.Counter[str] = collections.Counter()
         self.wait_seconds: collections.defaultdict[str, float] = collections.defaultdict(float)  # kind -> s waited
         self._p2p_host = p2p_host
-        self.engine = open_engine(engine, self.network.endpoint, tempfile.mkdtemp(prefix="luwu-mnn-"))
+        self._workdir = tempfile.mkdtemp(prefix="luwu-mnn-")  # its engine's socket and log; removed by a clean close()
+        self.engine = open_engine(engine, self.network.endpoint, self._workdir)
         worker_metrics.track(f"rank{self.rank}-model_in_network", self.engine, self.rank)  # LUWU_METRICS
         self.pool = StagingPool(self.engine, max(u.numel for u in self.units), self.memory)
         self.max_inflight_pushes = max(1, max_inflight_pushes)
@@ -574,6 +576,8 @@ class ModelInNetwork(nn.Module):
         server = getattr(self, "server", None)
         if server is not None:
             server.close()
+        if not getattr(self, "_failed", True):  # after a failure the engine's log stays for the error naming it
+            shutil.rmtree(self._workdir, ignore_errors=True)
 
     def _server_step(self, step: str, *args: Any) -> None:
         """`ServerSteps.<step>(*args)`: a reduce-scatter or all-gather inside the server; a failure
