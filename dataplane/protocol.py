@@ -60,6 +60,7 @@ class Dtype(enum.IntEnum):
     FP16 = 3
     FIXED32 = 4
     ORDERED32 = 5
+    FIXED16 = 6  # int16 lanes, one shared exponent per FIXED16_BLOCK lanes (docs/protocol.md 5.2)
 
 
 class NextStep(enum.IntEnum):
@@ -80,6 +81,7 @@ class DropReason(enum.IntEnum):
     BAD_DIRECTION = 10
     UNKNOWN_PORT = 11
     SPOOFED = 12  # a sender id on a port its `workers` entry (or the session's up_port) does not bind it to
+    BAD_CHECKSUM = 13  # the header check (hcheck, docs/protocol.md 3.5) does not match
 
 
 class Event(enum.IntEnum):
@@ -117,7 +119,8 @@ def aggregation_packet_len(lanes: int) -> int:
     return HEADER_LEN + 4 * lanes
 
 
-DTYPE_ITEMSIZE = {Dtype.INT32: 4, Dtype.FP32: 4, Dtype.BF16: 2, Dtype.FP16: 2, Dtype.FIXED32: 4, Dtype.ORDERED32: 4}
+DTYPE_ITEMSIZE = {Dtype.INT32: 4, Dtype.FP32: 4, Dtype.BF16: 2, Dtype.FP16: 2, Dtype.FIXED32: 4, Dtype.ORDERED32: 4,
+                 Dtype.FIXED16: 2}
 _ITEMSIZE_BY_CODE: dict[int, int] = {int(d): n for d, n in DTYPE_ITEMSIZE.items()}  # by the header's dtype byte
 
 # --- header layouts (numpy, for vectorised work on batches of packets) -----------------------

@@ -1,0 +1,223 @@
+"""The wire's integrity codes, as reference code: the header check, the check words that survive
+in-network aggregation, the PARAM/PULL trailer, and the self-checking exponent lanes.
+
+docs/protocol.md 3.5-3.8 specifies them; this module is their executable reference. Fast paths
+(the engine's kernels, the software switch's batch paths, the P4 programs) must agree with these
+functions bit for bit, and tests compare them against it. Everything here is plain numpy or
+Python, written to be read, not to be fast.
+
+Summary (protocol version 2):
+
+* **Header check** (`hcheck`, bytes 26..27, every message type): CRC-16/ARC of the 30 other
+  header bytes. Hop by hop: every receiver verifies it, the switch recomputes it on what it emits.
+* **Check words** (aggregation types): the last `check_lanes(dtype)` lanes of the payload. Linear
+  in the lanes modulo the lane width, so the switch sums them like data and the receiver of a sum
+  verifies the sum: `c_j = sum_k w_j(k) * v_k + n * T_j  (mod 2^W)`, where `v` are the lanes before
+  the check words, `n` the contributor count and `T_j` a term binding the header fields the
+  switch keeps (and, for FIXED16, the block exponents). MAX packets carry `c_j = T_j` only.
+* **Trailer** (PARAM, PULL): a CRC-32 of the payload after it, end to end.
+* **Exponent lanes** of the agreement round (a MAX of int32 lanes): `e << 16 | exp_tag(e)`, so
+  the lane that wins a max carries its own check.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from .protocol import HEADER_LEN, Dtype, Flag, MsgType
+
+HCHECK_OFFSET = 26  # bytes 26..27 of the header (was `reserved`)
+TRAILER_LEN = 4  # PARAM and PULL: CRC-32 of the payload, big-endian, after it
+FIXED16_BLOCK = 32  # lanes per shared exponent of the FIXED16 format (docs/protocol.md 5.2)
+CHECK_BITS = 64  # bits of check words per aggregation packet, whatever the lane width
+
+# --- header check: CRC-16/ARC (poly 0x8005 reflected, init 0, no final xor; P4 crc16) ---------
+
+_CRC16_TABLE = np.zeros(256, dtype=np.uint16)
+for _i in range(256):
+    _c = _i
+    for _ in range(8):
+        _c = (_c >> 1) ^ 0xA001 if _c & 1 else _c >> 1
+    _CRC16_TABLE[_i] = _c
+
+
+def crc16_arc(data: bytes) -> int:
+    """CRC-16/ARC of `data` (check value of b"123456789" is 0xBB3D)."""
+    crc = 0
+    for b in data:
+        crc = (crc >> 8) ^ int(_CRC16_TABLE[(crc ^ b) & 0xFF])
+    return crc
+
+
+def header_check(header: bytes | memoryview) -> int:
+    """The hcheck value of a 32-byte header: CRC-16/ARC of bytes 0..25 and 28..31."""
+    h = bytes(header[:HEADER_LEN])
+    return crc16_arc(h[:HCHECK_OFFSET] + h[HCHECK_OFFSET + 2:HEADER_LEN])
+
+
+def header_checks(rows: np.ndarray) -> np.ndarray:
+    """hcheck of each row of a (K, >=32) uint8 array (vectorised over rows; uint16)."""
+    crc = np.zeros(rows.shape[0], dtype=np.uint16)
+    for col in (*range(HCHECK_OFFSET), *range(HCHECK_OFFSET + 2, HEADER_LEN)):
+        crc = (crc >> 8) ^ _CRC16_TABLE[(crc ^ rows[:, col]) & 0xFF]
+    return crc
+
+
+def seal_headers(rows: np.ndarray) -> None:
+    """Write hcheck into bytes 26..27 (big-endian) of each row, in place."""
+    c = header_checks(rows)
+    rows[:, HCHECK_OFFSET] = c >> 8
+    rows[:, HCHECK_OFFSET + 1] = c & 0xFF
+
+
+def headers_ok(rows: np.ndarray) -> np.ndarray:
+    """Bool per row: its hcheck matches."""
+    got = (rows[:, HCHECK_OFFSET].astype(np.uint16) << 8) | rows[:, HCHECK_OFFSET + 1]
+    return got == header_checks(rows)
+
+
+# --- PARAM / PULL trailer --------------------------------------------------------------------
+
+def trailer(payload: bytes | memoryview) -> bytes:
+    """The 4-byte trailer of a PARAM or PULL payload (CRC-32, zlib's, big-endian)."""
+    return zlib.crc32(payload).to_bytes(4, "big")
+
+
+def trailer_ok(packet: bytes | memoryview) -> bool:
+    """A PARAM/PULL packet's trailer matches its payload (bytes 32..-4)."""
+    return len(packet) >= HEADER_LEN + TRAILER_LEN and trailer(packet[HEADER_LEN:-TRAILER_LEN]) == bytes(packet[-4:])
+
+
+# --- lane widths and layouts ----------------------------------------------------------------
+
+def lane_bytes(dtype: int) -> int:
+    """Bytes per lane of an aggregation payload: 2 for FIXED16, else 4."""
+    return 2 if dtype == Dtype.FIXED16 else 4
+
+
+def check_lanes(dtype: int) -> int:
+    """Lanes at the end of an aggregation payload that hold check words (2 of 32 bits, 4 of 16)."""
+    return CHECK_BITS // (8 * lane_bytes(dtype))
+
+
+def fixed16_blocks(lanes: int) -> int:
+    """Exponent blocks in one FIXED16 packet of `lanes` lanes: nb exponent lanes, then nb blocks of
+    FIXED16_BLOCK data lanes, then the check lanes, (nb * (BLOCK + 1) + 4 <= lanes)."""
+    return max(0, (lanes - check_lanes(Dtype.FIXED16)) // (FIXED16_BLOCK + 1))
+
+
+def data_lanes(lanes: int, dtype: int) -> int:
+    """Lanes of data elements per aggregation packet on a switch of `lanes` lanes."""
+    if dtype == Dtype.FIXED16:
+        return fixed16_blocks(lanes) * FIXED16_BLOCK
+    return lanes - check_lanes(dtype)
+
+
+# --- check words ----------------------------------------------------------------------------
+
+# multipliers of the header term, one row per check word: (session, seq, slot, tensor, offset,
+# count, numel, dtype, set_max_flags, exponent, stream). Odd 32-bit constants.
+_T_MULT = np.array([
+    [0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1, 0xD3A2646D, 0xFD7046C5, 0xB55A4F09, 0x7FEB352D,
+     0x846CA68B, 0x2C1B3C6D],
+    [0x297A2D39, 0xAC4C1B51, 0x68E31DA5, 0x9FB21C65, 0xE8B67F71, 0x4CF5AD43, 0x61C88647, 0x3C6EF373, 0xDAA66D2B,
+     0x5851F42D, 0xF1357AEB],
+    [0x1B873593, 0xCC9E2D51, 0xE6546B65, 0x38495AB5, 0x94D049BB, 0xBF58476D, 0xC6A4A793, 0x5BD1E995, 0x7A646E4D,
+     0x3243F6A9, 0x8F1BBCDD],
+    [0x6A09E667, 0xBB67AE85, 0x3C6EF373, 0xA54FF53B, 0x510E527F, 0x9B05688D, 0x1F83D9AB, 0x5BE0CD19, 0xCBBB9D5D,
+     0x629A292B, 0x9159015A | 1],
+], dtype=np.uint64)
+
+
+def stream_of(msg_type: int) -> int:
+    """GRAD and AGG are one stream (1), ALLREDUCE and RESULT another (3): the switch turns one
+    type into the other, so the header term uses the stream, not the type."""
+    return 1 if msg_type in (MsgType.GRAD, MsgType.AGG) else 3
+
+
+def header_term(h: dict, dtype: int) -> np.ndarray:
+    """T_j for a header given as a dict of DATA_HEADER fields (plus `type`): uint64 array of
+    `check_lanes(dtype)` words, reduced mod 2^W. INT32 has T = 0 (a ZERO packet, all zeros, must
+    be a valid contribution)."""
+    c = check_lanes(dtype)
+    if dtype == Dtype.INT32:
+        return np.zeros(c, dtype=np.uint64)
+    fields = np.array([h["session"], h["seq"], h["slot"], h["tensor"], h["offset"], h["count"], h["numel"],
+                       dtype, int(h["flags"]) & (Flag.SET | Flag.MAX), int(h["exponent"]) & 0xFF,
+                       stream_of(h["type"])], dtype=np.uint64)
+    mask = (1 << (8 * lane_bytes(dtype))) - 1
+    t = (_T_MULT[:c] * fields[None, :]) & 0xFFFFFFFF
+    return (t.sum(axis=1) & 0xFFFFFFFF) & mask
+
+
+def exponent_term(exps: np.ndarray, j: int) -> int:
+    """FIXED16 only: G_j, a nonlinear term of a packet's block exponents (int), mod 2^16. Each
+    sender adds its own; a receiver expects n times the term of the exponents it decoded, so
+    contributors that used different exponents are caught even when their exponent lanes happen
+    to sum to a multiple of n."""
+    g = 0
+    for b, e in enumerate(np.asarray(exps, dtype=np.int64).tolist()):
+        x = ((b + 1) * 0x9E3779B1 + (e + 1024) * 0x85EBCA77 + j * 0xC2B2AE3D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
+        x ^= x >> 13
+        g += x
+    return g & 0xFFFF
+
+
+def check_words(lanes_before: np.ndarray, h: dict, dtype: int, n: int = 1,
+                exps: np.ndarray | None = None) -> np.ndarray:
+    """The check words a packet carries (n = 1: what a sender writes) or that a sum of `n`
+    contributions must carry (what a receiver expects).
+
+    Args:
+        lanes_before: the signed lane values before the check lanes (for FIXED16: the nb exponent
+            lanes then the data lanes; for the other dtypes: the data lanes), all `lanes - C` of
+            them, padding zeros included.
+        h: the header fields (DATA_HEADER names plus `type`).
+        dtype: the header's dtype.
+        n: contributors of the sum.
+        exps: FIXED16: the packet's block exponents (what each contributor used).
+
+    Returns:
+        uint64 array of C words, each reduced mod 2^W (W = 8 * lane_bytes(dtype)).
+    """
+    c = check_lanes(dtype)
+    bits = 8 * lane_bytes(dtype)
+    mask = (1 << bits) - 1
+    t = header_term(h, dtype).astype(object)
+    if int(h["flags"]) & Flag.MAX:
+        return np.array([int(x) & mask for x in t], dtype=np.uint64)
+    v = [int(x) for x in np.asarray(lanes_before).tolist()]
+    out = []
+    for j in range(c):
+        s = sum(pow(k + 1, j, 1 << bits) * x for k, x in enumerate(v))
+        g = exponent_term(exps, j) if dtype == Dtype.FIXED16 and exps is not None else 0
+        out.append((s + n * (int(t[j]) + g)) & mask)
+    return np.array(out, dtype=np.uint64)
+
+
+# --- self-checking exponent lanes (the agreement round, a MAX of int32 lanes) ------------------
+
+def exp_tag(e: np.ndarray) -> np.ndarray:
+    """16-bit tag of exponents `e` (int array in -32768..32767)."""
+    x = (np.asarray(e, dtype=np.int64) & 0xFFFF).astype(np.uint32)
+    x = (x * np.uint32(0x9E37) + np.uint32(0x79B9)) & np.uint32(0xFFFF)
+    x ^= x >> np.uint32(7)
+    return ((x * np.uint32(0x5BD1)) & np.uint32(0xFFFF)).astype(np.uint32)
+
+
+def pack_exponents(e: np.ndarray) -> np.ndarray:
+    """int32 lanes `e << 16 | exp_tag(e)`: signed order is e's order, so a MAX of packed lanes is
+    the packed MAX, and the winner carries its own tag."""
+    e64 = np.asarray(e, dtype=np.int64)
+    return ((e64 << 16) | exp_tag(e64).astype(np.int64)).astype(np.int32)
+
+
+def unpack_exponents(lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(exponents, ok): ok is False where a lane's tag does not match its exponent."""
+    v = np.asarray(lanes, dtype=np.int32).astype(np.int64)
+    e = v >> 16
+    return e.astype(np.int32), (v & 0xFFFF).astype(np.uint32) == exp_tag(e)
