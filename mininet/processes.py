@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from luwu.dataplane import children
+from luwu.dataplane.process import children
 
 from .nsexec import popen_in
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from luwu.dataplane.children import python_module
+from luwu.dataplane.process.children import python_module
 
 from .emulation import EmuSwitch
 from .processes import Child, ChildError, ChildGroup

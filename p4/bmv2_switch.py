@@ -186,7 +186,7 @@ def _port(text: str) -> tuple[int, str]:
 
 
 def add_arguments(p) -> None:
-    from luwu.dataplane.usage import existing_file, host_port, positive_float, positive_int
+    from luwu.dataplane.process.usage import existing_file, host_port, positive_float, positive_int
 
     p.add_argument("--port", action="append", default=[], type=_port, metavar="N=IFNAME", required=True,
                    help="attach interface IFNAME as switch port N (repeatable)")
@@ -218,7 +218,7 @@ def _tcp_port_free(host: str, port: int) -> bool:
 
 def _check(args) -> tuple[dict[int, str], Path, Path]:
     """Ports, P4Info and JSON; raises UserError (one line, exit 2) for whatever cannot work."""
-    from luwu.dataplane.usage import UserError
+    from luwu.dataplane.process.usage import UserError
 
     ports: dict[int, str] = {}
     for num, ifname in args.port:

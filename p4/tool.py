@@ -192,7 +192,7 @@ def _load_credentials(args: argparse.Namespace):
     """finsy channel credentials for `luwu p4 load`, the way the controller reaches a switch
     (luwu.dataplane.p4runtime.credentials): the token over TLS, or over gRPC local credentials on
     loopback; None for a plaintext switch (BMv2). Bad options raise UserError (one line)."""
-    from luwu.dataplane.usage import UserError, existing_file_or_error, pem_certificates_or_error
+    from luwu.dataplane.process.usage import UserError, existing_file_or_error, pem_certificates_or_error
 
     token = args.token
     if args.token_file:

@@ -5,8 +5,9 @@ too; the folders are mapped to their import names as pyproject.toml's package-di
 import-graph tools cannot follow). Layers, bottom up (a module may import its own layer or
 lower ones):
 
-0. wire facts and leaf helpers: dataplane.protocol, .quantize, .usage, .children, .scapy_layer,
-   .kernels, .net, .p4runtime (the P4Runtime facts the controller, the software switch and BMv2
+0. wire facts and leaf helpers: dataplane.protocol, .quantize, .scapy_layer, .kernels, .net,
+   .process (user errors and argparse types, child processes, heap settings), .observe (trace,
+   critical path, metrics, the Wireshark dissector), .p4runtime (the P4Runtime facts the controller, the software switch and BMv2
    share: P4Info, table entries, credentials), and the generated gRPC stubs in proto;
 1. the data plane: dataplane.switch / .engine / .optimizer / .session / .loopback, and p4 (the
    program, its generator and compiler runner);
@@ -34,9 +35,8 @@ import tomllib
 REPO = Path(__file__).resolve().parents[1]
 
 LAYERS = {  # longest prefix wins
-    "luwu.dataplane.protocol": 0, "luwu.dataplane.quantize": 0, "luwu.dataplane.usage": 0,
-    "luwu.dataplane.children": 0, "luwu.dataplane.scapy_layer": 0, "luwu.dataplane.kernels": 0,
-    "luwu.dataplane.trace": 0,
+    "luwu.dataplane.protocol": 0, "luwu.dataplane.quantize": 0, "luwu.dataplane.process": 0,
+    "luwu.dataplane.observe": 0, "luwu.dataplane.scapy_layer": 0, "luwu.dataplane.kernels": 0,
     "luwu.dataplane.net": 0, "luwu.dataplane.p4runtime": 0, "luwu.proto": 0,
     "luwu.dataplane": 1, "luwu.p4": 1,
     "luwu.controller": 2,
@@ -70,8 +70,8 @@ def modules() -> dict[str, Path]:
     return found
 
 
-LAUNCHER = "python_module"  # dataplane/children.py: the argv that runs a module
-LAUNCHER_MODULE = "luwu.dataplane.children"
+LAUNCHER = "python_module"  # dataplane/process/children.py: the argv that runs a module
+LAUNCHER_MODULE = "luwu.dataplane.process.children"
 
 
 def launched(node: ast.AST) -> list[ast.expr]:
@@ -229,7 +229,7 @@ def test_the_detector_sees_launches():
     # the checks above must be able to fail on a daemon started by name, not only on an import
     source = (
         "import sys\n"
-        "from luwu.dataplane import children\n"
+        "from luwu.dataplane.process import children\n"
         "def start(args, name):\n"
         "    a = children.die_with_parent([sys.executable, '-m', 'luwu.daemons.engine', *args])\n"
         "    b = children.python_module('luwu.cli', 'node')\n"
@@ -239,7 +239,7 @@ def test_the_detector_sees_launches():
         "    f = [sys.executable, '-m', name]\n"
     )
     found, unchecked = imports_in(source, "luwu.dataplane.engine.client", False, set())
-    assert found == {"luwu.dataplane", "luwu.daemons.engine", "luwu.cli", "luwu.demo.worker"}
+    assert found == {"luwu.dataplane.process", "luwu.daemons.engine", "luwu.cli", "luwu.demo.worker"}
     assert [u.split(": ", 1)[1] for u in unchecked] == ["name", "name"]
     # ... and the layer check reports such a launch as an arrow up, and a launch loop as a cycle
     assert upward({"luwu.dataplane.engine.client": found}) == [

@@ -53,9 +53,9 @@ import numpy as np
 
 from luwu.bench.sizes import format_size, parse_size
 from luwu.bench.udp_ceiling import measure as measure_ceiling
-from luwu.dataplane.children import cpu_seconds as proc_cpu
+from luwu.dataplane.process.children import cpu_seconds as proc_cpu
+from luwu.dataplane.process.usage import UserError, positive_int, probability, size
 from luwu.dataplane.protocol import aggregation_packet_len, lanes_for_mode
-from luwu.dataplane.usage import UserError, positive_int, probability, size
 
 
 def add_arguments(p) -> None:
@@ -176,7 +176,7 @@ def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q, switch
 def _observe(engine, rank: int) -> None:
     """With LUWU_METRICS (`luwu bench observability` sets it), serve the engine's statistics as a
     torch worker's do (worker/metrics.py); with LUWU_TRACE_DIR, trace this worker."""
-    from luwu.dataplane import trace
+    from luwu.dataplane.observe import trace
 
     trace.start(f"worker {rank} (bench)")
     if os.environ.get("LUWU_METRICS"):

@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from luwu.dataplane.usage import UserError, positive_float, positive_int, size
+from luwu.dataplane.process.usage import UserError, positive_float, positive_int, size
 from luwu.simulate import systems
 from luwu.simulate.hardware import MODELS, PRESETS, Config, model_named
 
