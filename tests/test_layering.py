@@ -14,7 +14,7 @@ lower ones):
    program, its generator and compiler runner);
 2. the controller;
 3. the worker side: the torch.distributed backend and model-in-network training;
-4. applications: the `luwu` package (CLI, daemons, demo, bench, train), mininet, `luwu p4`'s CLI.
+4. applications: the `luwu` package (CLI, daemons, demo, bench, train, `luwu p4`), mininet.
 
 No module imports (anywhere in its body, TYPE_CHECKING blocks included) a module that imports it
 back, directly or round a longer loop; `from pkg import mod` counts as an import of pkg.mod alone.
@@ -44,7 +44,7 @@ LAYERS = {  # longest prefix wins
     "luwu.dataplane": 1, "luwu.p4": 1,
     "luwu.controller": 2,
     "luwu.worker": 3,
-    "luwu": 4, "luwu.mininet": 4, "luwu.p4.tool": 4,
+    "luwu": 4, "luwu.mininet": 4,
 }
 NAMES = ["wire", "data plane", "controller", "worker", "application"]
 
@@ -163,7 +163,7 @@ def upward(edges: dict[str, set[str]]) -> list[str]:
 
 
 def folder(module: str) -> str:
-    """The top-level folder of a module (its package-dir entry): luwu.p4.bmv2 -> luwu.p4,
+    """The top-level folder of a module (its package-dir entry): luwu.p4.compiler -> luwu.p4,
     luwu.cli -> luwu."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[1:2] and parts[1] in FOLDERS else "luwu"
@@ -264,8 +264,8 @@ def test_the_detector_sees_launches():
     assert upward({"luwu.dataplane.engine.client": found}) == [
         f"luwu.dataplane.engine.client (data plane) imports {t} (application)"
         for t in ("luwu.cli", "luwu.daemons.engine", "luwu.demo.worker")]
-    loop = {"luwu.dataplane.switch.x": {"luwu.p4.tool"}, "luwu.p4.tool": {"luwu.dataplane.switch.y"}}
-    assert cycles(loop) == ["luwu.dataplane.switch -> luwu.p4.tool -> luwu.dataplane.switch"]
+    loop = {"luwu.dataplane.switch.x": {"luwu.p4.compiler"}, "luwu.p4.compiler": {"luwu.dataplane.switch.y"}}
+    assert cycles(loop) == ["luwu.dataplane.switch -> luwu.p4.compiler -> luwu.dataplane.switch"]
     assert cycles({"luwu.dataplane.loopback": {"luwu.p4.entries"}, "luwu.p4.entries": {"luwu.dataplane.protocol"}},
                   folder) == ["luwu.dataplane -> luwu.p4 -> luwu.dataplane"]
 
