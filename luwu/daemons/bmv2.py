@@ -4,9 +4,9 @@
 
 starts `simple_switch_grpc` with device id 0 on the given interfaces, pushes the committed build
 (p4/build/luwu_v1model.json and p4info.txtpb, forced) and the runtime JSON's table entries and
-multicast groups over P4Runtime (`luwu.dataplane.p4runtime.bmv2`, finsy), prints one JSON ready line (as `luwu
-switch` does) and runs until SIGINT/SIGTERM, then stops simple_switch_grpc (SIGTERM, SIGKILL
-after a grace period) by its process id. BMv2's own output goes to stderr (or `--log-file`).
+multicast groups over P4Runtime (`luwu.dataplane.p4runtime.bmv2`, finsy), prints one JSON
+ready line (as `luwu switch` does) and runs until SIGINT/SIGTERM, then stops simple_switch_grpc
+(SIGTERM, SIGKILL after a grace period) by its process id. BMv2's own output goes to stderr (or `--log-file`).
 
 `command()` is the one place that builds simple_switch_grpc's command line; the emulation
 (`luwu mininet run --switch bmv2`) starts its switches with it too.
