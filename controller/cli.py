@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from rich.console import Console
 from rich.table import Table
 
-from luwu.dataplane.usage import USAGE_EXIT, OneLineParser, UserError, positive_float
+from luwu.dataplane.process.usage import USAGE_EXIT, OneLineParser, UserError, positive_float
 from luwu.proto import controller_pb2 as pb
 
 from .client import ControllerClient, ControllerRefused, ControllerUnreachable

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf.message import Message
 
+from luwu.dataplane.process.usage import check_host_port, pem_certificates_or_error
 from luwu.dataplane.session import EndpointPlan, shm_port_address
-from luwu.dataplane.usage import check_host_port, pem_certificates_or_error
 from luwu.proto import controller_pb2 as pb
 from luwu.proto import controller_pb2_grpc as pb_grpc
 

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from luwu.dataplane.usage import UserError
+from luwu.dataplane.process.usage import UserError
 
 DEFAULT_LISTEN = "127.0.0.1:50100"  # the controller's gRPC address (P4Runtime servers start at 50051)
 CONTROLLER_ENV = "LUWU_CONTROLLER"  # clients: where the controller is

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 
-from luwu.dataplane.usage import host_port
+from luwu.dataplane.process.usage import host_port
 
 HEARTBEAT_INTERVAL = 1.0  # s between health reports
 

@@ -15,7 +15,7 @@
     luwu_controller_auth_refusals_total{method,code}     calls refused for their token (auth.Authenticator)
     luwu_controller_uptime_seconds
 
-plus the process's `process_*` metrics (luwu.dataplane.metrics.serve).
+plus the process's `process_*` metrics (luwu.dataplane.observe.metrics.serve).
 """
 
 from __future__ import annotations

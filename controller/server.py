@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from luwu.dataplane.usage import UserError, existing_file_or_error, host_port, nonnegative_int, positive_float
+from luwu.dataplane.process.usage import UserError, existing_file_or_error, host_port, nonnegative_int, positive_float
 from luwu.proto import controller_pb2 as pb
 
 from .auth import Authenticator
@@ -74,7 +74,7 @@ class ControllerServer:
         self.address = f"{self.config.listen.rpartition(':')[0]}:{port}"
         self._loop = asyncio.get_running_loop()
         if self.config.metrics:
-            from luwu.dataplane.metrics import serve_stoppable
+            from luwu.dataplane.observe.metrics import serve_stoppable
 
             try:
                 (host, mport), self._stop_metrics = serve_stoppable(self.config.metrics,

@@ -248,7 +248,7 @@ def warm_up() -> None:
     """Load the compiled kernels now (numba's import and its on-disk cache, ~0.3 s), off the
     datapath: the engine calls this in a background thread at start, so its first float sum does
     not stall while the other workers' timers run. A no-op with LUWU_KERNELS=reference."""
-    from .usage import UserError
+    from .process.usage import UserError
 
     try:
         if not _compiled():

@@ -139,7 +139,7 @@ class EndpointPlan:
     def from_file(cls, path, what: str = "--plan") -> EndpointPlan:
         """The plan in a JSON file; a missing, unreadable or malformed file raises UserError
         (one line naming the file and what is wrong), never a traceback."""
-        from .usage import UserError
+        from .process.usage import UserError
 
         try:
             text = open(path, encoding="utf-8").read()

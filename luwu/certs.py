@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from luwu.dataplane.p4runtime import CERT_ROLES, ROLE_URI_PREFIX
-from luwu.dataplane.usage import UserError, positive_int
+from luwu.dataplane.process.usage import UserError, positive_int
 
 DEFAULT_CA_DAYS = 3650
 DEFAULT_DAYS = 825  # the longest validity browsers and most TLS stacks accept for a leaf

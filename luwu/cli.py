@@ -3,7 +3,7 @@
 A subcommand module exposes `add_arguments(parser)` and `run(args) -> int`. Modules are
 imported only when their command runs, so `luwu --help` is instant and a broken optional part
 cannot break the others. A user mistake is one line on stderr and exit status 2: flags are
-checked by argparse types (luwu.dataplane.usage) and a one-line parser, and a `UserError` raised
+checked by argparse types (luwu.dataplane.process.usage) and a one-line parser, and a `UserError` raised
 while the command runs is printed as `luwu <cmd>: <message>`.
 
 Exit statuses, the same in `luwu`, `luwu bench`, the commands with actions (`luwu p4`, `luwu
@@ -19,15 +19,15 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("luwu.demo", "train a small GPT through the switch and the optimizer node on loopback"),
     "switch": ("luwu.daemons.switch", "run the software switch (UDP on loopback, or raw interfaces)"),
-    "bmv2": ("luwu.p4.bmv2_switch", "run BMv2 (simple_switch_grpc) with the luwu pipeline on interfaces"),
+    "bmv2": ("luwu.daemons.bmv2", "run BMv2 (simple_switch_grpc) with the luwu pipeline on interfaces"),
     "engine": ("luwu.dataplane.engine.daemon", "run a SmartNIC engine daemon beside a worker"),
     "node": ("luwu.daemons.node", "run an in-network optimizer node"),
     "controller": ("luwu.controller.server", "run the gRPC controller"),
     "mininet": ("luwu.mininet.runner", "run a topology in Mininet emulation"),
-    "p4": ("luwu.p4.tool", "generate, check and build the P4 programs"),
+    "p4": ("luwu.p4_command", "generate, check and build the P4 programs"),
     "simulate": ("luwu.simulate.command", "simulate a training iteration at paper scale; plan optimizer nodes"),
     "certs": ("luwu.certs", "make a CA and P4Runtime TLS certificates (client roles controller/reader, servers)"),
-    "wireshark": ("luwu.dataplane.wireshark", "write the Wireshark/tshark dissector for the luwu header"),
+    "wireshark": ("luwu.dataplane.observe.wireshark", "write the Wireshark/tshark dissector for the luwu header"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "allreduce": ("luwu.bench.allreduce", "in-network allreduce vs Gloo and the raw UDP ceiling"),
@@ -46,7 +46,7 @@ def _usage(table: dict[str, tuple[str, str]], prog: str) -> str:
 
 
 def _dispatch(table: dict[str, tuple[str, str]], prog: str, argv: list[str]) -> int:
-    from luwu.dataplane.usage import USAGE_EXIT, OneLineParser, UserError
+    from luwu.dataplane.process.usage import USAGE_EXIT, OneLineParser, UserError
 
     if argv and argv[0] in ("-h", "--help"):
         print(_usage(table, prog))

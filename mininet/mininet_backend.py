@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from luwu.dataplane import children
+from luwu.dataplane.process import children
 
 from .emulation import EmulationSpec
 from .nsexec import tx_checksum_off

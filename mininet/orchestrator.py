@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from luwu.controller.topology import Topology
-from luwu.dataplane import trace
-from luwu.dataplane.children import python_module
+from luwu.dataplane.observe import trace
+from luwu.dataplane.process.children import python_module
 
 from .control import EmulatedController
 from .emulation import EmulationSpec

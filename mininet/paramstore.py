@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from luwu.dataplane import trace
+from luwu.dataplane.observe import trace
 from luwu.dataplane.protocol import Dtype
 
 if TYPE_CHECKING:

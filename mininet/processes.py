@@ -1,6 +1,6 @@
 """The runner's child processes: started in a namespace, read line by line, stopped for sure.
 
-Each `Child` (a `dataplane.children.LineChild`) has its stdout read by a thread into a queue of
+Each `Child` (a `dataplane.process.children.LineChild`) has its stdout read by a thread into a queue of
 JSON events (other lines are kept for the log), its stderr in a log file, and its stdin open for
 the runner's `go` / `stop`.
 `ChildGroup.close()` ends every child it started: SIGTERM, a bounded grace period, SIGKILL,
@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from luwu.dataplane import children
+from luwu.dataplane.process import children
 
 from .nsexec import popen_in
 

@@ -3,7 +3,7 @@
 Every switch node of the emulation gets one switch process in the root namespace whose ports
 are that node's interfaces (AF_PACKET for the software switch, `-i PORT@IFNAME` for BMv2), and
 is programmed with the planner's runtime JSON for it: the software switch reads the file at
-start, BMv2 gets the pipeline and the entries over P4Runtime (`luwu.p4.bmv2_switch`, the code
+start, BMv2 gets the pipeline and the entries over P4Runtime (`luwu.daemons.bmv2`, the code
 behind `luwu bmv2`, starts and programs it). `--drop P` adds `ingress_drop_sim` entries (the P4
 drop simulator) on every port, so it works on both.
 
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from luwu.dataplane.children import python_module
+from luwu.dataplane.process.children import python_module
 
 from .emulation import EmuSwitch
 from .processes import Child, ChildError, ChildGroup
@@ -125,7 +125,7 @@ def _wait_file(child: Child, path: Path, deadline: float, poll: float = 0.05) ->
 
 def bmv2_missing() -> str | None:
     """None when BMv2 can run here, else what to install or build."""
-    from luwu.p4.bmv2_switch import missing
+    from luwu.daemons.bmv2 import missing
 
     why = missing()
     return f"--switch bmv2 {why}, or use --switch software" if why else None
@@ -144,7 +144,8 @@ def start_bmv2(group: ChildGroup, sw: EmuSwitch, runtime: dict | None, run_dir: 
     why = bmv2_missing()
     if why:
         raise SwitchError(why)
-    from luwu.p4 import P4INFO_TXTPB, bmv2_switch
+    from luwu.daemons import bmv2 as bmv2_switch
+    from luwu.p4 import P4INFO_TXTPB
 
     address = f"127.0.0.1:{_free_tcp_port()}"
     child = group.start(f"switch-{sw.name}", bmv2_switch.command(sw.ports, address, _free_tcp_port(),
@@ -163,8 +164,8 @@ def start_bmv2(group: ChildGroup, sw: EmuSwitch, runtime: dict | None, run_dir: 
 
 def bmv2_counters(address: str) -> dict:
     """The counters of the BMv2 at `address` by name, as the software switch reports them ({} if unreadable)."""
+    from luwu.daemons import bmv2 as bmv2_switch
     from luwu.dataplane.protocol import DropReason, Event
-    from luwu.p4 import bmv2_switch
 
     try:
         raw = bmv2_switch.counters(address, timeout=BMV2_START_TIMEOUT)

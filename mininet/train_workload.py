@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from luwu.dataplane.children import python_module
+from luwu.dataplane.process.children import python_module
 
 MODEL: dict[str, Any] = {"d_model": 32, "n_layers": 4, "n_heads": 2, "context": 16, "attn_bias": False}
 ROWS_PER_WORKER = 4  # the global batch is this many rows per worker

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from luwu.dataplane import trace
+from luwu.dataplane.observe import trace
 
 LR = 0.5  # the node's SGD step in the push/pull check
 GRAD_SCALE = 0.01  # gradients are N(0, 1) * this
@@ -228,7 +228,7 @@ def serve_metrics(cfg: dict, engines: list) -> str | None:
     the URL, or None when not asked."""
     if not cfg.get("metrics"):
         return None
-    from luwu.dataplane.metrics import EngineCollector, serve
+    from luwu.dataplane.observe.metrics import EngineCollector, serve
 
     name = cfg["host"]
     host, port = serve(cfg["metrics"], EngineCollector(

@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                TORCH_NCCL_ASYNC_ERROR_HANDLING="1", CUBLAS_WORKSPACE_CONFIG=":4096:8")
     # The repository root holds luwu's folders, not its import layout: `python -m ...` would put the
     # current folder first on sys.path and find ./luwu (without luwu.dataplane). luwu's own children
-    # pass -P (dataplane/children.py python_module); PYTHONSAFEPATH covers what this script starts.
+    # pass -P (dataplane/process/children.py python_module); PYTHONSAFEPATH covers what this script starts.
     env["PYTHONSAFEPATH"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
     env["PATH"] = os.pathsep.join([str(site / "bin"), os.environ.get("PATH", "")])

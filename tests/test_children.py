@@ -1,4 +1,4 @@
-"""dataplane/children.py, the one helper every launcher uses for its children: a child dies with
+"""dataplane/process/children.py, the one helper every launcher uses for its children: a child dies with
 its parent even when the parent is SIGKILLed, `stop` ends a process group for sure, and
 `LineChild.expect` returns a daemon's ready line or says which child failed, how, and where its
 log is."""
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from luwu.dataplane import children
+from luwu.dataplane.process import children
 
 
 def _line_child(tmp_path, code: str) -> children.LineChild:
@@ -60,7 +60,7 @@ def test_a_child_dies_with_its_parent_even_by_sigkill(tmp_path):
     # the parent starts a long sleeper with die_with_parent, writes its pid, then waits forever
     parent_code = (
         "import subprocess, sys\n"
-        "from luwu.dataplane import children\n"
+        "from luwu.dataplane.process import children\n"
         "p = subprocess.Popen(children.die_with_parent([sys.executable, '-c', 'import time; time.sleep(60)']))\n"
         f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
         "p.wait()\n")

@@ -1,4 +1,4 @@
-"""The critical path of an iteration (dataplane/critical_path.py) on synthetic traces whose path is
+"""The critical path of an iteration (dataplane/observe/critical_path.py) on synthetic traces whose path is
 known by construction: the straggler's backward and push, the hand-over through the switch, the
 node's stages, the wait for its publish; nested spans; a pull that waits on the node."""
 
@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from luwu.dataplane import critical_path
+from luwu.dataplane.observe import critical_path
 
 W0, W1, NODE, SWITCH = 10, 11, 20, 30
 

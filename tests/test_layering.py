@@ -1,20 +1,24 @@
-"""The import graph points down the layers and has no cycles between packages.
+"""The import graph points down the layers and has no cycles between modules, packages or folders.
 
 Every module of the `luwu` import package is parsed (ast, so imports inside functions count
 too; the folders are mapped to their import names as pyproject.toml's package-dir does, which
 import-graph tools cannot follow). Layers, bottom up (a module may import its own layer or
 lower ones):
 
-0. wire facts and leaf helpers: dataplane.protocol, .quantize, .usage, .children, .scapy_layer,
-   .kernels, .net, .p4runtime (the P4Runtime facts the controller, the software switch and BMv2
-   share: P4Info, table entries, credentials), and the generated gRPC stubs in proto;
+0. wire facts and leaf helpers: dataplane.protocol, .quantize, .scapy_layer, .kernels, .net,
+   .process (user errors and argparse types, child processes, heap settings), .observe (trace,
+   critical path, metrics, the Wireshark dissector), .p4runtime (the P4Runtime facts the
+   controller, the software switch and BMv2 share: P4Info, table entries, credentials), and the
+   generated gRPC stubs in proto;
 1. the data plane: dataplane.switch / .engine / .optimizer / .session / .loopback, and p4 (the
    program, its generator and compiler runner);
 2. the controller;
 3. the worker side: the torch.distributed backend and model-in-network training;
-4. applications: the `luwu` package (CLI, daemons, demo, bench, train), mininet, `luwu p4`'s CLI.
+4. applications: the `luwu` package (CLI, daemons, demo, bench, train, `luwu p4`), mininet.
 
-A cycle is reported between nodes: each subpackage or module of dataplane, worker and p4
+No module imports (anywhere in its body, TYPE_CHECKING blocks included) a module that imports it
+back, directly or round a longer loop; `from pkg import mod` counts as an import of pkg.mod alone.
+A cycle is also reported between coarser nodes: each subpackage or module of dataplane, worker and p4
 (dataplane.switch, dataplane.protocol, worker.backend, ...), each subpackage or module of the
 `luwu` package (luwu.demo, luwu.cli, ...), and the controller, proto and mininet packages whole.
 
@@ -34,14 +38,13 @@ import tomllib
 REPO = Path(__file__).resolve().parents[1]
 
 LAYERS = {  # longest prefix wins
-    "luwu.dataplane.protocol": 0, "luwu.dataplane.quantize": 0, "luwu.dataplane.usage": 0,
-    "luwu.dataplane.children": 0, "luwu.dataplane.scapy_layer": 0, "luwu.dataplane.kernels": 0,
-    "luwu.dataplane.trace": 0,
+    "luwu.dataplane.protocol": 0, "luwu.dataplane.quantize": 0, "luwu.dataplane.process": 0,
+    "luwu.dataplane.observe": 0, "luwu.dataplane.scapy_layer": 0, "luwu.dataplane.kernels": 0,
     "luwu.dataplane.net": 0, "luwu.dataplane.p4runtime": 0, "luwu.proto": 0,
     "luwu.dataplane": 1, "luwu.p4": 1,
     "luwu.controller": 2,
     "luwu.worker": 3,
-    "luwu": 4, "luwu.mininet": 4, "luwu.p4.tool": 4,
+    "luwu": 4, "luwu.mininet": 4,
 }
 NAMES = ["wire", "data plane", "controller", "worker", "application"]
 
@@ -70,8 +73,8 @@ def modules() -> dict[str, Path]:
     return found
 
 
-LAUNCHER = "python_module"  # dataplane/children.py: the argv that runs a module
-LAUNCHER_MODULE = "luwu.dataplane.children"
+LAUNCHER = "python_module"  # dataplane/process/children.py: the argv that runs a module
+LAUNCHER_MODULE = "luwu.dataplane.process.children"
 
 
 def launched(node: ast.AST) -> list[ast.expr]:
@@ -97,7 +100,8 @@ def imports_in(source: str, name: str, is_package: bool, known: set[str],
         source: a module's text.
         name: its import name (for relative imports).
         is_package: it is a package's __init__.py.
-        known: every module's import name (`from pkg import mod` imports pkg.mod).
+        known: every module's import name (`from pkg import mod` imports pkg.mod, not pkg itself:
+            a package's __init__ that re-exports its modules is no loop with them).
         filename: for syntax errors and the unchecked launches' descriptions.
     """
     package = name if is_package else name.rpartition(".")[0]
@@ -112,7 +116,9 @@ def imports_in(source: str, name: str, is_package: bool, known: set[str],
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            targets = [target] + [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known]
+            # `from pkg import mod` imports pkg.mod; `from pkg import name` (not a module) imports pkg
+            subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known]
+            targets = subs + ([target] if len(subs) < len(node.names) else [])
         else:
             targets = []
             for expr in launched(node):
@@ -157,7 +163,7 @@ def upward(edges: dict[str, set[str]]) -> list[str]:
 
 
 def folder(module: str) -> str:
-    """The top-level folder of a module (its package-dir entry): luwu.p4.bmv2 -> luwu.p4,
+    """The top-level folder of a module (its package-dir entry): luwu.p4.compiler -> luwu.p4,
     luwu.cli -> luwu."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[1:2] and parts[1] in FOLDERS else "luwu"
@@ -215,6 +221,19 @@ def test_no_cycles_between_folders():
     assert not found, "folders that import each other:\n" + "\n".join(found)
 
 
+def test_no_cycles_between_modules():
+    # no module imports one that imports it back, at any depth: not inside a function, not under
+    # TYPE_CHECKING (a helper module that needs its user's type declares a Protocol of what it uses)
+    edges, _ = graph()
+    found = cycles(edges, module_node)
+    assert not found, "module cycles:\n" + "\n".join(found)
+
+
+def module_node(module: str) -> str:
+    """The module-level cycle check's node: the module itself."""
+    return module
+
+
 def test_every_launch_names_its_module():
     # a process started by a computed module name is an import the two tests above cannot see
     mods = modules()
@@ -229,7 +248,7 @@ def test_the_detector_sees_launches():
     # the checks above must be able to fail on a daemon started by name, not only on an import
     source = (
         "import sys\n"
-        "from luwu.dataplane import children\n"
+        "from luwu.dataplane.process import children\n"
         "def start(args, name):\n"
         "    a = children.die_with_parent([sys.executable, '-m', 'luwu.daemons.engine', *args])\n"
         "    b = children.python_module('luwu.cli', 'node')\n"
@@ -239,16 +258,34 @@ def test_the_detector_sees_launches():
         "    f = [sys.executable, '-m', name]\n"
     )
     found, unchecked = imports_in(source, "luwu.dataplane.engine.client", False, set())
-    assert found == {"luwu.dataplane", "luwu.daemons.engine", "luwu.cli", "luwu.demo.worker"}
+    assert found == {"luwu.dataplane.process", "luwu.daemons.engine", "luwu.cli", "luwu.demo.worker"}
     assert [u.split(": ", 1)[1] for u in unchecked] == ["name", "name"]
     # ... and the layer check reports such a launch as an arrow up, and a launch loop as a cycle
     assert upward({"luwu.dataplane.engine.client": found}) == [
         f"luwu.dataplane.engine.client (data plane) imports {t} (application)"
         for t in ("luwu.cli", "luwu.daemons.engine", "luwu.demo.worker")]
-    loop = {"luwu.dataplane.switch.x": {"luwu.p4.tool"}, "luwu.p4.tool": {"luwu.dataplane.switch.y"}}
-    assert cycles(loop) == ["luwu.dataplane.switch -> luwu.p4.tool -> luwu.dataplane.switch"]
+    loop = {"luwu.dataplane.switch.x": {"luwu.p4.compiler"}, "luwu.p4.compiler": {"luwu.dataplane.switch.y"}}
+    assert cycles(loop) == ["luwu.dataplane.switch -> luwu.p4.compiler -> luwu.dataplane.switch"]
     assert cycles({"luwu.dataplane.loopback": {"luwu.p4.entries"}, "luwu.p4.entries": {"luwu.dataplane.protocol"}},
                   folder) == ["luwu.dataplane -> luwu.p4 -> luwu.dataplane"]
+
+
+def test_the_detector_sees_module_cycles():
+    # a loop through an import inside a function, or one under TYPE_CHECKING, is a cycle; a package's
+    # __init__ re-exporting its modules is not (`from .plan import StarPlan` imports the module only)
+    known = {"luwu.worker.m.model", "luwu.worker.m.checkpoint_io", "luwu.worker.m", "luwu.worker.m.plan"}
+    model = imports_in("from .checkpoint_io import pull_unit\n", "luwu.worker.m.model", False, known)[0]
+    io = imports_in("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .model import ModelInNetwork\n",
+                    "luwu.worker.m.checkpoint_io", False, known)[0]
+    lazy = imports_in("def f():\n    from luwu.worker.m import model\n", "luwu.worker.m.checkpoint_io", False, known)[0]
+    init = imports_in("from .plan import StarPlan\n", "luwu.worker.m", True, known)[0]
+    plan = imports_in("from luwu.worker.m import model\n", "luwu.worker.m.plan", False, known)[0]
+    assert (model, io, lazy, init, plan) == ({"luwu.worker.m.checkpoint_io"}, {"luwu.worker.m.model"},
+                                             {"luwu.worker.m.model"}, {"luwu.worker.m.plan"}, {"luwu.worker.m.model"})
+    assert cycles({"luwu.worker.m.model": model, "luwu.worker.m.checkpoint_io": io}, module_node) == [
+        "luwu.worker.m.checkpoint_io -> luwu.worker.m.model -> luwu.worker.m.checkpoint_io"]
+    assert cycles({"luwu.worker.m.model": model, "luwu.worker.m.checkpoint_io": lazy}, module_node) != []
+    assert cycles({"luwu.worker.m": init, "luwu.worker.m.plan": plan, "luwu.worker.m.model": set()}, module_node) == []
 
 
 def test_the_graph_is_read():

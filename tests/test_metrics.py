@@ -13,7 +13,7 @@ import urllib.request
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from luwu.dataplane.metrics import NodeCollector, serve
+from luwu.dataplane.observe.metrics import NodeCollector, serve
 from luwu.dataplane.optimizer import JobSpec, NodeConfig, OptimizerNode, OptimizerSpec
 from luwu.dataplane.optimizer.spec import LayerSpec
 

@@ -8,11 +8,11 @@ import os
 import subprocess
 import sys
 
-from luwu.dataplane import trace
+from luwu.dataplane.observe import trace
 
 CHILD = """
 import sys, time
-from luwu.dataplane import trace
+from luwu.dataplane.observe import trace
 trace.start(sys.argv[1])
 for i in range(3):
     with trace.span("step", "test", i=i):
@@ -61,7 +61,7 @@ def test_merge_labels_the_processes_a_caller_names(tmp_path):
 
 ARGS_CHILD = """
 import threading
-from luwu.dataplane import trace
+from luwu.dataplane.observe import trace
 trace.start("args")
 ARGS = [{"i": 0}, {"layer": 'a"b\\\\c', "x": 1.5, "ok": True, "none": None, "l": [1, "\\u00e9"], "big": 2 ** 70},
         {"neg": -3, "label": "unit 7"}, {}]

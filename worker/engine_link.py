@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from luwu.dataplane import children
 from luwu.dataplane.engine import Engine, EngineConfig, EngineError, Handle
 from luwu.dataplane.engine.client import EngineClient
 from luwu.dataplane.engine.shm import ShmBuffer
+from luwu.dataplane.process import children
 from luwu.dataplane.session import EndpointPlan
 
 if TYPE_CHECKING:  # annotations only: the engine link itself does not need torch

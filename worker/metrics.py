@@ -2,7 +2,7 @@
 ModelInNetwork, served at http://HOST:PORT+RANK/metrics when LUWU_METRICS=HOST:PORT is set (each
 rank of a host on its own port: PORT plus LOCAL_RANK, or the rank when LOCAL_RANK is unset).
 
-Read at scrape time from the engines' own counters (dataplane/metrics.py: EngineCollector):
+Read at scrape time from the engines' own counters (dataplane/observe/metrics.py: EngineCollector):
 nothing is computed between scrapes. The server starts with the first engine tracked and serves
 every engine the process holds until it exits.
 """
@@ -29,8 +29,8 @@ def track(name: str, link: Any, rank: int) -> tuple[str, int] | None:
     with _lock:
         _links[name] = weakref.proxy(link) if _weakrefable(link) else link
         if _address is None:
-            from luwu.dataplane.metrics import EngineCollector, serve
-            from luwu.dataplane.usage import check_host_port
+            from luwu.dataplane.observe.metrics import EngineCollector, serve
+            from luwu.dataplane.process.usage import check_host_port
 
             host, port = check_host_port(spec, "LUWU_METRICS")
             offset = int(os.environ.get("LOCAL_RANK", rank))

@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-from .. import children
 from ..net.framing import FrameError, FrameReader, send_msg
+from ..process import children
 from ..session import EndpointPlan
 from .handles import CollectiveMismatch, EngineError, Handle
 from .shm import ShmBuffer

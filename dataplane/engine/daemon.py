@@ -37,12 +37,12 @@ import numpy as np
 from luwu.dataplane.engine.engine import Engine, EngineConfig
 from luwu.dataplane.engine.handles import CollectiveMismatch, Handle
 from luwu.dataplane.engine.shm import ShmCache
-from luwu.dataplane.heap import freeze_collector, refreeze, retain_freed_memory
 from luwu.dataplane.kernels import load_in_background
 from luwu.dataplane.net.framing import FrameError, FrameReader, send_json_text, send_msg
+from luwu.dataplane.process.heap import freeze_collector, refreeze, retain_freed_memory
+from luwu.dataplane.process.usage import positive_int
 from luwu.dataplane.quantize import warm_up
 from luwu.dataplane.session import EndpointPlan
-from luwu.dataplane.usage import positive_int
 
 MAX_REQUEST = 16 << 20  # bytes of one request (a plan is the largest)
 ENGINE_CHECK = 1.0  # s between a connection thread's looks at whether its engine's loop still runs
@@ -268,7 +268,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    retain_freed_memory()  # the engine's batch temporaries stay mapped (dataplane/heap.py)
+    retain_freed_memory()  # the engine's batch temporaries stay mapped (dataplane/process/heap.py)
     # compiled kernels (numba: ~0.4 s of CPU) load at low priority, and float sums run the numpy
     # reference (same bits) until they are in: init_process_group never waits for them. The loading
     # starts after the first completed operation (the start barrier): its thread holds the GIL for
@@ -278,7 +278,7 @@ def run(args) -> int:
     def load() -> None:
         served.wait(KERNELS_DEFER)
         warm_up()
-        refreeze()  # numba's objects are long-lived too (dataplane/heap.py)
+        refreeze()  # numba's objects are long-lived too (dataplane/process/heap.py)
 
     load_in_background(load, "luwu-kernels-load")
     config = EngineConfig(batch=args.batch)

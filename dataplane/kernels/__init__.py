@@ -23,7 +23,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from ..usage import UserError
+from ..process.usage import UserError
 
 ENV = "LUWU_KERNELS"
 MODES = ("auto", "numba", "reference")

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from luwu.dataplane import kernels as kernel_mode
-from luwu.dataplane.usage import UserError
+from luwu.dataplane.process.usage import UserError
 
 from .layout import ShardPlan, plan_layer
 from .spec import SHARD_ALIGN_ELEMS, JobSpec, LayerSpec, OptimizerSpec

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .. import trace
+from ..observe import trace
 from . import fused, kernels
 from .layout import LayerPlan, ShardPlan
 from .spec import NodeConfig, OptimizerSpec

@@ -13,6 +13,8 @@ One place below all three, so none of them imports another's modules for what th
 - `device_config_marker`: the p4_device_config a controller sends a software switch, which has
   no compiled program;
 - `audit.py`: the JSON-lines log of P4Runtime writes that both ends keep.
+- `bmv2.py`: a runtime JSON pushed to a P4Runtime switch with finsy (BMv2's device id 0) and its
+  counters read back: the client side of `luwu p4 load`, `luwu bmv2` and the conformance suite.
 """
 
 from __future__ import annotations

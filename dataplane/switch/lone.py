@@ -28,7 +28,7 @@ import struct
 
 import numpy as np
 
-from .. import trace
+from ..observe import trace
 from ..protocol import HEADER_LEN, NODE, Event, NextStep, aggregation_packet_len
 from .attach_shm import MulticastPools, shm_row_bytes
 from .batch import write_results

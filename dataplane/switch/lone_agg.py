@@ -27,8 +27,8 @@ import struct
 
 import numpy as np
 
-from .. import trace
 from ..kernels import use_numba
+from ..observe import trace
 from ..protocol import HEADER_LEN, NODE, Event, Flag, MsgType, NextStep, aggregation_packet_len
 from .controls.classifier import PATH_AGGREGATE
 from .controls.next_step_selector import KEEP_FLAGS

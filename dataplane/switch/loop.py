@@ -26,8 +26,8 @@ def _warm_kernels() -> None:
     process, so the first aggregation batch does not stall on numba while endpoints' timers run."""
     if _WARMING.acquire(blocking=False):  # never released: once per process
         def warm() -> None:
-            from ..heap import refreeze
             from ..kernels.switch_lanes import warm_up
+            from ..process.heap import refreeze
 
             warm_up()
             refreeze()  # a daemon froze its start-up objects: the kernels' are long-lived too (heap.py)

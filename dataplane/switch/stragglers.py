@@ -11,7 +11,7 @@ Per (session, worker) it keeps: `contributions` (accepted, not duplicates), `dup
 (retransmissions of a contribution already counted), `last` (slots this worker completed),
 `lag_seconds` (their summed lag: first contribution to this last one) and `lag_buckets` (a
 histogram of the same lags over `LAG_BUCKETS`). `luwu_switch_last_arrivals_total{session,worker}`
-and friends export it (dataplane/metrics.py); `luwu-ctl top` reads them through the controller.
+and friends export it (dataplane/observe/metrics.py); `luwu-ctl top` reads them through the controller.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from bisect import bisect_left
 
 import numpy as np
 
+from ..observe.metrics import LAG_BUCKETS
 from ..protocol import MAX_CONTRIBUTORS, MAX_SESSIONS
 
-# upper bounds (seconds) of the lag histogram's buckets; the last bucket is +Inf
-LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _BOUNDS = np.array(LAG_BUCKETS)
 _NEVER = np.iinfo(np.int64).max
 SMALL = 16  # batches of up to this many aggregation packets are recorded one packet at a time

@@ -20,8 +20,8 @@ import traceback
 
 import numpy as np
 
-from .. import trace
 from ..net.mmsg import addr_of
+from ..observe import trace
 from ..protocol import ETH_IP_UDP_LEN, DropReason, aggregation_packet_len
 from . import lone, lone_agg, runtime_json
 from .attach_raw import RawAttachment

@@ -51,11 +51,12 @@ from pathlib import Path
 
 import numpy as np
 
+from luwu.bench import allreduce_check
 from luwu.bench.sizes import format_size, parse_size
 from luwu.bench.udp_ceiling import measure as measure_ceiling
-from luwu.dataplane.children import cpu_seconds as proc_cpu
+from luwu.dataplane.process.children import cpu_seconds as proc_cpu
+from luwu.dataplane.process.usage import UserError, positive_int, probability, size
 from luwu.dataplane.protocol import aggregation_packet_len, lanes_for_mode
-from luwu.dataplane.usage import UserError, positive_int, probability, size
 
 
 def add_arguments(p) -> None:
@@ -116,37 +117,11 @@ def _seconds(text: str) -> float:
     return v
 
 
-def _inputs(rank: int, numel: int, dtype: str, seed: int = 1234) -> np.ndarray:
-    rng = np.random.default_rng(seed + rank)
-    if dtype == "int32":
-        return rng.integers(-(2**31), 2**31, numel, dtype=np.int64).astype(np.int32)
-    scale = np.float32(10.0 ** rng.uniform(-3, 3))
-    return (rng.standard_normal(numel, dtype=np.float32) * scale).astype(np.float32)
-
-
-def _verify(result: np.ndarray, n: int, numel: int, dtype: str, lanes: int) -> dict:
-    from luwu.dataplane.quantize import chunk_exponents, error_bound
-
-    xs = [_inputs(r, numel, dtype) for r in range(n)]
-    if dtype == "int32":
-        expected = xs[0].copy()
-        for x in xs[1:]:
-            expected += x  # wraps like the switch
-        bad = int((result != expected).sum())
-        return {"checked": numel, "mismatches": bad, "max_error_over_bound": 0.0 if not bad else float("inf")}
-    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
-    exps = np.max([chunk_exponents(x, lanes) for x in xs], axis=0) if numel else np.zeros(0, np.int32)
-    bound = error_bound(result, exps, lanes, n)
-    err = np.abs(result.astype(np.float64) - exact)
-    ratio = float((err / np.maximum(bound, 1e-300)).max()) if numel else 0.0
-    return {"checked": numel, "mismatches": int((err > bound).sum()), "max_error_over_bound": ratio}
-
-
 def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q, switch_pid=0) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from luwu.dataplane.engine import Engine
 
-    x = _inputs(rank, numel, dtype)
+    x = allreduce_check.inputs(rank, numel, dtype)
     y = np.empty_like(x)  # results are decoded into it, as the torch backend's engine daemon does (in place)
     times, result = [], None
     from luwu.dataplane import kernels
@@ -169,14 +144,14 @@ def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q, switch
     if verify and rank == 0:
         if result is None:  # iters + 1 >= 1 allreduces ran
             raise AssertionError("no allreduce result to verify")
-        report["verify"] = _verify(result, plan.workers, numel, dtype, plan.lanes)
+        report["verify"] = allreduce_check.verify(result, plan.workers, numel, dtype, plan.lanes)
     out_q.put(report)
 
 
 def _observe(engine, rank: int) -> None:
     """With LUWU_METRICS (`luwu bench observability` sets it), serve the engine's statistics as a
     torch worker's do (worker/metrics.py); with LUWU_TRACE_DIR, trace this worker."""
-    from luwu.dataplane import trace
+    from luwu.dataplane.observe import trace
 
     trace.start(f"worker {rank} (bench)")
     if os.environ.get("LUWU_METRICS"):
@@ -239,7 +214,7 @@ def _gloo_worker(rank, workers, port, numel, iters, barrier, out_q) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=workers)
-    t = torch.from_numpy(_inputs(rank, numel, "float32"))
+    t = torch.from_numpy(allreduce_check.inputs(rank, numel, "float32"))
     times = []
     for i in range(iters + 1):
         dist.barrier()

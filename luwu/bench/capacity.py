@@ -42,7 +42,7 @@ from pathlib import Path
 
 from luwu.bench.capacity_search import SYSTEMS, search, summarise
 from luwu.bench.memcap import KINDS, MemoryCap
-from luwu.dataplane.usage import UserError, positive_float, positive_int, size
+from luwu.dataplane.process.usage import UserError, positive_float, positive_int, size
 
 
 def add_arguments(p) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from luwu.bench.memcap import MemoryCap
-from luwu.dataplane.children import LineChild, die_with_parent
+from luwu.dataplane.process.children import LineChild, die_with_parent
 
 NET_START = 120.0  # s for the luwu deployment (switch process, optimizer node) to come up
 NET_REPORT = 60.0  # s for it to report once the workers are done

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from luwu.bench.memcap import proc_io, vm_hwm
-from luwu.dataplane.children import descendants
+from luwu.dataplane.process.children import descendants
 
 
 def _say(**msg: object) -> None:

@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
+from luwu.dataplane.process.usage import UserError, nonnegative_int, positive_float, positive_int
 from luwu.dataplane.protocol import MAX_UDP_PAYLOAD, DropReason, Event, lanes_for_mode
-from luwu.dataplane.usage import UserError, nonnegative_int, positive_float, positive_int
 
 from .fuzz_live import HOST, live_main
 from .fuzz_model import (

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from luwu.bench.sizes import format_size, parse_size
-from luwu.dataplane.usage import UserError, positive_float, positive_int, size
+from luwu.dataplane.process.usage import UserError, positive_float, positive_int, size
 
 CONFIGS = ("off", "trace", "metrics", "both")
 SCRAPE_INTERVAL = 0.5  # s between scrapes of every worker's /metrics
@@ -63,7 +63,7 @@ def add_arguments(p) -> None:
 def disabled_span_ns(n: int = 200_000) -> float:
     """CPU nanoseconds (this thread's: robust when the machine is busy) one `with trace.span(...)`
     costs while tracing is off, over an empty loop."""
-    from luwu.dataplane import trace
+    from luwu.dataplane.observe import trace
 
     if trace._tracer is not None:  # this process traces: the measure would be the enabled cost
         raise RuntimeError("disabled_span_ns must run in a process that does not trace")
@@ -87,7 +87,7 @@ def disabled_span_ns(n: int = 200_000) -> float:
 def enabled_span_ns(n: int = 50_000) -> float:
     """CPU nanoseconds one recorded span costs (clock reads, the event's JSON, the buffered write), on
     a tracer of its own in a temporary directory: this process's tracing stays off."""
-    from luwu.dataplane import trace
+    from luwu.dataplane.observe import trace
 
     with tempfile.TemporaryDirectory(prefix="luwu-bench-span-") as tmp:
         tracer = trace._Tracer(tmp, "bench")

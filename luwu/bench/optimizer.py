@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from luwu.bench.sizes import parse_size
-from luwu.dataplane.usage import UserError, positive_float, positive_int, size
+from luwu.dataplane.process.usage import UserError, positive_float, positive_int, size
 
 
 def add_arguments(p) -> None:

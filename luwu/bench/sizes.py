@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from luwu.dataplane.usage import parse_size, size  # noqa: F401 - one parser of sizes (usage.py), re-exported
+from luwu.dataplane.process.usage import parse_size, size  # noqa: F401 - one parser of sizes (usage.py), re-exported
 
 
 def format_size(n: int) -> str:

@@ -27,6 +27,7 @@ import numpy as np
 
 from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
 from luwu.dataplane.p4runtime.entries import StarSession, star_program
+from luwu.dataplane.process.usage import UserError, positive_int, size
 from luwu.dataplane.protocol import (
     HEADER_LEN,
     Dtype,
@@ -36,7 +37,6 @@ from luwu.dataplane.protocol import (
     lanes_for_mode,
     ver_type,
 )
-from luwu.dataplane.usage import UserError, positive_int, size
 
 HOST = "127.0.0.1"
 SESSION = 1
@@ -66,11 +66,11 @@ def _switch_server(lanes: int, peers: list, pool: int, batch: int, conn, profile
     """The switch with one port per worker, wired to the worker's fixed address. Between runs
     the parent sends ("epoch", n): a new session instance, as a new job would get."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from luwu.dataplane.heap import freeze_collector, retain_freed_memory
+    from luwu.dataplane.process.heap import freeze_collector, retain_freed_memory
     from luwu.dataplane.switch.config import SwitchConfig
     from luwu.dataplane.switch.switch import SoftwareSwitch
 
-    retain_freed_memory()  # as `luwu switch` does: the turns' temporaries stay mapped (dataplane/heap.py)
+    retain_freed_memory()  # as `luwu switch` does: the turns' temporaries stay mapped (dataplane/process/heap.py)
     workers = len(peers)
     sw = SoftwareSwitch(SwitchConfig(lanes=lanes, slots=max(pool, 64), batch=batch))
     ports = {r + 1: sw.attach_udp(r + 1, (HOST, 0), peer=tuple(peers[r])) for r in range(workers)}
@@ -108,7 +108,7 @@ def _switch_server(lanes: int, peers: list, pool: int, batch: int, conn, profile
         sw.stop()
     else:
         sw.start()
-        freeze_collector()  # as `luwu switch` does (dataplane/heap.py)
+        freeze_collector()  # as `luwu switch` does (dataplane/process/heap.py)
         conn.send(ports)
         control()
         sw.stop()

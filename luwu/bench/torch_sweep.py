@@ -65,7 +65,7 @@ def _rank(rank: int, workers: int, port: int, backend: str, sizes: list[int], it
         import torch.distributed as dist
 
         import luwu  # noqa: F401 - registers the luwu backend
-        from luwu.bench.allreduce import _inputs, _verify
+        from luwu.bench import allreduce_check
 
         torch.set_num_threads(1)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=workers)
@@ -74,7 +74,7 @@ def _rank(rank: int, workers: int, port: int, backend: str, sizes: list[int], it
             _warm_up(rank, warmup)
             for nbytes in sizes:
                 numel = max(1, nbytes // 4)
-                x = torch.from_numpy(_inputs(rank, numel, dtype))
+                x = torch.from_numpy(allreduce_check.inputs(rank, numel, dtype))
                 t = torch.empty_like(x)
                 times = []
                 for i in range(iters + 1):
@@ -86,7 +86,7 @@ def _rank(rank: int, workers: int, port: int, backend: str, sizes: list[int], it
                         times.append(time.perf_counter() - t0)
                 out[nbytes] = {"seconds": times}
                 if verify and rank == 0 and backend == "luwu":
-                    out[nbytes]["verify"] = _verify(t.numpy(), workers, numel, dtype, _lanes())
+                    out[nbytes]["verify"] = allreduce_check.verify(t.numpy(), workers, numel, dtype, _lanes())
         finally:
             dist.destroy_process_group()
         out_q.put((rank, "ok", out))

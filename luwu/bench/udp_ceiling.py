@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from luwu.dataplane.children import cpu_seconds as proc_cpu
 from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
+from luwu.dataplane.process.children import cpu_seconds as proc_cpu
 
 
 def _relay(port_q, stop, batch: int, max_len: int) -> None:

@@ -23,8 +23,8 @@ from luwu.dataplane.optimizer.errors import CheckpointError
 from luwu.dataplane.optimizer.node import OptimizerNode
 from luwu.dataplane.optimizer.service import OptimizerService
 from luwu.dataplane.optimizer.spec import NodeConfig
+from luwu.dataplane.process.usage import UserError, host_port, positive_float, positive_int, size
 from luwu.dataplane.session import EndpointPlan, shm_port_address
-from luwu.dataplane.usage import UserError, host_port, positive_float, positive_int, size
 
 MEASURE_WAIT = 30.0  # s the start-up measurement waits for the compiled kernels' background load
 
@@ -77,10 +77,11 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from luwu.dataplane import kernels, trace
-    from luwu.dataplane.heap import freeze_collector, refreeze, retain_freed_memory
+    from luwu.dataplane import kernels
+    from luwu.dataplane.observe import trace
+    from luwu.dataplane.process.heap import freeze_collector, refreeze, retain_freed_memory
 
-    # as the switch and engine daemons do (dataplane/heap.py): each layer's gradient assembly and the
+    # as the switch and engine daemons do (dataplane/process/heap.py): each layer's gradient assembly and the
     # step's temporaries (hundreds of KiB to MiB) stay mapped instead of an mmap, page faults and
     # munmap per layer step; the state and served copies are mappings of their own (buffers.py)
     retain_freed_memory()
@@ -126,7 +127,7 @@ def run(args) -> int:
     address = data_address(service, plan)
     metrics = None
     if args.metrics:
-        from luwu.dataplane.metrics import NodeCollector, serve
+        from luwu.dataplane.observe.metrics import NodeCollector, serve
 
         metrics = "{}:{}".format(*serve(args.metrics, NodeCollector(service.node.stats)))
     # torch's and the node's start-up objects leave the collector's sight: a full collection traversed

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from luwu.dataplane.net.shm_ring import supported as shm_supported
+from luwu.dataplane.process.usage import UserError, host_port
 from luwu.dataplane.session import shm_port_address
 from luwu.dataplane.switch.config import (
     DROP_KEYS,
@@ -40,7 +41,6 @@ from luwu.dataplane.switch.config import (
 )
 from luwu.dataplane.switch.counters import named
 from luwu.dataplane.switch.table_schema import TableError
-from luwu.dataplane.usage import UserError, host_port
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -349,12 +349,12 @@ def _apply_drop(sw, cfg: DaemonConfig) -> None:
 
 
 def run(args) -> int:
-    from luwu.dataplane import trace
-    from luwu.dataplane.heap import freeze_collector, retain_freed_memory
+    from luwu.dataplane.observe import trace
+    from luwu.dataplane.process.heap import freeze_collector, retain_freed_memory
     from luwu.dataplane.switch.switch import SoftwareSwitch
 
     trace.start("switch")
-    retain_freed_memory()  # the event loop's batch temporaries stay mapped (dataplane/heap.py)
+    retain_freed_memory()  # the event loop's batch temporaries stay mapped (dataplane/process/heap.py)
     freeze_collector()  # start-up objects leave the collector's sight (again once the kernels load)
 
     stop = threading.Event()
@@ -393,7 +393,7 @@ def run(args) -> int:
         # removes any other drop_sim entry), and again after: the controller's pipeline install clears the tables
         _apply_drop(sw, cfg)
         if getattr(args, "metrics", None):  # before registering: the registration says where it is
-            from luwu.dataplane.metrics import SwitchCollector, serve
+            from luwu.dataplane.observe.metrics import SwitchCollector, serve
 
             try:
                 metrics = "{}:{}".format(*serve(args.metrics, SwitchCollector(sw.counters)))

@@ -29,7 +29,7 @@ from rich.table import Table
 from luwu.dataplane.loopback import TRANSPORTS, default_transport
 from luwu.dataplane.net.shm_ring import supported as shm_supported
 from luwu.dataplane.optimizer.spec import SERVED_DTYPES
-from luwu.dataplane.usage import UserError, existing_file, positive_float, positive_int, probability, size
+from luwu.dataplane.process.usage import UserError, existing_file, positive_float, positive_int, probability, size
 
 from .cpu import StepCpu
 from .hf_model import DEFAULT_LR, DEFAULT_STEPS, SIZES
@@ -348,7 +348,7 @@ def _start_fabric(args, console: Console, workdir: Path, info: dict, resume: dic
 
 
 def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int, resume: dict | None) -> dict:
-    from luwu.dataplane import trace
+    from luwu.dataplane.observe import trace
 
     from . import prediction
     from . import report as rep
@@ -419,10 +419,10 @@ def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int
 
 def _critical_path(report: dict, trace_path: Path, out: Path) -> list[Path]:
     """report["critical_path"] and critical_path.png for one steady-state iteration of the trace
-    (dataplane/critical_path.py); a trace that cannot say is a note in the report, not a failure."""
+    (dataplane/observe/critical_path.py); a trace that cannot say is a note in the report, not a failure."""
     import json
 
-    from luwu.dataplane import critical_path
+    from luwu.dataplane.observe import critical_path
 
     from . import timeline
 

@@ -3,7 +3,7 @@ engine daemons, the software switch, the optimizer nodes, the controller and the
 
 On a machine with fewer cores than processes, tokens/s is decided by who uses the CPU: the
 report sets what the network side costs per step against what the workers' training costs, and
-against the DDP baseline's processes. Sampled from /proc (dataplane/children.py) at two steps of
+against the DDP baseline's processes. Sampled from /proc (dataplane/process/children.py) at two steps of
 rank 0 (a fifth of the way in, to skip start-up, and the last), so the figure is per steady step.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from luwu.dataplane.children import cpu_seconds, descendants
+from luwu.dataplane.process.children import cpu_seconds, descendants
 
 # role -> what its command line contains (first match wins, in this order)
 ROLES = (("workers", "luwu.demo.worker"), ("engines", "luwu.dataplane.engine.daemon"), ("switch", " switch "),

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from luwu.dataplane import children
+from luwu.dataplane.process import children
 
 STOP_GRACE = children.STOP_GRACE
 POLL = 0.2  # s between checks while waiting for workers

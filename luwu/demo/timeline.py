@@ -4,14 +4,14 @@ path highlighted, and the share of the iteration each component holds on that pa
 Rows, top to bottom: the critical path itself (segments coloured by component), each worker
 (pull wait, forward, backward, push, push wait; gaps are untraced Python and autograd), the switch's
 pipeline turns, and each optimizer node's receive / read / optimize / write / publish threads. Spans on the
-path are outlined in black. The analysis is dataplane/critical_path.py's; this file only draws.
+path are outlined in black. The analysis is dataplane/observe/critical_path.py's; this file only draws.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from luwu.dataplane import critical_path
+from luwu.dataplane.observe import critical_path
 
 COLOURS = {"pull wait": "tab:gray", "forward": "tab:blue", "backward": "tab:orange", "push": "tab:green",
            "push wait": "tab:olive", "pipeline turn": "tab:purple", "receive": "teal", "read": "tab:cyan", "optimize": "tab:red",

@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(argv[0]) as f:
         spec = json.load(f)
     rank = int(argv[1])
-    from luwu.dataplane import trace
+    from luwu.dataplane.observe import trace
 
     trace.start(f"worker {rank} ({spec.get('mode', '')})")
     try:

@@ -42,14 +42,15 @@ SCENARIOS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def run_scenario(flags: str) -> dict:
     """The JSON object `luwu simulate FLAGS --json --no-files` prints (built in process)."""
-    from luwu.simulate import command, report
+    from luwu.simulate import flags as simulate_flags
+    from luwu.simulate import report
     from luwu.simulate.core import simulate
 
     parser = argparse.ArgumentParser()
-    command.add_arguments(parser)
+    simulate_flags.add_arguments(parser)
     args = parser.parse_args(shlex.split(flags))
-    cfg = command.build_config(args)
-    return report.to_json(cfg, simulate(cfg, command._systems(args.systems)), args.preset)
+    cfg = simulate_flags.build_config(args)
+    return report.to_json(cfg, simulate(cfg, simulate_flags.parse_systems(args.systems)), args.preset)
 
 
 def figure(doc: dict, name: str) -> float | int | None:

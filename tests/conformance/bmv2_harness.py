@@ -139,7 +139,7 @@ class P4RuntimeSession:
     """A finsy P4Runtime session (device id 0, pipeline forced) on its own event-loop thread."""
 
     def __init__(self, address: str, p4info: Path, blob: Path | None):
-        from luwu.p4.bmv2 import BMV2_DEVICE_ID, switch_for
+        from luwu.dataplane.p4runtime.bmv2 import BMV2_DEVICE_ID, switch_for
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -157,13 +157,13 @@ class P4RuntimeSession:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def program(self, runtime: dict) -> None:
+        from luwu.dataplane.p4runtime.bmv2 import write_runtime
         from luwu.dataplane.p4runtime.entries import RuntimeConfig
-        from luwu.p4.bmv2 import write_runtime
 
         self.call(write_runtime(self.switch, RuntimeConfig.from_dict(runtime)))
 
     def counters(self) -> dict:
-        from luwu.p4.bmv2 import read_counters
+        from luwu.dataplane.p4runtime.bmv2 import read_counters
 
         return self.call(read_counters(self.switch))
 
@@ -183,7 +183,7 @@ class Bmv2:
     """simple_switch_grpc on the harness's ports, programmed through a P4RuntimeSession."""
 
     def __init__(self, ports: Ports, bmv2_json: Path, p4info: Path, log_dir: Path):
-        from luwu.p4.bmv2 import BMV2_DEVICE_ID
+        from luwu.dataplane.p4runtime.bmv2 import BMV2_DEVICE_ID
 
         self.grpc = f"127.0.0.1:{_free_port()}"
         args = ["simple_switch_grpc", "--device-id", str(BMV2_DEVICE_ID), "--thrift-port", str(_free_port()),

@@ -1,7 +1,7 @@
 """Conformance runner (a'): the software switch programmed over P4Runtime, as BMv2 is.
 
 Same vectors, same frames through `process_frames`, but the runtime JSON goes through
-luwu.p4.bmv2 (finsy entities, forced pipeline, device id 0) to the software switch's P4Runtime
+luwu.dataplane.p4runtime.bmv2 (finsy entities, forced pipeline, device id 0) to the software switch's P4Runtime
 server, and the counters come back through P4Runtime reads: the BMv2 runner's control path
 (entity encoding, counter families, the committed P4Info) checked on a machine without BMv2.
 """

@@ -14,7 +14,8 @@ from collections.abc import Callable
 import grpc
 from finsy.proto import p4r
 
-from luwu.dataplane.switch.p4runtime_server import P4RuntimeBase, P4RuntimeHandle, UpdateError, start_server
+from luwu.dataplane.switch.p4runtime_server import P4RuntimeHandle, start_server
+from luwu.dataplane.switch.p4runtime_service import P4RuntimeBase, UpdateError
 
 
 class FakeP4Runtime(P4RuntimeBase):

@@ -20,7 +20,7 @@ from luwu.controller.programmer import ProgramError, SwitchProgrammer, SwitchTar
 from luwu.controller.usage import SwitchUsage
 from luwu.dataplane.p4runtime import device_config_marker
 from luwu.dataplane.protocol import DropReason, Dtype, MsgType, Packet
-from luwu.dataplane.switch.p4runtime_server import NO_PIPELINE
+from luwu.dataplane.switch.p4runtime_service import NO_PIPELINE
 
 
 def star_plan(workers=3, nodes=1):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from luwu.dataplane import children
+from luwu.dataplane.process import children
 from luwu.demo.cpu import ROLES
 
 

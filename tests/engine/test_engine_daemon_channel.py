@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import socket
 
-from luwu.dataplane import children
 from luwu.dataplane.engine.client import EngineClient
 from luwu.dataplane.net.framing import recv_msg, send_msg
+from luwu.dataplane.process import children
 
 
 def _connect(path: str) -> socket.socket:

@@ -1,4 +1,4 @@
-"""dataplane/heap.py: a datapath daemon keeps freed batch-sized buffers instead of faulting them
+"""dataplane/process/heap.py: a datapath daemon keeps freed batch-sized buffers instead of faulting them
 in again on every allocation (what made half of the switch's CPU time kernel time)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 PROBE = """
 import resource, sys
 import numpy as np
-from luwu.dataplane.heap import retain_freed_memory
+from luwu.dataplane.process.heap import retain_freed_memory
 if sys.argv[1] == "retain" and not retain_freed_memory():
     print("unsupported")
     sys.exit(0)
@@ -41,7 +41,7 @@ def test_retained_heap_stops_refaulting_batch_buffers():
 
 FREEZE_PROBE = """
 import gc, sys
-from luwu.dataplane.heap import freeze_collector, refreeze
+from luwu.dataplane.process.heap import freeze_collector, refreeze
 if sys.argv[1] == "freeze":
     frozen = freeze_collector()
     late = [[i] for i in range(1000)]  # made after start-up (the kernels' objects, say)

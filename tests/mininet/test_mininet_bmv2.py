@@ -14,8 +14,8 @@ import sys
 import pytest
 from mininet_helpers import ENV, check_clean, counters, run_json
 
+from luwu.daemons import bmv2 as bmv2_switch
 from luwu.mininet import runner
-from luwu.p4 import bmv2_switch
 
 pytestmark = pytest.mark.bmv2
 LANES = 64

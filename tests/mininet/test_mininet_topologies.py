@@ -194,7 +194,7 @@ def test_bmv2_without_simple_switch_grpc_is_a_clear_error():
 def test_the_workload_time_limit_scales_with_the_switch(args, timeout):
     """BMv2 forwards about 100x slower than the software switch: its default limit is 5x; an
     explicit --timeout is taken as given."""
-    from luwu.dataplane.usage import OneLineParser
+    from luwu.dataplane.process.usage import OneLineParser
     from luwu.mininet import runner
 
     parser = OneLineParser(prog="luwu mininet")

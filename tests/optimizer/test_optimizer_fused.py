@@ -21,7 +21,7 @@ from optimizer_reference import drive, initial_values, model_layers
 from luwu.dataplane import kernels as kernel_mode
 from luwu.dataplane.optimizer import JobSpec, LayerSpec, NodeConfig, OptimizerNode, OptimizerSpec, fused, kernels
 from luwu.dataplane.optimizer.layout import plan_layer
-from luwu.dataplane.usage import UserError
+from luwu.dataplane.process.usage import UserError
 
 pytestmark = pytest.mark.skipif(not (kernel_mode.numba_available() and fused.vector_lanes()),
                                 reason="numba or a CPU with torch AVX2/AVX512 kernels is missing: "

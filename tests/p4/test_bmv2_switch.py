@@ -18,8 +18,8 @@ import time
 import numpy as np
 import pytest
 
+from luwu.daemons import bmv2 as bmv2_switch
 from luwu.dataplane.protocol import DEFAULT_UDP_PORT, HEADER_LEN, MsgType, Packet
-from luwu.p4 import bmv2_switch
 from luwu.p4.runtime_examples import star_hosts, star_runtime
 
 pytestmark = pytest.mark.bmv2

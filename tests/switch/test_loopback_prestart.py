@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from luwu.dataplane.engine import Engine
-from luwu.dataplane.loopback import LoopbackSwitch, StarPlan, _spare
+from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
+from luwu.dataplane.loopback.launch import _spare
 
 DEADLINE = 30.0  # s, an upper bound for any wait (never an assertion on speed)
 

@@ -240,7 +240,7 @@ def test_simulated_loss_is_recovered_by_retransmission(star):
 
 
 def test_loopback_star_plan_drives_the_switch():
-    """The embedded launcher (dataplane/loopback.py) builds this switch in a child process."""
+    """The embedded launcher (dataplane/loopback/) builds this switch in a child process."""
     from luwu.dataplane.loopback import LoopbackSwitch, StarPlan
 
     plan = StarPlan(workers=2, nodes=1, mode="tofino", slots=1024, transport="udp")

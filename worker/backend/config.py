@@ -9,7 +9,7 @@
 | `LUWU_PLAN` | unset | a StarPlan JSON file of a switch started separately (its `switch_ports` filled), or this rank's EndpointPlan (`{rank}` in the path) |
 | `LOCAL_WORLD_SIZE` | `1` | ranks per server (torchrun sets it): with a rail-only plan, whose sessions each sum one rail, allreduce goes hierarchical over the server's ranks (hierarchy.py) |
 | `LUWU_MODE` | `loopback` | packet mode of the embedded switch (`tofino`, `jumbo`, `loopback` or a lane count; `loopback`: 64 KiB datagrams) |
-| `LUWU_TRANSPORT` | `shm` (Linux x86-64), else `udp` | ports of the embedded switch: shared-memory rings in /dev/shm, or UDP sockets on loopback (read by `StarPlan`, dataplane/loopback.py) |
+| `LUWU_TRANSPORT` | `shm` (Linux x86-64), else `udp` | ports of the embedded switch: shared-memory rings in /dev/shm, or UDP sockets on loopback (read by `StarPlan`, dataplane/loopback/plan.py) |
 | `LUWU_CONNECT_TIMEOUT` | `30` | seconds the first collective (a probe at group creation) may take before the switch is declared unreachable |
 | `LUWU_P2P_HOST` | `127.0.0.1` | address the point-to-point (send/recv) listener binds and advertises |
 | `LUWU_WORKDIR` | a new temp dir | where engine and switch logs go |

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -36,10 +38,38 @@ from .flat import check_range
 from .units import Unit
 
 if TYPE_CHECKING:
-    from .model import ModelInNetwork
+    from luwu.dataplane.engine.handles import Handle
+    from luwu.worker.engine_link import Staging
+
+    from .hierarchy import ServerSteps
+    from .staging import StagingPool
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+
+
+class Pulling(Protocol):
+    """What `pull_unit` and `save_pretrained` use of a `ModelInNetwork` (model.py). Declared here, not
+    imported: model.py imports this module, and no module imports one that imports it back
+    (tests/test_layering.py)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def module(self) -> nn.Module: ...
+    @property
+    def units(self) -> list[Unit]: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def pool(self) -> StagingPool: ...
+    @property
+    def stats(self) -> Counter[str]: ...
+    @property
+    def server(self) -> ServerSteps | None: ...
+    def _pull_pieces(self, st: Staging, unit: int, version: int) -> Handle: ...
+    def _wait(self, handle: Handle, what: str | Callable[[], str], kind: str) -> Any: ...
+    def _server_step(self, step: str, *args: Any) -> None: ...
 
 
 class CheckpointError(ValueError):
@@ -120,7 +150,7 @@ class CheckpointReader:
                     t.copy_(self._tensor([name], t.shape, prefix))
 
 
-def pull_unit(mnn: ModelInNetwork, u: Unit) -> dict[str, torch.Tensor]:
+def pull_unit(mnn: Pulling, u: Unit) -> dict[str, torch.Tensor]:
     """Unit `u`'s parameters at mnn's current version by full name, in their dtype on their device
     (the node's served copy rounded as a pull is). A collective, as `gather()`."""
     st = mnn.pool.acquire()
@@ -142,7 +172,7 @@ def pull_unit(mnn: ModelInNetwork, u: Unit) -> dict[str, torch.Tensor]:
             for (name, p), (lo, hi) in zip(u.params, u.offsets)}
 
 
-def save_pretrained(mnn: ModelInNetwork, path: str | os.PathLike, rank: int = 0) -> Path | None:
+def save_pretrained(mnn: Pulling, path: str | os.PathLike, rank: int = 0) -> Path | None:
     """Write mnn's model at its current version as a `save_pretrained` directory, unit by unit
     (module docstring). A collective: every rank calls it; `rank` writes. Returns the directory on
     the writing rank, None elsewhere."""

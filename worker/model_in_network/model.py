@@ -32,9 +32,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from luwu.dataplane import trace
 from luwu.dataplane.engine.handles import EngineError, Handle
 from luwu.dataplane.engine.liveness import LuwuPeerDead
+from luwu.dataplane.observe import trace
 from luwu.worker import metrics as worker_metrics
 from luwu.worker.engine_link import Staging, open_engine
 
@@ -170,7 +170,7 @@ class ModelInNetwork(nn.Module):
         self._pushed: dict[int, int] = {}  # unit -> version its gradient was pushed for
         self._saving: dict[int, str] = {}  # unit -> how its forward with autograd on learns what it saves (watch.py)
         self._watch = SavedWatch()
-        self._spans: dict[tuple[str, int], trace.OpenSpan] = {}  # open timeline events (luwu.dataplane.trace)
+        self._spans: dict[tuple[str, int], trace.OpenSpan] = {}  # open timeline events (luwu.dataplane.observe.trace)
         self._observed: list[int] = []
         self._hooks: list[RemovableHandle] = []
         self.closed = False

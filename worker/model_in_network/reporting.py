@@ -3,18 +3,51 @@ its optimizer nodes skipped for a non-finite gradient (asked over the nodes' con
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .model import ModelInNetwork
+    from luwu.worker.engine_link import EngineLink
+
+    from .memory import MemoryTracker
+    from .network import JobNetwork
+    from .routes import Route
+    from .units import Unit
 
 
-def nodes(mnn: ModelInNetwork) -> list[int]:
+class Reporting(Protocol):
+    """What this module reads of a `ModelInNetwork` (model.py). Declared here, not imported: model.py
+    imports this module, and no module imports one that imports it back (tests/test_layering.py)."""
+
+    @property
+    def routes(self) -> dict[int, Route]: ...
+    @property
+    def network(self) -> JobNetwork: ...
+    @property
+    def timeout(self) -> float: ...
+    @property
+    def units(self) -> list[Unit]: ...
+    @property
+    def keep(self) -> set[int]: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def stats(self) -> Counter[str]: ...
+    @property
+    def wait_seconds(self) -> dict[str, float]: ...
+    @property
+    def memory(self) -> MemoryTracker: ...
+    @property
+    def engine(self) -> EngineLink: ...
+    def skipped_steps(self) -> dict[int, list[str]]: ...
+
+
+def nodes(mnn: Reporting) -> list[int]:
     """The optimizer nodes this rank's pieces are on."""
     return sorted({p.node for r in mnn.routes.values() for p in r.pieces})
 
 
-def skipped_steps(mnn: ModelInNetwork) -> dict[int, list[str]]:
+def skipped_steps(mnn: Reporting) -> dict[int, list[str]]:
     """`ModelInNetwork.skipped_steps()`: {step: unit labels} from every node this rank reaches."""
     from luwu.dataplane.optimizer.control import ControlClient
 
@@ -31,7 +64,7 @@ def skipped_steps(mnn: ModelInNetwork) -> dict[int, list[str]]:
     return dict(sorted(out.items()))
 
 
-def report(mnn: ModelInNetwork) -> dict:
+def report(mnn: Reporting) -> dict:
     """`ModelInNetwork.report()`."""
     from luwu.dataplane.optimizer.control import ControlError
 

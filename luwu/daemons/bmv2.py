@@ -4,9 +4,9 @@
 
 starts `simple_switch_grpc` with device id 0 on the given interfaces, pushes the committed build
 (p4/build/luwu_v1model.json and p4info.txtpb, forced) and the runtime JSON's table entries and
-multicast groups over P4Runtime (`luwu.p4.bmv2`, finsy), prints one JSON ready line (as `luwu
-switch` does) and runs until SIGINT/SIGTERM, then stops simple_switch_grpc (SIGTERM, SIGKILL
-after a grace period) by its process id. BMv2's own output goes to stderr (or `--log-file`).
+multicast groups over P4Runtime (`luwu.dataplane.p4runtime.bmv2`, finsy), prints one JSON
+ready line (as `luwu switch` does) and runs until SIGINT/SIGTERM, then stops simple_switch_grpc
+(SIGTERM, SIGKILL after a grace period) by its process id. BMv2's own output goes to stderr (or `--log-file`).
 
 `command()` is the one place that builds simple_switch_grpc's command line; the emulation
 (`luwu mininet run --switch bmv2`) starts its switches with it too.
@@ -27,9 +27,9 @@ import threading
 import time
 from pathlib import Path
 
-from . import P4INFO_TXTPB
-from .bmv2 import BMV2_DEVICE_ID
-from .compiler import BMV2_JSON
+from luwu.dataplane.p4runtime.bmv2 import BMV2_DEVICE_ID
+from luwu.p4 import P4INFO_TXTPB
+from luwu.p4.compiler import BMV2_JSON
 
 BINARY = "simple_switch_grpc"
 DEFAULT_GRPC = "127.0.0.1:50051"  # P4Runtime's registered port; loopback unless asked otherwise
@@ -116,9 +116,8 @@ def program(proc: subprocess.Popen | None, address: str, runtime: Path | None, p
     """Push the pipeline (forced) and `runtime`'s entities to the BMv2 at `address`, retrying while
     it starts; returns the entities written. Raises Bmv2Error when `proc` exits, `cancelled()`
     turns true or time runs out; ValueError/KeyError when the runtime does not fit the P4Info."""
+    from luwu.dataplane.p4runtime import bmv2 as loader
     from luwu.dataplane.p4runtime.entries import RuntimeConfig
-
-    from . import bmv2 as loader
 
     async def push() -> int:
         sw = loader.switch_for(address, p4info, bmv2_json, BMV2_DEVICE_ID)
@@ -150,8 +149,8 @@ def _index(p4info: Path):
 
 
 def counters(address: str, p4info: Path = P4INFO_TXTPB, timeout: float = START_TIMEOUT) -> dict:
-    """The luwu counters of the BMv2 at `address` (`luwu.p4.bmv2.read_counters`), pipeline left as is."""
-    from . import bmv2 as loader
+    """The luwu counters of the BMv2 at `address` (`luwu.dataplane.p4runtime.bmv2.read_counters`), pipeline left as is."""
+    from luwu.dataplane.p4runtime import bmv2 as loader
 
     async def read() -> dict:
         sw = loader.switch_for(address, p4info, None, BMV2_DEVICE_ID, force=False)
@@ -186,7 +185,7 @@ def _port(text: str) -> tuple[int, str]:
 
 
 def add_arguments(p) -> None:
-    from luwu.dataplane.usage import existing_file, host_port, positive_float, positive_int
+    from luwu.dataplane.process.usage import existing_file, host_port, positive_float, positive_int
 
     p.add_argument("--port", action="append", default=[], type=_port, metavar="N=IFNAME", required=True,
                    help="attach interface IFNAME as switch port N (repeatable)")
@@ -218,7 +217,7 @@ def _tcp_port_free(host: str, port: int) -> bool:
 
 def _check(args) -> tuple[dict[int, str], Path, Path]:
     """Ports, P4Info and JSON; raises UserError (one line, exit 2) for whatever cannot work."""
-    from luwu.dataplane.usage import UserError
+    from luwu.dataplane.process.usage import UserError
 
     ports: dict[int, str] = {}
     for num, ifname in args.port:

@@ -20,8 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import BUILD_DIR, P4_DIR, P4INFO_TXTPB
-from .compiler import (
+from luwu.p4 import BUILD_DIR, P4_DIR, P4INFO_TXTPB
+from luwu.p4.compiler import (
     INSTALL_HINT,
     TNA_BUILD,
     TOFINO_HINT,
@@ -41,7 +41,8 @@ BMV2_DEVICE_ID = 0  # finsy defaults to 1, which BMv2 rejects
 TNA_TARGETS = (1, 2)  # __TARGET_TOFINO__ values p4test checks the TNA program for
 
 
-def commands_text(defines: list[str] = ()) -> str:
+def commands_text(defines: list[str] | None = None) -> str:
+    defines = defines or []
     return "\n".join([
         "# BMv2 (v1model): JSON for simple_switch_grpc and P4Info (run from the repository root)",
         " ".join(bmv2_command(BUILD_DIR, defines)),
@@ -98,8 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.action == "generate":
         from luwu.dataplane.protocol import lanes_for_mode
-
-        from .generate import generate
+        from luwu.p4.generate import generate
 
         lanes = lanes_for_mode(args.lanes)
         try:
@@ -114,9 +114,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(changed)} file(s) changed; lanes = {lanes}; P4Info: {rel(P4INFO_TXTPB)}")
         return 0
     if args.action == "check":
-        from .generate import check
+        from luwu.p4.generate import check
 
         stale = check()
+        diffs: list[str] = []  # a fresh p4c compile against the committed build (--compile)
         for item in stale:
             print(f"STALE {rel(item.path)}: {item.reason}")
         if not stale and args.compile:
@@ -124,13 +125,13 @@ def run(args: argparse.Namespace) -> int:
                 print(f"luwu p4 check --compile: p4c is not on PATH; {INSTALL_HINT}", file=sys.stderr)
                 return 2
             try:
-                for diff in compare_with_fresh_compile():
-                    print(f"STALE {diff}")
-                    stale.append(diff)
+                diffs = compare_with_fresh_compile()
             except CompileError as exc:
                 print(f"luwu p4 check: {exc}", file=sys.stderr)
                 return 1
-        if stale:
+            for diff in diffs:
+                print(f"STALE {diff}")
+        if stale or diffs:
             print("run `luwu p4 generate` (with the same --lanes, p4c on PATH) and commit the result")
             return 1
         print("generated P4 files, P4Info and BMv2 JSON are up to date" + (" (recompiled: identical)" if args.compile else ""))
@@ -159,7 +160,7 @@ def _build(args: argparse.Namespace) -> int:
             if target == "bmv2":
                 if args.defines:  # a parameterised build is the user's, never the committed one
                     out = BUILD_DIR / "custom"
-                    from .compiler import compile_bmv2
+                    from luwu.p4.compiler import compile_bmv2
 
                     result = compile_bmv2(out, args.defines)
                 else:
@@ -178,10 +179,10 @@ def _build(args: argparse.Namespace) -> int:
                 TNA_BUILD.mkdir(parents=True, exist_ok=True)
                 cmd = tofino_command(args.defines)
                 print("$ " + " ".join(cmd))
-                result = subprocess.run(cmd, cwd=P4_DIR.parent, check=False)
-                if result.returncode:
-                    print(f"luwu p4 build: bf-p4c failed (exit {result.returncode})", file=sys.stderr)
-                    status = result.returncode
+                proc = subprocess.run(cmd, cwd=P4_DIR.parent, check=False)
+                if proc.returncode:
+                    print(f"luwu p4 build: bf-p4c failed (exit {proc.returncode})", file=sys.stderr)
+                    status = proc.returncode
         except CompileError as exc:
             print(f"luwu p4 build: {exc}", file=sys.stderr)
             status = 1
@@ -192,7 +193,7 @@ def _load_credentials(args: argparse.Namespace):
     """finsy channel credentials for `luwu p4 load`, the way the controller reaches a switch
     (luwu.dataplane.p4runtime.credentials): the token over TLS, or over gRPC local credentials on
     loopback; None for a plaintext switch (BMv2). Bad options raise UserError (one line)."""
-    from luwu.dataplane.usage import UserError, existing_file_or_error, pem_certificates_or_error
+    from luwu.dataplane.process.usage import UserError, existing_file_or_error, pem_certificates_or_error
 
     token = args.token
     if args.token_file:
@@ -239,9 +240,8 @@ def _load(args: argparse.Namespace) -> int:
 
     import finsy
 
+    from luwu.dataplane.p4runtime.bmv2 import load
     from luwu.dataplane.p4runtime.entries import RuntimeConfigError
-
-    from .bmv2 import load
 
     credentials = _load_credentials(args)
     logging.getLogger("finsy").setLevel(logging.CRITICAL + 1)  # its tracebacks (logged CRITICAL) say what one line says

@@ -23,8 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .protocol import DropReason, Event, MsgType
-from .usage import check_host_port
+from ..process.usage import check_host_port
+from ..protocol import DropReason, Event, MsgType
+
+# upper bounds (seconds) of the switch's last-arrival lag histogram (switch/stragglers.py keeps it
+# over these; `luwu_switch_last_arrival_lag_seconds` exports it); the last bucket is +Inf
+LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 _REASONS = {int(r): r.name for r in DropReason}
 _EVENTS = {int(e): e.name for e in Event}
@@ -77,7 +81,6 @@ class SwitchCollector:
 def _straggler_metrics(stragglers: dict) -> Iterator[Any]:
     from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-    from .switch.stragglers import LAG_BUCKETS
 
     labels = ["session", "worker"]
     fams = {f: CounterMetricFamily(f"luwu_switch_{name}", text, labels=labels) for f, name, text in (

@@ -32,7 +32,7 @@ COUNTER_FAMILIES = {
 def entities(cfg: RuntimeConfig, index: P4InfoIndex) -> list:
     """finsy entities for every table entry and multicast group of `cfg` (validated first)."""
     cfg.validate(index)
-    out = []
+    out: list[fy.P4TableEntry | fy.P4MulticastGroupEntry] = []
     for entry in cfg.table_entries:
         table = index.table(entry.table, entry.table)
         action = index.action(entry.action_name, entry.table)
@@ -42,7 +42,7 @@ def entities(cfg: RuntimeConfig, index: P4InfoIndex) -> list:
         if entry.default_action:
             out.append(~fy.P4TableEntry(table.preamble.name, action=act, is_default_action=True))
             continue
-        match = {}
+        match: dict[str, int | tuple[int, int]] = {}
         for f in table.match_fields:
             value = entry.match[f.name]
             if f.match_type == f.LPM:
@@ -76,7 +76,8 @@ async def read_counters(sw: fy.Switch) -> dict:
     for name, family in COUNTER_FAMILIES.items():
         if sw.p4info.counters.get(name) is None:
             raise KeyError(f"the switch's P4Info has no counter {name}: is it running luwu_v1model.p4?")
-        async for entry in sw.read(fy.P4CounterEntry(name)):
+        # finsy's overloads type read() as a coroutine; it is an async generator (its own examples iterate it)
+        async for entry in sw.read(fy.P4CounterEntry(name)):  # type: ignore[attr-defined]
             if entry.index is None:
                 continue
             packets, nbytes = out[family].get(entry.index, (0, 0))
@@ -93,7 +94,7 @@ def resolve(cfg_path: Path, name: str) -> Path:
 async def load(address: str, runtime: Path, p4info: Path | None = None, bmv2_json: Path | None = None,
                device_id: int = BMV2_DEVICE_ID, credentials=None) -> int:
     """Push the pipeline and the runtime JSON to the switch at `address`; returns entities written.
-    `credentials`: finsy channel credentials for an authenticated switch (tool.py builds them)."""
+    `credentials`: finsy channel credentials for an authenticated switch (luwu/p4_command.py builds them)."""
     cfg = RuntimeConfig.load(runtime)
     p4info = p4info or resolve(runtime, cfg.p4info)
     bmv2_json = bmv2_json or resolve(runtime, cfg.bmv2_json)

@@ -43,7 +43,7 @@ def retain_freed_memory() -> bool:
 
     Examples::
 
-        >>> from luwu.dataplane.heap import retain_freed_memory
+        >>> from luwu.dataplane.process.heap import retain_freed_memory
         >>> retain_freed_memory()   # first thing in a datapath daemon
         True
     """
@@ -68,7 +68,7 @@ def freeze_collector() -> int:
 
     Examples::
 
-        >>> from luwu.dataplane.heap import freeze_collector
+        >>> from luwu.dataplane.process.heap import freeze_collector
         >>> freeze_collector() > 0   # after imports and setup, before serving
         True
     """

@@ -1,4 +1,4 @@
-"""The critical path of one training iteration, from a merged timeline (dataplane/trace.py).
+"""The critical path of one training iteration, from a merged timeline (dataplane/observe/trace.py).
 
 A pure function over Chrome trace events: no I/O, no clock. An iteration `v` is every worker span
 with `version == v` and every optimizer-node span with `step == v`; its window runs from the first
@@ -199,7 +199,7 @@ def analyse(events: list[dict], iteration: int | None = None) -> dict:
     """The critical path of one iteration of a merged trace.
 
     Args:
-        events: the trace's `traceEvents` (dataplane/trace.py's merge; the demo's trace.json).
+        events: the trace's `traceEvents` (dataplane/observe/trace.py's merge; the demo's trace.json).
         iteration: which iteration (worker version); default `steady_iteration`'s choice.
 
     Returns:

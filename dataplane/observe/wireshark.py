@@ -18,8 +18,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import protocol as P
-from .usage import UserError
+import luwu.dataplane.protocol as P
+
+from ..process.usage import UserError
 
 PLUGIN_DIR = Path.home() / ".local" / "lib" / "wireshark" / "plugins"
 
