@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-VERSION = 1
+VERSION = 2
 HEADER_LEN = 32
 COMMON_LEN = 8
 NODE = 0xFFFF  # `worker` value of the session's optimizer node (or the parent switch)

@@ -23,7 +23,7 @@ import itertools
 import numpy as np
 
 from ..kernels import use_numba
-from ..protocol import HEADER_LEN, DropReason, Flag, MsgType
+from ..protocol import HEADER_LEN, DropReason, Dtype, Flag, MsgType
 from . import phase_groups, small_route, stragglers
 from .batch import Batch, Emission
 from .config import SwitchConfig
@@ -52,6 +52,7 @@ from .tables import Tables
 INGRESS, EGRESS, LINK_IN, LINK_OUT = range(4)  # random streams spawned from the seed
 SET, SATURATED, MAX = int(Flag.SET), int(Flag.SATURATED), int(Flag.MAX)
 HEARTBEAT = int(MsgType.HEARTBEAT)
+FIXED16 = int(Dtype.FIXED16)
 # turns of up to this many packets are classified one packet at a time (small_classify.py: the
 # vectorised classifier's numpy calls cost the same for one packet as for hundreds); 0: never
 SMALL_TURN = 16
@@ -297,6 +298,9 @@ class Pipeline:
     def _aggregation(self, b: Batch, c: Classified, agg: AggregationResult) -> None:
         """The slot registers (phase_groups' fold, the rest in rounds) for the aggregation packets."""
         ai = np.flatnonzero(c.path == PATH_AGGREGATE)
+        if len(ai) and (f16 := c.h["dtype"][ai] == FIXED16).any():
+            self._aggregation16(b, c, ai[f16], agg)
+            ai = ai[~f16]
         if len(ai):
             slot = c.h["slot"][ai].astype(np.int64)
             a = _AggInputs(c, ai, slot, self.registers.slots, b)
@@ -327,6 +331,28 @@ class Pipeline:
                     sel = np.flatnonzero(rounds == r)
                     sel = sel if rest is None else rest[sel]
                 self._aggregate(a, sel, payload, agg)
+
+    def _aggregation16(self, b: Batch, c: Classified, ai: np.ndarray, agg: AggregationResult) -> None:
+        """FIXED16 contributions `ai` (docs/protocol.md 5.2), on the reference path only: their int16
+        lanes sign-extended into a big-endian int32 copy, the slot state machine in rounds on it (the
+        same registers as every dtype), and the lanes of what leaves (completions, resends) written
+        back truncated to int16 -- exact while the senders leave headroom, wrapping otherwise, as
+        the P4 programs do. The fast paths (phase_groups' fold, lone_agg) take 32-bit lanes only.
+        A batch that mixes FIXED16 and 32-bit packets of one slot (a protocol misuse) has its FIXED16
+        packets applied first."""
+        slot = c.h["slot"][ai].astype(np.int64)
+        a = _AggInputs(c, ai, slot, self.registers.slots, b)
+        p16 = b.payload16(self.lanes)
+        prows = a.rows
+        wide = p16[prows].astype(">i4")
+        a.rows = np.arange(len(ai))
+        rounds = round_numbers(slot)
+        n_rounds = int(rounds.max()) + 1
+        for r in range(n_rounds):
+            self._aggregate(a, None if n_rounds == 1 else np.flatnonzero(rounds == r), wide, agg)
+        out = agg.remaining[ai] == 0  # a completion or a resend: the stored sums leave
+        if out.any():
+            p16[prows[out]] = wide[out].astype(np.int16)
 
     def _aggregate(self, a: _AggInputs, sel, payload: np.ndarray, agg: AggregationResult) -> None:
         """One round of the slot state machine over aggregation packets `sel` (None: all)."""
