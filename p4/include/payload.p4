@@ -286,6 +286,7 @@ void widen_lanes16(in luwu_lanes16_t l16, inout luwu_lanes_t lanes) {
 /* FIXED16: the stored int32 sums back into the int16 lanes (low 16 bits), `lanes` invalid again,
  * so the packet leaves with its own 2 * LANES-byte payload. */
 void narrow_lanes16(inout luwu_lanes16_t l16, inout luwu_lanes_t lanes) {
+    l16.setValid();
     l16.lane_0 = lanes.lane_0[15:0];
     l16.lane_1 = lanes.lane_1[15:0];
     l16.lane_2 = lanes.lane_2[15:0];

@@ -40,6 +40,7 @@ void widen_lanes16(in luwu_lanes16_t l16, inout luwu_lanes_t lanes) {
 /* FIXED16: the stored int32 sums back into the int16 lanes (low 16 bits), `lanes` invalid again,
  * so the packet leaves with its own 2 * LANES-byte payload. */
 void narrow_lanes16(inout luwu_lanes16_t l16, inout luwu_lanes_t lanes) {
+    l16.setValid();
 @@LANE_BEGIN
     l16.lane_{k} = lanes.lane_{k}[15:0];
 @@LANE_END
