@@ -46,14 +46,11 @@ def lanes16(rng: np.random.Generator, rank: int) -> np.ndarray:
     return v
 
 
-def results(out: list[tuple[int, bytes]]) -> dict[int, bytes]:
-    return {port: data for port, data in out}
-
-
 def check_result(out, want: np.ndarray, seq: int) -> None:
-    got = results(out)
-    assert sorted(got) == [worker_port(r) for r in RANKS], sorted(got)
-    for data in got.values():
+    """One RESULT copy per worker of session 1, each with the int16 lanes `want`."""
+    ports = sorted(port for port, _ in out)
+    assert ports == [worker_port(r) for r in RANKS], ports
+    for _, data in out:
         assert len(data) == HEADER_LEN + 2 * LANES
         pk = Packet.unpack(data)
         assert (pk.type, pk.seq, pk.dtype) == (MsgType.RESULT, seq, Dtype.FIXED16)
