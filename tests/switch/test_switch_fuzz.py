@@ -18,7 +18,7 @@ from scapy.packet import Raw, fuzz
 from switch_reference import ReferenceSwitch
 from switch_setup import LANES, SESSIONS, SLOTS, agg_packet, heartbeat, runtime
 
-from luwu.dataplane.protocol import HEADER_LEN, DropReason, Event, Flag, MsgType, Packet
+from luwu.dataplane.protocol import HEADER_LEN, VERSION, DropReason, Event, Flag, MsgType, Packet
 from luwu.dataplane.scapy_layer import Luwu
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
 
@@ -45,7 +45,7 @@ def zero_packet(session: int, worker: int, seq: int, *, mtype: int = MsgType.ALL
 
 def harmless(data: bytes) -> bytes:
     """Junk must not be a valid contribution to the session under test (it would change its sums)."""
-    if len(data) >= 8 and data[0] >> 4 == 1 and data[0] & 0xF in (MsgType.ALLREDUCE, MsgType.GRAD) \
+    if len(data) >= 8 and data[0] >> 4 == VERSION and data[0] & 0xF in (MsgType.ALLREDUCE, MsgType.GRAD) \
             and int.from_bytes(data[2:4], "big") == 1:
         return data[:2] + (77).to_bytes(2, "big") + data[4:]
     return data
