@@ -6,7 +6,8 @@
  * TNA parser_err); `header_ok` is false when the header check (hcheck) does not match
  * (v1model verify_checksum, TNA a CRC16 Hash in ingress). Checks, in order, each ending the
  * packet with one drop reason:
- *   hcheck mismatch (a type 1..7 header) ................. BAD_CHECKSUM
+ *   hcheck mismatch (any type: the parser reads bytes 8..31 of an unknown type as the data
+ *   part, so its check covers the same 30 bytes) ......... BAD_CHECKSUM
  *   version != LUWU_VERSION .............................. BAD_VERSION
  *   type not 1..7 ........................................ BAD_TYPE
  *   parse failure, or a length that is not the type's ... MALFORMED

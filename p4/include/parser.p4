@@ -47,7 +47,7 @@ parser LuwuParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
             TYPE_PARAM: parse_data;
             TYPE_PULL: parse_data;
             TYPE_HEARTBEAT: parse_heartbeat;
-            default: accept;    /* BAD_TYPE, decided by the classifier */
+            default: parse_data;  /* BAD_TYPE, decided by the classifier after the header check */
         }
     }
 

@@ -3,7 +3,7 @@
  * header bytes (dataplane/integrity.py `header_check`; poly 0x8005 reflected, init 0, no final
  * xor) is a `Hash` with that CRCPolynomial, over the header fields in wire order without hcheck:
  *   HeaderCheckVerify  ingress pass 1: ok = the packet's hcheck matches (true for a luwu packet
- *                      whose data/heartbeat part was not parsed: BAD_TYPE decides those);
+ *                      whose data/heartbeat part was not parsed: a header cut short, MALFORMED);
  *                      the classifier's first check (BAD_CHECKSUM)
  *   HeaderCheckSeal    the end of ingress, every packet that leaves (not one on its way to pass
  *                      2): hcheck recomputed after the rewrites (type, worker, flags, exponent).

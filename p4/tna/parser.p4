@@ -61,7 +61,7 @@ parser LuwuIngressParser(packet_in pkt, out headers_t hdr, out metadata_t meta,
             TYPE_PARAM: parse_data;
             TYPE_PULL: parse_data;
             TYPE_HEARTBEAT: parse_heartbeat;
-            default: accept;
+            default: parse_data;  /* BAD_TYPE after the header check (its 30 bytes are the data layout's) */
         }
     }
 

@@ -85,4 +85,4 @@ def test_every_luwu_header_is_sealed():
             if int.from_bytes(head[26:28], "big") != header_check(head):
                 assert sent, f"{v.name}: an expected output without its hcheck"
                 bad_in += 1
-    assert bad_in == 3  # bad_header_check's three corrupted headers
+    assert bad_in == 4  # bad_header_check's four corrupted headers
