@@ -18,7 +18,6 @@ import time
 import numpy as np
 import pytest
 
-from luwu.dataplane.integrity import HCHECK_OFFSET, header_check
 from luwu.dataplane.protocol import DEFAULT_UDP_PORT, HEADER_LEN, MsgType, Packet
 from luwu.p4 import bmv2_switch
 from luwu.p4.runtime_examples import star_hosts, star_runtime
@@ -131,9 +130,6 @@ def allreduce_frame(rank: int, lanes: np.ndarray) -> bytes:
     host = star_hosts(2)[0][rank]
     luwu = Packet(type=MsgType.ALLREDUCE, session=1, worker=rank, count=LANES, seq=0, slot=0,
                   payload=lanes.astype(">i4").tobytes()).pack()
-    head = bytearray(luwu[:HEADER_LEN])  # the header check (v2), whether or not pack() seals it
-    head[HCHECK_OFFSET:HCHECK_OFFSET + 2] = header_check(bytes(head)).to_bytes(2, "big")
-    luwu = bytes(head) + luwu[HEADER_LEN:]
     return bytes(Ether(src=host.mac, dst="02:00:00:00:00:fe") / IP(src=host.ip, dst="10.0.0.254")
                  / UDP(sport=DEFAULT_UDP_PORT, dport=DEFAULT_UDP_PORT) / luwu)
 
