@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from pathlib import Path
 
-from luwu.dataplane import protocol
+from luwu.dataplane import integrity, protocol
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 
@@ -42,7 +42,9 @@ def constants_p4() -> str:
            f"const bit<4>  LUWU_VERSION = {protocol.VERSION};\n",
            f"const bit<16> LUWU_HEADER_LEN = {protocol.HEADER_LEN};\n",
            f"@noWarn(\"unused\") const bit<16> LUWU_COMMON_LEN = {protocol.COMMON_LEN};\n",
-           f"const bit<16> NODE = 0x{protocol.NODE:04X};\n"]
+           f"const bit<16> NODE = 0x{protocol.NODE:04X};\n",
+           "/* PARAM and PULL end with a CRC-32 trailer (dataplane/integrity.py TRAILER_LEN). */\n",
+           f"const bit<32> TRAILER_LEN = {integrity.TRAILER_LEN};\n"]
     for cls, prefix, p4type in ENUMS:
         out.append(f"\n/* {cls.__name__} */\n")
         for member in cls:

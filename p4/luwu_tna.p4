@@ -10,7 +10,11 @@
  * writes the new even lanes into the packet, then sends it to RECIRC_PORT with a harvest
  * header; pass 2 reads the odd lanes of the same cell and delivers the packet as pass 1
  * decided; it also reads the cell's stored flags (SATURATED) from the exponent/flags pair.
- * Absorbed and dropped packets, and every other type, take one pass. Counters are counted in
+ * Absorbed and dropped packets, and every other type, take one pass. The header check (hcheck)
+ * is verified in pass 1 with a CRC16 Hash (tna/header_check.p4; BAD_CHECKSUM) and recomputed at
+ * the end of ingress on whatever leaves. FIXED16 lanes (int16, `lanes16`) are widened into the
+ * int32 lanes around the lane registers and narrowed back (low 16 bits) in both passes, so a
+ * FIXED16 result recirculates at its own size. Counters are counted in
  * pass 1, except SATURATED, known in pass 2. A session's ports and RECIRC_PORT must be in one pipe (registers
  * are per pipe); p4/README.md has the resource budget.
  *
@@ -28,6 +32,7 @@
 #endif
 
 #include "tna/parser.p4"
+#include "tna/header_check.p4"
 #include "include/drop_simulator.p4"
 #include "include/classifier.p4"
 #include "include/zero_lanes.p4"
@@ -67,6 +72,8 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta,
     HeartbeatTable() heartbeat_table;
     NextStepSelector() next_step_selector;
     Forwarder() forwarder;
+    HeaderCheckVerify() verify_hcheck;
+    HeaderCheckSeal() seal_hcheck;
 
     apply {
         meta.drop_reason = 0;
@@ -81,7 +88,13 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta,
 
         if (hdr.harvest.isValid()) {
             /* pass 2: the odd lanes, then the delivery pass 1 chose */
+            if (hdr.lanes16.isValid()) {
+                widen_lanes16(hdr.lanes16, hdr.lanes);  /* FIXED16: pass 1's even sums, widened */
+            }
             aggregation_lanes.apply(hdr, LANE_READ, hdr.harvest.cell, true);
+            if (hdr.lanes16.isValid()) {
+                narrow_lanes16(hdr.lanes16, hdr.lanes);
+            }
             meta.exponent_in = 0;  /* register-action inputs unused by the reads of pass 2 */
             meta.saturated_in = 0;
             exponent_max.apply(hdr, meta, true, hdr.harvest.cell);
@@ -100,6 +113,8 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta,
                         && (bit<32>)hdr.udp.length >= LUWU_UDP_HEADERS_LEN
                         && (hdr.data.isValid() || hdr.hb.isValid() || !known_type);
             bool parsed = ig_prsr_md.parser_err == 0;
+            bool header_ok;
+            verify_hcheck.apply(hdr, header_ok);
             if (luwu) {
                 rx_types.count(hdr.luwu.msg_type);
             }
@@ -117,7 +132,7 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta,
             if (meta.drop_reason != 0) {
                 /* malformed, not routable, or lost on the simulated link */
             } else if (luwu) {
-                classifier.apply(hdr, meta, parsed, ig_intr_md.ingress_port);
+                classifier.apply(hdr, meta, parsed, header_ok, ig_intr_md.ingress_port);
                 zero_lanes.apply(hdr, meta);
                 if (meta.session_known == 1) {
                     session_packets.count(hdr.luwu.session);
@@ -134,7 +149,13 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta,
                     worker_bitmap.apply(meta);
                     contributor_counter.apply(meta);
                     exponent_max.apply(hdr, meta, false, meta.cell);
+                    if (hdr.lanes16.isValid()) {
+                        widen_lanes16(hdr.lanes16, hdr.lanes);  /* FIXED16: int16 -> the int32 lanes */
+                    }
                     aggregation_lanes.apply(hdr, meta.lane_op, meta.cell, false);
+                    if (hdr.lanes16.isValid()) {
+                        narrow_lanes16(hdr.lanes16, hdr.lanes);  /* recirculates in its own 16-bit form */
+                    }
                 } else if (meta.op == OP_HEARTBEAT) {
                     heartbeat_table.apply(hdr, meta);
                 }
@@ -169,6 +190,10 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta,
             if (meta.drop_reason != 0 || (luwu && meta.emit == 0)) {
                 ig_dprsr_md.drop_ctl = 1;
             }
+        }
+
+        if (meta.recirculate == 0 && hdr.luwu.isValid()) {
+            seal_hcheck.apply(hdr);  /* hcheck of what leaves (pass 2 seals a recirculated result) */
         }
 
         hdr.bridge.setValid();

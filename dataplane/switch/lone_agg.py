@@ -14,7 +14,8 @@ as `shm_emit.emit_small` does (one copy up: straight into the ring's row; severa
 the rings reference, or inline copies when the pool is full) -- with the same counters, registers,
 straggler records, ring entries and pool rows as the general path.
 
-It takes only what it can finish: kernels on, a packet on the aggregation path that is not ZERO,
+It takes only what it can finish: kernels on, a packet on the aggregation path that is not ZERO
+nor FIXED16 (int16 lanes: the general path's reference code widens them),
 whose completion would leave for shared-memory ports only (checked before anything is touched),
 and that the kernel takes (not a duplicate, the countdown not passing zero: the kernel changes
 nothing otherwise). Anything else says False with no state changed, and the turn goes the general way.
@@ -27,9 +28,10 @@ import struct
 
 import numpy as np
 
+from ..integrity import header_ok, seal_header
 from ..kernels import use_numba
 from ..observe import trace
-from ..protocol import HEADER_LEN, NODE, Event, Flag, MsgType, NextStep, aggregation_packet_len
+from ..protocol import HEADER_LEN, NODE, Dtype, Event, Flag, MsgType, NextStep, aggregation_packet_len
 from .controls.classifier import PATH_AGGREGATE
 from .controls.next_step_selector import KEEP_FLAGS
 from .lone import count_rx, to_ports
@@ -44,6 +46,7 @@ _WORKER = struct.Struct("!H")  # at offset 4
 _EXPONENT = struct.Struct("!b")  # at offset 24
 ROOT, GRAD, AGG, RESULT = int(NextStep.ROOT), int(MsgType.GRAD), int(MsgType.AGG), int(MsgType.RESULT)
 SET, SATURATED, MAX, ZERO = int(Flag.SET), int(Flag.SATURATED), int(Flag.MAX), int(Flag.ZERO)
+FIXED16 = int(Dtype.FIXED16)
 COMPLETED, ABSORBED, SATURATED_EV = int(Event.COMPLETED), int(Event.ABSORBED), int(Event.SATURATED)
 UNICAST, MULTICAST = int(Event.UNICAST), int(Event.MULTICAST)
 NUM_WORKERS = SESSION_PARAMS.index("num_workers")
@@ -76,9 +79,11 @@ def turn(sw, rx, att) -> bool:
     n = int(rx.length[0])
     if n < HEADER_LEN:
         return False
+    if not header_ok(rx.rows[0, :HEADER_LEN].tobytes()):
+        return False  # a corrupted header: the general path drops and counts it (BAD_CHECKSUM)
     head = _HEAD.unpack_from(rx.rows, 0)
     vt, flags, session, worker, count = head[:5]
-    if flags & ZERO:
+    if flags & ZERO or head[10] == FIXED16:  # (FIXED16's int16 lanes: the general path's reference)
         return False
     sc = t.scalar()
     drop, counted, _, bit, _, row, _, pooled = decision(sc, (vt, flags, session, worker, count, head[10], att.port, n,
@@ -153,6 +158,7 @@ def _rewrite(dst: np.ndarray, vt: int, flags: int, root: bool, grad: bool, row: 
     _REWRITE.pack_into(buf, 0, (vt & 0xF0) | mtype, (flags & KEEP_FLAGS) | (SATURATED if sat else 0))
     _WORKER.pack_into(buf, 4, NODE if root else row[UP_WORKER])
     _EXPONENT.pack_into(buf, 24, exponent)
+    seal_header(dst)
 
 
 def _emit(sw, arena: np.ndarray, r: int, n: int, reg: int, outs: list, sat: bool, multicast: bool,

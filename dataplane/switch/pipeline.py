@@ -22,8 +22,9 @@ import itertools
 
 import numpy as np
 
+from ..integrity import seal_rows
 from ..kernels import use_numba
-from ..protocol import HEADER_LEN, DropReason, Flag, MsgType
+from ..protocol import HEADER_LEN, DropReason, Dtype, Flag, MsgType
 from . import phase_groups, small_route, stragglers
 from .batch import Batch, Emission
 from .config import SwitchConfig
@@ -52,9 +53,23 @@ from .tables import Tables
 INGRESS, EGRESS, LINK_IN, LINK_OUT = range(4)  # random streams spawned from the seed
 SET, SATURATED, MAX = int(Flag.SET), int(Flag.SATURATED), int(Flag.MAX)
 HEARTBEAT = int(MsgType.HEARTBEAT)
+FIXED16 = int(Dtype.FIXED16)
 # turns of up to this many packets are classified one packet at a time (small_classify.py: the
 # vectorised classifier's numpy calls cost the same for one packet as for hundreds); 0: never
 SMALL_TURN = 16
+
+
+def reseal(b: Batch, pkt: np.ndarray) -> None:
+    """The header check of every luwu packet among `pkt` (a batch's emitted copies) written again
+    over its rewritten header (docs/protocol.md 3.5: the switch recomputes it on all it emits)."""
+    if not len(pkt):
+        return
+    if len(pkt) <= 4:
+        luwu = b.luwu
+        seal_rows(b.rows, [p for p in dict.fromkeys(pkt.tolist()) if luwu[p]], b.off)
+        return
+    u = np.unique(pkt)
+    seal_rows(b.rows, u[b.luwu[u]], b.off)
 
 
 def round_numbers(keys: np.ndarray) -> np.ndarray:
@@ -186,7 +201,9 @@ class Pipeline:
                         agg = AggregationResult(len(paths))
                         self._aggregation(b, c, agg)
                         self._observe_small(c, agg, paths)
-                    return small_route.route(b, c, paths, srows, t, self.registers, cnt, agg)
+                    em = small_route.route(b, c, paths, srows, t, self.registers, cnt, agg)
+                    reseal(b, em.pkt)
+                    return em
         else:
             c = classify(b, t, self.lanes, cnt)
         zero_lanes.apply(b, c, self.lanes)
@@ -218,6 +235,7 @@ class Pipeline:
             codes = np.concatenate([np.full(len(i), int(code), dtype=np.int64) for code, i in events])
             idx = np.concatenate([i for _, i in events])
             cnt.event(codes, b.length[idx])
+        reseal(b, em.pkt)
         return em
 
     def valid(self, b: Batch) -> np.ndarray:
@@ -297,6 +315,9 @@ class Pipeline:
     def _aggregation(self, b: Batch, c: Classified, agg: AggregationResult) -> None:
         """The slot registers (phase_groups' fold, the rest in rounds) for the aggregation packets."""
         ai = np.flatnonzero(c.path == PATH_AGGREGATE)
+        if len(ai) and (f16 := c.h["dtype"][ai] == FIXED16).any():
+            self._aggregation16(b, c, ai[f16], agg)
+            ai = ai[~f16]
         if len(ai):
             slot = c.h["slot"][ai].astype(np.int64)
             a = _AggInputs(c, ai, slot, self.registers.slots, b)
@@ -327,6 +348,28 @@ class Pipeline:
                     sel = np.flatnonzero(rounds == r)
                     sel = sel if rest is None else rest[sel]
                 self._aggregate(a, sel, payload, agg)
+
+    def _aggregation16(self, b: Batch, c: Classified, ai: np.ndarray, agg: AggregationResult) -> None:
+        """FIXED16 contributions `ai` (docs/protocol.md 5.2), on the reference path only: their int16
+        lanes sign-extended into a big-endian int32 copy, the slot state machine in rounds on it (the
+        same registers as every dtype), and the lanes of what leaves (completions, resends) written
+        back truncated to int16 -- exact while the senders leave headroom, wrapping otherwise, as
+        the P4 programs do. The fast paths (phase_groups' fold, lone_agg) take 32-bit lanes only.
+        A batch that mixes FIXED16 and 32-bit packets of one slot (a protocol misuse) has its FIXED16
+        packets applied first."""
+        slot = c.h["slot"][ai].astype(np.int64)
+        a = _AggInputs(c, ai, slot, self.registers.slots, b)
+        p16 = b.payload16(self.lanes)
+        prows = a.rows
+        wide = p16[prows].astype(">i4")
+        a.rows = np.arange(len(ai))
+        rounds = round_numbers(slot)
+        n_rounds = int(rounds.max()) + 1
+        for r in range(n_rounds):
+            self._aggregate(a, None if n_rounds == 1 else np.flatnonzero(rounds == r), wide, agg)
+        out = agg.remaining[ai] == 0  # a completion or a resend: the stored sums leave
+        if out.any():
+            p16[prows[out]] = wide[out].astype(np.int16)
 
     def _aggregate(self, a: _AggInputs, sel, payload: np.ndarray, agg: AggregationResult) -> None:
         """One round of the slot state machine over aggregation packets `sel` (None: all)."""

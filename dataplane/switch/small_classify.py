@@ -31,6 +31,7 @@ from .controls.classifier import (
     D_UNKNOWN_SESSION,
     D_UNKNOWN_WORKER,
     FALLBACK,
+    FIXED16,
     GRAD,
     HEARTBEAT,
     INT32,
@@ -43,6 +44,7 @@ from .controls.classifier import (
     PULL,
     RESULT,
     SESSION_FIELDS,
+    TRAILER_LEN,
     TYPE_CODES,
     UPSTREAM,
     ZERO,
@@ -200,16 +202,16 @@ def _decide(sc: ScalarTables, vt: int, flags: int, session: int, worker: int, co
         drop = D_BAD_TYPE
     agg_type = GRAD <= mtype <= RESULT
     if agg_type:
-        expect = agg_len
+        expect = agg_len if dtype != FIXED16 else HEADER_LEN + 2 * lanes  # FIXED16: int16 lanes
         if flags & ZERO:  # header-only ZERO contribution: INT32 GRAD/ALLREDUCE only (protocol.md 3.2)
             expect = HEADER_LEN if mtype in (GRAD, ALLREDUCE) and dtype == INT32 else -1
     elif mtype == PARAM:
         item = _ITEM[dtype]
-        expect = HEADER_LEN + count * item if item > 0 else -1
+        expect = HEADER_LEN + count * item + TRAILER_LEN if item > 0 else -1
     elif mtype == HEARTBEAT:
         expect = HEADER_LEN
     elif mtype == PULL:
-        expect = HEADER_LEN + _PULL_ITEM * count
+        expect = HEADER_LEN + _PULL_ITEM * count + TRAILER_LEN
     else:
         expect = -1
     if not drop and (length != expect or (agg_type and count > lanes)):

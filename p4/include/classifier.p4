@@ -3,13 +3,17 @@
  * docs/protocol.md 3, 6.1, 6.3 (validation, pool check, fallback), 6.5 (directions).
  *
  * `parsed` is false when the architecture's parser stopped early (v1model parser_error,
- * TNA parser_err). Checks, in order, each ending the packet with one drop reason:
+ * TNA parser_err); `header_ok` is false when the header check (hcheck) does not match
+ * (v1model verify_checksum, TNA a CRC16 Hash in ingress). Checks, in order, each ending the
+ * packet with one drop reason:
+ *   hcheck mismatch (any type: the parser reads bytes 8..31 of an unknown type as the data
+ *   part, so its check covers the same 30 bytes) ......... BAD_CHECKSUM
  *   version != LUWU_VERSION .............................. BAD_VERSION
  *   type not 1..7 ........................................ BAD_TYPE
  *   parse failure, or a length that is not the type's ... MALFORMED
- *     (GRAD/AGG/ALLREDUCE/RESULT: 32 + 4 * LANES bytes and count <= LANES, or 32 bytes with
- *      FLAG_ZERO for an INT32 GRAD/ALLREDUCE; HEARTBEAT: 32;
- *      PARAM: 32 + count * itemsize(dtype), known dtype; PULL: 32 + 12 * count)
+ *     (GRAD/AGG/ALLREDUCE/RESULT: 32 + 4 * LANES bytes (32 + 2 * LANES for FIXED16) and
+ *      count <= LANES, or 32 bytes with FLAG_ZERO for an INT32 GRAD/ALLREDUCE; HEARTBEAT: 32;
+ *      PARAM: 32 + count * itemsize(dtype) + 4 (trailer), known dtype; PULL: 32 + 12 * count + 4)
  *   no `sessions` entry .................................. UNKNOWN_SESSION
  *   sender is a rank (not NODE) without a `workers` entry  UNKNOWN_WORKER
  *     (except a GRAD already marked FALLBACK: it passes through toward the node, but only
@@ -28,7 +32,8 @@
 #define LUWU_CLASSIFIER_P4
 
 
-control Classifier(inout headers_t hdr, inout metadata_t meta, in bool parsed, in port_t ingress_port) {
+control Classifier(inout headers_t hdr, inout metadata_t meta, in bool parsed, in bool header_ok,
+                   in port_t ingress_port) {
     @id(3) action set_session(bit<32> pool_base, bit<32> pool_size, bit<8> num_workers,
                               bit<32> worker_mask, bit<32> epoch, bit<16> mcast_grp,
                               bit<8> next_step, port_t up_port, bit<16> up_worker) {
@@ -93,17 +98,19 @@ control Classifier(inout headers_t hdr, inout metadata_t meta, in bool parsed, i
             payload = 0;
             length_ok = count <= LANES && (t == TYPE_GRAD || t == TYPE_ALLREDUCE) && hdr.data.dtype == DTYPE_INT32;
         } else if (aggregation) {
-            payload = 4 * LANES;
+            payload = hdr.data.dtype == DTYPE_FIXED16 ? (bit<32>)(2 * LANES) : (bit<32>)(4 * LANES);
             length_ok = count <= LANES;
         } else if (t == TYPE_PARAM) {
-            payload = param_payload_bytes(hdr.data.dtype, count);
+            payload = param_payload_bytes(hdr.data.dtype, count) + TRAILER_LEN;
             length_ok = dtype_known(hdr.data.dtype);
         } else if (t == TYPE_PULL) {
-            payload = pull_payload_bytes(count);
+            payload = pull_payload_bytes(count) + TRAILER_LEN;
         }
         length_ok = length_ok && (bit<32>)hdr.udp.length == LUWU_UDP_HEADERS_LEN + payload;
 
-        if (hdr.luwu.version != LUWU_VERSION) {
+        if (!header_ok) {
+            meta.drop_reason = DROP_BAD_CHECKSUM;
+        } else if (hdr.luwu.version != LUWU_VERSION) {
             meta.drop_reason = DROP_BAD_VERSION;
         } else if (t == 0 || t > TYPE_PULL) {
             meta.drop_reason = DROP_BAD_TYPE;

@@ -3,7 +3,8 @@
  * The luwu header layout is docs/protocol.md section 3: an 8-byte common part, then either
  * the 24-byte data part (GRAD, AGG, ALLREDUCE, RESULT, PARAM, PULL) or the 24-byte heartbeat
  * part. Both parts are separate headers (no header_union); the parser extracts exactly one.
- * The aggregation payload (`lanes` int32) is the generated header in payload.p4.
+ * The aggregation payload (`lanes` int32, or `lanes16` int16 for FIXED16) is the generated
+ * header in payload.p4.
  */
 #ifndef LUWU_HEADERS_P4
 #define LUWU_HEADERS_P4
@@ -70,7 +71,7 @@ header luwu_data_t {
     bit<32> offset;
     bit<8>  exponent;   /* int8 on the wire; compared as int<8> */
     bit<8>  dtype;
-    bit<16> reserved;
+    bit<16> hcheck;     /* CRC-16/ARC of the other 30 header bytes (docs/protocol.md 3.5) */
     bit<32> numel;
 }
 
@@ -79,7 +80,9 @@ header luwu_heartbeat_t {
     bit<32> seq;
     bit<32> ack;
     bit<32> credit;
-    bit<96> reserved;
+    bit<48> reserved0;
+    bit<16> hcheck;     /* bytes 26..27, as in the data part */
+    bit<32> reserved1;
 }
 
 #ifdef LUWU_TNA
@@ -117,6 +120,7 @@ struct headers_t {
     luwu_data_t      data;
     luwu_heartbeat_t hb;
     luwu_lanes_t     lanes;
+    luwu_lanes16_t   lanes16;   /* FIXED16 payload; widened into `lanes` while aggregated */
 }
 
 /* What the classifier decided to do with a luwu packet (meta.op). */

@@ -1,5 +1,8 @@
 /* The aggregation payload: `lanes` int32 values in one header (docs/protocol.md 3.3, 3.4).
- * GRAD, AGG, ALLREDUCE and RESULT always carry exactly LANES of them. */
+ * GRAD, AGG, ALLREDUCE and RESULT always carry exactly LANES of them: int32 lanes, or int16
+ * lanes for dtype FIXED16 (`lanes16`, 2 * LANES bytes), which the switch sign-extends into the
+ * same 32-bit lane registers and emits truncated to 16 bits (exact: the sender leaves headroom
+ * for the contributor count, docs/protocol.md 5.2). */
 #ifndef LUWU_PAYLOAD_P4
 #define LUWU_PAYLOAD_P4
 
@@ -18,6 +21,30 @@ void fill_zero_lanes(inout luwu_lanes_t lanes) {
 @@LANE_BEGIN
     lanes.lane_{k} = 0;
 @@LANE_END
+}
+
+header luwu_lanes16_t {
+@@LANE_BEGIN
+    bit<16> lane_{k};
+@@LANE_END
+}
+
+/* FIXED16: the int16 lanes sign-extended into the int32 lanes the aggregation controls use. */
+void widen_lanes16(in luwu_lanes16_t l16, inout luwu_lanes_t lanes) {
+    lanes.setValid();
+@@LANE_BEGIN
+    lanes.lane_{k} = (bit<32>)(int<32>)(int<16>)l16.lane_{k};
+@@LANE_END
+}
+
+/* FIXED16: the stored int32 sums back into the int16 lanes (low 16 bits), `lanes` invalid again,
+ * so the packet leaves with its own 2 * LANES-byte payload. */
+void narrow_lanes16(inout luwu_lanes16_t l16, inout luwu_lanes_t lanes) {
+    l16.setValid();
+@@LANE_BEGIN
+    l16.lane_{k} = lanes.lane_{k}[15:0];
+@@LANE_END
+    lanes.setInvalid();
 }
 
 #endif

@@ -2,7 +2,7 @@
  *
  * Ingress: the intrinsic and port metadata, then a harvest header on packets coming back from
  * the recirculation port (pass 2), then the same Ethernet / IPv4 / UDP / luwu / lanes as the
- * v1model parser. Egress: only what the sender rewrites (Ethernet, IPv4, UDP, the common
+ * v1model parser (`lanes16` for FIXED16). Egress: only what the sender rewrites (Ethernet, IPv4, UDP, the common
  * luwu header for the session); the rest is payload. The bridge header carries ingress's
  * decision to egress; the egress deparser recomputes the IPv4 checksum (Checksum extern).
  * Parser errors (a truncated payload) reach the control as parser_err, counted MALFORMED.
@@ -61,7 +61,7 @@ parser LuwuIngressParser(packet_in pkt, out headers_t hdr, out metadata_t meta,
             TYPE_PARAM: parse_data;
             TYPE_PULL: parse_data;
             TYPE_HEARTBEAT: parse_heartbeat;
-            default: accept;
+            default: parse_data;  /* BAD_TYPE after the header check (its 30 bytes are the data layout's) */
         }
     }
 
@@ -69,14 +69,20 @@ parser LuwuIngressParser(packet_in pkt, out headers_t hdr, out metadata_t meta,
         pkt.extract(hdr.data);
         /* a header-only ZERO contribution carries no lanes (docs/protocol.md 3.2): the ingress
          * makes them valid with zeros once the classifier accepted it (zero_lanes.p4) */
-        transition select(hdr.luwu.flags) {
-            FLAG_ZERO &&& FLAG_ZERO: accept;
+        transition select(hdr.luwu.flags, hdr.data.dtype) {
+            (FLAG_ZERO &&& FLAG_ZERO, _): accept;
+            (_, DTYPE_FIXED16): parse_lanes16;   /* int16 lanes (docs/protocol.md 5.2), both passes */
             default: parse_lanes;
         }
     }
 
     state parse_lanes {
         pkt.extract(hdr.lanes);
+        transition accept;
+    }
+
+    state parse_lanes16 {
+        pkt.extract(hdr.lanes16);
         transition accept;
     }
 
@@ -103,6 +109,7 @@ control LuwuIngressDeparser(packet_out pkt, inout headers_t hdr, in metadata_t m
         pkt.emit(hdr.data);
         pkt.emit(hdr.hb);
         pkt.emit(hdr.lanes);
+        pkt.emit(hdr.lanes16);
     }
 }
 

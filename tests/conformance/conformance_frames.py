@@ -4,10 +4,15 @@ Input frames go from a host to the switch's service address; expected output fra
 written out in full by the vectors from the spec (docs/protocol.md 2: the switch rewrites the
 destination MAC, IPv4 address and UDP port from `endpoints`, zeroes the UDP checksum and
 recomputes the IPv4 checksum, and sends from the address the packet was sent to; everything
-else of the triggering frame is kept).
+else of the triggering frame is kept). Every luwu header, in and out, is sealed: its header
+check (hcheck, bytes 26..27) is `integrity.header_check` of the other 30 bytes, so an expected
+output carries the hcheck of its rewritten header (the switch recomputes it, docs/protocol.md 3.5);
+`frame_in(..., mangle=...)` corrupts a sealed header on purpose.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 from conformance_topology import LANES, SERVICE_IP, SWITCH_MAC, UDP_PORT, Host
@@ -16,7 +21,8 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from luwu.dataplane.protocol import MsgType
+from luwu.dataplane.integrity import HCHECK_OFFSET, header_check, trailer
+from luwu.dataplane.protocol import HEADER_LEN, VERSION, Dtype, MsgType
 from luwu.dataplane.scapy_layer import Luwu
 
 AGGREGATION = {int(MsgType.GRAD), int(MsgType.AGG), int(MsgType.ALLREDUCE), int(MsgType.RESULT)}
@@ -29,6 +35,24 @@ def lanes_bytes(values) -> bytes:
     return (arr & 0xFFFFFFFF).astype(">u4").tobytes()
 
 
+def with_trailer(body: bytes) -> bytes:
+    """A PARAM or PULL payload: `body` and its 4-byte CRC-32 trailer (docs/protocol.md 3.8)."""
+    return body + trailer(body)
+
+
+def lanes16_bytes(values) -> bytes:
+    """FIXED16 lanes: int16, big-endian, wrapping; shorter lists are zero-padded to LANES."""
+    arr = np.zeros(max(LANES, len(values)), dtype=np.int64)
+    arr[:len(values)] = np.asarray(values, dtype=np.int64)
+    return (arr & 0xFFFF).astype(">u2").tobytes()
+
+
+def wrap16(values) -> list[int]:
+    """int64 values wrapped to signed int16 (the switch's FIXED16 emission: low 16 bits)."""
+    a = (np.asarray(values, dtype=np.int64) + 2**15) % 2**16 - 2**15
+    return [int(x) for x in a]
+
+
 def wrap32(values) -> list[int]:
     """int64 values wrapped to signed int32 (the switch's add)."""
     a = (np.asarray(values, dtype=np.int64) + 2**31) % 2**32 - 2**31
@@ -37,7 +61,7 @@ def wrap32(values) -> list[int]:
 
 def luwu_layer(mtype: int, session: int, worker: int, *, flags: int = 0, count: int | None = None, seq: int = 0,
                slot: int = 0, tensor: int = 0, offset: int = 0, exponent: int = 0, dtype: int = 0, numel: int = 0,
-               ack: int = 0, credit: int = 0, version: int = 1) -> Luwu:
+               ack: int = 0, credit: int = 0, version: int = VERSION) -> Luwu:
     if count is None:
         count = LANES if int(mtype) in AGGREGATION else 0
     if int(mtype) == MsgType.HEARTBEAT:
@@ -47,18 +71,30 @@ def luwu_layer(mtype: int, session: int, worker: int, *, flags: int = 0, count: 
                 slot=slot, tensor=tensor, offset=offset, exponent=exponent, dtype=dtype, numel=numel)
 
 
-def frame_in(src: Host, layer: Luwu, payload: bytes = b"") -> bytes:
-    """A luwu frame from host `src` to the switch's service address."""
+def sealed(layer, mangle: Callable[[bytearray], None] | None = None) -> bytes:
+    """The bytes of a luwu header layer with its hcheck written (a whole 32-byte header only);
+    `mangle` then changes them in place (a corrupted header)."""
+    data = bytearray(bytes(layer))
+    if isinstance(layer, Luwu) and len(data) >= HEADER_LEN:
+        data[HCHECK_OFFSET:HCHECK_OFFSET + 2] = header_check(bytes(data)).to_bytes(2, "big")
+    if mangle is not None:
+        mangle(data)
+    return bytes(data)
+
+
+def frame_in(src: Host, layer, payload: bytes = b"", mangle: Callable[[bytearray], None] | None = None) -> bytes:
+    """A luwu frame from host `src` to the switch's service address, its header sealed (then
+    `mangle`d: a header corrupted before the UDP checksum was computed, as a faulty NIC does)."""
     pkt = Ether(src=src.mac, dst=SWITCH_MAC) / IP(src=src.ip, dst=SERVICE_IP) / UDP(sport=UDP_PORT, dport=UDP_PORT)
-    return bytes(pkt / layer / Raw(payload)) if payload else bytes(pkt / layer)
+    return bytes(pkt / Raw(sealed(layer, mangle) + payload))
 
 
 def frame_out(src: Host, dst: Host, layer: Luwu, payload: bytes = b"") -> bytes:
-    """What the switch emits toward `dst` for a packet that `src` sent (header rewritten as given):
-    from the switch's service address, the address `src` sent to."""
+    """What the switch emits toward `dst` for a packet that `src` sent (header rewritten as given,
+    hcheck recomputed): from the switch's service address, the address `src` sent to."""
     pkt = (Ether(src=SWITCH_MAC, dst=dst.mac) / IP(src=SERVICE_IP, dst=dst.ip)
            / UDP(sport=UDP_PORT, dport=UDP_PORT, chksum=0))
-    return bytes(pkt / layer / Raw(payload)) if payload else bytes(pkt / layer)
+    return bytes(pkt / Raw(sealed(layer) + payload))
 
 
 def plain_udp(src: Host, dst_ip: str, *, dport: int = 5353, ttl: int = 64, payload: bytes = b"hello") -> bytes:
@@ -85,7 +121,7 @@ def _fields(frame: bytes) -> list[tuple[str, object]]:
     """(layer.field, value) pairs of a frame, payload lanes as int32 when the type carries lanes."""
     out: list[tuple[str, object]] = []
     layer = Ether(frame)
-    mtype = None
+    mtype = dtype = None
     while layer is not None and not isinstance(layer, Raw) and layer.name != "NoPayload":
         for f in layer.fields_desc:
             if isinstance(f, ConditionalField):  # only the fields present on the wire
@@ -95,9 +131,12 @@ def _fields(frame: bytes) -> list[tuple[str, object]]:
             out.append((f"{layer.name}.{f.name}", layer.getfieldval(f.name)))
         if isinstance(layer, Luwu):
             mtype = layer.type
+            dtype = layer.getfieldval("dtype") if mtype != MsgType.HEARTBEAT else None
         layer = layer.payload if layer.payload else None
     raw = bytes(layer) if isinstance(layer, Raw) else b""
-    if mtype in AGGREGATION and len(raw) % 4 == 0:
+    if mtype in AGGREGATION and dtype == Dtype.FIXED16 and len(raw) % 2 == 0:
+        out += [(f"lane16[{k}]", int(v)) for k, v in enumerate(np.frombuffer(raw, dtype=">i2"))]
+    elif mtype in AGGREGATION and len(raw) % 4 == 0:
         out += [(f"lane[{k}]", int(v)) for k, v in enumerate(np.frombuffer(raw, dtype=">i4"))]
     elif raw:
         out.append(("payload", raw.hex()))

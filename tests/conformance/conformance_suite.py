@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import conformance_vectors_messages
 import conformance_vectors_slots
+import conformance_vectors_v2
 import conformance_vectors_zero
 from conformance_frames import compare_outputs
 from conformance_vectors import COUNTER_KINDS, Step, Vector
@@ -18,7 +19,7 @@ from conformance_vectors import COUNTER_KINDS, Step, Vector
 
 def all_vectors() -> list[Vector]:
     return [make() for make in conformance_vectors_slots.VECTORS + conformance_vectors_messages.VECTORS
-            + conformance_vectors_zero.VECTORS]
+            + conformance_vectors_zero.VECTORS + conformance_vectors_v2.VECTORS]
 
 
 def packets(snapshot: dict) -> dict[str, dict[int, int]]:

@@ -251,7 +251,7 @@ def spoofed() -> Vector:
     """Source guard (protocol.md 6.7): a rank's id from another rank's port, and the node's id from a
     worker's port, are SPOOFED and change no slot: the real contributions then complete the sum
     as if the forgeries had never been sent."""
-    from conformance_frames import luwu_layer
+    from conformance_frames import luwu_layer, with_trailer
     from conformance_vectors_messages import hb
 
     from luwu.dataplane.protocol import Dtype as D
@@ -263,8 +263,8 @@ def spoofed() -> Vector:
         forged = agg(MsgType.ALLREDUCE, DATA, liar, seq, [2**30] * LANES, dtype=Dtype.FIXED32)
         forged.layer.worker = victim.rank
         s.send(liar, forged.layer, forged.payload, note=f"rank {victim.rank}'s id from rank {liar.rank}'s port")
-    s.send(W0, luwu_layer(MsgType.PARAM, NODE_S.id, NODE, count=1, dtype=int(D.FP32)), bytes(4),
-           note="PARAM claiming the node from a worker's port")
+    s.send(W0, luwu_layer(MsgType.PARAM, NODE_S.id, NODE, count=1, dtype=int(D.FP32)),
+           with_trailer(bytes(4)), note="PARAM claiming the node from a worker's port")
     s.send(W1, hb(NODE_S, W1, 1, 0, 0, worker=NODE), note="HEARTBEAT claiming the node from a worker's port")
     s.send(W2, hb(NODE_S, W2, 1, 0, 0, worker=W3.rank), note="HEARTBEAT with rank 3's id from rank 2's port")
     order = [W0, W1, W2, W3]

@@ -49,6 +49,7 @@ def test_load_programs_a_p4runtime_switch(capsys, tmp_path):
     from scapy.layers.l2 import Ether
     from scapy.packet import Raw
 
+    from luwu.dataplane.integrity import HCHECK_OFFSET, header_check, trailer
     from luwu.dataplane.protocol import DEFAULT_UDP_PORT, MsgType
     from luwu.dataplane.scapy_layer import Luwu
 
@@ -63,9 +64,11 @@ def test_load_programs_a_p4runtime_switch(capsys, tmp_path):
     try:
         assert main(["p4", "load", "--addr", server.address, "--runtime", str(runtime)]) == 0
         assert "entities written" in capsys.readouterr().out
+        head = bytearray(bytes(Luwu(type=int(MsgType.PULL), session=3, worker=2, count=1)))
+        head[HCHECK_OFFSET:HCHECK_OFFSET + 2] = header_check(bytes(head)).to_bytes(2, "big")  # sealed (v2)
         pull = (Ether(src="08:00:00:00:00:03", dst="02:00:00:00:00:fe") / IP(src="10.0.0.3", dst="10.0.0.254")
                 / UDP(sport=DEFAULT_UDP_PORT, dport=DEFAULT_UDP_PORT)
-                / Luwu(type=int(MsgType.PULL), session=3, worker=2, count=1) / Raw(bytes(12)))
+                / Raw(bytes(head) + bytes(12) + trailer(bytes(12))))
         out = sw.process_frames([(3, bytes(pull))])
     finally:
         server.stop(None)

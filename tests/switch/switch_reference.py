@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from luwu.dataplane.integrity import TRAILER_LEN, header_ok
 from luwu.dataplane.protocol import (
     DTYPE_ITEMSIZE,
     HEADER_LEN,
     NODE,
+    VERSION,
     DropReason,
     Dtype,
     Event,
@@ -77,9 +79,9 @@ class ReferenceSwitch:
         if n < HEADER_LEN:
             self._count(self.drops, DropReason.MALFORMED, n)
             return []
-        pkt = Packet.unpack(data)
+        pkt = Packet.unpack(data, verify=False)
         self._count(self.rx_types, pkt.type, n)
-        drop = self._validate(pkt, n)
+        drop = DropReason.BAD_CHECKSUM if not header_ok(data) else self._validate(pkt, n)
         if drop:
             self._count(self.drops, drop, n)
             return []
@@ -129,7 +131,7 @@ class ReferenceSwitch:
         return self._multicast(pkt, s, n)
 
     def _validate(self, pkt: Packet, n: int) -> int:
-        if pkt.version != 1:
+        if pkt.version != VERSION:
             return DropReason.BAD_VERSION
         if not 1 <= pkt.type <= 7:
             return DropReason.BAD_TYPE
@@ -138,13 +140,14 @@ class ReferenceSwitch:
             ok = (n == HEADER_LEN and pkt.count <= self.lanes and pkt.dtype == Dtype.INT32
                   and pkt.type in (MsgType.GRAD, MsgType.ALLREDUCE))
         elif pkt.type in (MsgType.GRAD, MsgType.AGG, MsgType.ALLREDUCE, MsgType.RESULT):
-            ok = n == HEADER_LEN + 4 * self.lanes and pkt.count <= self.lanes
+            width = 2 if pkt.dtype == Dtype.FIXED16 else 4  # FIXED16: int16 lanes
+            ok = n == HEADER_LEN + width * self.lanes and pkt.count <= self.lanes
         elif pkt.type == MsgType.PARAM:
-            ok = pkt.dtype in DTYPE_ITEMSIZE and n == HEADER_LEN + pkt.count * DTYPE_ITEMSIZE[pkt.dtype]
+            ok = pkt.dtype in DTYPE_ITEMSIZE and n == HEADER_LEN + pkt.count * DTYPE_ITEMSIZE[pkt.dtype] + TRAILER_LEN
         elif pkt.type == MsgType.HEARTBEAT:
             ok = n == HEADER_LEN
         else:
-            ok = n == HEADER_LEN + 12 * pkt.count
+            ok = n == HEADER_LEN + 12 * pkt.count + TRAILER_LEN
         if not ok:
             return DropReason.MALFORMED
         if pkt.session not in self.sessions:
@@ -172,7 +175,9 @@ class ReferenceSwitch:
         self.bitmap[st][slot] = before | bit
         self.bitmap[1 - st][slot] &= ~bit & 0xFFFFFFFF
         dup, first = bool(before & bit), before == 0
-        x = [int(v) for v in pkt.lanes()]
+        f16 = pkt.dtype == Dtype.FIXED16  # int16 lanes, sign-extended; emitted as their low 16 bits
+        x = ([int.from_bytes(pkt.payload[k:k + 2], "big", signed=True) for k in range(0, 2 * self.lanes, 2)] if f16
+             else [int(v) for v in pkt.lanes()])
         if first:
             rem = s["num_workers"] - 1
             self.exponents[i], self.slot_flags[i] = pkt.exponent, pkt.flags & Flag.SATURATED
@@ -205,7 +210,10 @@ class ReferenceSwitch:
         pkt.worker = NODE if root else s["up_worker"]
         pkt.exponent = self.exponents[i]
         pkt.flags = (pkt.flags & (Flag.SET | Flag.MAX)) | self.slot_flags[i] | (Flag.RETX if dup else 0)
-        pkt.payload = b"".join(v.to_bytes(4, "big", signed=True) for v in self.lane_regs[i])
+        if f16:
+            pkt.payload = b"".join((v & 0xFFFF).to_bytes(2, "big") for v in self.lane_regs[i])
+        else:
+            pkt.payload = b"".join(v.to_bytes(4, "big", signed=True) for v in self.lane_regs[i])
         if grad or not root:
             return self._unicast(pkt, (s["up_port"], NODE), n)
         if dup:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from switch_setup import LANES, SLOTS, agg_packet, param, runtime
 from test_switch_vectorised_equivalence import packets
 
+from luwu.dataplane.integrity import TRAILER_LEN
 from luwu.dataplane.net.shm_endpoint import ShmEndpoint
 from luwu.dataplane.net.shm_ring import H_HEAD, supported
 from luwu.dataplane.protocol import HEADER_LEN, DropReason
@@ -294,7 +295,7 @@ def test_a_length_past_its_row_is_dropped_malformed_in_one_and_in_many_packet_tu
     try:
         up = rig.ep[0].up  # session 1's up port: its PARAMs go to the workers' ports 1..3
         width = up.row_bytes
-        data = param(1, count=(width - HEADER_LEN) // 4, dtype=1)
+        data = param(1, count=(width - HEADER_LEN - TRAILER_LEN) // 4, dtype=1)
         assert len(data) == width
         for count in (1, 3):
             rows = np.zeros((count, width), dtype=np.uint8)

@@ -2,9 +2,9 @@
 
 Checks, in this order, each failure dropping the packet with its reason: version
 (BAD_VERSION), type (BAD_TYPE), length for the type (MALFORMED: aggregation packets are exactly
-32 + 4 * lanes bytes with count <= lanes, or 32 bytes with the ZERO flag for an INT32 GRAD or
-ALLREDUCE; PARAM 32 + count * itemsize(dtype); PULL 32 + 12 *
-count; HEARTBEAT 32), `sessions` hit (UNKNOWN_SESSION), `workers` hit for every packet whose
+32 + 4 * lanes bytes (32 + 2 * lanes for dtype FIXED16) with count <= lanes, or 32 bytes with the
+ZERO flag for an INT32 GRAD or ALLREDUCE; PARAM 32 + count * itemsize(dtype) + 4; PULL 32 + 12 *
+count + 4, the 4 being the CRC-32 trailer; HEARTBEAT 32), `sessions` hit (UNKNOWN_SESSION), `workers` hit for every packet whose
 worker is not NODE (UNKNOWN_WORKER; a GRAD marked FALLBACK passes through, from a `child_ports`
 port only), the sender's port (SPOOFED: a rank off its entry's port, NODE off the session's
 up_port, a passing GRAD off a child switch's port), then direction (BAD_DIRECTION) and pool
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...integrity import TRAILER_LEN
 from ...protocol import (
     DTYPE_ITEMSIZE,
     HEADER_LEN,
@@ -47,6 +48,7 @@ TYPE_CODES = 16
 FALLBACK = int(Flag.FALLBACK)
 ZERO = int(Flag.ZERO)
 INT32 = int(Dtype.INT32)
+FIXED16 = int(Dtype.FIXED16)
 UPSTREAM = int(NextStep.UPSTREAM)
 D_BAD_VERSION, D_BAD_TYPE, D_MALFORMED = int(DropReason.BAD_VERSION), int(DropReason.BAD_TYPE), int(DropReason.MALFORMED)
 D_UNKNOWN_SESSION, D_UNKNOWN_WORKER = int(DropReason.UNKNOWN_SESSION), int(DropReason.UNKNOWN_WORKER)
@@ -146,12 +148,17 @@ def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
     zero = (c.flags & ZERO) != 0 if n_agg else None
     if zero is not None and not zero.any():
         zero = None
-    if n_agg == n_pk and zero is None:
+    f16 = (h["dtype"] == FIXED16) if n_agg else None
+    if f16 is not None and not f16.any():
+        f16 = None
+    if n_agg == n_pk and zero is None and f16 is None:
         bad_len = (n != aggregation_packet_len(lanes)) | (count > lanes)
     else:
         expect = np.full(n_pk, -1, dtype=np.int64)
         agg_type = (mtype >= GRAD) & (mtype <= RESULT)
         expect[agg_type] = aggregation_packet_len(lanes)
+        if f16 is not None:  # FIXED16: int16 lanes (docs/protocol.md 5.2)
+            expect[agg_type & f16] = HEADER_LEN + 2 * lanes
         if zero is not None:
             # header-only ZERO contribution: GRAD/ALLREDUCE with an exact (INT32) sum only
             # (docs/protocol.md 3.2); any other ZERO packet has no valid length
@@ -161,12 +168,13 @@ def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
         if types[PARAM]:
             is_param = mtype == PARAM
             item = _ITEMSIZE[h["dtype"][is_param]]
-            expect[is_param] = np.where(item > 0, HEADER_LEN + count[is_param].astype(np.int64) * item, -1)
+            expect[is_param] = np.where(item > 0, HEADER_LEN + count[is_param].astype(np.int64) * item + TRAILER_LEN,
+                                        -1)
         if types[HEARTBEAT]:
             expect[mtype == HEARTBEAT] = HEADER_LEN
         if types[PULL]:
             is_pull = mtype == PULL
-            expect[is_pull] = HEADER_LEN + PULL_REQUEST.itemsize * count[is_pull].astype(np.int64)
+            expect[is_pull] = HEADER_LEN + PULL_REQUEST.itemsize * count[is_pull].astype(np.int64) + TRAILER_LEN
         bad_len = (n != expect) | (agg_type & (count > lanes))
     drop[(drop == 0) & bad_len] = D_MALFORMED
 
