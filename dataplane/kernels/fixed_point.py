@@ -237,3 +237,141 @@ def widen_bf16(half, out):
     `widen_staged_bf16`) copies, then shifts in place: two passes over the output."""
     for j in range(half.size):
         out[j] = np.uint32(half[j]) << np.uint32(16)
+
+
+# --- FIXED16 (dataplane/fixed16.py is the reference of both kernels) -------------------------
+
+@njit(cache=True, inline="always")
+def _bswap16(v):
+    return np.uint16(((v & 0xFF) << 8) | ((v >> 8) & 0xFF))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _exponent_term(exps, nb, j):
+    """dataplane/integrity.py `exponent_term(exps[:nb], j)` (mod 2^16)."""
+    g = np.uint64(0)
+    for b in range(nb):
+        x = (np.uint64(b + 1) * np.uint64(0x9E3779B1) + np.uint64(exps[b] + 1024) * np.uint64(0x85EBCA77)
+             + np.uint64(j) * np.uint64(0xC2B2AE3D)) & np.uint64(0xFFFFFFFF)
+        x ^= x >> np.uint64(15)
+        x = (x * np.uint64(0x2C1B3C6D)) & np.uint64(0xFFFFFFFF)
+        x ^= x >> np.uint64(13)
+        g += x
+    return g & np.uint64(0xFFFF)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _check_sums(dst, nv):
+    """sum_k (k+1)^j * dst_k mod 2^16 for j = 0..3 over the first nv big-endian uint16 lanes."""
+    s0 = np.uint64(0)
+    s1 = np.uint64(0)
+    s2 = np.uint64(0)
+    s3 = np.uint64(0)
+    for k in range(nv):
+        v = np.uint64(_bswap16(dst[k]))
+        w = np.uint64(k + 1)
+        w2 = (w * w) & np.uint64(0xFFFF)
+        w3 = (w2 * w) & np.uint64(0xFFFF)
+        s0 += v
+        s1 += w * v
+        s2 += w2 * v
+        s3 += w3 * v
+    return s0, s1, s2, s3
+
+
+@njit(cache=True, nogil=True)
+def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb, block, i0, terms, saturated):
+    """FIXED16 packets i0.. into rows (flat big-endian uint16 `words`, `row_words` apart, lanes from
+    word `col`), one pass per row (dataplane/fixed16.py `encode_rows` is the reference): nb exponent
+    lanes (the blocks' `exps`, 0 past the buffer), nb * block data lanes quantised with each block's
+    factors s1 * s2 (rint, clipped to +-lim, NaN -> 0; saturated[r] where a value was non-finite or
+    not below `top` after scaling), zero padding, then the 4 check words with `terms[r]` (the
+    header's T_j) and the exponents' G_j added."""
+    n = x.size
+    data = nb * block
+    blocks = exps.size
+    nv = lanes - 4
+    for r in range(saturated.size):
+        p = i0 + r
+        dst = words[r * row_words + col:r * row_words + col + lanes]
+        b0 = p * nb
+        bad = 0
+        for b in range(nb):
+            e = exps[b0 + b] if b0 + b < blocks else 0
+            dst[b] = _bswap16(np.uint16(np.int16(e)))
+        e0 = p * data
+        for b in range(nb):
+            gb = b0 + b
+            out = dst[nb + b * block:nb + (b + 1) * block]
+            if gb >= blocks:
+                for j in range(block):
+                    out[j] = 0
+                continue
+            a = s1[gb]
+            f = s2[gb]
+            i = e0 + b * block
+            cnt = min(block, max(0, n - i))
+            for j in range(cnt):
+                v = (x[i + j] * a) * f
+                bad |= np.int32(not (abs(v) < top))
+                q = np.rint(v)
+                if q > lim:
+                    q = lim
+                elif q < -lim:
+                    q = -lim
+                elif q != q:
+                    q = np.float32(0.0)
+                out[j] = _bswap16(np.uint16(np.int16(q)))
+            for j in range(cnt, block):
+                out[j] = 0
+        for k in range(nb + data, nv):
+            dst[k] = 0
+        saturated[r] = bad != 0
+        c0, c1, c2, c3 = _check_sums(dst, nv)
+        eb = np.zeros(nb, dtype=np.int64)
+        for b in range(nb):
+            eb[b] = exps[b0 + b] if b0 + b < blocks else 0
+        dst[nv] = _bswap16(np.uint16((c0 + np.uint64(terms[r, 0]) + _exponent_term(eb, nb, 0)) & np.uint64(0xFFFF)))
+        dst[nv + 1] = _bswap16(np.uint16((c1 + np.uint64(terms[r, 1]) + _exponent_term(eb, nb, 1)) & np.uint64(0xFFFF)))
+        dst[nv + 2] = _bswap16(np.uint16((c2 + np.uint64(terms[r, 2]) + _exponent_term(eb, nb, 2)) & np.uint64(0xFFFF)))
+        dst[nv + 3] = _bswap16(np.uint16((c3 + np.uint64(terms[r, 3]) + _exponent_term(eb, nb, 3)) & np.uint64(0xFFFF)))
+    return saturated
+
+
+@njit(cache=True, nogil=True)
+def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, pow2, pow2_at, out, starts, ok):
+    """Verify and decode FIXED16 sums of `n` contributions (dataplane/fixed16.py `decode_rows` is the
+    reference): row sel[i]'s exponent lanes must be multiples of n (e = lane / n), its check words
+    `sum_k (k+1)^j v_k + n * (terms[i, j] + G_j(e))` mod 2^16; ok[i] says so. A row that passes has
+    its data lanes decoded, lane * 2^(e + c - 15) exactly in float64 (pow2[e + pow2_at] = 2^(e + c - 15);
+    an exponent outside the table fails the row) rounded once to float32, into out[starts[i]:], up to the end of `out`."""
+    nv = lanes - 4
+    m = out.size
+    eb = np.zeros(nb, dtype=np.int64)
+    for i in range(sel.size):
+        src = words[sel[i] * row_words + col:sel[i] * row_words + col + lanes]
+        good = True
+        for b in range(nb):
+            s = np.int64(np.int16(_bswap16(src[b])))
+            if s % n != 0 or s // n < -pow2_at or s // n >= pow2.size - pow2_at:
+                good = False  # not n equal exponents, or one outside the protocol's range
+            eb[b] = s // n
+        if good:
+            c0, c1, c2, c3 = _check_sums(src, nv)
+            nn = np.uint64(n)
+            msk = np.uint64(0xFFFF)
+            good = ((c0 + nn * (np.uint64(terms[i, 0]) + _exponent_term(eb, nb, 0))) & msk) == np.uint64(_bswap16(src[nv])) \
+                and ((c1 + nn * (np.uint64(terms[i, 1]) + _exponent_term(eb, nb, 1))) & msk) == np.uint64(_bswap16(src[nv + 1])) \
+                and ((c2 + nn * (np.uint64(terms[i, 2]) + _exponent_term(eb, nb, 2))) & msk) == np.uint64(_bswap16(src[nv + 2])) \
+                and ((c3 + nn * (np.uint64(terms[i, 3]) + _exponent_term(eb, nb, 3))) & msk) == np.uint64(_bswap16(src[nv + 3]))
+        ok[i] = good
+        if not good:
+            continue
+        o = starts[i]
+        for b in range(nb):
+            sc = pow2[eb[b] + pow2_at]
+            lo = o + b * block
+            hi = min(lo + block, m)
+            for j in range(lo, hi):
+                out[j] = np.float32(np.float64(np.int16(_bswap16(src[nb + b * block + j - lo]))) * sc)
+    return ok

@@ -1,0 +1,225 @@
+"""FIXED16 packets (docs/protocol.md 5.2): 16-bit lanes with an exponent per block, end to end.
+
+Payload of a switch with L lanes (32 + 2L bytes, int16 big-endian): `nb = fixed16_blocks(L)`
+exponent lanes (block b's exponent), then nb * FIXED16_BLOCK data lanes (block b: lanes
+b*BLOCK..(b+1)*BLOCK-1), zero padding, then 4 check words mod 2^16 (dataplane/integrity.py).
+Packet p of a buffer carries elements [p*D, (p+1)*D), D = nb * BLOCK, and blocks [p*nb, (p+1)*nb)
+of the buffer's per-block exponents. The switch sums every lane, exponent lanes included, so the
+receiver of a sum of n contributions reads n * e_b, divides by n and verifies the check words.
+
+`encode_rows` and `decode_rows` run the compiled kernels (dataplane/kernels/fixed_point.py
+`quantize16_rows`, `dequantize16_rows`) when kernels are on, else the numpy reference here; both
+give the same bytes and bits (tests/engine/test_fixed16.py), and agree with integrity.py's
+`check_words`.
+
+Example:
+    >>> from luwu.dataplane import fixed16
+    >>> fixed16.layout(16000)          # exponent lanes, data elements per packet
+    (484, 15488)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import integrity
+from .integrity import FIXED16_BLOCK, check_lanes, fixed16_blocks
+from .kernels import use_numba
+from .protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType
+from .quantize import EXP_MAX, EXP_MIN, fixed16_bits, quantize16, quantize16_factors
+
+CHECKS = check_lanes(Dtype.FIXED16)  # 4 lanes of 16 bits
+_MASK16 = 0xFFFF
+_U8 = np.dtype(np.uint8)
+_OFFSET_AT = DATA_HEADER.fields["offset"][1]
+_GRAD_STREAM = np.array([int(MsgType.GRAD), int(MsgType.AGG)], dtype=np.uint8)  # integrity.stream_of 1
+
+
+def layout(lanes: int) -> tuple[int, int]:
+    """(exponent lanes nb, data elements D) of one FIXED16 packet on a switch of `lanes` lanes.
+
+    Raises:
+        ValueError: `lanes` holds no block (fewer than BLOCK + 5 lanes).
+    """
+    nb = fixed16_blocks(lanes)
+    if nb < 1:
+        raise ValueError(f"a FIXED16 packet needs at least {FIXED16_BLOCK + 1 + CHECKS} lanes, the switch has {lanes}")
+    return nb, nb * FIXED16_BLOCK
+
+
+def row_len(lanes: int) -> int:
+    """Bytes of a FIXED16 aggregation packet on a switch of `lanes` lanes (32 + 2L)."""
+    return HEADER_LEN + 2 * lanes
+
+
+def packets(numel: int, lanes: int) -> int:
+    """FIXED16 packets of a buffer of `numel` elements."""
+    return -(-numel // layout(lanes)[1])
+
+
+# --- the header term T_j and the exponent term G_j, vectorised over rows ----------------------
+
+_FIELDS = ("session", "seq", "slot", "tensor", "offset", "count", "numel")
+
+
+def header_terms(hrows: np.ndarray) -> np.ndarray:
+    """`integrity.header_term(h, FIXED16)` of each (K, >=32) uint8 header row: (K, 4) uint32."""
+    h = hrows[:, :HEADER_LEN].copy().view(DATA_HEADER).reshape(-1)
+    k = len(h)
+    fields = np.empty((k, 11), dtype=np.uint64)
+    for i, name in enumerate(_FIELDS):
+        fields[:, i] = h[name]
+    fields[:, 7] = int(Dtype.FIXED16)
+    fields[:, 8] = h["flags"].astype(np.uint64) & int(Flag.SET | Flag.MAX)
+    fields[:, 9] = h["exponent"].view(np.uint8)
+    mtype = h["ver_type"] & 0xF
+    fields[:, 10] = np.where(np.isin(mtype, _GRAD_STREAM), 1, 3)
+    t = (integrity._T_MULT[None, :CHECKS, :] * fields[:, None, :]) & 0xFFFFFFFF
+    return ((t.sum(axis=2) & 0xFFFFFFFF) & _MASK16).astype(np.uint32)
+
+
+def exponent_terms(exps: np.ndarray) -> np.ndarray:
+    """`integrity.exponent_term(exps[r], j)` for each row r of (K, nb) exponents: (K, 4) uint64."""
+    e = np.asarray(exps, dtype=np.int64)
+    b = np.arange(1, e.shape[1] + 1, dtype=np.uint64)[None, :]
+    out = np.empty((e.shape[0], CHECKS), dtype=np.uint64)
+    m32 = np.uint64(0xFFFFFFFF)
+    for j in range(CHECKS):
+        x = (b * np.uint64(0x9E3779B1) + (e + 1024).astype(np.uint64) * np.uint64(0x85EBCA77)
+             + np.uint64(j * 0xC2B2AE3D)) & m32
+        x ^= x >> np.uint64(15)
+        x = (x * np.uint64(0x2C1B3C6D)) & m32
+        x ^= x >> np.uint64(13)
+        out[:, j] = x.sum(axis=1) & np.uint64(_MASK16)
+    return out
+
+
+def _weights(nv: int) -> np.ndarray:
+    """(4, nv) int64: (k+1)^j mod 2^16, the check words' lane weights."""
+    k = np.arange(1, nv + 1, dtype=np.int64)
+    w = np.empty((CHECKS, nv), dtype=np.int64)
+    w[0] = 1
+    for j in range(1, CHECKS):
+        w[j] = (w[j - 1] * k) & _MASK16
+    return w
+
+
+def _check_sums(lanes: np.ndarray) -> np.ndarray:
+    """sum_k (k+1)^j * v_k mod 2^16 of each row of (K, nv) lanes (any signed ints): (K, 4) int64."""
+    v = np.asarray(lanes, dtype=np.int64) & _MASK16
+    return (v @ _weights(v.shape[1]).T) & _MASK16  # < 2^16 * 2^16 * nv: no int64 overflow for nv < 2^31
+
+
+# --- encode (senders) ---------------------------------------------------------------------------
+
+def encode_rows(x: np.ndarray, exps: np.ndarray, n: int, lanes: int, rows: np.ndarray, i0: int,
+                factors: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Write the payloads of packets i0.. (one per row of `rows`) of buffer `x` into `rows`, whose
+    headers (bytes 0..31) are already written: exponent lanes, quantised data, padding, check words.
+
+    Args:
+        x: the whole float32 buffer.
+        exps: the agreed exponent of every block of `x` (int, ceil(numel / BLOCK) of them).
+        n: contributors of the sum (1..255).
+        lanes: the switch's lane count L.
+        rows: (K, >= 32 + 2L) uint8 packet rows.
+        i0: the packet index of rows[0].
+        factors: `quantize16_factors(exps, n)` if the caller keeps them (the same values).
+
+    Returns:
+        bool per row: SATURATED (a value was non-finite or not below its block's 2^e).
+    """
+    nb, data = layout(lanes)
+    k = rows.shape[0]
+    terms = header_terms(rows)
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    exps = np.asarray(exps)
+    c = fixed16_bits(n)
+    if use_numba():
+        words = _as_words16(rows)
+        if words is not None:
+            s1, s2 = factors if factors is not None else quantize16_factors(exps, n)
+            sat = np.zeros(k, dtype=np.bool_)
+            _kernels().quantize16_rows(x, np.ascontiguousarray(exps, dtype=np.int32), s1, s2,
+                                       np.float32(2 ** (15 - c)), np.float32(2 ** (15 - c) - 1), words,
+                                       rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK, i0, terms, sat)
+            return sat
+    blocks = exps.size
+    b0, b1 = i0 * nb, (i0 + k) * nb
+    e = np.zeros(k * nb, dtype=np.int64)
+    e[:max(0, min(b1, blocks) - b0)] = exps[b0:min(b1, blocks)]
+    lane = np.zeros((k, lanes), dtype=np.int64)
+    lane[:, :nb] = e.reshape(k, nb)
+    sat = np.zeros(k, dtype=bool)
+    lo, hi = min(i0 * data, x.size), min((i0 + k) * data, x.size)
+    if hi > lo:
+        q, sat_b = quantize16(x[lo:hi], exps[b0:b0 + -(-(hi - lo) // FIXED16_BLOCK)], FIXED16_BLOCK, n)
+        flat = np.zeros(k * data, dtype=np.int64)
+        flat[:q.size] = q
+        lane[:, nb:nb + data] = flat.reshape(k, data)
+        sat_b = np.concatenate([sat_b, np.zeros(k * nb - sat_b.size, dtype=bool)])
+        sat = sat_b.reshape(k, nb).any(axis=1)
+    nv = lanes - CHECKS
+    lane[:, nv:] = (_check_sums(lane[:, :nv]) + terms + exponent_terms(e.reshape(k, nb)).astype(np.int64)) & _MASK16
+    rows[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">u2")[...] = lane & _MASK16
+    return sat
+
+
+# --- verify and decode (receivers of a sum) -------------------------------------------------------
+
+def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.ndarray) -> np.ndarray:
+    """Verify the FIXED16 sums of `n` contributions in rows[sel] and decode those that pass into
+    the flat float32 `out` (the whole buffer: packet p's elements at out[p * D:], as far as `out`
+    reaches; the packet index is the header's offset / D).
+
+    Returns:
+        bool per selected row: its exponent lanes are n equal exponents in the protocol's range and
+        its check words match (integrity.check_words with exps = lanes / n). A row that fails is
+        not decoded (the caller counts it and treats the packet as lost).
+    """
+    nb, data = layout(lanes)
+    sel = np.asarray(sel, dtype=np.int64)
+    ok = np.zeros(sel.size, dtype=np.bool_)
+    if not sel.size:
+        return ok
+    hrows = rows[sel, :HEADER_LEN]
+    terms = header_terms(hrows)
+    starts = hrows[:, _OFFSET_AT:_OFFSET_AT + 4].copy().view(">u4").reshape(-1).astype(np.int64)  # element offsets
+    c = fixed16_bits(n)
+    pow2 = np.ldexp(1.0, np.arange(EXP_MIN, EXP_MAX + 1) + c - 15)  # 2^(e + c - 15), exact in float64
+    if use_numba():
+        words = _as_words16(rows)
+        if words is not None and out.flags.c_contiguous and out.dtype == np.float32:
+            return _kernels().dequantize16_rows(words, rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK,
+                                                n, sel, terms, pow2, -EXP_MIN, out.reshape(-1), starts, ok)
+    lane = rows[sel, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2").astype(np.int64)
+    esum = lane[:, :nb]
+    e = esum // n
+    ok = ((esum % n) == 0).all(axis=1) & ((e >= EXP_MIN) & (e <= EXP_MAX)).all(axis=1)
+    nv = lanes - CHECKS
+    want = (_check_sums(lane[:, :nv]) + n * (terms.astype(np.int64)
+                                             + exponent_terms(np.clip(e, EXP_MIN, EXP_MAX)).astype(np.int64))) & _MASK16
+    ok &= (want == (lane[:, nv:] & _MASK16)).all(axis=1)
+    flat = out.reshape(-1)
+    for i in np.flatnonzero(ok).tolist():
+        scale = np.repeat(pow2[e[i] - EXP_MIN], FIXED16_BLOCK)
+        vals = (lane[i, nb:nb + data].astype(np.float64) * scale).astype(np.float32)
+        s = int(starts[i])
+        m = max(0, min(data, flat.size - s))
+        flat[s:s + m] = vals[:m]
+    return ok
+
+
+def _as_words16(rows: np.ndarray) -> np.ndarray | None:
+    """A C-contiguous uint8 (K, W) buffer (W even) as its flat uint16 words, or None."""
+    if rows.ndim != 2 or rows.dtype != _U8 or rows.shape[1] % 2 or not rows.flags.c_contiguous:
+        return None
+    words = rows.reshape(-1).view(np.uint16)
+    return words if words.flags.aligned else None
+
+
+def _kernels():
+    from .kernels import fixed_point
+
+    return fixed_point
+
