@@ -17,7 +17,7 @@ from ..kernels import use_numba
 from ..protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType
 from ..quantize import as_words, fixed_point_kernels, num_chunks
 from ..session import SessionSpec
-from .packets import LanesOf, aggregation_fill, payload_int32, slice_lanes
+from .packets import LanesOf, aggregation_fill, fixed16_fill, payload_int32, slice_lanes
 from .send_stream import RtoEstimator, Segment, SendStream
 from .window import RecvWindow
 
@@ -40,6 +40,7 @@ class ReduceOp:
         "numel",
         "on_done",
         "op_id",
+        "per",
         "result",
         "saturated",
         "saturated_chunks",
@@ -48,11 +49,12 @@ class ReduceOp:
     )
 
     def __init__(self, session: CollectiveSession, op_id: int, numel: int, dtype: Dtype, flags: int,
-                 seg: Segment, decode: Decode | None, on_done: Callable[[ReduceOp], None]):
+                 seg: Segment, decode: Decode | None, on_done: Callable[[ReduceOp], None], per: int = 0):
         self.session = session
         self.op_id = op_id
         self.numel = numel
-        self.chunks = num_chunks(numel, session.lanes)
+        self.per = per or session.lanes  # elements per packet: the lanes, or a FIXED16 packet's data lanes
+        self.chunks = num_chunks(numel, self.per)
         self.dtype = dtype
         self.flags = flags
         self.seg = seg
@@ -99,11 +101,12 @@ class CollectiveSession:
 
     # -- submission (engine thread) -----------------------------------------------------------------
     def new_op(self, numel: int, dtype: Dtype, lane_max: bool, on_done: Callable[[ReduceOp], None],
-               decode: Decode | None = None) -> ReduceOp:
+               decode: Decode | None = None, per: int = 0) -> ReduceOp:
+        """A reduction of `numel` elements, `per` per packet (default: the session's lanes)."""
         op_id = self.next_op
         self.next_op = (self.next_op + 1) & 0xFFFFFFFF
-        seg = self.send.reserve(num_chunks(numel, self.lanes))
-        op = ReduceOp(self, op_id, numel, dtype, int(Flag.MAX) if lane_max else 0, seg, decode, on_done)
+        seg = self.send.reserve(num_chunks(numel, per or self.lanes))
+        op = ReduceOp(self, op_id, numel, dtype, int(Flag.MAX) if lane_max else 0, seg, decode, on_done, per)
         self.ops[op_id] = op
         self.stats["ops"] += 1
         return op
@@ -115,6 +118,15 @@ class CollectiveSession:
             seg_start=op.seg.start, msg_type=MsgType.ALLREDUCE, session=s.session, worker=self.rank,
             pool_base=s.pool_base, pool_size=s.pool_size, lanes=self.lanes, tensor=op.op_id, numel=op.numel,
             dtype=op.dtype, lanes_of=lanes_of, flags=op.flags, exponents=exponents))
+
+    def ready_fixed16(self, op: ReduceOp, x: np.ndarray, exps: np.ndarray, n: int,
+                      live: Callable[[], bool] | None = None) -> None:
+        """A FIXED16 sum's packets can now be produced (packets.fixed16_fill)."""
+        s = self.spec
+        op.seg.ready(fixed16_fill(
+            seg_start=op.seg.start, msg_type=MsgType.ALLREDUCE, session=s.session, worker=self.rank,
+            pool_base=s.pool_base, pool_size=s.pool_size, lanes=self.lanes, tensor=op.op_id, x=x, exps=exps, n=n,
+            live=live))
 
     def set_values(self, op: ReduceOp, values: np.ndarray) -> None:
         """All lanes known already (int32, chunks * lanes)."""
@@ -233,7 +245,7 @@ class CollectiveSession:
         if op is None:
             self.stats["stale"] += len(sel)
             return
-        chunk = (hs["offset"] // self.lanes).astype(np.int64)
+        chunk = (hs["offset"] // op.per).astype(np.int64)
         self.stats["results"] += len(sel)
         if op.absorb(chunk, rows, sel, hs["flags"], hs["exponent"]):
             del self.ops[op.op_id]

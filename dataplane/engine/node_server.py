@@ -13,8 +13,9 @@ from typing import Protocol
 
 import numpy as np
 
+from .. import fixed16
 from ..protocol import HEADER_LEN, NODE, PULL_REQUEST, Dtype, Flag, MsgType, header_view, ver_type
-from ..quantize import dequantize_rows_into, num_chunks, sum_shift
+from ..quantize import dequantize_rows_into, fixed16_bits, num_chunks, sum_shift
 from ..session import SessionSpec
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
 from .node_worker import WIRE_DTYPES, elems_per_param_packet
@@ -62,6 +63,38 @@ class GradAssembly:
         return self.got >= self.chunks
 
 
+class GradAssembly16:
+    """A layer's FIXED16 gradient as its AGGs arrive: each verified (check words, exponent lanes /
+    n) and decoded into the flat float32 `buf` (dataplane/fixed16.py). A saturated packet, or one
+    whose check fails, makes its elements NaN: the node's finiteness check then rejects the
+    gradient, never a step from a clipped or corrupted sum (docs/protocol.md 5.1, 5.2)."""
+
+    def __init__(self, numel: int, lanes: int, n: int):
+        self.numel = numel
+        self.lanes = lanes
+        self.per = fixed16.layout(lanes)[1]
+        self.chunks = num_chunks(numel, self.per)
+        self.buf = np.empty(numel, dtype=np.float32)
+        self.got = 0
+        self.n = n
+        self.saturated = False
+        self.corrupt = 0  # packets whose check words failed
+
+    def absorb(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _exps: np.ndarray,
+               flags: np.ndarray) -> bool:
+        ok = fixed16.decode_rows(rows, sel, self.lanes, self.n, self.buf)
+        self.got += len(chunk)
+        bad = ((flags & int(Flag.SATURATED)) != 0) | ~ok
+        self.corrupt += int((~ok).sum())
+        for c in chunk[bad].tolist():
+            self.buf[c * self.per:(c + 1) * self.per] = np.float32(np.nan)
+        # a sum past 2^128 decodes to inf: flagged for the node's finiteness check, as FIXED32 does
+        nb = fixed16.layout(self.lanes)[0]
+        e = rows[sel[ok], HEADER_LEN:HEADER_LEN + 2 * nb].view(">i2").astype(np.int64) // self.n
+        self.saturated |= bool(bad.any()) or bool(e.size and int(e.max()) + fixed16_bits(self.n) > 128)
+        return self.got >= self.chunks
+
+
 class ServedPulls:
     """Pull ids seen so far (they are issued densely from 0): a low-water mark plus a set."""
 
@@ -95,7 +128,9 @@ class FallbackAggregator:
             if worker >= self.n:  # no rank of this job: a switch passes FALLBACK GRADs of ranks it does not
                 self.rejected += 1  # know (protocol.md 6.8), so only this check keeps forged ones out of the sum
                 continue
-            lanes = payload_int32(rows[i:i + 1], self.lanes)[0].astype(np.int32)
+            wide = int(h["dtype"][i]) == int(Dtype.FIXED16)  # 16-bit lanes, summed mod 2^16 as the switch does
+            lanes = (rows[i, HEADER_LEN:HEADER_LEN + 2 * self.lanes].view(">i2").astype(np.int32) if wide
+                     else payload_int32(rows[i:i + 1], self.lanes)[0].astype(np.int32))
             entry = self.pending.get(seq)
             if entry is None:
                 self.pending[seq] = [1 << worker, lanes, int(h["exponent"][i]), int(h["flags"][i]),
@@ -117,7 +152,10 @@ class FallbackAggregator:
                 hv["worker"] = NODE
                 hv["exponent"] = entry[2]
                 hv["flags"] = entry[3] & ~int(Flag.FALLBACK) & 0xFF
-                row[HEADER_LEN:].view(">i4")[:] = entry[1]
+                if int(hv["dtype"][0]) == int(Dtype.FIXED16):  # the sum truncated to 16 bits, 2L bytes
+                    row[HEADER_LEN:HEADER_LEN + 2 * self.lanes].view(">u2")[:] = entry[1] & 0xFFFF
+                else:
+                    row[HEADER_LEN:].view(">i4")[:] = entry[1]
                 done.append(row)
         return done
 
@@ -137,7 +175,7 @@ class NodeServerSession:
         self.params = SendStream(sock, spec.param_window, rto, HEADER_LEN + 4 * spec.lanes, now, refill=True)
         self.provider = provider
         self.on_gradient = on_gradient
-        self.assemblies: dict[int, GradAssembly] = {}
+        self.assemblies: dict[int, GradAssembly | GradAssembly16] = {}
         self.fallback = FallbackAggregator(spec.num_workers, spec.lanes)
         self.served = ServedPulls()
         self.waiting: dict[int, tuple[int, int]] = {}  # pull id -> (tensor, version) not ready yet
@@ -167,6 +205,8 @@ class NodeServerSession:
             idx = idx[new]
         ok = h["dtype"][idx] == int(Dtype.FIXED32)
         if not _ALL(ok):
+            ok |= h["dtype"][idx] == int(Dtype.FIXED16)
+        if not _ALL(ok):
             self.stats["bad_packets"] += int((~ok).sum())
             idx = idx[ok]
         self.stats["agg_packets"] += len(idx)
@@ -179,12 +219,16 @@ class NodeServerSession:
             t = int(t)
             numel = int(h["numel"][sel[0]])
             asm = self.assemblies.get(t)
-            if asm is None or asm.numel != numel:
-                asm = self.assemblies[t] = GradAssembly(numel, self.lanes, self.spec.num_workers)
-            chunk = (h["offset"][sel] // self.lanes).astype(np.int64)
+            kind = GradAssembly16 if h["dtype"][sel[0]] == int(Dtype.FIXED16) else GradAssembly
+            if asm is None or asm.numel != numel or not isinstance(asm, kind):
+                asm = self.assemblies[t] = kind(numel, self.lanes, self.spec.num_workers)
+            per = asm.per if isinstance(asm, GradAssembly16) else self.lanes
+            chunk = (h["offset"][sel] // per).astype(np.int64)
             if asm.absorb(chunk, rows, sel, h["exponent"][sel], h["flags"][sel]):
                 del self.assemblies[t]
                 self.stats["gradients"] += 1
+                if isinstance(asm, GradAssembly16) and asm.corrupt:
+                    self.stats["bad_check"] = self.stats.get("bad_check", 0) + asm.corrupt
                 self.on_gradient(t, asm.buf.reshape(-1)[:numel], asm.saturated)
                 completed = True
         self.grad_window.advance()

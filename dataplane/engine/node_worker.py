@@ -13,14 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import fixed16
+from ..integrity import FIXED16_BLOCK
 from ..kernels import use_numba
 from ..protocol import DTYPE_ITEMSIZE, HEADER_LEN, Dtype, MsgType
-from ..quantize import chunk_exponents, fixed_point_kernels, num_chunks
+from ..quantize import block_exponents, chunk_exponents, fixed_point_kernels, num_chunks
 from ..session import SessionSpec
 from .collective import CollectiveSession
 from .handles import EngineError, Handle
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
-from .packets import QuantizedLanes, aggregation_fill, pull_request_bytes
+from .packets import QuantizedLanes, aggregation_fill, fixed16_fill, pull_request_bytes
 from .send_stream import RtoEstimator, SendStream
 from .transport import packet_sender
 from .window import RecvWindow
@@ -88,11 +90,15 @@ class WorkerNodeSession:
 
     # -- push ---------------------------------------------------------------------------------
     def push(self, tensor: int, x: np.ndarray, meta: CollectiveSession, handle: Handle,
-             local_exps: np.ndarray | None = None) -> None:
-        """Sum `x` over the workers into the node's layer `tensor` (float32, flat)."""
+             local_exps: np.ndarray | None = None, grad_format: str = "fixed32") -> None:
+        """Sum `x` over the workers into the node's layer `tensor` (float32, flat), as FIXED32 or, with
+        grad_format "fixed16", FIXED16 packets (`local_exps`: this worker's exponents in that format)."""
         numel = x.size
         if numel == 0:
             handle.set_result(None)
+            return
+        if grad_format == "fixed16":
+            self._push16(tensor, x, meta, handle, local_exps)
             return
         lanes = self.lanes
         chunks = num_chunks(numel, lanes)
@@ -118,6 +124,32 @@ class WorkerNodeSession:
 
         meta_op = meta.new_op(chunks, Dtype.INT32, True, have_exps)
         meta.set_values(meta_op, local)
+        self.stats["pushes"] += 1
+
+    def _push16(self, tensor: int, x: np.ndarray, meta: CollectiveSession, handle: Handle,
+                local_exps: np.ndarray | None) -> None:
+        """`push` in FIXED16: block exponents agreed on the meta session, then 16-bit GRAD packets
+        whose exponent lanes tell the node the exponents (docs/protocol.md 5.2)."""
+        numel = x.size
+        blocks = num_chunks(numel, FIXED16_BLOCK)
+        seg = self.grad.reserve(fixed16.packets(numel, self.lanes), on_acked=lambda: handle.set_result(None))
+        local = np.zeros(num_chunks(blocks, meta.lanes) * meta.lanes, dtype=np.int32)
+        local[:blocks] = block_exponents(x, FIXED16_BLOCK) if local_exps is None else local_exps
+        s = self.spec
+
+        def have_exps(meta_op) -> None:
+            handle.saturated |= meta_op.saturated
+
+            def saturated() -> None:
+                handle.saturated = True
+
+            seg.ready(fixed16_fill(
+                seg_start=seg.start, msg_type=MsgType.GRAD, session=s.session, worker=self.rank,
+                pool_base=s.pool_base, pool_size=s.pool_size, lanes=self.lanes, tensor=tensor, x=x,
+                exps=meta_op.result.reshape(-1)[:blocks].copy(), n=s.num_workers,
+                live=lambda: not handle.done(), on_saturated=saturated))
+
+        meta.set_values(meta.new_op(blocks, Dtype.INT32, True, have_exps), local)
         self.stats["pushes"] += 1
 
     def on_node_heartbeat(self, ack: int, credit: int, now: float, gap: bool = False) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .. import fixed16
 from ..protocol import (
     DATA_HEADER,
     HEADER_LEN,
@@ -26,7 +27,7 @@ from ..protocol import (
     slot_for,
     ver_type,
 )
-from ..quantize import quantize, quantize_factors, quantize_into_rows
+from ..quantize import quantize, quantize16_factors, quantize_factors, quantize_into_rows
 
 MASK32 = 0xFFFFFFFF
 LanesOf = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # chunks [i0, i1) -> (int32 lanes, saturated)
@@ -75,6 +76,42 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
         if saturated is not None and saturated.any():
             h["flags"] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))
         rows[:, :HEADER_LEN] = hrows
+
+    return fill
+
+
+def fixed16_fill(*, seg_start: int, msg_type: MsgType, session: int, worker: int, pool_base: int, pool_size: int,
+                 lanes: int, tensor: int, x: np.ndarray, exps: np.ndarray, n: int,
+                 live: Callable[[], bool] | None = None, on_saturated: Callable[[], None] | None = None):
+    """A fill function for the FIXED16 GRAD/ALLREDUCE packets of float32 buffer `x` (packet i = seq
+    seg_start + i, elements [i*D, (i+1)*D), dataplane/fixed16.py): headers as `aggregation_fill`
+    writes them (count and offset in elements, exponent byte 0), then the payload quantised with the
+    agreed block exponents `exps` straight into the rows, check words included. `live`, as
+    QuantizedLanes: once False, a (re)sent packet quantises zeros and is flagged SATURATED."""
+    _nb, data = fixed16.layout(lanes)
+    numel = x.size
+    vt = ver_type(msg_type)
+    template = _template(vt, session, worker, 0, tensor, int(Dtype.FIXED16), numel)
+    shared = (vt, session, worker, tensor, int(Dtype.FIXED16), numel, seg_start, pool_base, pool_size, data, 0)
+    row_len = fixed16.row_len(lanes)
+    factors = quantize16_factors(exps, n)
+
+    def fill(i0: int, i1: int, rows: np.ndarray, lens: np.ndarray) -> None:
+        if i1 - i0 <= SCALAR_HEADER_ROWS:
+            hrows = aggregation_headers_scalar(shared, i0, i1, None)
+        else:
+            hrows = aggregation_headers(template, shared, i0, i1, None)
+        rows[:, :HEADER_LEN] = hrows
+        lens[:] = row_len
+        dead = live is not None and not live()
+        src = np.zeros_like(x) if dead else x
+        saturated = fixed16.encode_rows(src, exps, n, lanes, rows, i0, factors)
+        if dead:
+            saturated[:] = True
+        if saturated.any():
+            rows[:, 1] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))  # the flags byte
+            if on_saturated is not None and not dead:
+                on_saturated()
 
     return fill
 

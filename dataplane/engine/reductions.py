@@ -29,8 +29,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import fixed16
+from ..integrity import FIXED16_BLOCK
 from ..protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag
 from ..quantize import (
+    FIXED16_MAX_CONTRIBUTORS,
+    block_exponents,
     chunk_exponents,
     dequantize_rows_scaled,
     from_ordered,
@@ -62,8 +66,11 @@ class AllreduceOp:
     """One allreduce of a flat float32/int32 buffer over the meta and data sessions."""
 
     def __init__(self, x: np.ndarray, op: str, n: int, handle: Handle, exps: np.ndarray | None = None,
-                 out: np.ndarray | None = None, check: np.ndarray | None = None):
+                 out: np.ndarray | None = None, check: np.ndarray | None = None, grad_format: str = "fixed32"):
         check_reduction(x.dtype, op)
+        self.fixed16 = grad_format == "fixed16" and n <= FIXED16_MAX_CONTRIBUTORS  # else FIXED32 (exact as ever)
+        self.corrupt: list[int] = []  # FIXED16 chunks whose RESULT failed its check words
+        self._lanes16 = 0  # the data session's lanes, once a FIXED16 sum starts
         if check is not None:
             check = np.ascontiguousarray(check, dtype=np.int32).reshape(-1)
             if check.size == 0 or int(check.min()) < 0:
@@ -91,9 +98,10 @@ class AllreduceOp:
         self.kept: dict[int, np.ndarray] | None = None
 
     @staticmethod
-    def local_exponents(x: np.ndarray, op: str, lanes: int) -> np.ndarray | None:
+    def local_exponents(x: np.ndarray, op: str, lanes: int, grad_format: str = "fixed32") -> np.ndarray | None:
+        """This worker's exponents of a float sum: one per packet (FIXED32) or per block (FIXED16)."""
         if x.dtype == np.float32 and op in ("sum", "avg") and x.size:
-            return chunk_exponents(x, lanes)
+            return block_exponents(x, FIXED16_BLOCK) if grad_format == "fixed16" else chunk_exponents(x, lanes)
         return None
 
     def start(self, meta: CollectiveSession | None, data: CollectiveSession) -> None:
@@ -125,6 +133,9 @@ class AllreduceOp:
                 raise RuntimeError("a float sum needs the job's meta session; the plan has none")
             if meta.lanes != lanes:
                 raise RuntimeError("meta and data sessions must use the same packet mode")
+            if self.fixed16:
+                self._start_fixed16(meta, data)
+                return
             data_op = data.new_op(self.numel, Dtype.FIXED32, False, self._done, self._decode_fixed)
             k = 0 if self.check is None else 2 * self.check.size  # the fingerprint first, then the exponents
             local = np.zeros(num_chunks(k + chunks, lanes) * lanes, dtype=np.int32)
@@ -167,6 +178,59 @@ class AllreduceOp:
         # live: a resend re-reads x (collective.py refill), which the caller may reuse once its handle failed
         data.ready(data_op, QuantizedLanes(self.x, self.exps, data.lanes, self.n,
                                            live=lambda: not self.handle.done()), exponents=self.exps)
+
+    # -- float sums in FIXED16 (dataplane/fixed16.py) ---------------------------------------------
+    def _start_fixed16(self, meta: CollectiveSession, data: CollectiveSession) -> None:
+        """The exponent agreement per block of FIXED16_BLOCK elements, then the FIXED16 data."""
+        _nb, per = fixed16.layout(data.lanes)
+        self._lanes16 = data.lanes
+        blocks = num_chunks(self.numel, FIXED16_BLOCK)
+        data_op = data.new_op(self.numel, Dtype.FIXED16, False, self._done16, self._decode16, per=per)
+        k = 0 if self.check is None else 2 * self.check.size
+        local = np.zeros(num_chunks(k + blocks, meta.lanes) * meta.lanes, dtype=np.int32)
+        if k:
+            local[:k] = self._check_lanes()
+        local[k:k + blocks] = self.local_exps
+        meta_op = meta.new_op(k + blocks, Dtype.INT32, True, lambda m: self._have_block_exps(m, data, data_op))
+        meta.set_values(meta_op, local)
+
+    def _have_block_exps(self, meta_op: ReduceOp, data: CollectiveSession, data_op: ReduceOp) -> None:
+        agreed = meta_op.result.reshape(-1)
+        k = 0 if self.check is None else 2 * self.check.size
+        if k and not self._agreed(agreed[:k]):
+            return
+        self.exps = agreed[k:k + num_chunks(self.numel, FIXED16_BLOCK)].copy()
+        self.saturated |= meta_op.saturated
+        data.ready_fixed16(data_op, self.x, self.exps, self.n, live=lambda: not self.handle.done())
+
+    def _decode16(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
+        lanes = self._lanes16
+        per = fixed16.layout(lanes)[1]
+        if self.kept is not None:  # in place: keep the inputs a saturated chunk's decode would overwrite
+            sat = (rows[sel, _FLAGS_AT] & _SATURATED) != 0
+            for c in chunk[sat].tolist():
+                self.kept.setdefault(c, self.x[c * per: min((c + 1) * per, self.numel)].copy())
+        ok = fixed16.decode_rows(rows, sel, lanes, self.n, self.dest)
+        if not ok.all():  # a corrupted sum: the exact path, never its value (docs/protocol.md 5.2)
+            for c in chunk[~ok].tolist():
+                if self.kept is not None:
+                    self.kept.setdefault(c, self.x[c * per: min((c + 1) * per, self.numel)].copy())
+                self.corrupt.append(c)
+
+    def _done16(self, data_op: ReduceOp) -> None:
+        per = data_op.per
+        bad = sorted(set(self.corrupt) | set(np.concatenate(data_op.saturated_chunks).tolist()
+                                            if data_op.saturated_chunks else []))
+        if bad:
+            if self.kept is not None:
+                self.handle.info["kept"] = np.concatenate([self.kept[c] for c in bad])
+            for c in bad:
+                self.dest[c * per: min((c + 1) * per, self.numel)] = np.float32(np.nan)
+        if self.op == "avg":
+            self.dest /= np.float32(self.n)
+        self.handle.saturated = self.saturated or bool(bad)
+        self._result = self.dest
+        self._part_done()
 
     def _decode_fixed(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
         if self.kept is not None:  # in place: keep the inputs a saturated chunk's decode would overwrite

@@ -6,7 +6,7 @@ reference check words, and the compiled kernels bit for bit against the numpy re
 * `fixed16.encode_rows` writes exponent lanes, data, padding and the check words that
   `integrity.check_words` gives; the switch's lane sum (mod 2^16) of n such packets passes
   `decode_rows`, any single corrupted lane fails it.
-* numba (`LUWU_KERNELS` auto) and the reference (`LUWU_KERNELS=reference`) write the same bytes and
+* numba (`LUWU_KERNELS=numba`) and the reference (`LUWU_KERNELS=reference`) write the same bytes and
   decode the same bits and verdicts.
 """
 
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from luwu.dataplane import fixed16, integrity
 from luwu.dataplane import quantize as Q
 from luwu.dataplane.integrity import FIXED16_BLOCK as B
-from luwu.dataplane.kernels import use_numba
+from luwu.dataplane.kernels import numba_available
 from luwu.dataplane.protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType, header_view, ver_type
 
 LANES = 2 * (B + 1) + 4 + 3  # two blocks per packet and 3 lanes of padding before the checks
@@ -63,10 +63,10 @@ def _lanes(row, lanes=LANES):
     return row[HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2").astype(np.int64)
 
 
-@pytest.fixture(params=["reference", "auto"])
+@pytest.fixture(params=["reference", "numba"])
 def kernels(request, monkeypatch):
     monkeypatch.setenv("LUWU_KERNELS", request.param)
-    if request.param == "auto" and not use_numba():
+    if request.param == "numba" and not numba_available():
         pytest.skip("numba is not installed")
     return request.param
 
@@ -149,18 +149,18 @@ def test_encode_matches_integrity_check_words(kernels):
 @settings(max_examples=150, deadline=None)
 @given(_float32s(1, 3 * 2 * B), st.integers(1, 20), st.integers(-2, 2))
 def test_encode_numba_is_reference(x, n, bump):
-    if not use_numba():
+    if not numba_available():
         pytest.skip("numba is not installed")
     exps = np.clip(Q.block_exponents(x, B) + bump, Q.EXP_MIN, Q.EXP_MAX).astype(np.int32)
     k = fixed16.packets(x.size, LANES)
     out = {}
     with pytest.MonkeyPatch.context() as mp:
-        for mode in ("reference", "auto"):
+        for mode in ("reference", "numba"):
             mp.setenv("LUWU_KERNELS", mode)
             out[mode] = _encode(x, exps, n, 0, k)
             if k > 1:  # a later block of the same buffer, alone
                 out[mode + "1"] = _encode(x, exps, n, 1, k - 1)
-    for a, b in (("reference", "auto"), ("reference1", "auto1")):
+    for a, b in (("reference", "numba"), ("reference1", "numba1")):
         if a in out:
             assert np.array_equal(out[a][0], out[b][0])
             assert out[a][1].tolist() == out[b][1].tolist()
@@ -185,9 +185,9 @@ def test_sum_of_packets_verifies_and_decodes(n, numel, data):
     k = fixed16.packets(numel, LANES)
     results = {}
     with pytest.MonkeyPatch.context() as mp:
-        for mode in ("reference", "auto"):
+        for mode in ("reference", "numba"):
             mp.setenv("LUWU_KERNELS", mode)
-            if mode == "auto" and not use_numba():
+            if mode == "numba" and not numba_available():
                 continue
             enc = [_encode(x, exps, n, 0, k, flags=int(Flag.SET))[0] for x in xs]
             rows = np.stack([_switch_sum([e[p] for e in enc]) for p in range(k)])
@@ -203,8 +203,8 @@ def test_sum_of_packets_verifies_and_decodes(n, numel, data):
     exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
     ref = results["reference"]
     assert (np.abs(ref.astype(np.float64) - exact) <= Q.error_bound16(ref, exps, B, n)).all()
-    if "auto" in results:
-        assert np.array_equal(ref.view(np.uint32), results["auto"].view(np.uint32))
+    if "numba" in results:
+        assert np.array_equal(ref.view(np.uint32), results["numba"].view(np.uint32))
 
 
 def test_a_contributor_with_other_exponents_fails_the_check(kernels):
