@@ -203,7 +203,7 @@ class Engine:
         self._submit(handle, lambda: aop.start(self.meta, data))
         return handle
 
-    def push(self, session: int, tensor: int, x: np.ndarray) -> Handle:
+    def push(self, session: int, tensor: int, x: np.ndarray, grad_format: str | None = None) -> Handle:
         """Sum a worker's float32 gradient for layer `tensor` into the node serving `session`.
 
         Every worker of the session pushes the same layer; the switch sums the contributions and
@@ -215,6 +215,8 @@ class Engine:
             x (np.ndarray): the gradient, flattened to float32 (not modified). It must stay
                 unchanged until the handle is done: a resend quantises it again (nothing is
                 copied); once done it may be reused.
+            grad_format (str, optional): "fixed32" or "fixed16" (docs/protocol.md 5.2); default:
+                the engine's `config.grad_format`. Every worker of the session must use the same.
 
         Returns:
             Handle: completes when the node has acknowledged the whole gradient; its error names
@@ -230,7 +232,7 @@ class Engine:
             raise EngineError("push needs the job's meta session (exponent agreement); the plan has none")
         meta = self.meta  # the narrowed session, for the command that runs later on the engine thread
         handle = Handle(f"push(layer {tensor}, {x.size})")
-        fmt = self.config.grad_format
+        fmt = check_grad_format(grad_format or self.config.grad_format)
         if fmt == "fixed16" and (s.lanes < FIXED16_MIN_LANES or s.spec.num_workers > FIXED16_MAX_CONTRIBUTORS):
             fmt = "fixed32"  # the format cannot carry this session's sums: the 32-bit one, exact as ever
         if not x.size:
