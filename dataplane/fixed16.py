@@ -15,7 +15,7 @@ give the same bytes and bits (tests/engine/test_fixed16.py), and agree with inte
 Example:
     >>> from luwu.dataplane import fixed16
     >>> fixed16.layout(16000)          # exponent lanes, data elements per packet
-    (484, 15488)
+    (246, 15744)
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from .protocol import HEADER_LEN, Dtype, Flag, MsgType
 
 HCHECK_OFFSET = 26  # bytes 26..27 of the header (was `reserved`)
 TRAILER_LEN = 4  # PARAM and PULL: CRC-32 of the payload, big-endian, after it
-FIXED16_BLOCK = 32  # lanes per shared exponent of the FIXED16 format (docs/protocol.md 5.2)
+FIXED16_BLOCK = 64  # lanes per shared exponent of the FIXED16 format (docs/protocol.md 5.2; 64: see git log)
 CHECK_BITS = 64  # bits of check words per aggregation packet, whatever the lane width
 
 # --- header check: CRC-16/ARC (poly 0x8005 reflected, init 0, no final xor; P4 crc16) ---------

@@ -90,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how the optimizer node serves parameters (the workers compute in fp32)")
     p.add_argument("--grad-format", choices=GRAD_FORMATS, default=None,
                    help="gradients on the wire: fixed32 (4 B/param) or fixed16 (16-bit lanes with an exponent per "
-                        f"32 elements, ~2.1 B/param; docs/protocol.md 5.2). Default: {DEFAULT_GRAD_FORMAT}")
+                        f"64 elements, ~2.1 B/param; docs/protocol.md 5.2). Default: {DEFAULT_GRAD_FORMAT}")
     p.add_argument("--transport", choices=TRANSPORTS, default=None,
                    help="how workers and nodes reach the switch: shm (shared-memory ring pairs, the default where "
                         "luwu.dataplane.loopback supports them: Linux x86-64 with /dev/shm) or udp (loopback sockets); "

@@ -19,9 +19,12 @@ from hypothesis import strategies as st
 
 from luwu.dataplane import fixed16, integrity
 from luwu.dataplane import quantize as Q
+from luwu.dataplane.engine import EngineConfig
 from luwu.dataplane.integrity import FIXED16_BLOCK as B
 from luwu.dataplane.kernels import numba_available
+from luwu.dataplane.loopback import local_star as star
 from luwu.dataplane.protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType, header_view, ver_type
+from luwu.dataplane.usage import UserError
 
 LANES = 2 * (B + 1) + 4 + 3  # two blocks per packet and 3 lanes of padding before the checks
 SPECIAL_BITS = [0x7F800000, 0xFF800000, 0x7FC00000, 0x00000001, 0x80000001, 0x7F7FFFFF, 0x00000000, 0x3F800000]
@@ -225,5 +228,15 @@ def test_a_contributor_with_other_exponents_fails_the_check(kernels):
 
 def test_loopback_layout_bytes_per_param():
     nb, data = fixed16.layout(16000)
-    assert (nb, data) == (484, 15488)
+    assert (nb, data) == (246, 15744)
     assert (fixed16.row_len(16000) + 42) / data < 2.1  # luwu header + UDP/IP/Ethernet
+
+
+def test_unknown_format_is_a_user_error(monkeypatch):
+    with star(1, mode=300) as (_, _, engines), pytest.raises(UserError, match="fixed16"):
+        engines[0].allreduce(np.ones(3, np.float32), grad_format="fp8")
+    monkeypatch.setenv("LUWU_GRAD_FORMAT", "fixed16")
+    assert EngineConfig().grad_format == "fixed16"
+    monkeypatch.setenv("LUWU_GRAD_FORMAT", "int4")
+    with pytest.raises(UserError, match="LUWU_GRAD_FORMAT"):
+        EngineConfig()
