@@ -223,6 +223,62 @@ def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.n
     return ok
 
 
+# --- the exponent agreement in 16-bit lanes (a FIXED16 MAX round on the meta session) -----------
+# Each lane is `e << 8 | tag8(e)` (int16; the tag is integrity.exp_tag's low byte), so the signed
+# order of lanes is the order of e, a MAX of lanes is the lane of the MAX, and the winner carries its
+# own check, as integrity.pack_exponents does in 32 bits; the check lanes of a MAX packet hold T_j
+# alone (integrity.check_words), the same on every contributor, so the switch's max keeps them.
+# Half the bytes of the 32-bit round: 2 B per block of FIXED16_BLOCK elements.
+
+
+def agreement_lanes(lanes: int) -> int:
+    """Exponents per 16-bit agreement packet: every lane but the 4 check lanes."""
+    return lanes - CHECKS
+
+
+def pack_exponents16(e: np.ndarray) -> np.ndarray:
+    """int16 lanes `e << 8 | tag8(e)` of exponents e in [-128, 127]."""
+    e64 = np.asarray(e, dtype=np.int64)
+    return ((e64 << 8) | (integrity.exp_tag(e64).astype(np.int64) & 0xFF)).astype(np.int16)
+
+
+def unpack_exponents16(lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(exponents, ok): ok is False where a lane's tag does not match its exponent."""
+    v = np.asarray(lanes, dtype=np.int16).astype(np.int64)
+    e = v >> 8
+    return e.astype(np.int32), (v & 0xFF) == (integrity.exp_tag(e).astype(np.int64) & 0xFF)
+
+
+def encode_agreement_rows(exps: np.ndarray, lanes: int, rows: np.ndarray, i0: int) -> None:
+    """Packets i0.. of a 16-bit exponent agreement (headers written, FIXED16 with MAX): the packed
+    exponents of blocks [p * A, (p + 1) * A), A = lanes - 4, zeros past the end, then T_j."""
+    per = agreement_lanes(lanes)
+    k = rows.shape[0]
+    lane = np.zeros((k, lanes), dtype=np.int64)
+    flat = lane[:, :per].reshape(-1)
+    part = np.asarray(exps)[i0 * per:(i0 + k) * per]
+    flat[:part.size] = pack_exponents16(part)
+    lane[:, :per] = flat.reshape(k, per)
+    lane[:, per:] = header_terms(rows)
+    rows[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">u2")[...] = lane & _MASK16
+
+
+def decode_agreement_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, chunk: np.ndarray, out: np.ndarray) -> bool:
+    """The agreed exponents of RESULT rows[sel] (packet indices `chunk`) into `out` (one per block).
+    False, writing nothing, when a check lane or a lane's tag is wrong (the agreement is corrupt)."""
+    per = agreement_lanes(lanes)
+    lane = rows[sel, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2")
+    if not ((lane[:, per:].astype(np.int64) & _MASK16) == header_terms(rows[sel])).all():
+        return False
+    e, ok = unpack_exponents16(lane[:, :per])
+    for i, c in enumerate(np.asarray(chunk).tolist()):
+        m = max(0, min(per, out.size - c * per))
+        if not ok[i, :m].all():
+            return False
+        out[c * per:c * per + m] = e[i, :m]
+    return True
+
+
 def _as_words16(rows: np.ndarray) -> np.ndarray | None:
     """A C-contiguous uint8 (K, W) buffer (W even) as its flat uint16 words, or None."""
     if rows.ndim != 2 or rows.dtype != _U8 or rows.shape[1] % 2 or not rows.flags.c_contiguous:

@@ -13,11 +13,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .. import fixed16
 from ..kernels import use_numba
 from ..protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType
 from ..quantize import as_words, fixed_point_kernels, num_chunks
 from ..session import SessionSpec
-from .packets import LanesOf, aggregation_fill, fixed16_fill, payload_int32, slice_lanes
+from .packets import LanesOf, aggregation_fill, exponent16_fill, fixed16_fill, payload_int32, slice_lanes
 from .send_stream import RtoEstimator, Segment, SendStream
 from .window import RecvWindow
 
@@ -127,6 +128,25 @@ class CollectiveSession:
             seg_start=op.seg.start, msg_type=MsgType.ALLREDUCE, session=s.session, worker=self.rank,
             pool_base=s.pool_base, pool_size=s.pool_size, lanes=self.lanes, tensor=op.op_id, x=x, exps=exps, n=n,
             live=live))
+
+    def agree_exponents16(self, exps: np.ndarray, on_agreed: Callable[[np.ndarray | None, bool], None]) -> ReduceOp:
+        """A MAX of per-block exponents in 16-bit lanes (packets.exponent16_fill). `on_agreed(e,
+        saturated)` gets the agreed exponents, or None when a RESULT's tag or check lanes were wrong."""
+        agreed = np.zeros(len(exps), dtype=np.int32)
+        corrupt = [False]
+
+        def decode(chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _e: np.ndarray) -> None:
+            if not fixed16.decode_agreement_rows(rows, sel, self.lanes, chunk, agreed):
+                corrupt[0] = True
+
+        op = self.new_op(len(exps), Dtype.FIXED16, True, lambda o: on_agreed(None if corrupt[0] else agreed,
+                                                                            o.saturated),
+                         decode, per=fixed16.agreement_lanes(self.lanes))
+        s = self.spec
+        op.seg.ready(exponent16_fill(seg_start=op.seg.start, session=s.session, worker=self.rank,
+                                     pool_base=s.pool_base, pool_size=s.pool_size, lanes=self.lanes,
+                                     tensor=op.op_id, exps=exps))
+        return op
 
     def set_values(self, op: ReduceOp, values: np.ndarray) -> None:
         """All lanes known already (int32, chunks * lanes)."""

@@ -133,12 +133,15 @@ class WorkerNodeSession:
         numel = x.size
         blocks = num_chunks(numel, FIXED16_BLOCK)
         seg = self.grad.reserve(fixed16.packets(numel, self.lanes), on_acked=lambda: handle.set_result(None))
-        local = np.zeros(num_chunks(blocks, meta.lanes) * meta.lanes, dtype=np.int32)
-        local[:blocks] = block_exponents(x, FIXED16_BLOCK) if local_exps is None else local_exps
+        local = block_exponents(x, FIXED16_BLOCK) if local_exps is None else local_exps
         s = self.spec
 
-        def have_exps(meta_op) -> None:
-            handle.saturated |= meta_op.saturated
+        def have_exps(agreed: np.ndarray | None, sat: bool) -> None:
+            if agreed is None:  # never quantise with exponents that may not be everyone's
+                handle.set_error(EngineError(f"the exponent agreement of layer {tensor}'s fixed16 push came back "
+                                             "corrupted (a tag or check lane did not match)"))
+                agreed = np.full(blocks, 127, dtype=np.int32)  # its packets still go (zeros, SATURATED): see live
+            handle.saturated |= sat
 
             def saturated() -> None:
                 handle.saturated = True
@@ -146,10 +149,9 @@ class WorkerNodeSession:
             seg.ready(fixed16_fill(
                 seg_start=seg.start, msg_type=MsgType.GRAD, session=s.session, worker=self.rank,
                 pool_base=s.pool_base, pool_size=s.pool_size, lanes=self.lanes, tensor=tensor, x=x,
-                exps=meta_op.result.reshape(-1)[:blocks].copy(), n=s.num_workers,
-                live=lambda: not handle.done(), on_saturated=saturated))
+                exps=agreed, n=s.num_workers, live=lambda: not handle.done(), on_saturated=saturated))
 
-        meta.set_values(meta.new_op(blocks, Dtype.INT32, True, have_exps), local)
+        meta.agree_exponents16(local, have_exps)  # 16-bit lanes: 2 B per block
         self.stats["pushes"] += 1
 
     def on_node_heartbeat(self, ack: int, credit: int, now: float, gap: bool = False) -> None:

@@ -116,6 +116,30 @@ def fixed16_fill(*, seg_start: int, msg_type: MsgType, session: int, worker: int
     return fill
 
 
+def exponent16_fill(*, seg_start: int, session: int, worker: int, pool_base: int, pool_size: int, lanes: int,
+                    tensor: int, exps: np.ndarray):
+    """A fill function for a 16-bit exponent agreement (FIXED16 ALLREDUCE packets with MAX, lanes
+    `e << 8 | tag`, dataplane/fixed16.py `encode_agreement_rows`): half the bytes of the int32 round."""
+    per = fixed16.agreement_lanes(lanes)
+    vt = ver_type(MsgType.ALLREDUCE)
+    numel = len(exps)
+    template = _template(vt, session, worker, 0, tensor, int(Dtype.FIXED16), numel)
+    shared = (vt, session, worker, tensor, int(Dtype.FIXED16), numel, seg_start, pool_base, pool_size, per,
+              int(Flag.MAX))
+    row_len = fixed16.row_len(lanes)
+
+    def fill(i0: int, i1: int, rows: np.ndarray, lens: np.ndarray) -> None:
+        if i1 - i0 <= SCALAR_HEADER_ROWS:
+            hrows = aggregation_headers_scalar(shared, i0, i1, None)
+        else:
+            hrows = aggregation_headers(template, shared, i0, i1, None)
+        rows[:, :HEADER_LEN] = hrows
+        lens[:] = row_len
+        fixed16.encode_agreement_rows(exps, lanes, rows, i0)
+
+    return fill
+
+
 def _nonzero_rows(block: np.ndarray) -> np.ndarray:
     """Which rows of `block` hold a non-zero lane. A row whose first lane is non-zero needs no
     scan, so dense data costs one strided read, not a second pass over the buffer."""

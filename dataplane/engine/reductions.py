@@ -45,7 +45,7 @@ from ..quantize import (
     to_ordered,
 )
 from .collective import CollectiveSession, ReduceOp
-from .handles import CollectiveMismatch, Handle
+from .handles import CollectiveMismatch, EngineError, Handle
 from .packets import QuantizedLanes, payload_int32
 
 OPS = ("sum", "avg", "max", "min")
@@ -186,7 +186,10 @@ class AllreduceOp:
         self._lanes16 = data.lanes
         blocks = num_chunks(self.numel, FIXED16_BLOCK)
         data_op = data.new_op(self.numel, Dtype.FIXED16, False, self._done16, self._decode16, per=per)
-        k = 0 if self.check is None else 2 * self.check.size
+        if self.check is None:  # the exponents alone: 16-bit lanes, 2 B per block
+            meta.agree_exponents16(self.local_exps, lambda e, sat: self._have_exps16(e, sat, data, data_op))
+            return
+        k = 2 * self.check.size  # the fingerprint rides in int32 lanes, so the exponents do too
         local = np.zeros(num_chunks(k + blocks, meta.lanes) * meta.lanes, dtype=np.int32)
         if k:
             local[:k] = self._check_lanes()
@@ -201,6 +204,18 @@ class AllreduceOp:
             return
         self.exps = agreed[k:k + num_chunks(self.numel, FIXED16_BLOCK)].copy()
         self.saturated |= meta_op.saturated
+        data.ready_fixed16(data_op, self.x, self.exps, self.n, live=lambda: not self.handle.done())
+
+    def _have_exps16(self, agreed: np.ndarray | None, saturated: bool, data: CollectiveSession,
+                     data_op: ReduceOp) -> None:
+        if agreed is None:  # never quantise with exponents that may not be everyone's
+            self.handle.set_error(EngineError("the exponent agreement of a fixed16 sum came back corrupted "
+                                              "(a tag or check lane did not match)"))
+            agreed = np.full(data_op.numel and -(-data_op.numel // FIXED16_BLOCK), 127, dtype=np.int32)
+            # its packets still go, as zeros flagged SATURATED (the handle is done: `live`), so the
+            # other workers' sums complete (as NaN + saturated) and the stream stays in step
+        self.exps = agreed
+        self.saturated |= saturated
         data.ready_fixed16(data_op, self.x, self.exps, self.n, live=lambda: not self.handle.done())
 
     def _decode16(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:

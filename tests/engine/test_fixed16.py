@@ -240,3 +240,33 @@ def test_unknown_format_is_a_user_error(monkeypatch):
     monkeypatch.setenv("LUWU_GRAD_FORMAT", "int4")
     with pytest.raises(UserError, match="LUWU_GRAD_FORMAT"):
         EngineConfig()
+
+
+def test_agreement_lanes_max_is_the_max_and_self_checking():
+    """16-bit exponent agreement: a lane-wise MAX of packed lanes is the packed MAX; the check lanes
+    are T_j (equal on every contributor, so the max keeps them); a wrong tag or check fails."""
+    lanes = LANES
+    per = fixed16.agreement_lanes(lanes)
+    rng = np.random.default_rng(3)
+    es = [rng.integers(Q.EXP_MIN, Q.EXP_MAX + 1, 2 * per + 5) for _ in range(3)]
+    k = 3
+    rows = []
+    for e in es:
+        r = _headers(k, 0, e.size, flags=int(Flag.MAX) | int(Flag.SET), lanes=lanes)
+        fixed16.encode_agreement_rows(e, lanes, r, 0)
+        rows.append(r)
+    res = rows[0].copy()
+    lane = np.max([r[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2") for r in rows], axis=0)
+    res[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2")[...] = lane
+    res[:, 0] = ver_type(MsgType.RESULT)
+    for r in range(k):  # the check lanes are integrity's check words of a MAX packet
+        h = _hdict(res[r])
+        want = integrity.check_words(np.zeros(lanes - 4), h, Dtype.FIXED16)
+        assert (_lanes(res[r], lanes)[lanes - 4:] & 0xFFFF).tolist() == want.tolist()
+    out = np.zeros(es[0].size, np.int32)
+    assert fixed16.decode_agreement_rows(res, np.arange(k), lanes, np.arange(k), out)
+    np.testing.assert_array_equal(out, np.max(es, axis=0))
+    for byte in (HEADER_LEN + 1, HEADER_LEN + 2 * (lanes - 1)):  # a tag bit, a check lane
+        bad = res.copy()
+        bad[0, byte] ^= 0x04
+        assert not fixed16.decode_agreement_rows(bad, np.arange(k), lanes, np.arange(k), out.copy())
