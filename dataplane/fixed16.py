@@ -33,7 +33,9 @@ from .quantize import EXP_MAX, EXP_MIN, fixed16_bits, quantize16, quantize16_fac
 CHECKS = check_lanes(Dtype.FIXED16)  # 4 lanes of 16 bits
 _MASK16 = 0xFFFF
 _U8 = np.dtype(np.uint8)
-_OFFSET_AT = DATA_HEADER.fields["offset"][1]
+_HEADER_FIELDS = DATA_HEADER.fields
+assert _HEADER_FIELDS is not None
+_OFFSET_AT = int(_HEADER_FIELDS["offset"][1])  # the header's element offset (bytes 20..23)
 _GRAD_STREAM = np.array([int(MsgType.GRAD), int(MsgType.AGG)], dtype=np.uint8)  # integrity.stream_of 1
 
 
@@ -170,7 +172,7 @@ def encode_rows(x: np.ndarray, exps: np.ndarray, n: int, lanes: int, rows: np.nd
         flat[:q.size] = q
         lane[:, nb:nb + data] = flat.reshape(k, data)
         sat_b = np.concatenate([sat_b, np.zeros(k * nb - sat_b.size, dtype=bool)])
-        sat = sat_b.reshape(k, nb).any(axis=1)
+        sat = np.asarray(sat_b.reshape(k, nb).any(axis=1), dtype=bool)
     nv = lanes - CHECKS
     lane[:, nv:] = (_check_sums(lane[:, :nv]) + terms + exponent_terms(e.reshape(k, nb)).astype(np.int64)) & _MASK16
     rows[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">u2")[...] = lane & _MASK16

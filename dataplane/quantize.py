@@ -360,7 +360,7 @@ def quantize16(x: np.ndarray, exps: np.ndarray, block: int, n: int) -> tuple[np.
     scaled = padded.reshape(blocks, block)
     with np.errstate(over="ignore", invalid="ignore"):
         scale_pow2(scaled, 15 - c - exps.astype(np.int64))
-        saturated = (~(np.abs(scaled) < top)).any(axis=1)  # non-finite, or |x| >= 2^e
+        saturated = np.asarray((~(np.abs(scaled) < top)).any(axis=1), dtype=bool)  # non-finite, or |x| >= 2^e
         np.rint(scaled, out=scaled)
     scaled[np.isnan(scaled)] = 0
     np.clip(scaled, -lim, lim, out=scaled)
