@@ -265,6 +265,25 @@ def encode_agreement_rows(exps: np.ndarray, lanes: int, rows: np.ndarray, i0: in
     rows[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">u2")[...] = lane & _MASK16
 
 
+def verify_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int) -> np.ndarray:
+    """Bool per selected row: a FIXED16 sum of `n` (`decode_rows`'s verdict, nothing decoded), or,
+    for a row flagged MAX (an exponent agreement), its check lanes are T_j and every lane's tag holds."""
+    sel = np.asarray(sel, dtype=np.int64)
+    ok = np.ones(sel.size, dtype=bool)
+    if not sel.size:
+        return ok
+    agree = (rows[sel, 1] & np.uint8(Flag.MAX)) != 0  # the flags byte
+    if agree.any():
+        s = sel[agree]
+        per = agreement_lanes(lanes)
+        lane = rows[s, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2")
+        good = ((lane[:, per:].astype(np.int64) & _MASK16) == header_terms(rows[s])).all(axis=1)
+        ok[agree] = good & unpack_exponents16(lane[:, :per])[1].all(axis=1)
+    if not agree.all():
+        ok[~agree] = decode_rows(rows, sel[~agree], lanes, n, np.empty(0, dtype=np.float32))
+    return ok
+
+
 def decode_agreement_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, chunk: np.ndarray, out: np.ndarray) -> bool:
     """The agreed exponents of RESULT rows[sel] (packet indices `chunk`) into `out` (one per block).
     False, writing nothing, when a check lane or a lane's tag is wrong (the agreement is corrupt)."""

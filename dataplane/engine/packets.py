@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import fixed16
+from ..integrity import check_words_rows, seal_headers, sealed
 from ..protocol import (
     DATA_HEADER,
     HEADER_LEN,
@@ -35,14 +36,18 @@ LanesOf = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # chunks [
 
 def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker: int, pool_base: int, pool_size: int,
                      lanes: int, tensor: int, numel: int, dtype: Dtype, lanes_of: LanesOf, flags: int = 0,
-                     exponents: np.ndarray | None = None):
+                     exponents: np.ndarray | None = None, row_lanes: int | None = None):
     """A fill function for GRAD/ALLREDUCE packets of one buffer (chunk i = seq seg_start + i).
 
     An exact (INT32) chunk whose lanes are all zero goes as a header-only ZERO packet
     (docs/protocol.md 3.2): the switch adds it as zeros and emits full results, so a rank that
     owns a few segments of a broadcast or all_gather buffer sends little more than its own
-    bytes. Its ring row keeps length 32, so a retransmission is header-only too."""
-    row_len = HEADER_LEN + 4 * lanes
+    bytes. Its ring row keeps length 32, so a retransmission is header-only too.
+
+    `lanes` is the data elements per packet; with `row_lanes` (the switch's lane count) the
+    packet's lanes past them are its check words (docs/protocol.md 3.6), written over the lanes
+    as sent (after quantising, saturation and zero rows): `integrity.check_words_rows`."""
+    row_len = HEADER_LEN + 4 * (lanes if row_lanes is None else row_lanes)
     zero_ok = dtype == Dtype.INT32 and msg_type in ZERO_TYPES
     # the fields every packet of the buffer shares, written once here; a fill builds its block's
     # headers from this in a contiguous scratch and copies them into the rows once at the end: the
@@ -65,7 +70,7 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
         else:
             values, saturated = lanes_of(i0, i1)
             block = values.reshape(i1 - i0, lanes)
-            payload = rows[:, HEADER_LEN:row_len].view(">i4")
+            payload = rows[:, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4")
             nz = _nonzero_rows(block) if zero_ok else None
             if nz is None or nz.all():
                 payload[...] = block
@@ -75,6 +80,10 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
                 lens[~nz] = HEADER_LEN
         if saturated is not None and saturated.any():
             h["flags"] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))
+        if row_lanes is not None:  # the check words, over the lanes as they go (docs/protocol.md 3.6)
+            lanes_out = rows[:, HEADER_LEN:row_len].view(">i4")
+            lanes_out[:, lanes:] = check_words_rows(lanes_out[:, :lanes], h, int(dtype)).astype(np.uint32).view(np.int32)
+        seal_headers(hrows)  # the header check (docs/protocol.md 3.5), over the final headers
         rows[:, :HEADER_LEN] = hrows
 
     return fill
@@ -112,6 +121,7 @@ def fixed16_fill(*, seg_start: int, msg_type: MsgType, session: int, worker: int
             rows[:, 1] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))  # the flags byte
             if on_saturated is not None and not dead:
                 on_saturated()
+        seal_headers(rows)  # the header check (docs/protocol.md 3.5), over the final headers
 
     return fill
 
@@ -136,6 +146,7 @@ def exponent16_fill(*, seg_start: int, session: int, worker: int, pool_base: int
         rows[:, :HEADER_LEN] = hrows
         lens[:] = row_len
         fixed16.encode_agreement_rows(exps, lanes, rows, i0)
+        seal_headers(rows)
 
     return fill
 
@@ -263,6 +274,7 @@ def param_fill(*, seg_start: int, session: int, pull_id: int, tensor: int, data:
         h["count"] = counts
         h["seq"] = (seg_start + chunk) & MASK32
         h["offset"] = chunk * epp
+        seal_headers(hrows)
         rows[:, :HEADER_LEN] = hrows
         payload = rows[:, HEADER_LEN:HEADER_LEN + epp * wire.itemsize].view(wire)  # (n, epp)
         lo, hi = i0 * epp, min(i1 * epp, numel)
@@ -315,8 +327,8 @@ _HEARTBEAT_VT, _PULL_VT, _GAP = ver_type(MsgType.HEARTBEAT), ver_type(MsgType.PU
 
 def heartbeat_bytes(session: int, worker: int, seq: int, ack: int, credit: int, gap: bool = False) -> bytes:
     """One HEARTBEAT packet {ack, credit} (docs/protocol.md 7.2) as bytes, ready to send."""
-    return _HEARTBEAT.pack(_HEARTBEAT_VT, _GAP if gap else 0, session, worker, 0, seq & MASK32, ack & MASK32,
-                           credit & MASK32)
+    return sealed(_HEARTBEAT.pack(_HEARTBEAT_VT, _GAP if gap else 0, session, worker, 0, seq & MASK32, ack & MASK32,
+                                  credit & MASK32))
 
 
 def heartbeat(session: int, worker: int, seq: int, ack: int, credit: int, gap: bool = False) -> np.ndarray:
@@ -326,7 +338,7 @@ def heartbeat(session: int, worker: int, seq: int, ack: int, credit: int, gap: b
 
 def pull_request_bytes(session: int, worker: int, requests: list[tuple[int, int, int]]) -> bytes:
     """One PULL packet carrying (pull_id, tensor, version) requests, as bytes."""
-    parts = [_PULL_HEADER.pack(_PULL_VT, 0, session, worker, len(requests))]
+    parts = [sealed(_PULL_HEADER.pack(_PULL_VT, 0, session, worker, len(requests)))]
     parts += [_PULL_REQUEST.pack(*req) for req in requests]
     return b"".join(parts)
 
