@@ -36,6 +36,7 @@ _U8 = np.dtype(np.uint8)
 _HEADER_FIELDS = DATA_HEADER.fields
 assert _HEADER_FIELDS is not None
 _OFFSET_AT = int(_HEADER_FIELDS["offset"][1])  # the header's element offset (bytes 20..23)
+_COUNT_AT = int(_HEADER_FIELDS["count"][1])
 _GRAD_STREAM = np.array([int(MsgType.GRAD), int(MsgType.AGG)], dtype=np.uint8)  # integrity.stream_of 1
 
 
@@ -278,7 +279,9 @@ def verify_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int) -> np.nda
         per = agreement_lanes(lanes)
         lane = rows[s, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2")
         good = ((lane[:, per:].astype(np.int64) & _MASK16) == header_terms(rows[s])).all(axis=1)
-        ok[agree] = good & unpack_exponents16(lane[:, :per])[1].all(axis=1)
+        count = rows[s, _COUNT_AT:_COUNT_AT + 2].copy().view(">u2").reshape(-1, 1).astype(np.int64)
+        tags = unpack_exponents16(lane[:, :per])[1] | (np.arange(per)[None, :] >= count)  # padding: zeros
+        ok[agree] = good & tags.all(axis=1)
     if not agree.all():
         ok[~agree] = decode_rows(rows, sel[~agree], lanes, n, np.empty(0, dtype=np.float32))
     return ok

@@ -270,3 +270,24 @@ def test_agreement_lanes_max_is_the_max_and_self_checking():
         bad = res.copy()
         bad[0, byte] ^= 0x04
         assert not fixed16.decode_agreement_rows(bad, np.arange(k), lanes, np.arange(k), out.copy())
+
+
+def test_verify_rows_accepts_sums_and_agreements_and_rejects_corruption():
+    """`verify_rows` (the receive path's check before decoding): a sum of n packets and a short
+    agreement packet (padding lanes are zeros, not tagged) pass; one changed lane fails."""
+    nb, data = fixed16.layout(LANES)
+    xs = [np.linspace(-1, 1, data + 3).astype(np.float32) * (r + 1) for r in range(2)]
+    e = np.max([Q.block_exponents(x, B) for x in xs], axis=0)
+    k = fixed16.packets(data + 3, LANES)
+    enc = [_encode(x, e, 2, 0, k)[0] for x in xs]
+    sums = np.stack([_switch_sum([c[p] for c in enc]) for p in range(k)])
+    agree = _headers(1, 0, 5, flags=int(Flag.MAX), lanes=LANES)
+    fixed16.encode_agreement_rows(np.array([1, -2, 3, 0, 127]), LANES, agree, 0)
+    rows = np.concatenate([sums, agree])
+    assert fixed16.verify_rows(rows, np.arange(k + 1), LANES, 2).all()
+    for row, byte in ((0, HEADER_LEN + 2 * nb + 1), (k, HEADER_LEN + 3)):
+        bad = rows.copy()
+        bad[row, byte] ^= 0x01
+        want = [True] * (k + 1)
+        want[row] = False
+        assert fixed16.verify_rows(bad, np.arange(k + 1), LANES, 2).tolist() == want

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from node_star import node_star
 
-from luwu.dataplane import fixed16
+from luwu.dataplane import fixed16, integrity
 from luwu.dataplane import quantize as Q
 from luwu.dataplane.integrity import FIXED16_BLOCK as B
 from luwu.dataplane.loopback import StarPlan
 from luwu.dataplane.loopback import local_star as star
+from luwu.dataplane.protocol import Dtype
 from luwu.dataplane.switch.controls import classifier
 from luwu.mininet.paramstore import SgdParamStore
 
@@ -89,8 +90,9 @@ def test_small_packets_use_fixed32():
     with star(2, mode="tofino") as (_, _, engines):
         results = [h.wait(60) for h in [e.allreduce(x, grad_format="fixed16") for e, x in zip(engines, xs)]]
     exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
-    exps = np.max([Q.chunk_exponents(x, 64) for x in xs], axis=0)
-    assert (np.abs(results[0] - exact) <= Q.error_bound(results[0], exps, 64, 2)).all()
+    per = integrity.data_lanes(64, Dtype.FIXED32)  # the lanes less the check words
+    exps = np.max([Q.chunk_exponents(x, per) for x in xs], axis=0)
+    assert (np.abs(results[0] - exact) <= Q.error_bound(results[0], exps, per, 2)).all()
 
 
 @pytest.mark.parametrize("fallback", [False, True])
