@@ -299,3 +299,96 @@ def _as_words(rows: np.ndarray, col: int) -> np.ndarray | None:
 # for the engine's compiled RESULT pass (dataplane/engine/collective.py), which reads rows the same way
 as_words = _as_words
 fixed_point_kernels = _fixed_point
+
+
+# --- FIXED16: 16-bit lanes with an exponent per block (docs/protocol.md 5.2) -----------------
+# The readable references; dataplane/kernels/fixed_point.py has their compiled twins
+# (`quantize16_rows`, `dequantize16_rows`), bit for bit (tests/engine/test_fixed16.py).
+
+FIXED16_MAX_CONTRIBUTORS = 255  # n * e of every exponent lane (|e| <= 128) fits an int16 sum
+
+
+def fixed16_bits(n: int) -> int:
+    """c = ceil(log2(n)) for a FIXED16 sum over `n` contributors (at most 255: the summed exponent
+    lanes are int16 and must hold n * e exactly)."""
+    if n > FIXED16_MAX_CONTRIBUTORS:
+        raise ValueError(f"the 16-bit gradient format sums at most {FIXED16_MAX_CONTRIBUTORS} contributors, "
+                         f"not {n}: use the 32-bit format (fixed32)")
+    return contributor_bits(n)
+
+
+def block_exponents(x: np.ndarray, block: int) -> np.ndarray:
+    """Per-block exponents of the FIXED16 format: `chunk_exponents` over blocks of `block` elements
+    (max |x| < 2^e per block, EXP_MIN for an all-zero block, EXP_MAX for one holding inf/NaN)."""
+    return chunk_exponents(x, block)
+
+
+def quantize16_factors(exps: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per block, the float32 factors (s1, s2) with s1 * s2 = 2^(15 - c - e) (`pow2_split`)."""
+    s1, s2, _ = pow2_split(15 - fixed16_bits(n) - np.asarray(exps, dtype=np.int64))
+    return s1, s2
+
+
+def quantize16(x: np.ndarray, exps: np.ndarray, block: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Quantise float32 `x` to FIXED16 with agreed per-block exponents, for a sum over `n`.
+
+    `q = clip(rint(x * 2^(15 - c - e_b)), -(2^(15-c) - 1), 2^(15-c) - 1)`, c = ceil(log2 n), so a
+    sum of n lanes always fits int16.
+
+    Args:
+        x: float32 values (any length; the last block is padded with zeros).
+        exps: one agreed exponent per block of `block` elements (int).
+        block: elements per exponent (integrity.FIXED16_BLOCK on the wire).
+        n: contributors of the sum (1..255).
+
+    Returns:
+        (q, saturated): q int16 of blocks * block lanes; saturated a bool per block, True where a
+        value was non-finite or not below 2^e_b (the block then takes the exact fallback, as a
+        saturated FIXED32 chunk does). A finite value below 2^e_b whose rounding reaches 2^(15-c)
+        is clipped to the limit without the flag: an error under one quantum (`error_bound16`).
+    """
+    x = np.asarray(x, dtype=np.float32).reshape(-1)
+    blocks = num_chunks(x.size, block)
+    exps = np.asarray(exps)
+    if exps.shape != (blocks,):
+        raise ValueError(f"need {blocks} exponents for {x.size} elements in blocks of {block}, got {exps.shape}")
+    c = fixed16_bits(n)
+    top = np.float32(2 ** (15 - c))
+    lim = np.float32(2 ** (15 - c) - 1)
+    padded = np.zeros(blocks * block, dtype=np.float32)
+    padded[: x.size] = x
+    scaled = padded.reshape(blocks, block)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scale_pow2(scaled, 15 - c - exps.astype(np.int64))
+        saturated = np.asarray((~(np.abs(scaled) < top)).any(axis=1), dtype=bool)  # non-finite, or |x| >= 2^e
+        np.rint(scaled, out=scaled)
+    scaled[np.isnan(scaled)] = 0
+    np.clip(scaled, -lim, lim, out=scaled)
+    return scaled.astype(np.int16).reshape(-1), saturated
+
+
+def dequant16_shift(exps: np.ndarray, n: int) -> np.ndarray:
+    """The power of two that turns a block's FIXED16 sum into its float value: e + c - 15."""
+    return np.asarray(exps).astype(np.int64) + fixed16_bits(n) - 15
+
+
+def dequantize16(qsum: np.ndarray, exps: np.ndarray, block: int, n: int, numel: int) -> np.ndarray:
+    """A FIXED16 sum (int lanes, blocks * block) -> float32: `sum * 2^(e_b + c - 15)` exactly in
+    float64, then rounded once (overflow past binary32 gives inf, as IEEE rounds it)."""
+    blocks = num_chunks(numel, block)
+    q = np.asarray(qsum).reshape(-1)[: blocks * block].reshape(blocks, block).astype(np.float64)
+    scale = np.ldexp(1.0, dequant16_shift(exps, n)[:blocks].astype(np.int32))
+    with np.errstate(over="ignore"):
+        return (q * scale[:, None]).astype(np.float32).reshape(-1)[:numel]
+
+
+def error_bound16(result: np.ndarray, exps: np.ndarray, block: int, n: int, out_dtype: str = "float32") -> np.ndarray:
+    """Per-element bound on |result - exact sum| of an unsaturated FIXED16 sum: `n * u + ulp_out / 2`,
+    u = 2^(e_b + c - 15) (each contributor's rounding is at most half a quantum, and at most one
+    quantum for a value clipped at the top of its block's range)."""
+    numel = result.size
+    quantum = np.repeat(np.ldexp(1.0, dequant16_shift(exps, n)), block)[:numel]
+    bound = n * quantum + _ulp(result, 24) / 2
+    if out_dtype != "float32":
+        bound = bound + _ulp(result, _PRECISION[out_dtype]) / 2
+    return bound

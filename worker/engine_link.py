@@ -60,6 +60,9 @@ def _shared(st: Staging) -> ShmBuffer:
 
 class EngineLink:
     kind = "engine"
+    # float sums' wire format for this link's pushes and allreduces ("fixed32" | "fixed16"; None:
+    # the engine's config.grad_format, LUWU_GRAD_FORMAT): ModelInNetwork(grad_format=) sets it
+    grad_format: str | None = None
 
     def allreduce(self, x: np.ndarray, op: str = "sum", check: np.ndarray | None = None,
                   out: np.ndarray | None = None) -> Handle:
@@ -113,13 +116,13 @@ class EmbeddedLink(EngineLink):
 
     def allreduce(self, x: np.ndarray, op: str = "sum", check: np.ndarray | None = None,
                   out: np.ndarray | None = None) -> Handle:
-        return self.engine.allreduce(x, op, out=out, check=check)
+        return self.engine.allreduce(x, op, out=out, check=check, grad_format=self.grad_format)
 
     def staging(self, numel: int) -> Staging:
         return Staging(np.zeros(numel, dtype=np.float32))
 
     def push(self, st: Staging, numel: int, session: int, tensor: int, offset: int = 0) -> Handle:
-        return self.engine.push(session, tensor, st.view(numel, offset))
+        return self.engine.push(session, tensor, st.view(numel, offset), grad_format=self.grad_format)
 
     def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int, offset: int = 0) -> Handle:
         return self.engine.pull(session, tensor, version, out=st.view(numel, offset))
@@ -193,7 +196,7 @@ class DaemonLink(EngineLink):
         return Staging(buf.view(np.float32, max(numel, 1)), buf)
 
     def push(self, st: Staging, numel: int, session: int, tensor: int, offset: int = 0) -> Handle:
-        return self.client.push(_shared(st), st.view(numel, offset), session, tensor)
+        return self.client.push(_shared(st), st.view(numel, offset), session, tensor, grad_format=self.grad_format)
 
     def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int, offset: int = 0) -> Handle:
         return self.client.pull(_shared(st), st.view(numel, offset), session, tensor, version)
@@ -223,7 +226,7 @@ class DaemonLink(EngineLink):
             res.set_result(result)
 
         try:
-            self.client.allreduce(buf, view, op, check=check).add_done_callback(done)
+            self.client.allreduce(buf, view, op, check=check, grad_format=self.grad_format).add_done_callback(done)
         except Exception:
             self.pool.give(buf)
             raise

@@ -132,15 +132,22 @@ class EngineClient:
         return dict(kw, buf=buf.path, offset=int(offset), numel=int(view.size), dtype=_NAMES[view.dtype])
 
     def allreduce(self, buf: ShmBuffer, view: np.ndarray, op: str = "sum", session: int | None = None,
-                  check: np.ndarray | None = None) -> Handle:
-        """In place on `view`, a view of `buf`; `check`: the fingerprint fields (Engine.allreduce)."""
+                  check: np.ndarray | None = None, grad_format: str | None = None) -> Handle:
+        """In place on `view`, a view of `buf`; `check`: the fingerprint fields, `grad_format`: a
+        float sum's wire format (Engine.allreduce; None: the daemon engine's default)."""
         req = self._req(buf, view, op="allreduce", reduce=op, session=session)
         if check is not None:
             req["check"] = [int(v) for v in check]
+        if grad_format is not None:
+            req["grad_format"] = grad_format
         return self._call(req, f"allreduce({view.size})", view)
 
-    def push(self, buf: ShmBuffer, view: np.ndarray, session: int, tensor: int) -> Handle:
-        return self._call(self._req(buf, view, op="push", session=session, tensor=tensor), f"push({tensor})")
+    def push(self, buf: ShmBuffer, view: np.ndarray, session: int, tensor: int,
+             grad_format: str | None = None) -> Handle:
+        req = self._req(buf, view, op="push", session=session, tensor=tensor)
+        if grad_format is not None:
+            req["grad_format"] = grad_format
+        return self._call(req, f"push({tensor})")
 
     def pull(self, buf: ShmBuffer, view: np.ndarray, session: int, tensor: int, version: int) -> Handle:
         return self._call(self._req(buf, view, op="pull", session=session, tensor=tensor, version=version),

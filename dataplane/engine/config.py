@@ -1,13 +1,37 @@
 """An engine's settings (`EngineConfig`): batching, retransmission and heartbeat policies, the
-loop's timer ticks and how long a silent switch or node may starve pending operations."""
+loop's timer ticks, how long a silent switch or node may starve pending operations, and the wire
+format of float sums (`grad_format`, default from `LUWU_GRAD_FORMAT`)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
+from ..integrity import FIXED16_BLOCK
+from ..usage import UserError
 from .heartbeats import HeartbeatPolicy
 from .liveness import DEFAULT_PEER_TIMEOUT
 from .send_stream import RtoPolicy
+
+GRAD_FORMATS = ("fixed32", "fixed16")
+GRAD_FORMAT_ENV = "LUWU_GRAD_FORMAT"
+DEFAULT_GRAD_FORMAT = "fixed32"
+FIXED16_MIN_LANES = FIXED16_BLOCK + 1 + 4  # one exponent lane, one block, the check lanes
+
+
+def check_grad_format(fmt: str) -> str:
+    """`fmt` if it is a known gradient format, else UserError naming the choices."""
+    if fmt not in GRAD_FORMATS:
+        raise UserError(f"gradient format {fmt!r}: choose one of {', '.join(GRAD_FORMATS)}")
+    return fmt
+
+
+def grad_format_from_env() -> str:
+    """The gradient format `LUWU_GRAD_FORMAT` asks for (default fixed32; docs/backend.md)."""
+    raw = os.environ.get(GRAD_FORMAT_ENV, "").strip().lower() or DEFAULT_GRAD_FORMAT
+    if raw not in GRAD_FORMATS:
+        raise UserError(f"{GRAD_FORMAT_ENV}={raw!r}: choose one of {', '.join(GRAD_FORMATS)}")
+    return raw
 
 
 @dataclass
@@ -24,3 +48,6 @@ class EngineConfig:
     caller_slack: float = 0.01
     socket_buffer: int = 8 << 20  # bytes asked for SO_RCVBUF/SO_SNDBUF
     peer_timeout: float = DEFAULT_PEER_TIMEOUT  # s a dead switch/node may starve pending ops (liveness.py; 0: off)
+    # float sums on the wire: "fixed32" (one exponent per packet) or "fixed16" (16-bit lanes, an
+    # exponent per FIXED16_BLOCK elements: docs/protocol.md 5.2); every worker of a job must agree
+    grad_format: str = field(default_factory=grad_format_from_env)

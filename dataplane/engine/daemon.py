@@ -250,9 +250,10 @@ class EngineServer:
             # its own input for an exact recomputation of saturated elements)
             check = req.get("check")  # the collective's fingerprint fields (Engine.allreduce)
             h = engine.allreduce(view, req.get("reduce", "sum"), req.get("session"), out=view,
-                                 check=None if check is None else np.asarray(check, dtype=np.int32))
+                                 check=None if check is None else np.asarray(check, dtype=np.int32),
+                                 grad_format=req.get("grad_format"))
         elif op == "push":
-            h = engine.push(int(req["session"]), int(req["tensor"]), view)
+            h = engine.push(int(req["session"]), int(req["tensor"]), view, grad_format=req.get("grad_format"))
         elif op == "pull":
             h = engine.pull(int(req["session"]), int(req["tensor"]), int(req["version"]), out=view)
         else:

@@ -20,14 +20,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..integrity import header_ok, headers_ok
+from ..integrity import FIXED16_BLOCK, header_ok, headers_ok
 from ..kernels import mode as kernel_mode
 from ..net.shm_endpoint import ShmEndpoint
-from ..protocol import DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Flag, MsgType
-from ..quantize import chunk_exponents
+from ..protocol import DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Dtype, Flag, MsgType
+from ..quantize import FIXED16_MAX_CONTRIBUTORS, block_exponents, chunk_exponents
 from ..session import EndpointPlan, SessionSpec
 from .collective import CollectiveSession
-from .config import EngineConfig
+from .config import FIXED16_MIN_LANES, EngineConfig, check_grad_format
 from .grouping import SCALAR_BATCH, groups_reference, groups_scalar
 from .handles import EngineError, Handle
 from .liveness import PeerWatch, drain_error_reports
@@ -162,7 +162,8 @@ class Engine:
 
     # -- API (any thread) -------------------------------------------------------------------------
     def allreduce(self, x: np.ndarray, op: str = "sum", session: int | None = None,
-                  out: np.ndarray | None = None, check: np.ndarray | None = None) -> Handle:
+                  out: np.ndarray | None = None, check: np.ndarray | None = None,
+                  grad_format: str | None = None) -> Handle:
         """Reduce a float32/int32 buffer over the session's workers.
 
         Args:
@@ -178,6 +179,9 @@ class Engine:
             check (np.ndarray, optional): this worker's fingerprint of the operation, non-negative
                 int32 fields every worker must have equal (reductions.py); if any worker's differ,
                 the handle fails with `CollectiveMismatch` (lo/hi per field) on every worker.
+            grad_format (str, optional): a float sum's wire format, "fixed32" or "fixed16"
+                (docs/protocol.md 5.2); default: the engine's `config.grad_format`. Every worker
+                must use the same. Ignored for max/min and int32.
 
         Returns:
             Handle: its result is `out` (a flat view of it when it is not 1-D), or a new
@@ -201,13 +205,16 @@ class Engine:
                                  f"{getattr(out, 'size', '?')}")
             if out.ndim != 1:
                 out = out.reshape(-1)
+        fmt = check_grad_format(grad_format or self.config.grad_format)
+        if fmt == "fixed16" and data.lanes < FIXED16_MIN_LANES:
+            fmt = "fixed32"  # a packet too small for one block: the 32-bit format, exact as ever
         handle = Handle(f"allreduce({x.size} x {x.dtype}, {op})")
-        aop = AllreduceOp(x, op, data.spec.num_workers, handle, AllreduceOp.local_exponents(x, op, data.lanes), out,
-                          check)
+        aop = AllreduceOp(x, op, data.spec.num_workers, handle, AllreduceOp.local_exponents(x, op, data.lanes, fmt),
+                          out, check, fmt)
         self._submit(handle, lambda: aop.start(self.meta, data))
         return handle
 
-    def push(self, session: int, tensor: int, x: np.ndarray) -> Handle:
+    def push(self, session: int, tensor: int, x: np.ndarray, grad_format: str | None = None) -> Handle:
         """Sum a worker's float32 gradient for layer `tensor` into the node serving `session`.
 
         Every worker of the session pushes the same layer; the switch sums the contributions and
@@ -219,6 +226,8 @@ class Engine:
             x (np.ndarray): the gradient, flattened to float32 (not modified). It must stay
                 unchanged until the handle is done: a resend quantises it again (nothing is
                 copied); once done it may be reused.
+            grad_format (str, optional): "fixed32" or "fixed16" (docs/protocol.md 5.2); default:
+                the engine's `config.grad_format`. Every worker of the session must use the same.
 
         Returns:
             Handle: completes when the node has acknowledged the whole gradient; its error names
@@ -234,8 +243,14 @@ class Engine:
             raise EngineError("push needs the job's meta session (exponent agreement); the plan has none")
         meta = self.meta  # the narrowed session, for the command that runs later on the engine thread
         handle = Handle(f"push(layer {tensor}, {x.size})")
-        exps = chunk_exponents(x, s.lanes) if x.size else None
-        self._submit(handle, lambda: s.push(tensor, x, meta, handle, exps))
+        fmt = check_grad_format(grad_format or self.config.grad_format)
+        if fmt == "fixed16" and (s.lanes < FIXED16_MIN_LANES or s.spec.num_workers > FIXED16_MAX_CONTRIBUTORS):
+            fmt = "fixed32"  # the format cannot carry this session's sums: the 32-bit one, exact as ever
+        if not x.size:
+            exps = None
+        else:
+            exps = block_exponents(x, FIXED16_BLOCK) if fmt == "fixed16" else chunk_exponents(x, s.lanes)
+        self._submit(handle, lambda: s.push(tensor, x, meta, handle, exps, fmt))
         return handle
 
     def pull(self, session: int, tensor: int, version: int, out: np.ndarray | None = None) -> Handle:
@@ -580,7 +595,10 @@ class Engine:
     def _handle(self, s: Session, t: int, idx: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray,
                 now: float) -> bool:
         if t in (MsgType.RESULT, MsgType.AGG, MsgType.GRAD):
-            good = lens[idx] == HEADER_LEN + 4 * s.lanes
+            row_lanes = getattr(s, "row_lanes", s.lanes)  # (collective: with check lanes)
+            good = lens[idx] == HEADER_LEN + 4 * row_lanes
+            if not _ALL(good):  # FIXED16 packets have 2-byte lanes
+                good |= (lens[idx] == HEADER_LEN + 2 * row_lanes) & (h["dtype"][idx] == int(Dtype.FIXED16))
             if not _ALL(good):
                 self.stats["rx_bad"] += int((~good).sum())
                 idx = idx[good]

@@ -8,14 +8,18 @@ min-aggregates into one (docs/protocol.md 6.4, 7).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
 
+from .. import fixed16
+from ..integrity import check_words_rows
 from ..protocol import HEADER_LEN, NODE, PULL_REQUEST, Dtype, Flag, MsgType, header_view, ver_type
-from ..quantize import dequantize_rows_into, num_chunks, sum_shift
+from ..quantize import dequantize_rows_into, fixed16_bits, num_chunks, sum_shift
 from ..session import SessionSpec
+from .collective import CHECK, CORRUPT_TRIES
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
 from .node_worker import WIRE_DTYPES, elems_per_param_packet
 from .packets import param_fill, payload_int32
@@ -62,6 +66,38 @@ class GradAssembly:
         return self.got >= self.chunks
 
 
+class GradAssembly16:
+    """A layer's FIXED16 gradient as its AGGs arrive: each verified (check words, exponent lanes /
+    n) and decoded into the flat float32 `buf` (dataplane/fixed16.py). A saturated packet, or one
+    whose check fails, makes its elements NaN: the node's finiteness check then rejects the
+    gradient, never a step from a clipped or corrupted sum (docs/protocol.md 5.1, 5.2)."""
+
+    def __init__(self, numel: int, lanes: int, n: int):
+        self.numel = numel
+        self.lanes = lanes
+        self.per = fixed16.layout(lanes)[1]
+        self.chunks = num_chunks(numel, self.per)
+        self.buf = np.empty(numel, dtype=np.float32)
+        self.got = 0
+        self.n = n
+        self.saturated = False
+        self.corrupt = 0  # packets whose check words failed
+
+    def absorb(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _exps: np.ndarray,
+               flags: np.ndarray) -> bool:
+        ok = fixed16.decode_rows(rows, sel, self.lanes, self.n, self.buf)
+        self.got += len(chunk)
+        bad = ((flags & int(Flag.SATURATED)) != 0) | ~ok
+        self.corrupt += int((~ok).sum())
+        for c in chunk[bad].tolist():
+            self.buf[c * self.per:(c + 1) * self.per] = np.float32(np.nan)
+        # a sum past 2^128 decodes to inf: flagged for the node's finiteness check, as FIXED32 does
+        nb = fixed16.layout(self.lanes)[0]
+        e = rows[sel[ok], HEADER_LEN:HEADER_LEN + 2 * nb].view(">i2").astype(np.int64) // self.n
+        self.saturated |= bool(bad.any()) or bool(e.size and int(e.max()) + fixed16_bits(self.n) > 128)
+        return self.got >= self.chunks
+
+
 class ServedPulls:
     """Pull ids seen so far (they are issued densely from 0): a low-water mark plus a set."""
 
@@ -95,7 +131,9 @@ class FallbackAggregator:
             if worker >= self.n:  # no rank of this job: a switch passes FALLBACK GRADs of ranks it does not
                 self.rejected += 1  # know (protocol.md 6.8), so only this check keeps forged ones out of the sum
                 continue
-            lanes = payload_int32(rows[i:i + 1], self.lanes)[0].astype(np.int32)
+            wide = int(h["dtype"][i]) == int(Dtype.FIXED16)  # 16-bit lanes, summed mod 2^16 as the switch does
+            lanes = (rows[i, HEADER_LEN:HEADER_LEN + 2 * self.lanes].view(">i2").astype(np.int32) if wide
+                     else payload_int32(rows[i:i + 1], self.lanes)[0].astype(np.int32))
             entry = self.pending.get(seq)
             if entry is None:
                 self.pending[seq] = [1 << worker, lanes, int(h["exponent"][i]), int(h["flags"][i]),
@@ -117,7 +155,10 @@ class FallbackAggregator:
                 hv["worker"] = NODE
                 hv["exponent"] = entry[2]
                 hv["flags"] = entry[3] & ~int(Flag.FALLBACK) & 0xFF
-                row[HEADER_LEN:].view(">i4")[:] = entry[1]
+                if int(hv["dtype"][0]) == int(Dtype.FIXED16):  # the sum truncated to 16 bits, 2L bytes
+                    row[HEADER_LEN:HEADER_LEN + 2 * self.lanes].view(">u2")[:] = entry[1] & 0xFFFF
+                else:
+                    row[HEADER_LEN:].view(">i4")[:] = entry[1]
                 done.append(row)
         return done
 
@@ -128,7 +169,11 @@ class NodeServerSession:
         self.spec = spec
         self.id = spec.session
         self.sock = sock
-        self.lanes = spec.lanes
+        # an AGG's last CHECK lanes are its check words (docs/protocol.md 3.6): `lanes` gradient
+        # elements per packet; PARAM packets fill all `row_lanes` * 4 bytes
+        self.row_lanes = spec.lanes
+        self.lanes = spec.lanes - CHECK
+        self._failures: dict[int, int] = {}  # seq -> AGGs of it that failed their check words in a row
         self.grad_window = RecvWindow(spec.pool_size)
         self.hb = HeartbeatSender(sock, spec.session, NODE, self.grad_window, hb)
         # refill: a pull's fill reads a served copy that is never written again while the fill holds
@@ -137,12 +182,13 @@ class NodeServerSession:
         self.params = SendStream(sock, spec.param_window, rto, HEADER_LEN + 4 * spec.lanes, now, refill=True)
         self.provider = provider
         self.on_gradient = on_gradient
-        self.assemblies: dict[int, GradAssembly] = {}
-        self.fallback = FallbackAggregator(spec.num_workers, spec.lanes)
+        self.assemblies: dict[int, GradAssembly | GradAssembly16] = {}
+        self.fallback = FallbackAggregator(spec.num_workers, spec.lanes)  # (every lane, check words too)
         self.served = ServedPulls()
         self.waiting: dict[int, tuple[int, int]] = {}  # pull id -> (tensor, version) not ready yet
         self.stats = {"agg_packets": 0, "agg_duplicates": 0, "fallback_packets": 0, "gradients": 0,
-                      "pulls_served": 0, "pull_requests": 0, "bad_pulls": 0, "bad_packets": 0, "unbound": 0}
+                      "pulls_served": 0, "pull_requests": 0, "bad_pulls": 0, "bad_packets": 0, "unbound": 0,
+                      "dropped.bad_check": 0, "rejected.corrupt": 0}
 
     def bind(self, provider: ParamProvider, on_gradient: GradientSink) -> None:
         """Attach the job this session serves; until then its traffic is counted and dropped
@@ -159,6 +205,7 @@ class NodeServerSession:
         if not self.bound:
             self.stats["unbound"] += len(idx)
             return
+        idx = self._verified(idx, rows, h, self.spec.num_workers)
         new = self.grad_window.accept(h["seq"][idx])
         dups = int(len(idx) - new.sum())
         if dups:
@@ -166,6 +213,8 @@ class NodeServerSession:
             self.hb.nudge()
             idx = idx[new]
         ok = h["dtype"][idx] == int(Dtype.FIXED32)
+        if not _ALL(ok):
+            ok |= h["dtype"][idx] == int(Dtype.FIXED16)
         if not _ALL(ok):
             self.stats["bad_packets"] += int((~ok).sum())
             idx = idx[ok]
@@ -179,12 +228,17 @@ class NodeServerSession:
             t = int(t)
             numel = int(h["numel"][sel[0]])
             asm = self.assemblies.get(t)
-            if asm is None or asm.numel != numel:
-                asm = self.assemblies[t] = GradAssembly(numel, self.lanes, self.spec.num_workers)
-            chunk = (h["offset"][sel] // self.lanes).astype(np.int64)
+            kind = GradAssembly16 if h["dtype"][sel[0]] == int(Dtype.FIXED16) else GradAssembly
+            if asm is None or asm.numel != numel or not isinstance(asm, kind):
+                asm = self.assemblies[t] = kind(numel, self.row_lanes if kind is GradAssembly16 else self.lanes,
+                                                self.spec.num_workers)
+            per = asm.per if isinstance(asm, GradAssembly16) else self.lanes
+            chunk = (h["offset"][sel] // per).astype(np.int64)
             if asm.absorb(chunk, rows, sel, h["exponent"][sel], h["flags"][sel]):
                 del self.assemblies[t]
                 self.stats["gradients"] += 1
+                if isinstance(asm, GradAssembly16) and asm.corrupt:
+                    self.stats["bad_check"] = self.stats.get("bad_check", 0) + asm.corrupt
                 self.on_gradient(t, asm.buf.reshape(-1)[:numel], asm.saturated)
                 completed = True
         self.grad_window.advance()
@@ -200,6 +254,7 @@ class NodeServerSession:
             self.stats["unbound"] += len(idx)
             return
         self.stats["fallback_packets"] += len(idx)
+        idx = self._verified(idx, rows, h, 1, reject=False)  # one contribution each, not summed yet
         fresh = np.array([not self.grad_window.received(int(s)) for s in h["seq"][idx]], dtype=bool)
         if not fresh.all():
             self.hb.nudge()
@@ -207,6 +262,52 @@ class NodeServerSession:
         if done:
             out = np.stack(done)
             self.on_agg(np.arange(len(out)), out, header_view(out), now)
+
+    def _verified(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, n: int, reject: bool = True) -> np.ndarray:
+        """The packets among `idx` whose check words hold for a sum of `n` (docs/protocol.md 3.6).
+        A failed one is dropped and counted, as if lost (the workers' resends get the switch's
+        stored copy). With `reject`, a chunk that fails CORRUPT_TRIES times in a row has a wrong
+        stored sum: it is let through flagged SATURATED, so its layer's gradient reaches the node
+        as non-finite and is rejected like one (counted `rejected.corrupt`), never stepped on."""
+        if not len(idx):
+            return idx
+        hs = h[idx]
+        lanes = rows[idx, HEADER_LEN:HEADER_LEN + 4 * self.row_lanes].view(">i4")
+        got = lanes[:, self.lanes:].view(">u4").astype(np.uint64)
+        ok = (got == check_words_rows(lanes[:, :self.lanes], hs, int(Dtype.FIXED32), n)).all(axis=1)
+        f16 = hs["dtype"] == int(Dtype.FIXED16)
+        if f16.any():  # 16-bit lanes, 4 check words: dataplane/fixed16.py
+            ok[f16] = fixed16.verify_rows(rows, idx[f16], self.row_lanes, n)
+        ok |= (hs["dtype"] != int(Dtype.FIXED32)) & ~f16  # (anything else is counted bad_packets by on_agg)
+        if _ALL(ok):
+            if self._failures and reject:
+                for seq in hs["seq"].tolist():
+                    self._failures.pop(seq, None)
+            return idx
+        keep = ok.copy()
+        for j in np.flatnonzero(~ok).tolist():
+            seq = int(hs["seq"][j])
+            if not reject:
+                self.stats["dropped.bad_check"] += 1
+                continue
+            tries = self._failures.get(seq, 0) + 1
+            if tries < CORRUPT_TRIES:
+                self._failures[seq] = tries
+                self.stats["dropped.bad_check"] += 1
+                continue
+            self._failures.pop(seq, None)
+            self.stats["rejected.corrupt"] += 1
+            i = int(idx[j])
+            rows[i, 1] |= np.uint8(Flag.SATURATED)
+            h["flags"][i] |= np.uint8(Flag.SATURATED)
+            print(f"luwu node: session {self.id} layer {int(hs['tensor'][j])}: the sum of chunk at offset "
+                  f"{int(hs['offset'][j])} failed its check words {CORRUPT_TRIES} times (a corrupted "
+                  "contribution): the layer's gradient is rejected", file=sys.stderr)
+            keep[j] = True
+        if reject:
+            for seq in hs["seq"][ok].tolist():
+                self._failures.pop(seq, None)
+        return idx[keep]
 
     # -- parameters ------------------------------------------------------------------------------
     def on_workers_heartbeat(self, ack: int, credit: int, now: float) -> None:
@@ -252,7 +353,7 @@ class NodeServerSession:
             self._serve(pull_id, tensor, *found)
 
     def _serve(self, pull_id: int, tensor: int, data: np.ndarray, dtype: Dtype) -> None:
-        epp = elems_per_param_packet(self.lanes, dtype)
+        epp = elems_per_param_packet(self.row_lanes, dtype)
         data = np.ascontiguousarray(data).reshape(-1)
         if data.dtype.itemsize != WIRE_DTYPES[dtype].itemsize:
             raise TypeError(f"tensor {tensor}: {data.dtype} does not match wire dtype {dtype.name}")

@@ -13,14 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import fixed16
+from ..integrity import FIXED16_BLOCK, pack_exponents, unpack_exponents
 from ..kernels import use_numba
 from ..protocol import DTYPE_ITEMSIZE, HEADER_LEN, Dtype, MsgType
-from ..quantize import chunk_exponents, fixed_point_kernels, num_chunks
+from ..quantize import block_exponents, chunk_exponents, fixed_point_kernels, num_chunks
 from ..session import SessionSpec
-from .collective import CollectiveSession
-from .handles import EngineError, Handle
+from .collective import CHECK, CollectiveSession
+from .handles import CorruptResult, EngineError, Handle
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
-from .packets import QuantizedLanes, aggregation_fill, pull_request_bytes
+from .packets import QuantizedLanes, aggregation_fill, fixed16_fill, pull_request_bytes
 from .send_stream import RtoEstimator, SendStream
 from .transport import packet_sender
 from .window import RecvWindow
@@ -66,7 +68,10 @@ class WorkerNodeSession:
         self.rank = rank
         self.sock = sock
         self._send_packet = packet_sender(sock)
-        self.lanes = spec.lanes
+        # a GRAD's last CHECK lanes are its check words (docs/protocol.md 3.6): `lanes` gradient
+        # elements per packet; PARAM packets fill all `row_lanes` * 4 bytes
+        self.row_lanes = spec.lanes
+        self.lanes = spec.lanes - CHECK
         # refill: a resend quantises the chunk again from the push's source, which the caller keeps
         # unchanged until the push completes; on a shm port the packets are then written straight
         # into the up ring (no copy of every 64 KiB row from a send ring: send_stream.py)
@@ -88,23 +93,35 @@ class WorkerNodeSession:
 
     # -- push ---------------------------------------------------------------------------------
     def push(self, tensor: int, x: np.ndarray, meta: CollectiveSession, handle: Handle,
-             local_exps: np.ndarray | None = None) -> None:
-        """Sum `x` over the workers into the node's layer `tensor` (float32, flat)."""
+             local_exps: np.ndarray | None = None, grad_format: str = "fixed32") -> None:
+        """Sum `x` over the workers into the node's layer `tensor` (float32, flat), as FIXED32 or, with
+        grad_format "fixed16", FIXED16 packets (`local_exps`: this worker's exponents in that format)."""
         numel = x.size
         if numel == 0:
             handle.set_result(None)
             return
+        if grad_format == "fixed16":
+            self._push16(tensor, x, meta, handle, local_exps)
+            return
         lanes = self.lanes
         chunks = num_chunks(numel, lanes)
         seg = self.grad.reserve(chunks, on_acked=lambda: handle.set_result(None))
-        local = np.zeros(num_chunks(chunks, lanes) * lanes, dtype=np.int32)
-        local[:chunks] = chunk_exponents(x, lanes) if local_exps is None else local_exps
+        local = np.zeros(num_chunks(chunks, meta.lanes) * meta.lanes, dtype=np.int32)  # (the meta op's chunks)
+        # each exponent lane self-checking (docs/protocol.md 3.8): the MAX's winner carries its own tag
+        local[:chunks] = pack_exponents(chunk_exponents(x, lanes) if local_exps is None else local_exps)
         n = self.spec.num_workers
         s = self.spec
 
         def have_exps(meta_op) -> None:
-            exps = meta_op.result.reshape(-1)[:chunks].copy()
-            handle.saturated |= meta_op.saturated
+            if meta_op.saturated_chunks:  # the agreed exponents failed their check words on every resend
+                handle.set_error(CorruptResult(f"push of layer {tensor}: the exponent agreement's sum failed its "
+                                               "check words on every resend (a corrupted contribution)"))
+                return
+            exps, ok = unpack_exponents(meta_op.result.reshape(-1)[:chunks])
+            if not ok.all():
+                handle.set_error(CorruptResult(f"push of layer {tensor}: the exponent agreement came back with "
+                                               f"{int((~ok).sum())} corrupted lane(s)"))
+                return
 
             def saturated() -> None:
                 handle.saturated = True
@@ -114,10 +131,38 @@ class WorkerNodeSession:
             seg.ready(aggregation_fill(
                 seg_start=seg.start, msg_type=MsgType.GRAD, session=s.session, worker=self.rank,
                 pool_base=s.pool_base, pool_size=s.pool_size, lanes=lanes, tensor=tensor, numel=numel,
-                dtype=Dtype.FIXED32, lanes_of=lanes_of, exponents=exps))
+                dtype=Dtype.FIXED32, lanes_of=lanes_of, exponents=exps, row_lanes=self.row_lanes))
 
         meta_op = meta.new_op(chunks, Dtype.INT32, True, have_exps)
         meta.set_values(meta_op, local)
+        self.stats["pushes"] += 1
+
+    def _push16(self, tensor: int, x: np.ndarray, meta: CollectiveSession, handle: Handle,
+                local_exps: np.ndarray | None) -> None:
+        """`push` in FIXED16: block exponents agreed on the meta session, then 16-bit GRAD packets
+        whose exponent lanes tell the node the exponents (docs/protocol.md 5.2)."""
+        numel = x.size
+        blocks = num_chunks(numel, FIXED16_BLOCK)
+        seg = self.grad.reserve(fixed16.packets(numel, self.row_lanes), on_acked=lambda: handle.set_result(None))
+        local = block_exponents(x, FIXED16_BLOCK) if local_exps is None else local_exps
+        s = self.spec
+
+        def have_exps(agreed: np.ndarray | None, sat: bool) -> None:
+            if agreed is None:  # never quantise with exponents that may not be everyone's
+                handle.set_error(EngineError(f"the exponent agreement of layer {tensor}'s fixed16 push came back "
+                                             "corrupted (a tag or check lane did not match)"))
+                agreed = np.full(blocks, 127, dtype=np.int32)  # its packets still go (zeros, SATURATED): see live
+            handle.saturated |= sat
+
+            def saturated() -> None:
+                handle.saturated = True
+
+            seg.ready(fixed16_fill(
+                seg_start=seg.start, msg_type=MsgType.GRAD, session=s.session, worker=self.rank,
+                pool_base=s.pool_base, pool_size=s.pool_size, lanes=self.row_lanes, tensor=tensor, x=x,
+                exps=agreed, n=s.num_workers, live=lambda: not handle.done(), on_saturated=saturated))
+
+        meta.agree_exponents16(local, have_exps)  # 16-bit lanes: 2 B per block
         self.stats["pushes"] += 1
 
     def on_node_heartbeat(self, ack: int, credit: int, now: float, gap: bool = False) -> None:
@@ -180,7 +225,7 @@ class WorkerNodeSession:
         if wire is None or slots.count(pull_id) != n:
             return False
         dtype = Dtype(dtype)
-        epp = elems_per_param_packet(self.lanes, dtype)
+        epp = elems_per_param_packet(self.row_lanes, dtype)
         c0, rem = divmod(off0, epp)
         if rem:
             return False
@@ -204,7 +249,7 @@ class WorkerNodeSession:
             return
         dtype = Dtype(dtype)
         wire = WIRE_DTYPES[dtype]
-        epp = elems_per_param_packet(self.lanes, dtype)
+        epp = elems_per_param_packet(self.row_lanes, dtype)
         counts = h["count"][sel].astype(np.int64)
         offsets = h["offset"][sel].astype(np.int64)
         ok = (offsets % epp == 0) & (offsets + counts <= numel) & (HEADER_LEN + counts * wire.itemsize <= lens[sel])

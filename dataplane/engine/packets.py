@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..integrity import seal_headers, sealed
+from .. import fixed16
+from ..integrity import check_words_rows, seal_headers, sealed
 from ..protocol import (
     DATA_HEADER,
     HEADER_LEN,
@@ -27,7 +28,7 @@ from ..protocol import (
     slot_for,
     ver_type,
 )
-from ..quantize import quantize, quantize_factors, quantize_into_rows
+from ..quantize import quantize, quantize16_factors, quantize_factors, quantize_into_rows
 
 MASK32 = 0xFFFFFFFF
 LanesOf = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # chunks [i0, i1) -> (int32 lanes, saturated)
@@ -35,14 +36,18 @@ LanesOf = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # chunks [
 
 def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker: int, pool_base: int, pool_size: int,
                      lanes: int, tensor: int, numel: int, dtype: Dtype, lanes_of: LanesOf, flags: int = 0,
-                     exponents: np.ndarray | None = None):
+                     exponents: np.ndarray | None = None, row_lanes: int | None = None):
     """A fill function for GRAD/ALLREDUCE packets of one buffer (chunk i = seq seg_start + i).
 
     An exact (INT32) chunk whose lanes are all zero goes as a header-only ZERO packet
     (docs/protocol.md 3.2): the switch adds it as zeros and emits full results, so a rank that
     owns a few segments of a broadcast or all_gather buffer sends little more than its own
-    bytes. Its ring row keeps length 32, so a retransmission is header-only too."""
-    row_len = HEADER_LEN + 4 * lanes
+    bytes. Its ring row keeps length 32, so a retransmission is header-only too.
+
+    `lanes` is the data elements per packet; with `row_lanes` (the switch's lane count) the
+    packet's lanes past them are its check words (docs/protocol.md 3.6), written over the lanes
+    as sent (after quantising, saturation and zero rows): `integrity.check_words_rows`."""
+    row_len = HEADER_LEN + 4 * (lanes if row_lanes is None else row_lanes)
     zero_ok = dtype == Dtype.INT32 and msg_type in ZERO_TYPES
     # the fields every packet of the buffer shares, written once here; a fill builds its block's
     # headers from this in a contiguous scratch and copies them into the rows once at the end: the
@@ -65,7 +70,7 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
         else:
             values, saturated = lanes_of(i0, i1)
             block = values.reshape(i1 - i0, lanes)
-            payload = rows[:, HEADER_LEN:row_len].view(">i4")
+            payload = rows[:, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4")
             nz = _nonzero_rows(block) if zero_ok else None
             if nz is None or nz.all():
                 payload[...] = block
@@ -75,8 +80,73 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
                 lens[~nz] = HEADER_LEN
         if saturated is not None and saturated.any():
             h["flags"] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))
+        if row_lanes is not None:  # the check words, over the lanes as they go (docs/protocol.md 3.6)
+            lanes_out = rows[:, HEADER_LEN:row_len].view(">i4")
+            lanes_out[:, lanes:] = check_words_rows(lanes_out[:, :lanes], h, int(dtype)).astype(np.uint32).view(np.int32)
         seal_headers(hrows)  # the header check (docs/protocol.md 3.5), over the final headers
         rows[:, :HEADER_LEN] = hrows
+
+    return fill
+
+
+def fixed16_fill(*, seg_start: int, msg_type: MsgType, session: int, worker: int, pool_base: int, pool_size: int,
+                 lanes: int, tensor: int, x: np.ndarray, exps: np.ndarray, n: int,
+                 live: Callable[[], bool] | None = None, on_saturated: Callable[[], None] | None = None):
+    """A fill function for the FIXED16 GRAD/ALLREDUCE packets of float32 buffer `x` (packet i = seq
+    seg_start + i, elements [i*D, (i+1)*D), dataplane/fixed16.py): headers as `aggregation_fill`
+    writes them (count and offset in elements, exponent byte 0), then the payload quantised with the
+    agreed block exponents `exps` straight into the rows, check words included. `live`, as
+    QuantizedLanes: once False, a (re)sent packet quantises zeros and is flagged SATURATED."""
+    _nb, data = fixed16.layout(lanes)
+    numel = x.size
+    vt = ver_type(msg_type)
+    template = _template(vt, session, worker, 0, tensor, int(Dtype.FIXED16), numel)
+    shared = (vt, session, worker, tensor, int(Dtype.FIXED16), numel, seg_start, pool_base, pool_size, data, 0)
+    row_len = fixed16.row_len(lanes)
+    factors = quantize16_factors(exps, n)
+
+    def fill(i0: int, i1: int, rows: np.ndarray, lens: np.ndarray) -> None:
+        if i1 - i0 <= SCALAR_HEADER_ROWS:
+            hrows = aggregation_headers_scalar(shared, i0, i1, None)
+        else:
+            hrows = aggregation_headers(template, shared, i0, i1, None)
+        rows[:, :HEADER_LEN] = hrows
+        lens[:] = row_len
+        dead = live is not None and not live()
+        src = np.zeros_like(x) if dead else x
+        saturated = fixed16.encode_rows(src, exps, n, lanes, rows, i0, factors)
+        if dead:
+            saturated[:] = True
+        if saturated.any():
+            rows[:, 1] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))  # the flags byte
+            if on_saturated is not None and not dead:
+                on_saturated()
+        seal_headers(rows)  # the header check (docs/protocol.md 3.5), over the final headers
+
+    return fill
+
+
+def exponent16_fill(*, seg_start: int, session: int, worker: int, pool_base: int, pool_size: int, lanes: int,
+                    tensor: int, exps: np.ndarray):
+    """A fill function for a 16-bit exponent agreement (FIXED16 ALLREDUCE packets with MAX, lanes
+    `e << 8 | tag`, dataplane/fixed16.py `encode_agreement_rows`): half the bytes of the int32 round."""
+    per = fixed16.agreement_lanes(lanes)
+    vt = ver_type(MsgType.ALLREDUCE)
+    numel = len(exps)
+    template = _template(vt, session, worker, 0, tensor, int(Dtype.FIXED16), numel)
+    shared = (vt, session, worker, tensor, int(Dtype.FIXED16), numel, seg_start, pool_base, pool_size, per,
+              int(Flag.MAX))
+    row_len = fixed16.row_len(lanes)
+
+    def fill(i0: int, i1: int, rows: np.ndarray, lens: np.ndarray) -> None:
+        if i1 - i0 <= SCALAR_HEADER_ROWS:
+            hrows = aggregation_headers_scalar(shared, i0, i1, None)
+        else:
+            hrows = aggregation_headers(template, shared, i0, i1, None)
+        rows[:, :HEADER_LEN] = hrows
+        lens[:] = row_len
+        fixed16.encode_agreement_rows(exps, lanes, rows, i0)
+        seal_headers(rows)
 
     return fill
 

@@ -29,8 +29,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import fixed16
+from ..integrity import FIXED16_BLOCK, pack_exponents, unpack_exponents
 from ..protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag
 from ..quantize import (
+    FIXED16_MAX_CONTRIBUTORS,
+    block_exponents,
     chunk_exponents,
     dequantize_rows_scaled,
     from_ordered,
@@ -41,7 +45,7 @@ from ..quantize import (
     to_ordered,
 )
 from .collective import CollectiveSession, ReduceOp
-from .handles import CollectiveMismatch, Handle
+from .handles import CollectiveMismatch, CorruptResult, EngineError, Handle
 from .packets import QuantizedLanes, payload_int32
 
 OPS = ("sum", "avg", "max", "min")
@@ -62,8 +66,11 @@ class AllreduceOp:
     """One allreduce of a flat float32/int32 buffer over the meta and data sessions."""
 
     def __init__(self, x: np.ndarray, op: str, n: int, handle: Handle, exps: np.ndarray | None = None,
-                 out: np.ndarray | None = None, check: np.ndarray | None = None):
+                 out: np.ndarray | None = None, check: np.ndarray | None = None, grad_format: str = "fixed32"):
         check_reduction(x.dtype, op)
+        self.fixed16 = grad_format == "fixed16" and n <= FIXED16_MAX_CONTRIBUTORS  # else FIXED32 (exact as ever)
+        self.corrupt: list[int] = []  # FIXED16 chunks whose RESULT failed its check words
+        self._lanes16 = 0  # the data session's lanes, once a FIXED16 sum starts
         if check is not None:
             check = np.ascontiguousarray(check, dtype=np.int32).reshape(-1)
             if check.size == 0 or int(check.min()) < 0:
@@ -91,9 +98,10 @@ class AllreduceOp:
         self.kept: dict[int, np.ndarray] | None = None
 
     @staticmethod
-    def local_exponents(x: np.ndarray, op: str, lanes: int) -> np.ndarray | None:
+    def local_exponents(x: np.ndarray, op: str, lanes: int, grad_format: str = "fixed32") -> np.ndarray | None:
+        """This worker's exponents of a float sum: one per packet (FIXED32) or per block (FIXED16)."""
         if x.dtype == np.float32 and op in ("sum", "avg") and x.size:
-            return chunk_exponents(x, lanes)
+            return block_exponents(x, FIXED16_BLOCK) if grad_format == "fixed16" else chunk_exponents(x, lanes)
         return None
 
     def start(self, meta: CollectiveSession | None, data: CollectiveSession) -> None:
@@ -125,12 +133,15 @@ class AllreduceOp:
                 raise RuntimeError("a float sum needs the job's meta session; the plan has none")
             if meta.lanes != lanes:
                 raise RuntimeError("meta and data sessions must use the same packet mode")
+            if self.fixed16:
+                self._start_fixed16(meta, data)
+                return
             data_op = data.new_op(self.numel, Dtype.FIXED32, False, self._done, self._decode_fixed)
             k = 0 if self.check is None else 2 * self.check.size  # the fingerprint first, then the exponents
             local = np.zeros(num_chunks(k + chunks, lanes) * lanes, dtype=np.int32)
             if k:
                 local[:k] = self._check_lanes()
-            local[k:k + chunks] = self.local_exps
+            local[k:k + chunks] = pack_exponents(self.local_exps)  # each lane self-checking (protocol.md 3.8)
             meta_op = meta.new_op(k + chunks, Dtype.INT32, True, lambda m: self._have_exps(m, data, data_op))
             meta.set_values(meta_op, local)
             return
@@ -150,12 +161,19 @@ class AllreduceOp:
 
     # -- float sums ---------------------------------------------------------------------------
     def _have_exps(self, meta_op: ReduceOp, data: CollectiveSession, data_op: ReduceOp) -> None:
+        if self._corrupt(meta_op, "the exponent agreement"):
+            return  # (its data is never sent, as for a fingerprint mismatch)
         chunks = data_op.chunks
         agreed = meta_op.result.reshape(-1)
         k = 0 if self.check is None else 2 * self.check.size
         if k and not self._agreed(agreed[:k]):
             return  # its data is never sent: the workers' data streams no longer match (the caller's group is broken)
-        self.exps = agreed[k:k + chunks].copy()
+        exps, ok = unpack_exponents(agreed[k:k + chunks])
+        if not ok.all():  # a lane corrupted in flight: its tag does not match (docs/protocol.md 3.8)
+            self.handle.set_error(CorruptResult(
+                f"the exponent agreement came back with {int((~ok).sum())} corrupted lane(s); no result is given"))
+            return
+        self.exps = exps
         # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it; split once per op,
         # not per received batch
         s1, s2, _ = pow2_split(sum_shift(self.exps, self.n))
@@ -167,6 +185,74 @@ class AllreduceOp:
         # live: a resend re-reads x (collective.py refill), which the caller may reuse once its handle failed
         data.ready(data_op, QuantizedLanes(self.x, self.exps, data.lanes, self.n,
                                            live=lambda: not self.handle.done()), exponents=self.exps)
+
+    # -- float sums in FIXED16 (dataplane/fixed16.py) ---------------------------------------------
+    def _start_fixed16(self, meta: CollectiveSession, data: CollectiveSession) -> None:
+        """The exponent agreement per block of FIXED16_BLOCK elements, then the FIXED16 data."""
+        _nb, per = fixed16.layout(data.row_lanes)
+        self._lanes16 = data.row_lanes
+        blocks = num_chunks(self.numel, FIXED16_BLOCK)
+        data_op = data.new_op(self.numel, Dtype.FIXED16, False, self._done16, self._decode16, per=per)
+        if self.check is None:  # the exponents alone: 16-bit lanes, 2 B per block
+            meta.agree_exponents16(self.local_exps, lambda e, sat: self._have_exps16(e, sat, data, data_op))
+            return
+        k = 2 * self.check.size  # the fingerprint rides in int32 lanes, so the exponents do too
+        local = np.zeros(num_chunks(k + blocks, meta.lanes) * meta.lanes, dtype=np.int32)
+        if k:
+            local[:k] = self._check_lanes()
+        local[k:k + blocks] = self.local_exps
+        meta_op = meta.new_op(k + blocks, Dtype.INT32, True, lambda m: self._have_block_exps(m, data, data_op))
+        meta.set_values(meta_op, local)
+
+    def _have_block_exps(self, meta_op: ReduceOp, data: CollectiveSession, data_op: ReduceOp) -> None:
+        agreed = meta_op.result.reshape(-1)
+        k = 0 if self.check is None else 2 * self.check.size
+        if k and not self._agreed(agreed[:k]):
+            return
+        self.exps = agreed[k:k + num_chunks(self.numel, FIXED16_BLOCK)].copy()
+        self.saturated |= meta_op.saturated
+        data.ready_fixed16(data_op, self.x, self.exps, self.n, live=lambda: not self.handle.done())
+
+    def _have_exps16(self, agreed: np.ndarray | None, saturated: bool, data: CollectiveSession,
+                     data_op: ReduceOp) -> None:
+        if agreed is None:  # never quantise with exponents that may not be everyone's
+            self.handle.set_error(EngineError("the exponent agreement of a fixed16 sum came back corrupted "
+                                              "(a tag or check lane did not match)"))
+            agreed = np.full(data_op.numel and -(-data_op.numel // FIXED16_BLOCK), 127, dtype=np.int32)
+            # its packets still go, as zeros flagged SATURATED (the handle is done: `live`), so the
+            # other workers' sums complete (as NaN + saturated) and the stream stays in step
+        self.exps = agreed
+        self.saturated |= saturated
+        data.ready_fixed16(data_op, self.x, self.exps, self.n, live=lambda: not self.handle.done())
+
+    def _decode16(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
+        lanes = self._lanes16
+        per = fixed16.layout(lanes)[1]
+        if self.kept is not None:  # in place: keep the inputs a saturated chunk's decode would overwrite
+            sat = (rows[sel, _FLAGS_AT] & _SATURATED) != 0
+            for c in chunk[sat].tolist():
+                self.kept.setdefault(c, self.x[c * per: min((c + 1) * per, self.numel)].copy())
+        ok = fixed16.decode_rows(rows, sel, lanes, self.n, self.dest)
+        if not ok.all():  # a corrupted sum: the exact path, never its value (docs/protocol.md 5.2)
+            for c in chunk[~ok].tolist():
+                if self.kept is not None:
+                    self.kept.setdefault(c, self.x[c * per: min((c + 1) * per, self.numel)].copy())
+                self.corrupt.append(c)
+
+    def _done16(self, data_op: ReduceOp) -> None:
+        per = data_op.per
+        bad = sorted(set(self.corrupt) | set(np.concatenate(data_op.saturated_chunks).tolist()
+                                            if data_op.saturated_chunks else []))
+        if bad:
+            if self.kept is not None:
+                self.handle.info["kept"] = np.concatenate([self.kept[c] for c in bad])
+            for c in bad:
+                self.dest[c * per: min((c + 1) * per, self.numel)] = np.float32(np.nan)
+        if self.op == "avg":
+            self.dest /= np.float32(self.n)
+        self.handle.saturated = self.saturated or bool(bad)
+        self._result = self.dest
+        self._part_done()
 
     def _decode_fixed(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
         if self.kept is not None:  # in place: keep the inputs a saturated chunk's decode would overwrite
@@ -207,7 +293,29 @@ class AllreduceOp:
             self.out[chunk[~last]] = values[~last]
             self.tail[0] = values[last][-1]
 
+    def _corrupt(self, op: ReduceOp, what: str) -> bool:
+        """Whether `op` (an exact-lane op: INT32, or ORDERED32 below) came back with chunks whose
+        check words failed on every resend (collective.py `_verified` flags them SATURATED, which
+        nothing else sets on these dtypes); if so the handle fails, naming them."""
+        if not op.saturated_chunks:
+            return False
+        bad = sorted(set(np.concatenate(op.saturated_chunks).tolist()))
+        self.handle.set_error(CorruptResult(
+            f"{what}: the switch's sum of chunk(s) {bad[:8]} failed its check words on every resend (a "
+            f"contribution was corrupted on its way to the switch); no result is given"))
+        return True
+
     def _done(self, data_op: ReduceOp) -> None:
+        if data_op.saturated_chunks and data_op.dtype == Dtype.ORDERED32:
+            # float max/min: chunks with a corrupted sum become NaN, which the exact path recomputes
+            # as Gloo does (worker/backend/fallback.py); never the corrupted keys
+            bad = np.concatenate(data_op.saturated_chunks)
+            self.out[bad[bad < len(self.out)]] = np.float32(np.nan)
+            if self.tail is not None and (bad == len(self.out)).any():
+                self.tail[:] = np.float32(np.nan)
+            self.saturated = True
+        elif data_op.dtype == Dtype.INT32 and self._corrupt(data_op, "allreduce"):
+            return
         if data_op.saturated_chunks and data_op.dtype == Dtype.FIXED32:
             # the clipped fixed-point sum of these chunks is not the sum: never hand it out
             bad = np.concatenate(data_op.saturated_chunks)
@@ -243,7 +351,7 @@ class AllreduceOp:
         return False
 
     def _checked(self, meta_op: ReduceOp) -> None:
-        if self._agreed(meta_op.result.reshape(-1)):
+        if not self._corrupt(meta_op, "the fingerprint agreement") and self._agreed(meta_op.result.reshape(-1)):
             self._part_done()
 
     def _part_done(self) -> None:

@@ -237,3 +237,221 @@ def widen_bf16(half, out):
     `widen_staged_bf16`) copies, then shifts in place: two passes over the output."""
     for j in range(half.size):
         out[j] = np.uint32(half[j]) << np.uint32(16)
+
+
+# --- FIXED16 (dataplane/fixed16.py is the reference of both kernels) -------------------------
+# The check words are sums mod 2^16 of lane * weight, weight = (k+1)^j mod 2^16 (`weights`: rows
+# j = 1..3, uint32). Lanes and weights are below 2^16 in magnitude, so each product and the running
+# sums are taken mod 2^32 in uint32 (which vectorises; 64-bit multiplies do not on AVX2) and reduced
+# mod 2^16 at the end: the same residues.
+
+@njit(cache=True, inline="always")
+def _bswap16(v):
+    return np.uint16(((v & 0xFF) << 8) | ((v >> 8) & 0xFF))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mix(x):
+    x ^= x >> np.uint32(15)
+    x = np.uint32(x * np.uint32(0x2C1B3C6D))
+    return x ^ (x >> np.uint32(13))
+
+
+@njit(cache=True, nogil=True)
+def _exponent_terms(exps, nb):
+    """dataplane/integrity.py `exponent_term(exps[:nb], j)` for j = 0..3 (mod 2^16, as uint64), in
+    uint32 arithmetic: every step of the reference is taken mod 2^32, so wrapping gives its bits."""
+    g0 = np.uint32(0)
+    g1 = np.uint32(0)
+    g2 = np.uint32(0)
+    g3 = np.uint32(0)
+    k3 = np.uint32(0xC2B2AE3D)
+    for b in range(nb):
+        base = np.uint32(np.uint32(b + 1) * np.uint32(0x9E3779B1)
+                         + np.uint32(np.int32(exps[b] + 1024)) * np.uint32(0x85EBCA77))
+        g0 = np.uint32(g0 + _mix(base))
+        g1 = np.uint32(g1 + _mix(np.uint32(base + k3)))
+        g2 = np.uint32(g2 + _mix(np.uint32(base + np.uint32(2) * k3)))
+        g3 = np.uint32(g3 + _mix(np.uint32(base + np.uint32(3) * k3)))
+    m = np.uint32(0xFFFF)
+    return np.uint64(g0 & m), np.uint64(g1 & m), np.uint64(g2 & m), np.uint64(g3 & m)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sums(vals, w1, w2, w3):
+    """(sum v, sum w1*v, sum w2*v, sum w3*v) mod 2^32 of uint32 lane values (two's complement)."""
+    s0 = np.uint32(0)
+    s1 = np.uint32(0)
+    s2 = np.uint32(0)
+    s3 = np.uint32(0)
+    for k in range(vals.size):
+        v = vals[k]
+        s0 = np.uint32(s0 + v)
+        s1 = np.uint32(s1 + np.uint32(w1[k] * v))
+        s2 = np.uint32(s2 + np.uint32(w2[k] * v))
+        s3 = np.uint32(s3 + np.uint32(w3[k] * v))
+    return s0, s1, s2, s3
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _put_checks(dst, nv, c0, c1, c2, c3):
+    dst[nv] = _bswap16(np.uint16(c0 & np.uint64(0xFFFF)))
+    dst[nv + 1] = _bswap16(np.uint16(c1 & np.uint64(0xFFFF)))
+    dst[nv + 2] = _bswap16(np.uint16(c2 & np.uint64(0xFFFF)))
+    dst[nv + 3] = _bswap16(np.uint16(c3 & np.uint64(0xFFFF)))
+
+
+@njit(cache=True, nogil=True)
+def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb, block, i0, terms, weights,
+                    saturated):
+    """FIXED16 packets i0.. into rows (flat big-endian uint16 `words`, `row_words` apart, lanes from
+    word `col`) (dataplane/fixed16.py `encode_rows` is the reference): nb exponent lanes (the
+    blocks' `exps`, 0 past the buffer), nb * block data lanes quantised with each block's factors
+    s1 * s2 (rint, clipped to +-lim, NaN -> 0; saturated[r] where a value was non-finite or not
+    below `top` after scaling), zero padding, then the 4 check words with `terms[r]` (the header's
+    T_j) and the exponents' G_j added. `weights`: (3, lanes) uint32, (k+1)^j mod 2^16. A row's
+    lanes are built in a scratch of uint32 (short loops per block), then swapped into the row and
+    summed in two loops over the whole row, which vectorise."""
+    n = x.size
+    data = nb * block
+    blocks = exps.size
+    nv = lanes - 4
+    w1 = weights[0]
+    w2 = weights[1]
+    w3 = weights[2]
+    vals = np.zeros(nv, dtype=np.uint32)  # padding lanes stay 0
+    eb = np.zeros(nb, dtype=np.int64)
+    scale = np.empty(data, dtype=np.float32)
+    for r in range(saturated.size):
+        p = i0 + r
+        dst = words[r * row_words + col:r * row_words + col + lanes]
+        b0 = p * nb
+        bad = False
+        e0 = p * data
+        full = b0 + nb <= blocks and e0 + data <= n
+        if full:  # a whole row of unsplit factors (s2 = 1): one long loop over the row's elements
+            for b in range(nb):
+                full &= s2[b0 + b] == 1
+        if full:
+            for b in range(nb):
+                eb[b] = exps[b0 + b]
+                vals[b] = np.uint32(np.int32(exps[b0 + b]))
+                sc = scale[b * block:(b + 1) * block]
+                a = s1[b0 + b]
+                for j in range(block):
+                    sc[j] = a
+            src = x[e0:e0 + data]
+            out = vals[nb:nb + data]
+            flag = False
+            for j in range(data):
+                v = src[j] * scale[j]
+                flag |= not (abs(v) < top)
+                q = np.rint(v)
+                q = q if q < lim else lim
+                q = q if q > -lim else -lim
+                out[j] = np.uint32(np.int32(q))
+            if flag:  # redo the row's bad values carefully (NaN -> 0)
+                bad = True
+                for j in range(data):
+                    q = np.rint(src[j] * scale[j])
+                    if q != q:
+                        out[j] = 0
+                    elif not (abs(q) <= lim):
+                        out[j] = np.uint32(np.int32(lim if q > 0 else -lim))
+        for b in range(nb if not full else 0):
+            gb = b0 + b
+            lo = nb + b * block
+            out = vals[lo:lo + block]
+            if gb >= blocks:
+                eb[b] = 0
+                vals[b] = 0
+                for j in range(block):
+                    out[j] = 0
+                continue
+            eb[b] = exps[gb]
+            vals[b] = np.uint32(np.int32(exps[gb]))
+            a = s1[gb]
+            f = s2[gb]
+            i = e0 + b * block
+            cnt = min(block, max(0, n - i))
+            src = x[i:i + cnt]
+            flag = False
+            for j in range(cnt):  # branch-free selects (vectorise); a block with a bad value is redone
+                v = (src[j] * a) * f
+                flag |= not (abs(v) < top)
+                q = np.rint(v)
+                q = q if q < lim else lim
+                q = q if q > -lim else -lim
+                out[j] = np.uint32(np.int32(q))
+            if flag:
+                bad = True
+                for j in range(cnt):
+                    q = np.rint((src[j] * a) * f)
+                    if q != q:
+                        q = np.float32(0.0)
+                    elif q > lim:
+                        q = lim
+                    elif q < -lim:
+                        q = -lim
+                    out[j] = np.uint32(np.int32(q))
+            for j in range(cnt, block):
+                out[j] = 0
+        for k in range(nv):
+            v = vals[k]
+            dst[k] = np.uint16(((v & np.uint32(0xFF)) << np.uint32(8)) | ((v >> np.uint32(8)) & np.uint32(0xFF)))
+        c0, c1, c2, c3 = _sums(vals, w1, w2, w3)
+        g0, g1, g2, g3 = _exponent_terms(eb, nb)
+        saturated[r] = bad
+        _put_checks(dst, nv, np.uint64(c0) + np.uint64(terms[r, 0]) + g0, np.uint64(c1) + np.uint64(terms[r, 1]) + g1,
+                    np.uint64(c2) + np.uint64(terms[r, 2]) + g2, np.uint64(c3) + np.uint64(terms[r, 3]) + g3)
+    return saturated
+
+
+@njit(cache=True, nogil=True)
+def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, weights, pow2, pow2_at, out, starts,
+                      ok):
+    """Verify and decode FIXED16 sums of `n` contributions (dataplane/fixed16.py `decode_rows` is the
+    reference): row sel[i]'s exponent lanes must be multiples of n (e = lane / n), its check words
+    `sum_k (k+1)^j v_k + n * (terms[i, j] + G_j(e))` mod 2^16; ok[i] says so. A row that passes has
+    its data lanes decoded, lane * 2^(e + c - 15) exactly in float64 (pow2[e + pow2_at] = 2^(e + c - 15);
+    an exponent outside the table fails the row) rounded once to float32, into out[starts[i]:], up
+    to the end of `out`."""
+    nv = lanes - 4
+    m = out.size
+    w1 = weights[0]
+    w2 = weights[1]
+    w3 = weights[2]
+    eb = np.zeros(nb, dtype=np.int64)
+    vals = np.empty(nv, dtype=np.uint32)
+    msk = np.uint64(0xFFFF)
+    nn = np.uint64(n)
+    for i in range(sel.size):
+        src = words[sel[i] * row_words + col:sel[i] * row_words + col + lanes]
+        good = True
+        for b in range(nb):
+            s = np.int64(np.int16(_bswap16(src[b])))
+            if s % n != 0 or s // n < -pow2_at or s // n >= pow2.size - pow2_at:
+                good = False  # not n equal exponents, or one outside the protocol's range
+            eb[b] = s // n
+        if good:
+            for k in range(nv):
+                vals[k] = np.uint32(np.int32(np.int16(_bswap16(src[k]))))
+            c0, c1, c2, c3 = _sums(vals, w1, w2, w3)
+            g0, g1, g2, g3 = _exponent_terms(eb, nb)
+            good = ((np.uint64(c0) + nn * (np.uint64(terms[i, 0]) + g0)) & msk) == np.uint64(_bswap16(src[nv])) \
+                and ((np.uint64(c1) + nn * (np.uint64(terms[i, 1]) + g1)) & msk) == np.uint64(_bswap16(src[nv + 1])) \
+                and ((np.uint64(c2) + nn * (np.uint64(terms[i, 2]) + g2)) & msk) == np.uint64(_bswap16(src[nv + 2])) \
+                and ((np.uint64(c3) + nn * (np.uint64(terms[i, 3]) + g3)) & msk) == np.uint64(_bswap16(src[nv + 3]))
+        ok[i] = good
+        if not good:
+            continue
+        o = starts[i]
+        for b in range(nb):
+            sc = pow2[eb[b] + pow2_at]
+            lo = o + b * block
+            hi = min(lo + block, m)
+            dst = out[lo:hi] if hi > lo else out[0:0]
+            v = vals[nb + b * block:nb + b * block + (hi - lo if hi > lo else 0)]
+            for j in range(dst.size):
+                dst[j] = np.float32(np.float64(np.int32(v[j])) * sc)
+    return ok

@@ -26,6 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from luwu.dataplane.engine.config import DEFAULT_GRAD_FORMAT, GRAD_FORMATS
 from luwu.dataplane.loopback import TRANSPORTS, default_transport
 from luwu.dataplane.net.shm_ring import supported as shm_supported
 from luwu.dataplane.optimizer.spec import SERVED_DTYPES
@@ -87,6 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-dtype", choices=sorted(SERVED_DTYPES), default="bf16",
                    help="how the optimizer node serves parameters (the workers compute in fp32)")
+    p.add_argument("--grad-format", choices=GRAD_FORMATS, default=DEFAULT_GRAD_FORMAT,
+                   help="gradients on the wire: fixed32 (4 B/param) or fixed16 (16-bit lanes with an exponent per "
+                        f"64 elements, ~2.1 B/param; docs/protocol.md 5.2). Default: {DEFAULT_GRAD_FORMAT}")
     p.add_argument("--transport", choices=TRANSPORTS, default=None,
                    help="how workers and nodes reach the switch: shm (shared-memory ring pairs, the default where "
                         "luwu.dataplane.loopback supports them: Linux x86-64 with /dev/shm) or udp (loopback sockets); "
@@ -182,6 +186,7 @@ def _resume_point(args) -> dict | None:
 def _spec(args, mode: str) -> dict:
     return {"mode": mode, "workers": args.workers, "steps": args.steps, "batch": args.batch, "lr": args.lr,
             "weight_decay": args.weight_decay, "seed": args.seed, "served_dtype": args.served_dtype,
+            "grad_format": args.grad_format,
             "engine": args.engine, "corpus": str(args.corpus) if args.corpus else None,
             "model": args.model_spec}
 
@@ -465,6 +470,9 @@ def _summary(console: Console, report: dict, paths: list[Path], out: Path) -> No
     m, f = t["luwu_measured_per_step"], t["fsdp_per_step"]
     table.add_row("traffic per worker per step, in / out", f"{human_bytes(m['in'])} / {human_bytes(m['out'])}",
                   f"FSDP would: {human_bytes(f['in'])} / {human_bytes(f['out'])}")
+    if "push_bytes_per_param" in t:
+        table.add_row(f"bytes per parameter, pull / push ({report['settings'].get('grad_format') or DEFAULT_GRAD_FORMAT})",
+                      f"{t['pull_bytes_per_param']:.2f} / {t['push_bytes_per_param']:.2f}", "-")
     cpu = report.get("cpu_per_step") or {}
     if cpu.get("luwu"):
         lc, dc = cpu["luwu"], cpu.get("ddp")

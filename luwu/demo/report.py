@@ -29,6 +29,9 @@ def step_throughput(reports: dict[int, dict], tokens_per_step: int) -> list[floa
     return (tokens_per_step / np.maximum(secs, 1e-9)).tolist()
 
 
+WIRE_OVERHEAD = 42  # bytes of UDP (8), IPv4 (20) and Ethernet (14) headers per packet
+
+
 def traffic(reports: dict[int, dict], steps: int, workers: int, model_bytes: int, served_itemsize: int) -> dict:
     per_worker = []
     for r in sorted(reports):
@@ -39,7 +42,15 @@ def traffic(reports: dict[int, dict], steps: int, workers: int, model_bytes: int
     fsdp_each_way = 3 * (workers - 1) * model_bytes / workers
     tx = float(np.mean([w["tx_bytes"] for w in per_worker])) / steps
     rx = float(np.mean([w["rx_bytes"] for w in per_worker])) / steps
+    # bytes per parameter each way as a wire would carry them: every luwu packet (gradients, the
+    # exponent agreement, heartbeats, pulls) plus its UDP/IPv4/Ethernet headers
+    params = max(1, model_bytes // 4)
+    tx_pk = float(np.mean([w["tx_packets"] for w in per_worker])) / steps
+    rx_pk = float(np.mean([w["rx_packets"] for w in per_worker])) / steps
     return {"per_worker_totals": per_worker, "steps": steps, "model_bytes_fp32": model_bytes,
+            "push_bytes_per_param": (tx + WIRE_OVERHEAD * tx_pk) / params,
+            "pull_bytes_per_param": (rx + WIRE_OVERHEAD * rx_pk) / params,
+            "wire_overhead_per_packet": WIRE_OVERHEAD,
             "luwu_measured_per_step": {"out": tx, "in": rx},
             "luwu_ideal_per_step": {"out": model_bytes, "in": 2 * served},
             "fsdp_per_step": {"out": fsdp_each_way, "in": fsdp_each_way}}

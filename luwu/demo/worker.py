@@ -99,6 +99,7 @@ def train(spec: dict, rank: int) -> dict:
             store = FileStore(spec["store"], world)
         runner = mnn = ModelInNetwork(model, AdamW(lr=spec["lr"], weight_decay=spec["weight_decay"]), network,
                                       served_dtype=spec.get("served_dtype", "bf16"),
+                                      grad_format=spec.get("grad_format"),
                                       engine=spec.get("engine", "process"), keep_last=int(spec.get("keep_last", 1)),
                                       prefetch=int(spec.get("prefetch", 1)), start_version=start, store=store,
                                       p2p_host=spec.get("p2p_host", "127.0.0.1"), seed=int(spec["seed"]))

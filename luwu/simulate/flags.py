@@ -34,6 +34,9 @@ def add_arguments(p) -> None:
     p.add_argument("--payload", type=positive_int, help="luwu payload bytes per packet")
     p.add_argument("--grad-bytes", type=int, choices=[2, 4], help="bytes per gradient element on luwu's wire "
                    "(4: luwu's 32-bit fixed point; 2: the paper's 16-bit; default: the preset's)")
+    p.add_argument("--grad-format", choices=["fixed32", "fixed16"], default=None,
+                   help="luwu's gradient wire format (docs/protocol.md 5.2): fixed32 (4 B per element) or fixed16 "
+                        "(16-bit lanes, an exponent per 64: 2.04-2.3 B by payload); sets the gradient bytes instead of --grad-bytes")
     p.add_argument("--topology", choices=["star", "multi-rack", "rail-only"], help="network topology")
     p.add_argument("--rack-size", type=positive_int, help="workers per ToR (multi-rack) or GPUs per NVLink "
                                                            "domain (rail-only)")
@@ -117,8 +120,13 @@ def build_config(args) -> Config:
         raise UserError(f"--no-checkpointing contradicts --recompute {args.recompute}: give one of them")
     if args.recompute or args.no_checkpointing:
         kw["recompute"] = args.recompute or "none"
+    if args.grad_bytes and args.grad_format:
+        raise UserError("--grad-bytes and --grad-format both set the gradient bytes: give one of them")
     if args.grad_bytes:
         kw["grad_wire_bytes"] = args.grad_bytes
+    if args.grad_format:
+        kw["grad_wire_bytes"] = None  # the format's own bytes, not the preset's figure
+        kw["grad_format"] = args.grad_format
     if args.tp:
         if model.heads % args.tp:
             raise UserError(f"--tp {args.tp} does not divide the model's {model.heads} attention heads")

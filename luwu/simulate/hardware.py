@@ -115,7 +115,8 @@ class Config:
     # memory (none, selective, full: workload.RECOMPUTE), or one of those for all
     recompute: str = "auto"
     dtype_bytes: int = 2  # bf16 training
-    grad_wire_bytes: int | None = None  # bytes per gradient element a worker pushes; None = luwu's wire format
+    grad_wire_bytes: float | None = None  # bytes per gradient element a worker pushes; None = luwu's wire format
+    grad_format: str = "fixed32"  # luwu's wire format when grad_wire_bytes is None: fixed32 | fixed16
     iterations: int = 3  # simulated back to back; the last is reported (steady state)
     extras: dict = field(default_factory=dict)
     # parallelism beyond data parallelism (docs/simulator.md "Tensor and pipeline parallelism"):

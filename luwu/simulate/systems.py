@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from luwu.controller.planner import wire_efficiency
-from luwu.dataplane import protocol
+from luwu.dataplane import integrity, protocol
 from luwu.simulate.events import Timeline
 from luwu.simulate.hardware import Config, Host
 from luwu.simulate.workload import (
@@ -119,9 +119,16 @@ def node_share(cfg: Config) -> int:
     return cfg.tp * cfg.pp
 
 
-def grad_bytes(cfg: Config) -> int:
-    """Bytes per gradient element on luwu's wire: the configured figure, else luwu's lanes."""
-    return cfg.grad_wire_bytes or GRAD_BYTES
+def grad_bytes(cfg: Config) -> float:
+    """Payload bytes per gradient element on luwu's wire: the configured figure, else the format's:
+    4 for fixed32; for fixed16 the packet's 2L bytes over its data lanes (an exponent lane per
+    FIXED16_BLOCK elements and 4 check lanes ride along: 2.29 at 1024-byte payloads, 2.03 at 32000)."""
+    if cfg.grad_wire_bytes:
+        return cfg.grad_wire_bytes
+    if cfg.grad_format == "fixed16":
+        lanes = cfg.net.payload // 2
+        return 2 * lanes / integrity.data_lanes(lanes, protocol.Dtype.FIXED16)
+    return GRAD_BYTES
 
 
 def node_adam_rate(cfg: Config) -> float:

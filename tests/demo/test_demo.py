@@ -61,6 +61,11 @@ def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     t = report["traffic"]
     assert t["luwu_measured_per_step"]["out"] >= t["model_bytes_fp32"]  # every gradient, once
     assert t["luwu_measured_per_step"]["in"] >= t["luwu_ideal_per_step"]["in"] / 2
+    # bytes per parameter each way, headers included: the default fixed32 pushes 4 B lanes, pulls bf16
+    # (a model this small pays far more: every push's exponent agreement is one whole packet)
+    assert report["settings"]["grad_format"] == "fixed32"
+    assert t["push_bytes_per_param"] >= 4 and t["pull_bytes_per_param"] >= 2, t
+    assert "bytes per parameter, pull / push (fixed32)" in " ".join(proc.stdout.split()), proc.stdout
     assert report["switch_counters"]["events"]["COMPLETED"][0] > 0
     # nothing skipped or saturated, and the summary would have said so in red (luwu/demo/command.py _anomalies)
     assert report["luwu"]["skipped_steps"] == {} and report["luwu"]["saturated_sums"] == 0

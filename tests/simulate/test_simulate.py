@@ -295,3 +295,19 @@ def test_controllers_closed_form_agrees_with_the_timeline(model):
              for c in layer_costs(cfg, r.micro_batch, r.recompute)]
     seconds, _ = iteration_bound(loads)
     assert seconds == pytest.approx(r.iteration_s, rel=0.03)
+
+
+def test_gradient_bytes_follow_the_wire_format():
+    """--grad-format sets luwu's gradient bytes: 4 for fixed32, the FIXED16 packet's bytes per data
+    lane (exponent and check lanes included) for fixed16, and the latter nearly recovers the paper's
+    2-byte figure where fixed32 costs the 175B speedup (issue 29)."""
+    from luwu.simulate import systems
+
+    cfg = TESTBED.with_(model=MODELS["175b"], grad_wire_bytes=None)
+    assert systems.grad_bytes(cfg) == 4
+    f16 = cfg.with_(grad_format="fixed16")
+    assert systems.grad_bytes(f16) == pytest.approx(1024 / 448)  # 512 lanes: 7 blocks of 64, 7 + 4 other lanes
+    t32, t16 = (run_system("luwu", c).iteration_s for c in (cfg, f16))
+    t2 = run_system("luwu", cfg.with_(grad_wire_bytes=2)).iteration_s
+    assert t2 <= t16 < t32
+    assert t16 == pytest.approx(t2, rel=0.02)

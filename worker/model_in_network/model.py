@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from luwu.dataplane.engine.config import GRAD_FORMATS
 from luwu.dataplane.engine.handles import EngineError, Handle
 from luwu.dataplane.engine.liveness import LuwuPeerDead
 from luwu.dataplane.observe import trace
@@ -93,6 +94,10 @@ class ModelInNetwork(nn.Module):
             significant bits instead of 11 (README.md, "Dtypes and devices").
         engine: "process" (an engine daemon beside this process), "embedded", or a running
             Engine / EngineClient.
+        grad_format (str, optional): how gradients cross the network: "fixed32" (32-bit lanes,
+            an exponent per packet, ~4 B per parameter) or "fixed16" (16-bit lanes, an exponent
+            per 64 elements, ~2.1 B per parameter; docs/protocol.md 5.2). Every rank of the job must
+            pass the same. Default: the engine's (`LUWU_GRAD_FORMAT`, else fixed32).
         store (optional): a c10d Store for the start barrier (else an allreduce through the engine).
             Required on a rail-only plan: the NVLink channel's ranks find each other through it.
         p2p_host (str): the address this rank's NVLink channel listens on (rail-only plans only: the
@@ -121,8 +126,10 @@ class ModelInNetwork(nn.Module):
                  served_dtype: str = "bf16", engine: str | Engine | EngineClient = "process", store: Store | None = None,
                  max_inflight_pushes: int = 2, timeout: float = DEFAULT_TIMEOUT, start_version: int = 0,
                  p2p_host: str = "127.0.0.1", init_from: str | os.PathLike | None = None, seed: int = 0,
-                 device: str | torch.device | None = None) -> None:
+                 device: str | torch.device | None = None, grad_format: str | None = None) -> None:
         super().__init__()
+        if grad_format is not None and grad_format not in GRAD_FORMATS:
+            raise ValueError(f"grad_format {grad_format!r}: choose one of {', '.join(GRAD_FORMATS)}")
         self.module = model
         self.optimizer = as_optimizer_spec(optimizer)
         self.network = JobNetwork.from_json(network) if isinstance(network, str) else network
@@ -161,6 +168,7 @@ class ModelInNetwork(nn.Module):
         self._p2p_host = p2p_host
         self._workdir = tempfile.mkdtemp(prefix="luwu-mnn-")  # its engine's socket and log; removed by a clean close()
         self.engine = open_engine(engine, self.network.endpoint, self._workdir)
+        self.engine.grad_format = grad_format
         worker_metrics.track(f"rank{self.rank}-model_in_network", self.engine, self.rank)  # LUWU_METRICS
         self.pool = StagingPool(self.engine, max(u.numel for u in self.units), self.memory)
         self.max_inflight_pushes = max(1, max_inflight_pushes)

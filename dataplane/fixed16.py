@@ -1,0 +1,318 @@
+"""FIXED16 packets (docs/protocol.md 5.2): 16-bit lanes with an exponent per block, end to end.
+
+Payload of a switch with L lanes (32 + 2L bytes, int16 big-endian): `nb = fixed16_blocks(L)`
+exponent lanes (block b's exponent), then nb * FIXED16_BLOCK data lanes (block b: lanes
+b*BLOCK..(b+1)*BLOCK-1), zero padding, then 4 check words mod 2^16 (dataplane/integrity.py).
+Packet p of a buffer carries elements [p*D, (p+1)*D), D = nb * BLOCK, and blocks [p*nb, (p+1)*nb)
+of the buffer's per-block exponents. The switch sums every lane, exponent lanes included, so the
+receiver of a sum of n contributions reads n * e_b, divides by n and verifies the check words.
+
+`encode_rows` and `decode_rows` run the compiled kernels (dataplane/kernels/fixed_point.py
+`quantize16_rows`, `dequantize16_rows`) when kernels are on, else the numpy reference here; both
+give the same bytes and bits (tests/engine/test_fixed16.py), and agree with integrity.py's
+`check_words`.
+
+Example:
+    >>> from luwu.dataplane import fixed16
+    >>> fixed16.layout(16000)          # exponent lanes, data elements per packet
+    (246, 15744)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import integrity
+from .integrity import FIXED16_BLOCK, check_lanes, fixed16_blocks
+from .kernels import use_numba
+from .protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType
+from .quantize import EXP_MAX, EXP_MIN, fixed16_bits, quantize16, quantize16_factors
+
+CHECKS = check_lanes(Dtype.FIXED16)  # 4 lanes of 16 bits
+_MASK16 = 0xFFFF
+_U8 = np.dtype(np.uint8)
+_HEADER_FIELDS = DATA_HEADER.fields
+assert _HEADER_FIELDS is not None
+_OFFSET_AT = int(_HEADER_FIELDS["offset"][1])  # the header's element offset (bytes 20..23)
+_COUNT_AT = int(_HEADER_FIELDS["count"][1])
+_GRAD_STREAM = np.array([int(MsgType.GRAD), int(MsgType.AGG)], dtype=np.uint8)  # integrity.stream_of 1
+
+
+def layout(lanes: int) -> tuple[int, int]:
+    """(exponent lanes nb, data elements D) of one FIXED16 packet on a switch of `lanes` lanes.
+
+    Raises:
+        ValueError: `lanes` holds no block (fewer than BLOCK + 5 lanes).
+    """
+    nb = fixed16_blocks(lanes)
+    if nb < 1:
+        raise ValueError(f"a FIXED16 packet needs at least {FIXED16_BLOCK + 1 + CHECKS} lanes, the switch has {lanes}")
+    return nb, nb * FIXED16_BLOCK
+
+
+def row_len(lanes: int) -> int:
+    """Bytes of a FIXED16 aggregation packet on a switch of `lanes` lanes (32 + 2L)."""
+    return HEADER_LEN + 2 * lanes
+
+
+def packets(numel: int, lanes: int) -> int:
+    """FIXED16 packets of a buffer of `numel` elements."""
+    return -(-numel // layout(lanes)[1])
+
+
+# --- the header term T_j and the exponent term G_j, vectorised over rows ----------------------
+
+_FIELDS = ("session", "seq", "slot", "tensor", "offset", "count", "numel")
+
+
+def header_terms(hrows: np.ndarray) -> np.ndarray:
+    """`integrity.header_term(h, FIXED16)` of each (K, >=32) uint8 header row: (K, 4) uint32."""
+    h = hrows[:, :HEADER_LEN].copy().view(DATA_HEADER).reshape(-1)
+    k = len(h)
+    fields = np.empty((k, 11), dtype=np.uint64)
+    for i, name in enumerate(_FIELDS):
+        fields[:, i] = h[name]
+    fields[:, 7] = int(Dtype.FIXED16)
+    fields[:, 8] = h["flags"].astype(np.uint64) & int(Flag.SET | Flag.MAX)
+    fields[:, 9] = h["exponent"].view(np.uint8)
+    mtype = h["ver_type"] & 0xF
+    fields[:, 10] = np.where(np.isin(mtype, _GRAD_STREAM), 1, 3)
+    t = (integrity._T_MULT[None, :CHECKS, :] * fields[:, None, :]) & 0xFFFFFFFF
+    return ((t.sum(axis=2) & 0xFFFFFFFF) & _MASK16).astype(np.uint32)
+
+
+def exponent_terms(exps: np.ndarray) -> np.ndarray:
+    """`integrity.exponent_term(exps[r], j)` for each row r of (K, nb) exponents: (K, 4) uint64."""
+    e = np.asarray(exps, dtype=np.int64)
+    b = np.arange(1, e.shape[1] + 1, dtype=np.uint64)[None, :]
+    out = np.empty((e.shape[0], CHECKS), dtype=np.uint64)
+    m32 = np.uint64(0xFFFFFFFF)
+    for j in range(CHECKS):
+        x = (b * np.uint64(0x9E3779B1) + (e + 1024).astype(np.uint64) * np.uint64(0x85EBCA77)
+             + np.uint64(j * 0xC2B2AE3D)) & m32
+        x ^= x >> np.uint64(15)
+        x = (x * np.uint64(0x2C1B3C6D)) & m32
+        x ^= x >> np.uint64(13)
+        out[:, j] = x.sum(axis=1) & np.uint64(_MASK16)
+    return out
+
+
+def _weights(nv: int) -> np.ndarray:
+    """(4, nv) int64: (k+1)^j mod 2^16, the check words' lane weights."""
+    k = np.arange(1, nv + 1, dtype=np.int64)
+    w = np.empty((CHECKS, nv), dtype=np.int64)
+    w[0] = 1
+    for j in range(1, CHECKS):
+        w[j] = (w[j - 1] * k) & _MASK16
+    return w
+
+
+@functools.lru_cache(maxsize=8)
+def _weights32(lanes: int) -> np.ndarray:
+    """The kernels' weights: rows j = 1..3 of `_weights(lanes)` as uint32 (3, lanes), made once."""
+    w = np.zeros((CHECKS - 1, lanes), dtype=np.uint32)
+    w[:, :lanes - CHECKS] = _weights(lanes - CHECKS)[1:]
+    w.setflags(write=False)
+    return w
+
+
+def _check_sums(lanes: np.ndarray) -> np.ndarray:
+    """sum_k (k+1)^j * v_k mod 2^16 of each row of (K, nv) lanes (any signed ints): (K, 4) int64."""
+    v = np.asarray(lanes, dtype=np.int64) & _MASK16
+    return (v @ _weights(v.shape[1]).T) & _MASK16  # < 2^16 * 2^16 * nv: no int64 overflow for nv < 2^31
+
+
+# --- encode (senders) ---------------------------------------------------------------------------
+
+def encode_rows(x: np.ndarray, exps: np.ndarray, n: int, lanes: int, rows: np.ndarray, i0: int,
+                factors: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Write the payloads of packets i0.. (one per row of `rows`) of buffer `x` into `rows`, whose
+    headers (bytes 0..31) are already written: exponent lanes, quantised data, padding, check words.
+
+    Args:
+        x: the whole float32 buffer.
+        exps: the agreed exponent of every block of `x` (int, ceil(numel / BLOCK) of them).
+        n: contributors of the sum (1..255).
+        lanes: the switch's lane count L.
+        rows: (K, >= 32 + 2L) uint8 packet rows.
+        i0: the packet index of rows[0].
+        factors: `quantize16_factors(exps, n)` if the caller keeps them (the same values).
+
+    Returns:
+        bool per row: SATURATED (a value was non-finite or not below its block's 2^e).
+    """
+    nb, data = layout(lanes)
+    k = rows.shape[0]
+    terms = header_terms(rows)
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    exps = np.asarray(exps)
+    c = fixed16_bits(n)
+    if use_numba():
+        words = _as_words16(rows)
+        if words is not None:
+            s1, s2 = factors if factors is not None else quantize16_factors(exps, n)
+            sat = np.zeros(k, dtype=np.bool_)
+            _kernels().quantize16_rows(x, np.ascontiguousarray(exps, dtype=np.int32), s1, s2,
+                                       np.float32(2 ** (15 - c)), np.float32(2 ** (15 - c) - 1), words,
+                                       rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK, i0, terms,
+                                       _weights32(lanes), sat)
+            return sat
+    blocks = exps.size
+    b0, b1 = i0 * nb, (i0 + k) * nb
+    e = np.zeros(k * nb, dtype=np.int64)
+    e[:max(0, min(b1, blocks) - b0)] = exps[b0:min(b1, blocks)]
+    lane = np.zeros((k, lanes), dtype=np.int64)
+    lane[:, :nb] = e.reshape(k, nb)
+    sat = np.zeros(k, dtype=bool)
+    lo, hi = min(i0 * data, x.size), min((i0 + k) * data, x.size)
+    if hi > lo:
+        q, sat_b = quantize16(x[lo:hi], exps[b0:b0 + -(-(hi - lo) // FIXED16_BLOCK)], FIXED16_BLOCK, n)
+        flat = np.zeros(k * data, dtype=np.int64)
+        flat[:q.size] = q
+        lane[:, nb:nb + data] = flat.reshape(k, data)
+        sat_b = np.concatenate([sat_b, np.zeros(k * nb - sat_b.size, dtype=bool)])
+        sat = np.asarray(sat_b.reshape(k, nb).any(axis=1), dtype=bool)
+    nv = lanes - CHECKS
+    lane[:, nv:] = (_check_sums(lane[:, :nv]) + terms + exponent_terms(e.reshape(k, nb)).astype(np.int64)) & _MASK16
+    rows[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">u2")[...] = lane & _MASK16
+    return sat
+
+
+# --- verify and decode (receivers of a sum) -------------------------------------------------------
+
+def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.ndarray) -> np.ndarray:
+    """Verify the FIXED16 sums of `n` contributions in rows[sel] and decode those that pass into
+    the flat float32 `out` (the whole buffer: packet p's elements at out[p * D:], as far as `out`
+    reaches; the packet index is the header's offset / D).
+
+    Returns:
+        bool per selected row: its exponent lanes are n equal exponents in the protocol's range and
+        its check words match (integrity.check_words with exps = lanes / n). A row that fails is
+        not decoded (the caller counts it and treats the packet as lost).
+    """
+    nb, data = layout(lanes)
+    sel = np.asarray(sel, dtype=np.int64)
+    ok = np.zeros(sel.size, dtype=np.bool_)
+    if not sel.size:
+        return ok
+    hrows = rows[sel, :HEADER_LEN]
+    terms = header_terms(hrows)
+    starts = hrows[:, _OFFSET_AT:_OFFSET_AT + 4].copy().view(">u4").reshape(-1).astype(np.int64)  # element offsets
+    c = fixed16_bits(n)
+    pow2 = np.ldexp(1.0, np.arange(EXP_MIN, EXP_MAX + 1) + c - 15)  # 2^(e + c - 15), exact in float64
+    if use_numba():
+        words = _as_words16(rows)
+        if words is not None and out.flags.c_contiguous and out.dtype == np.float32:
+            return _kernels().dequantize16_rows(words, rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK,
+                                                n, sel, terms, _weights32(lanes), pow2, -EXP_MIN, out.reshape(-1),
+                                                starts, ok)
+    lane = rows[sel, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2").astype(np.int64)
+    esum = lane[:, :nb]
+    e = esum // n
+    ok = ((esum % n) == 0).all(axis=1) & ((e >= EXP_MIN) & (e <= EXP_MAX)).all(axis=1)
+    nv = lanes - CHECKS
+    want = (_check_sums(lane[:, :nv]) + n * (terms.astype(np.int64)
+                                             + exponent_terms(np.clip(e, EXP_MIN, EXP_MAX)).astype(np.int64))) & _MASK16
+    ok &= (want == (lane[:, nv:] & _MASK16)).all(axis=1)
+    flat = out.reshape(-1)
+    for i in np.flatnonzero(ok).tolist():
+        scale = np.repeat(pow2[e[i] - EXP_MIN], FIXED16_BLOCK)
+        vals = (lane[i, nb:nb + data].astype(np.float64) * scale).astype(np.float32)
+        s = int(starts[i])
+        m = max(0, min(data, flat.size - s))
+        flat[s:s + m] = vals[:m]
+    return ok
+
+
+# --- the exponent agreement in 16-bit lanes (a FIXED16 MAX round on the meta session) -----------
+# Each lane is `e << 8 | tag8(e)` (int16; the tag is integrity.exp_tag's low byte), so the signed
+# order of lanes is the order of e, a MAX of lanes is the lane of the MAX, and the winner carries its
+# own check, as integrity.pack_exponents does in 32 bits; the check lanes of a MAX packet hold T_j
+# alone (integrity.check_words), the same on every contributor, so the switch's max keeps them.
+# Half the bytes of the 32-bit round: 2 B per block of FIXED16_BLOCK elements.
+
+
+def agreement_lanes(lanes: int) -> int:
+    """Exponents per 16-bit agreement packet: every lane but the 4 check lanes."""
+    return lanes - CHECKS
+
+
+def pack_exponents16(e: np.ndarray) -> np.ndarray:
+    """int16 lanes `e << 8 | tag8(e)` of exponents e in [-128, 127]."""
+    e64 = np.asarray(e, dtype=np.int64)
+    return ((e64 << 8) | (integrity.exp_tag(e64).astype(np.int64) & 0xFF)).astype(np.int16)
+
+
+def unpack_exponents16(lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(exponents, ok): ok is False where a lane's tag does not match its exponent."""
+    v = np.asarray(lanes, dtype=np.int16).astype(np.int64)
+    e = v >> 8
+    return e.astype(np.int32), (v & 0xFF) == (integrity.exp_tag(e).astype(np.int64) & 0xFF)
+
+
+def encode_agreement_rows(exps: np.ndarray, lanes: int, rows: np.ndarray, i0: int) -> None:
+    """Packets i0.. of a 16-bit exponent agreement (headers written, FIXED16 with MAX): the packed
+    exponents of blocks [p * A, (p + 1) * A), A = lanes - 4, zeros past the end, then T_j."""
+    per = agreement_lanes(lanes)
+    k = rows.shape[0]
+    lane = np.zeros((k, lanes), dtype=np.int64)
+    flat = lane[:, :per].reshape(-1)
+    part = np.asarray(exps)[i0 * per:(i0 + k) * per]
+    flat[:part.size] = pack_exponents16(part)
+    lane[:, :per] = flat.reshape(k, per)
+    lane[:, per:] = header_terms(rows)
+    rows[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">u2")[...] = lane & _MASK16
+
+
+def verify_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int) -> np.ndarray:
+    """Bool per selected row: a FIXED16 sum of `n` (`decode_rows`'s verdict, nothing decoded), or,
+    for a row flagged MAX (an exponent agreement), its check lanes are T_j and every lane's tag holds."""
+    sel = np.asarray(sel, dtype=np.int64)
+    ok = np.ones(sel.size, dtype=bool)
+    if not sel.size:
+        return ok
+    agree = (rows[sel, 1] & np.uint8(Flag.MAX)) != 0  # the flags byte
+    if agree.any():
+        s = sel[agree]
+        per = agreement_lanes(lanes)
+        lane = rows[s, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2")
+        good = ((lane[:, per:].astype(np.int64) & _MASK16) == header_terms(rows[s])).all(axis=1)
+        count = rows[s, _COUNT_AT:_COUNT_AT + 2].copy().view(">u2").reshape(-1, 1).astype(np.int64)
+        tags = unpack_exponents16(lane[:, :per])[1] | (np.arange(per)[None, :] >= count)  # padding: zeros
+        ok[agree] = good & tags.all(axis=1)
+    if not agree.all():
+        ok[~agree] = decode_rows(rows, sel[~agree], lanes, n, np.empty(0, dtype=np.float32))
+    return ok
+
+
+def decode_agreement_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, chunk: np.ndarray, out: np.ndarray) -> bool:
+    """The agreed exponents of RESULT rows[sel] (packet indices `chunk`) into `out` (one per block).
+    False, writing nothing, when a check lane or a lane's tag is wrong (the agreement is corrupt)."""
+    per = agreement_lanes(lanes)
+    lane = rows[sel, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2")
+    if not ((lane[:, per:].astype(np.int64) & _MASK16) == header_terms(rows[sel])).all():
+        return False
+    e, ok = unpack_exponents16(lane[:, :per])
+    for i, c in enumerate(np.asarray(chunk).tolist()):
+        m = max(0, min(per, out.size - c * per))
+        if not ok[i, :m].all():
+            return False
+        out[c * per:c * per + m] = e[i, :m]
+    return True
+
+
+def _as_words16(rows: np.ndarray) -> np.ndarray | None:
+    """A C-contiguous uint8 (K, W) buffer (W even) as its flat uint16 words, or None."""
+    if rows.ndim != 2 or rows.dtype != _U8 or rows.shape[1] % 2 or not rows.flags.c_contiguous:
+        return None
+    words = rows.reshape(-1).view(np.uint16)
+    return words if words.flags.aligned else None
+
+
+def _kernels():
+    from .kernels import fixed_point
+
+    return fixed_point
+

@@ -1,0 +1,293 @@
+"""FIXED16 (docs/protocol.md 5.2): the quantiser's bound, the packet codec against integrity.py's
+reference check words, and the compiled kernels bit for bit against the numpy reference.
+
+* `quantize16`/`dequantize16`: a sum of n quantised contributions decodes within `error_bound16`
+  of the exact sum; saturation is flagged exactly for non-finite values and |x| >= 2^e.
+* `fixed16.encode_rows` writes exponent lanes, data, padding and the check words that
+  `integrity.check_words` gives; the switch's lane sum (mod 2^16) of n such packets passes
+  `decode_rows`, any single corrupted lane fails it.
+* numba (`LUWU_KERNELS=numba`) and the reference (`LUWU_KERNELS=reference`) write the same bytes and
+  decode the same bits and verdicts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from luwu.dataplane import fixed16, integrity
+from luwu.dataplane import quantize as Q
+from luwu.dataplane.engine import EngineConfig
+from luwu.dataplane.integrity import FIXED16_BLOCK as B
+from luwu.dataplane.kernels import numba_available
+from luwu.dataplane.loopback import local_star as star
+from luwu.dataplane.protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType, header_view, ver_type
+from luwu.dataplane.usage import UserError
+
+LANES = 2 * (B + 1) + 4 + 3  # two blocks per packet and 3 lanes of padding before the checks
+SPECIAL_BITS = [0x7F800000, 0xFF800000, 0x7FC00000, 0x00000001, 0x80000001, 0x7F7FFFFF, 0x00000000, 0x3F800000]
+
+
+def _float32s(min_size=1, max_size=200):
+    word = st.one_of(st.integers(0, 0xFFFFFFFF), st.sampled_from(SPECIAL_BITS))
+    return st.lists(word, min_size=min_size, max_size=max_size).map(
+        lambda ws: np.array(ws, dtype=np.uint32).view(np.float32))
+
+
+def _headers(k, i0, numel, msg_type=MsgType.ALLREDUCE, flags=0, lanes=LANES, session=7, tensor=3, seq0=100):
+    _nb, data = fixed16.layout(lanes)
+    rows = np.zeros((k, HEADER_LEN + 2 * lanes), dtype=np.uint8)
+    h = header_view(rows)
+    p = np.arange(i0, i0 + k)
+    h["ver_type"] = ver_type(msg_type)
+    h["flags"] = flags
+    h["session"] = session
+    h["worker"] = 1
+    h["count"] = np.clip(numel - p * data, 0, data)
+    h["seq"] = seq0 + p
+    h["slot"] = 5 + p
+    h["tensor"] = tensor
+    h["offset"] = p * data
+    h["dtype"] = int(Dtype.FIXED16)
+    h["numel"] = numel
+    return rows
+
+
+def _hdict(row):
+    h = row[:HEADER_LEN].copy().view(DATA_HEADER)[0]
+    d = {name: int(h[name]) for name in DATA_HEADER.names if name not in ("ver_type",)}
+    d["type"] = int(h["ver_type"]) & 0xF
+    return d
+
+
+def _lanes(row, lanes=LANES):
+    return row[HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2").astype(np.int64)
+
+
+@pytest.fixture(params=["reference", "numba"])
+def kernels(request, monkeypatch):
+    monkeypatch.setenv("LUWU_KERNELS", request.param)
+    if request.param == "numba" and not numba_available():
+        pytest.skip("numba is not installed")
+    return request.param
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 150), st.floats(-30, 30), st.data())
+def test_sum_within_bound(n, numel, log_scale, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    xs = [(rng.standard_normal(numel) * 2.0 ** log_scale).astype(np.float32) for _ in range(n)]
+    xs[0][rng.integers(0, numel)] = 0  # zero blocks and zeros inside blocks
+    exps = np.max([Q.block_exponents(x, B) for x in xs], axis=0)
+    qs = []
+    for x in xs:
+        q, sat = Q.quantize16(x, exps, B, n)
+        assert not sat.any()
+        qs.append(q.astype(np.int64))
+    total = np.sum(qs, axis=0)
+    assert np.abs(total).max() <= 2**15 - 1  # the headroom: the sum fits int16
+    got = Q.dequantize16(total, exps, B, n, numel)
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    assert (np.abs(got.astype(np.float64) - exact) <= Q.error_bound16(got, exps, B, n)).all()
+
+
+def test_saturation_exactly_for_nonfinite_and_out_of_range():
+    x = np.array([1.0, -0.5, np.inf, 0.25] + [0.0] * (B - 4) + [3.0, np.nan] + [0.0] * (B - 2)
+                 + [0.999999] * B, dtype=np.float32)
+    exps = np.array([1, 2, 0], dtype=np.int32)  # block 0: 1.0 < 2^1 fits, inf does not; block 2: 0.999999 < 2^0
+    q, sat = Q.quantize16(x, exps, B, 2)
+    assert sat.tolist() == [True, True, False]
+    assert q[2] == 2**14 - 1 and q[B + 1] == 0  # inf clipped, NaN -> 0
+    assert q[2 * B] == 2**14 - 1  # rounds up to 2^14: clipped to the limit, not flagged (one quantum of error)
+    x2 = np.full(B, 2.0, dtype=np.float32)
+    assert Q.quantize16(x2, np.array([1]), B, 2)[1].tolist() == [True]  # |x| >= 2^e
+
+
+def test_too_many_contributors_is_a_named_error():
+    with pytest.raises(ValueError, match="fixed32"):
+        Q.quantize16(np.ones(3, np.float32), np.array([1]), B, 256)
+
+
+def test_header_and_exponent_terms_match_integrity():
+    rows = _headers(3, 4, 500, flags=int(Flag.SET) | int(Flag.SATURATED))
+    rows[1, 0] = ver_type(MsgType.RESULT)
+    rows[2, 0] = ver_type(MsgType.GRAD)
+    got = fixed16.header_terms(rows)
+    for r in range(3):
+        assert got[r].tolist() == integrity.header_term(_hdict(rows[r]), Dtype.FIXED16).tolist()
+    e = np.array([[-128, 0, 5, 127], [3, -7, 0, 0]])
+    terms = fixed16.exponent_terms(e)
+    for r in range(2):
+        assert terms[r].tolist() == [integrity.exponent_term(e[r], j) for j in range(4)]
+
+
+def _encode(x, exps, n, i0, k, lanes=LANES, **hdr):
+    rows = _headers(k, i0, x.size, lanes=lanes, **hdr)
+    sat = fixed16.encode_rows(x, exps, n, lanes, rows, i0)
+    return rows, sat
+
+
+def test_encode_matches_integrity_check_words(kernels):
+    nb, data = fixed16.layout(LANES)
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(2 * data + 40) * 1e-3).astype(np.float32)
+    exps = Q.block_exponents(x, B) + 1
+    rows, sat = _encode(x, exps, 3, 0, 3)
+    assert not sat.any()
+    for r in range(3):
+        lane = _lanes(rows[r])
+        e = np.zeros(nb, dtype=np.int64)
+        blocks = exps[r * nb:(r + 1) * nb]
+        e[:blocks.size] = blocks
+        assert lane[:nb].tolist() == e.tolist()
+        assert (lane[nb + data:LANES - 4] == 0).all()  # padding
+        q, _ = Q.quantize16(x[r * data:(r + 1) * data], blocks, B, 3)
+        assert lane[nb:nb + q.size].tolist() == q.tolist()
+        want = integrity.check_words(lane[:LANES - 4], _hdict(rows[r]), Dtype.FIXED16, 1, e)
+        assert (lane[LANES - 4:] & 0xFFFF).tolist() == want.tolist()
+
+
+@settings(max_examples=150, deadline=None)
+@given(_float32s(1, 3 * 2 * B), st.integers(1, 20), st.integers(-2, 2))
+def test_encode_numba_is_reference(x, n, bump):
+    if not numba_available():
+        pytest.skip("numba is not installed")
+    exps = np.clip(Q.block_exponents(x, B) + bump, Q.EXP_MIN, Q.EXP_MAX).astype(np.int32)
+    k = fixed16.packets(x.size, LANES)
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        for mode in ("reference", "numba"):
+            mp.setenv("LUWU_KERNELS", mode)
+            out[mode] = _encode(x, exps, n, 0, k)
+            if k > 1:  # a later block of the same buffer, alone
+                out[mode + "1"] = _encode(x, exps, n, 1, k - 1)
+    for a, b in (("reference", "numba"), ("reference1", "numba1")):
+        if a in out:
+            assert np.array_equal(out[a][0], out[b][0])
+            assert out[a][1].tolist() == out[b][1].tolist()
+
+
+def _switch_sum(contribs, lanes=LANES):
+    """The switch's FIXED16 aggregation: lanes sign-extended, summed, truncated to 16 bits; the
+    first contribution's header turned into a RESULT."""
+    res = contribs[0].copy()
+    total = np.sum([_lanes(r, lanes) for r in contribs], axis=0)
+    res[HEADER_LEN:HEADER_LEN + 2 * lanes].view(">u2")[...] = total & 0xFFFF
+    res[0] = ver_type(MsgType.RESULT)
+    return res
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 3 * 2 * B), st.data())
+def test_sum_of_packets_verifies_and_decodes(n, numel, data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    xs = [(rng.standard_normal(numel) * 10.0 ** rng.uniform(-5, 5, numel)).astype(np.float32) for _ in range(n)]
+    exps = np.max([Q.block_exponents(x, B) for x in xs], axis=0).astype(np.int32)
+    k = fixed16.packets(numel, LANES)
+    results = {}
+    with pytest.MonkeyPatch.context() as mp:
+        for mode in ("reference", "numba"):
+            mp.setenv("LUWU_KERNELS", mode)
+            if mode == "numba" and not numba_available():
+                continue
+            enc = [_encode(x, exps, n, 0, k, flags=int(Flag.SET))[0] for x in xs]
+            rows = np.stack([_switch_sum([e[p] for e in enc]) for p in range(k)])
+            out = np.full(numel, np.nan, dtype=np.float32)
+            ok = fixed16.decode_rows(rows, np.arange(k), LANES, n, out)
+            assert ok.all()
+            results[mode] = out
+            # any one lane changed (a data, exponent, padding or check lane) fails that row only
+            lane = int(data.draw(st.integers(0, LANES - 1)))
+            bad = rows.copy()
+            bad[0, HEADER_LEN + 2 * lane] ^= 0x10
+            assert fixed16.decode_rows(bad, np.arange(k), LANES, n, out.copy()).tolist() == [False] + [True] * (k - 1)
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    ref = results["reference"]
+    assert (np.abs(ref.astype(np.float64) - exact) <= Q.error_bound16(ref, exps, B, n)).all()
+    if "numba" in results:
+        assert np.array_equal(ref.view(np.uint32), results["numba"].view(np.uint32))
+
+
+def test_a_contributor_with_other_exponents_fails_the_check(kernels):
+    _nb, data = fixed16.layout(LANES)
+    x = np.linspace(-1, 1, data).astype(np.float32)
+    e = Q.block_exponents(x, B)
+    a = _encode(x, e, 2, 0, 1)[0][0]
+    # the exponent lanes still sum to a multiple of 2 (e-1 + e+1), the data quantised accordingly
+    e2 = e.copy()
+    e2[0] += 1
+    e3 = e.copy()
+    e3[0] -= 1
+    b = _encode(x, e2, 2, 0, 1)[0][0]
+    c = _encode(x, e3, 2, 0, 1)[0][0]
+    assert fixed16.decode_rows(_switch_sum([a, a])[None], np.arange(1), LANES, 2, np.zeros(data, np.float32)).all()
+    assert not fixed16.decode_rows(_switch_sum([b, c])[None], np.arange(1), LANES, 2, np.zeros(data, np.float32)).any()
+
+
+def test_loopback_layout_bytes_per_param():
+    nb, data = fixed16.layout(16000)
+    assert (nb, data) == (246, 15744)
+    assert (fixed16.row_len(16000) + 42) / data < 2.1  # luwu header + UDP/IP/Ethernet
+
+
+def test_unknown_format_is_a_user_error(monkeypatch):
+    with star(1, mode=300) as (_, _, engines), pytest.raises(UserError, match="fixed16"):
+        engines[0].allreduce(np.ones(3, np.float32), grad_format="fp8")
+    monkeypatch.setenv("LUWU_GRAD_FORMAT", "fixed16")
+    assert EngineConfig().grad_format == "fixed16"
+    monkeypatch.setenv("LUWU_GRAD_FORMAT", "int4")
+    with pytest.raises(UserError, match="LUWU_GRAD_FORMAT"):
+        EngineConfig()
+
+
+def test_agreement_lanes_max_is_the_max_and_self_checking():
+    """16-bit exponent agreement: a lane-wise MAX of packed lanes is the packed MAX; the check lanes
+    are T_j (equal on every contributor, so the max keeps them); a wrong tag or check fails."""
+    lanes = LANES
+    per = fixed16.agreement_lanes(lanes)
+    rng = np.random.default_rng(3)
+    es = [rng.integers(Q.EXP_MIN, Q.EXP_MAX + 1, 2 * per + 5) for _ in range(3)]
+    k = 3
+    rows = []
+    for e in es:
+        r = _headers(k, 0, e.size, flags=int(Flag.MAX) | int(Flag.SET), lanes=lanes)
+        fixed16.encode_agreement_rows(e, lanes, r, 0)
+        rows.append(r)
+    res = rows[0].copy()
+    lane = np.max([r[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2") for r in rows], axis=0)
+    res[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2")[...] = lane
+    res[:, 0] = ver_type(MsgType.RESULT)
+    for r in range(k):  # the check lanes are integrity's check words of a MAX packet
+        h = _hdict(res[r])
+        want = integrity.check_words(np.zeros(lanes - 4), h, Dtype.FIXED16)
+        assert (_lanes(res[r], lanes)[lanes - 4:] & 0xFFFF).tolist() == want.tolist()
+    out = np.zeros(es[0].size, np.int32)
+    assert fixed16.decode_agreement_rows(res, np.arange(k), lanes, np.arange(k), out)
+    np.testing.assert_array_equal(out, np.max(es, axis=0))
+    for byte in (HEADER_LEN + 1, HEADER_LEN + 2 * (lanes - 1)):  # a tag bit, a check lane
+        bad = res.copy()
+        bad[0, byte] ^= 0x04
+        assert not fixed16.decode_agreement_rows(bad, np.arange(k), lanes, np.arange(k), out.copy())
+
+
+def test_verify_rows_accepts_sums_and_agreements_and_rejects_corruption():
+    """`verify_rows` (the receive path's check before decoding): a sum of n packets and a short
+    agreement packet (padding lanes are zeros, not tagged) pass; one changed lane fails."""
+    nb, data = fixed16.layout(LANES)
+    xs = [np.linspace(-1, 1, data + 3).astype(np.float32) * (r + 1) for r in range(2)]
+    e = np.max([Q.block_exponents(x, B) for x in xs], axis=0)
+    k = fixed16.packets(data + 3, LANES)
+    enc = [_encode(x, e, 2, 0, k)[0] for x in xs]
+    sums = np.stack([_switch_sum([c[p] for c in enc]) for p in range(k)])
+    agree = _headers(1, 0, 5, flags=int(Flag.MAX), lanes=LANES)
+    fixed16.encode_agreement_rows(np.array([1, -2, 3, 0, 127]), LANES, agree, 0)
+    rows = np.concatenate([sums, agree])
+    assert fixed16.verify_rows(rows, np.arange(k + 1), LANES, 2).all()
+    for row, byte in ((0, HEADER_LEN + 2 * nb + 1), (k, HEADER_LEN + 3)):
+        bad = rows.copy()
+        bad[row, byte] ^= 0x01
+        want = [True] * (k + 1)
+        want[row] = False
+        assert fixed16.verify_rows(bad, np.arange(k + 1), LANES, 2).tolist() == want

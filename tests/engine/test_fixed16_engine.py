@@ -1,0 +1,133 @@
+"""FIXED16 end to end through the software switch (docs/protocol.md 5.2): allreduce and push with
+grad_format="fixed16" give sums within `error_bound16` of the exact ones, identical on every
+worker; saturation takes the exact path (NaN chunks + saturated) as FIXED32 does; a push's sum
+reaches the optimizer node, which learns the exponents from the exponent lanes; loss, duplication
+and reordering are recovered; packets too small for a block fall back to FIXED32. They need the
+software switch's FIXED16 aggregation (skipped, named, in a tree without it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from node_star import node_star
+
+from luwu.dataplane import fixed16, integrity
+from luwu.dataplane import quantize as Q
+from luwu.dataplane.integrity import FIXED16_BLOCK as B
+from luwu.dataplane.loopback import StarPlan
+from luwu.dataplane.loopback import local_star as star
+from luwu.dataplane.protocol import Dtype
+from luwu.dataplane.switch.controls import classifier
+from luwu.mininet.paramstore import SgdParamStore
+
+# the software switch's reference path sums FIXED16 lanes from the packet format v2 work (PACKET_V2.md,
+# hp4's part); a tree without it cannot run these end-to-end tests (tests/engine/test_fixed16.py
+# checks the codec against an emulated switch there)
+pytestmark = pytest.mark.skipif(not hasattr(classifier, "FIXED16"),
+                                reason="the software switch does not aggregate FIXED16 lanes in this tree")
+
+LANES = 300  # 4 blocks of up to 64 per packet: a buffer of a few thousand elements spans many packets
+
+
+def _inputs(n, numel, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(numel) * 10.0 ** rng.uniform(-3, 3, numel)).astype(np.float32) for _ in range(n)]
+
+
+def _check(results, xs):
+    n = len(xs)
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    exps = np.max([Q.block_exponents(x, B) for x in xs], axis=0)
+    for r in results:
+        np.testing.assert_array_equal(r.view(np.uint32), results[0].view(np.uint32))
+        bound = Q.error_bound16(r, exps, B, n)
+        err = np.abs(r.astype(np.float64) - exact)
+        assert (err <= bound).all(), f"worst error {err.max()} vs bound {bound[err.argmax()]}"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("numel", [1, B - 1, B + 1, 5 * fixed16.layout(LANES)[1] + 17])
+def test_allreduce_fixed16_within_bound(n, numel):
+    xs = _inputs(n, numel, seed=n + numel)
+    with star(n, mode=LANES) as (_, _, engines):
+        hs = [e.allreduce(x, grad_format="fixed16") for e, x in zip(engines, xs)]
+        results = [h.wait(60) for h in hs]
+        assert not any(h.saturated for h in hs)
+    _check(results, xs)
+
+
+def test_allreduce_fixed16_in_place_avg_and_lossy_ports():
+    xs = _inputs(3, 4000, seed=9)
+    drop = {"ingress": 0.05, "egress": 0.05, "duplicate": 0.02, "reorder": 0.02}
+    with star(3, mode=LANES, drop=drop, seed=3) as (_, _, engines):
+        bufs = [x.copy() for x in xs]
+        sums = [h.wait(60) for h in [e.allreduce(b, "sum", out=b, grad_format="fixed16")
+                                     for e, b in zip(engines, bufs)]]
+        avgs = [h.wait(60) for h in [e.allreduce(x, "avg", grad_format="fixed16") for e, x in zip(engines, xs)]]
+    _check(sums, xs)
+    assert all(s is b for s, b in zip(sums, bufs))
+    for a in avgs:
+        np.testing.assert_array_equal(a, sums[0] / np.float32(3))
+
+
+def test_saturated_blocks_come_back_nan_and_flagged():
+    per = fixed16.layout(LANES)[1]
+    xs = _inputs(2, 3 * per, seed=4)
+    xs[1][per + 5] = np.inf  # the second packet saturates: its elements NaN, the rest exact
+    with star(2, mode=LANES) as (_, _, engines):
+        hs = [e.allreduce(x, grad_format="fixed16") for e, x in zip(engines, xs)]
+        results = [h.wait(60) for h in hs]
+    for h, r in zip(hs, results):
+        assert h.saturated
+        assert np.isnan(r[per:2 * per]).all()
+        assert not np.isnan(r[:per]).any() and not np.isnan(r[2 * per:]).any()
+
+
+def test_small_packets_use_fixed32():
+    """64 lanes (tofino mode) hold no block of 64 plus its exponent and checks: the engine sums in
+    FIXED32 instead, whatever the job asked (exact as ever, not an error)."""
+    xs = _inputs(2, 500, seed=1)
+    with star(2, mode="tofino") as (_, _, engines):
+        results = [h.wait(60) for h in [e.allreduce(x, grad_format="fixed16") for e, x in zip(engines, xs)]]
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    per = integrity.data_lanes(64, Dtype.FIXED32)  # the lanes less the check words
+    exps = np.max([Q.chunk_exponents(x, per) for x in xs], axis=0)
+    assert (np.abs(results[0] - exact) <= Q.error_bound(results[0], exps, per, 2)).all()
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_push_fixed16_reaches_the_node(fallback):
+    """Workers push FIXED16 gradients; the node decodes the switch's sums (or, when the switch has no
+    pool for the session, its own software sum of the 16-bit lanes) with the exponents read from
+    the exponent lanes, and steps SGD: the pulled parameters are within the bound."""
+    workers = 3
+    plan = StarPlan(workers=workers, nodes=1, mode=LANES, node_pool=32, param_window=64)
+    runtime = plan.runtime()
+    if fallback:
+        for e in runtime["table_entries"]:
+            if e["table"] == "sessions" and e["match"]["session"] == plan.node_session(0):
+                e["action_params"]["pool_base"] = 4000
+                e["action_params"]["pool_size"] = 1
+    rng = np.random.default_rng(7)
+    layers = {7: rng.standard_normal(3000).astype(np.float32), 3: rng.standard_normal(70).astype(np.float32)}
+    grads = [{t: (rng.standard_normal(p.size) * 0.01).astype(np.float32) for t, p in layers.items()}
+             for _ in range(workers)]
+    server = SgdParamStore(layers, lr=0.5)
+    sid = plan.node_session(0)
+    with node_star(plan, server, runtime=runtime) as st:
+        for e in st.engines:
+            e.config.grad_format = "fixed16"
+        for h in [e.push(sid, t, grads[r][t]) for t in layers for r, e in enumerate(st.engines)]:
+            h.wait(60)  # the node acknowledges a gradient once it has applied it
+            assert not h.saturated
+        stats = st.node.session_stats()[f"session {sid}"]
+    assert stats["gradients"] == len(layers) and not stats.get("bad_check") and not server.saturated
+    if fallback:
+        assert stats["fallback_packets"] > 0
+    for t, p in layers.items():
+        gsum = np.sum([g[t].astype(np.float64) for g in grads], axis=0)
+        exps = np.max([Q.block_exponents(g[t], B) for g in grads], axis=0)
+        exact = p.astype(np.float64) - 0.5 * gsum
+        bound = 0.5 * Q.error_bound16(gsum.astype(np.float32), exps, B, workers) + np.spacing(
+            np.abs(exact).astype(np.float32))
+        assert (np.abs(server.params[t] - exact) <= bound).all()
