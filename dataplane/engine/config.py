@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..integrity import FIXED16_BLOCK
-from ..usage import UserError
+from ..process.usage import UserError
 from .heartbeats import HeartbeatPolicy
 from .liveness import DEFAULT_PEER_TIMEOUT
 from .send_stream import RtoPolicy
