@@ -23,8 +23,8 @@ from luwu.dataplane.engine import EngineConfig
 from luwu.dataplane.integrity import FIXED16_BLOCK as B
 from luwu.dataplane.kernels import numba_available
 from luwu.dataplane.loopback import local_star as star
-from luwu.dataplane.protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType, header_view, ver_type
 from luwu.dataplane.process.usage import UserError
+from luwu.dataplane.protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType, header_view, ver_type
 
 LANES = 2 * (B + 1) + 4 + 3  # two blocks per packet and 3 lanes of padding before the checks
 SPECIAL_BITS = [0x7F800000, 0xFF800000, 0x7FC00000, 0x00000001, 0x80000001, 0x7F7FFFFF, 0x00000000, 0x3F800000]
