@@ -9,10 +9,11 @@ inf, inf + -inf = NaN, a finite sum past the float32 range = inf) and the identi
 every rank. Every rank learns the same saturated set from the same RESULT flags, so they exchange
 the same elements without asking each other.
 
-A float MAX/MIN allreduce whose result has NaN elements (the switch makes any contributor's NaN
-win, reductions.py) takes the same exchange for those elements, and each rank computes what Gloo
-computes there (codec.gloo_max_min: a NaN is not always the result in Gloo's ring), so NaN in
-MAX/MIN gives Gloo's bits.
+A float MAX/MIN allreduce, reduce or reduce_scatter whose result has NaN elements (the switch
+makes any contributor's NaN win, reductions.py) takes the same exchange for those elements, and
+each rank computes what Gloo computes there (codec.gloo_max_min: a NaN is not always the result in
+Gloo's ring, and each collective runs its own ring, codec.gloo_ring), so NaN in MAX/MIN gives
+Gloo's bits.
 
 The exchange runs from the engine handle's callback and the channel's threads, never blocking the
 scheduler's threads, and is matched by a tag every rank assigns in submission order, so saturated
@@ -29,7 +30,7 @@ import torch
 
 from luwu.dataplane.engine import Handle
 
-from .codec import gloo_max_min, gloo_owners
+from .codec import gloo_max_min, gloo_ring
 from .diagnostics import LuwuError
 
 FALLBACK_TAG_BASE = -(2**62)  # p2p tags of fallback exchanges (HELLO_TAG is -2^63; user tags are >= 0)
@@ -58,13 +59,14 @@ class ExactFallback:
         self._next = 0
         self.stats = {"exchanges": 0, "elements": 0}
 
-    def guard(self, handle: Handle, x: np.ndarray, op: str, esize: int = 4) -> Handle:
+    def guard(self, handle: Handle, x: np.ndarray, op: str, esize: int = 4, kind: str = "all_reduce") -> Handle:
         """A handle that completes like `handle`, with any saturated elements recomputed exactly.
 
         Call on the submit thread, once per float32 SUM/AVG engine allreduce and per float MAX/MIN
-        all_reduce, in submission order (that order numbers the exchange). `x` is this rank's float32
-        input, read when the result is in; `esize` the bytes per element of the caller's dtype (where
-        Gloo's ring cuts a MAX/MIN buffer). A sum reduced in place (the engine's `out` is `x`) reads
+        all_reduce, reduce and reduce_scatter(_tensor), in submission order (that order numbers the
+        exchange). `x` is this rank's float32 input, read when the result is in; `esize` the bytes
+        per element of the caller's dtype and `kind` the collective (fingerprint.KINDS), which tell
+        where Gloo's ring cuts a MAX/MIN buffer (codec.gloo_ring). A sum reduced in place (the engine's `out` is `x`) reads
         the inputs the engine kept of its saturated chunks instead (`handle.info["kept"]`).
         """
         tag = FALLBACK_TAG_BASE + self._next
@@ -82,7 +84,7 @@ class ExactFallback:
                 out.set_result(result)
                 return
             try:
-                self._exchange(result, x, op, tag, out, esize, h.info.get("kept"))
+                self._exchange(result, x, op, tag, out, esize, h.info.get("kept"), kind)
             except Exception as e:  # noqa: BLE001 - e.g. the channel is closed: this collective fails
                 out.set_error(LuwuError(f"luwu {out.name}: the exact recomputation of saturated elements failed: {e}"))
 
@@ -90,7 +92,7 @@ class ExactFallback:
         return out
 
     def _exchange(self, result: np.ndarray, x: np.ndarray, op: str, tag: int, out: Handle, esize: int = 4,
-                  kept: np.ndarray | None = None) -> None:
+                  kept: np.ndarray | None = None, kind: str = "all_reduce") -> None:
         idx = np.flatnonzero(np.isnan(result))
         if kept is None:
             if idx.size and np.may_share_memory(result, x):  # in place, yet nothing kept: x's inputs are gone
@@ -118,7 +120,7 @@ class ExactFallback:
                 failed("a rank's values are missing", RuntimeError(f"{len(arrived)} of {len(parts)} ranks' values"))
                 return
             if op in ("max", "min"):
-                owners = gloo_owners(result.size, esize, self.world_size)[idx]
+                owners = gloo_ring(kind, result.size, esize, self.world_size)[idx]
                 result[idx] = gloo_max_min([torch.from_numpy(np.array(p)) for p in arrived], op, owners).numpy()
             else:
                 result[idx] = exact_sum(arrived, op == "avg")

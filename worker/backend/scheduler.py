@@ -58,8 +58,8 @@ class OpContext:
         if x.dtype == np.float32 and op in ("sum", "avg") and self.sched.fallback is not None:
             h = self.sched.fallback.guard(h, x, op)
         elif x.dtype == np.float32 and op in ("max", "min") and self.sched.fallback is not None \
-                and fp is not None and fp.kind == "all_reduce":  # NaN elements as Gloo computes them (fallback.py)
-            h = self.sched.fallback.guard(h, x, op, fp.dtypes[0].itemsize if fp.dtypes else 4)
+                and fp is not None:  # NaN elements as Gloo computes them (fallback.py)
+            h = self.sched.fallback.guard(h, x, op, fp.dtypes[0].itemsize if fp.dtypes else 4, fp.kind)
         return h
 
     def direct(self, sends: dict[int, np.ndarray], sources: list[int]) -> tuple[list[Handle], dict[int, Handle]]:
