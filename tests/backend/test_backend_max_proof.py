@@ -146,3 +146,12 @@ def test_the_verdict_names_each_failure():
     lowered[3] = 8
     assert "below their own" in verdict(summed([lowered, lowered]), 4, 2)
     assert "different results" in verdict(summed([right, raised]), 4, 2)
+
+
+def test_keys_are_the_engines_ordered_keys():
+    from luwu.dataplane.quantize import to_ordered
+    from luwu.worker.backend.max_proof import ordered
+
+    special = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1, -1, 1e-45, -3e38], np.float32)
+    x = np.concatenate([special, np.random.default_rng(1).standard_normal(1000).astype(np.float32)])
+    np.testing.assert_array_equal(ordered(x), to_ordered(x))
