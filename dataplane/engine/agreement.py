@@ -83,6 +83,12 @@ def lanes_ok(lanes_: np.ndarray, k: int) -> np.ndarray:
     return (u & np.uint32(0xFFFF)) == tag(index, kind, u >> np.uint32(16))
 
 
+def fields_ok(lanes_: np.ndarray, k: int) -> np.ndarray:
+    """Per field: all four of its lanes passed their tags."""
+    good = lanes_ok(lanes_, k)
+    return good[:2 * k].reshape(k, 2).all(axis=1) & good[2 * k:].reshape(k, 2).all(axis=1)
+
+
 def unpack(lanes_: np.ndarray, k: int) -> tuple[list[int], list[int], bool, bool]:
     """(lo, hi, ok, differ) of the agreement result `lanes_` (the lane MAX over the workers of
     `pack`'s lanes, 4k of them): per field the MIN and MAX over the workers (compared half by half

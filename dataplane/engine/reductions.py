@@ -245,6 +245,11 @@ class AllreduceOp:
             self.handle.info["agreement_corrupt"] = True
         if not differ:
             return True
+        if not ok:  # a corrupted field's MIN and MAX mean nothing: name only the fields that tell
+            good = agreement.fields_ok(lanes, self.check.size)
+            mine = self.check.tolist()
+            lo = [v if g else m for v, g, m in zip(lo, good.tolist(), mine)]
+            hi = [v if g else m for v, g, m in zip(hi, good.tolist(), mine)]
         self.handle.set_error(CollectiveMismatch(
             f"the workers' collectives differ: fields {self.check.tolist()} here, from {lo} to "
             f"{hi} over the workers", lo, hi, self.check.tolist()))

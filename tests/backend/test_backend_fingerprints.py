@@ -119,3 +119,57 @@ def test_a_disagreement_every_rank_denies_is_named_corruption(same):
     else:
         assert isinstance(err, CollectiveMismatchError)
         assert "rank 1 has all_reduce of 8 x torch.float32, SUM" in str(err), err
+
+
+def corrupted_agreement_on_rank(rank: int, world: int) -> dict:
+    """The last rank's copy of every fingerprint agreement has a bit flipped in one lane (as a
+    corrupted RESULT from the switch to it would): counted, never a mismatch, results exact; a
+    true mismatch in another field is still refused on every rank."""
+    import numpy as np
+
+    from luwu.dataplane.engine.reductions import AllreduceOp
+
+    if rank == world - 1:
+        agreed = AllreduceOp._agreed
+
+        def flipped(self, lanes, meta_op):
+            u = np.array(lanes, dtype=np.int32).view(np.uint32)
+            u[1] ^= np.uint32(1 << 21)  # field 0's low half: a value bit
+            return agreed(self, u.view(np.int32), meta_op)
+
+        AllreduceOp._agreed = flipped
+    out: dict = {}
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t)  # a float sum: the fingerprint rides in its exponent agreement
+    out["sum"] = t.tolist()
+    t = torch.tensor([float(rank), 5.0 - rank])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    out["max"] = t.tolist()
+    t = torch.tensor([rank + 1], dtype=torch.int32)
+    dist.all_reduce(t)
+    out["int"] = t.tolist()
+    t = torch.tensor([7.0, 8.0]) if rank == 0 else torch.zeros(2)
+    dist.broadcast(t, src=0)
+    out["broadcast"] = t.tolist()
+    dist.barrier()
+    stats = dist.distributed_c10d._get_default_group()._link.engine.session_stats()
+    out["corrupt"] = sum(v.get("agreement.corrupt", 0) for v in stats.values())
+    try:
+        dist.all_reduce(torch.ones(8 if rank == world - 1 else 4))
+        out["mismatch"] = None
+    except Exception as e:  # noqa: BLE001 - the message is what the test checks
+        out["mismatch"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def test_a_corrupted_agreement_lane_is_counted_not_a_mismatch(tmp_path):
+    world = 2
+    results = run_ranks(corrupted_agreement_on_rank, world, tmp_path, env={"LUWU_ENGINE": "embedded"},
+                        pg_timeout=120.0)
+    for rank, out in enumerate(results):
+        assert out["sum"] == [3.0] * 5 and out["max"] == [1.0, 5.0] and out["int"] == [3], out
+        assert out["broadcast"] == [7.0, 8.0], out
+        # sum, max, int, broadcast, barrier: each agreement read once (the startup barrier came before)
+        assert out["corrupt"] == (5 if rank == world - 1 else 0), out
+        assert out["mismatch"] is not None and out["mismatch"].startswith("CollectiveMismatchError"), out
+        assert "(differing: element count)" in out["mismatch"], out

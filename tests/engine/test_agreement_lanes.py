@@ -90,3 +90,10 @@ def test_the_engine_counts_a_corrupted_agreement_and_never_calls_it_a_mismatch(c
     assert not op._agreed(lanes.view(np.int32), meta)
     with pytest.raises(CollectiveMismatch):
         h.wait(1)
+
+
+def test_fields_ok_names_the_corrupted_field():
+    lanes = A.pack(FIELDS).view(np.uint32)
+    lanes[2 * FIELDS.size + 3] ^= np.uint32(1 << 3)  # field 1's low-half complement, a tag bit
+    np.testing.assert_array_equal(A.fields_ok(lanes.view(np.int32), FIELDS.size),
+                                  [True, False, True, True, True, True])
