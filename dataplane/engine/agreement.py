@@ -86,7 +86,7 @@ def lanes_ok(lanes_: np.ndarray, k: int) -> np.ndarray:
 def fields_ok(lanes_: np.ndarray, k: int) -> np.ndarray:
     """Per field: all four of its lanes passed their tags."""
     good = lanes_ok(lanes_, k)
-    return good[:2 * k].reshape(k, 2).all(axis=1) & good[2 * k:].reshape(k, 2).all(axis=1)
+    return np.asarray(good[:2 * k].reshape(k, 2).all(axis=1) & good[2 * k:].reshape(k, 2).all(axis=1))
 
 
 def unpack(lanes_: np.ndarray, k: int) -> tuple[list[int], list[int], bool, bool]:
