@@ -18,8 +18,11 @@ order), so the exact path still has them; nothing is kept when nothing saturates
 
 A fingerprint (`check`: non-negative int32 fields the caller packs, e.g. the collective, dtype,
 element count, reduce op and sequence number) is agreed on the meta session before any result is
-used: every worker sends each field v and its complement ~v, the switch takes the lane MAX, so
-every worker reads max(v) and min(v) of every field and sees the same disagreement. A float sum's
+used: every worker sends each field's 16-bit halves and their complements, each lane tagged so it
+checks itself (agreement.py), the switch takes the lane MAX, so every worker reads max(v) and
+min(v) of every field and sees the same disagreement. A lane whose tag fails was corrupted in
+flight: that is no disagreement; it is counted (the meta session's `agreement.corrupt`, the
+handle's info["agreement_corrupt"]) and the collective goes on, its data checked as ever. A float sum's
 fields ride in the exponent agreement it makes anyway (no extra packet; its data is not sent when
 they differ); any other reduction sends one meta packet beside its data, waited for with it. A
 disagreement fails the handle with `CollectiveMismatch`, never a result.
@@ -44,6 +47,7 @@ from ..quantize import (
     sum_shift,
     to_ordered,
 )
+from . import agreement
 from .collective import CollectiveSession, ReduceOp
 from .handles import CollectiveMismatch, CorruptResult, EngineError, Handle
 from .packets import QuantizedLanes, payload_int32
@@ -110,7 +114,7 @@ class AllreduceOp:
         float_sum = self.x.dtype == np.float32 and self.op in ("sum", "avg") and self.numel > 0
         if self.check is not None and not float_sum:  # its own meta packet, beside the data
             self._parts += 1
-            k = 2 * self.check.size
+            k = agreement.lanes(self.check.size)
             vals = np.zeros(num_chunks(k, meta.lanes) * meta.lanes, dtype=np.int32)
             vals[:k] = self._check_lanes()
             meta.set_values(meta.new_op(k, Dtype.INT32, True, self._checked), vals)
@@ -137,7 +141,7 @@ class AllreduceOp:
                 self._start_fixed16(meta, data)
                 return
             data_op = data.new_op(self.numel, Dtype.FIXED32, False, self._done, self._decode_fixed)
-            k = 0 if self.check is None else 2 * self.check.size  # the fingerprint first, then the exponents
+            k = 0 if self.check is None else agreement.lanes(self.check.size)  # the fingerprint, then the exponents
             local = np.zeros(num_chunks(k + chunks, lanes) * lanes, dtype=np.int32)
             if k:
                 local[:k] = self._check_lanes()
@@ -165,8 +169,8 @@ class AllreduceOp:
             return  # (its data is never sent, as for a fingerprint mismatch)
         chunks = data_op.chunks
         agreed = meta_op.result.reshape(-1)
-        k = 0 if self.check is None else 2 * self.check.size
-        if k and not self._agreed(agreed[:k]):
+        k = 0 if self.check is None else agreement.lanes(self.check.size)
+        if k and not self._agreed(agreed[:k], meta_op):
             return  # its data is never sent: the workers' data streams no longer match (the caller's group is broken)
         exps, ok = unpack_exponents(agreed[k:k + chunks])
         if not ok.all():  # a lane corrupted in flight: its tag does not match (docs/protocol.md 3.8)
@@ -336,22 +340,31 @@ class AllreduceOp:
 
     # -- the fingerprint ------------------------------------------------------------------------
     def _check_lanes(self) -> np.ndarray:
-        return np.concatenate([self.check, ~self.check])
+        return agreement.pack(self.check)
 
-    def _agreed(self, lanes: np.ndarray) -> bool:
-        """Whether every worker sent this fingerprint (lanes: the MAX of [v, ~v]); else fail the handle."""
-        k = self.check.size
-        hi = lanes[:k].astype(np.int64)
-        lo = (~lanes[k:2 * k]).astype(np.int64)
-        if np.array_equal(hi, lo):
+    def _agreed(self, lanes: np.ndarray, meta_op: ReduceOp) -> bool:
+        """Whether every worker sent this fingerprint (lanes: the MAX of the packed lanes); else fail
+        the handle. A corrupted lane (agreement.py) is counted; it proves nothing either way, so only the
+        halves whose lanes both passed their tags can tell a disagreement."""
+        lo, hi, ok, differ = agreement.unpack(lanes, self.check.size)
+        if not ok:
+            stats = meta_op.session.stats
+            stats["agreement.corrupt"] = stats.get("agreement.corrupt", 0) + 1
+            self.handle.info["agreement_corrupt"] = True
+        if not differ:
             return True
+        if not ok:  # a corrupted field's MIN and MAX mean nothing: name only the fields that tell
+            good = agreement.fields_ok(lanes, self.check.size)
+            mine = self.check.tolist()
+            lo = [v if g else m for v, g, m in zip(lo, good.tolist(), mine)]
+            hi = [v if g else m for v, g, m in zip(hi, good.tolist(), mine)]
         self.handle.set_error(CollectiveMismatch(
-            f"the workers' collectives differ: fields {self.check.tolist()} here, from {lo.tolist()} to "
-            f"{hi.tolist()} over the workers", lo.tolist(), hi.tolist(), self.check.tolist()))
+            f"the workers' collectives differ: fields {self.check.tolist()} here, from {lo} to "
+            f"{hi} over the workers", lo, hi, self.check.tolist()))
         return False
 
     def _checked(self, meta_op: ReduceOp) -> None:
-        if not self._corrupt(meta_op, "the fingerprint agreement") and self._agreed(meta_op.result.reshape(-1)):
+        if not self._corrupt(meta_op, "the fingerprint agreement") and self._agreed(meta_op.result.reshape(-1), meta_op):
             self._part_done()
 
     def _part_done(self) -> None:

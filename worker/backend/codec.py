@@ -89,6 +89,35 @@ def gloo_owners(numel: int, esize: int, world: int) -> np.ndarray:
     return (np.arange(numel, dtype=np.int64) * esize // max(seg_bytes, 1)) // per_rank % world
 
 
+def gloo_reduce_owners(numel: int, esize: int, world: int) -> np.ndarray:
+    """Which rank each element's partial result ends at in Gloo's ring reduce (gloo/reduce.cc),
+    whose segments are cut differently from its allreduce's: ceil(total / (2 * world)) bytes (at
+    most kMaxSegmentSize, rounded up to whole elements), their count rounded up to a multiple of
+    world (at least 2 * world), rank r owning segments r * perRank .. (r + 1) * perRank - 1; the
+    root then gathers every rank's chunk. Its chain runs as the allreduce's (`gloo_max_min`)."""
+    total = numel * esize
+    max_seg = esize * max(1, GLOO_MAX_SEGMENT // esize)
+    seg_bytes = -(-max(1, min(-(-total // (2 * world)), max_seg)) // esize) * esize
+    segments = max(-(-total // seg_bytes), 2 * world)
+    per_rank = -(-segments // world)
+    return (np.arange(numel, dtype=np.int64) * esize // seg_bytes) // per_rank % world
+
+
+def gloo_ring(kind: str, numel: int, esize: int, world: int) -> np.ndarray:
+    """Each element's owner rank (`gloo_max_min`'s `owners`) in the ring Gloo runs for collective
+    `kind` (fingerprint.KINDS names) over a buffer of `numel` elements laid out as luwu's engine
+    buffer of that collective: reduce is Gloo's ring reduce over the whole buffer;
+    reduce_scatter (a list of world inputs, laid end to end) is one allreduce per rank's block
+    (torch's ProcessGroupGloo reduces each block on its own); all_reduce and
+    reduce_scatter_tensor are one allreduce of the whole buffer. Checked against Gloo in
+    tests/backend/test_backend_gloo_order.py."""
+    if kind == "reduce":
+        return gloo_reduce_owners(numel, esize, world)
+    if kind == "reduce_scatter" and world > 1 and numel % world == 0:
+        return np.tile(gloo_owners(numel // world, esize, world), world)
+    return gloo_owners(numel, esize, world)
+
+
 def gloo_max_min(parts: list[torch.Tensor], op: str, owners: np.ndarray) -> torch.Tensor:
     """MAX/MIN of floats exactly as Gloo's ring allreduce computes them, NaN and signed zeros included.
 
@@ -120,12 +149,12 @@ def gloo_max_min(parts: list[torch.Tensor], op: str, owners: np.ndarray) -> torc
     return acc
 
 
-def host_reduce(parts: list[torch.Tensor], op: str) -> torch.Tensor:
+def host_reduce(parts: list[torch.Tensor], op: str, kind: str = "all_reduce") -> torch.Tensor:
     """The ranks' contributions (rank order) reduced in rank order, in their own dtype: the same
     result on every rank; for SUM/AVG of floats the rounding of a sequential sum; float MAX/MIN
-    as Gloo's allreduce computes them (`gloo_max_min`)."""
+    as Gloo's collective `kind` computes them (`gloo_max_min`, `gloo_ring`)."""
     if op in ("max", "min") and parts[0].is_floating_point():
-        return gloo_max_min(parts, op, gloo_owners(parts[0].numel(), parts[0].element_size(), len(parts)))
+        return gloo_max_min(parts, op, gloo_ring(kind, parts[0].numel(), parts[0].element_size(), len(parts)))
     acc = parts[0].clone()
     for p in parts[1:]:
         if op in ("sum", "avg"):

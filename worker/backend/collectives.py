@@ -69,7 +69,7 @@ def reduce_tensors(ctx: OpContext, tensors: list[torch.Tensor], encs: list[Encod
                 for k, i in enumerate(idx):
                     t = tensors[i]
                     parts = [_from_bytes(layout.segment(r, k * world + s), t) for s in range(world)]
-                    write(t, host_reduce(parts, op))
+                    write(t, host_reduce(parts, op, _kind(ctx)))
                 continue
             at = 0
             for i in idx:
@@ -79,6 +79,12 @@ def reduce_tensors(ctx: OpContext, tensors: list[torch.Tensor], encs: list[Encod
                 at += n
 
     ctx.finish(handles, assemble)
+
+
+def _kind(ctx: OpContext) -> str:
+    """The collective's name (fingerprint.KINDS): where Gloo's ring cuts a float MAX/MIN (codec.gloo_ring)."""
+    fp = ctx.work.fingerprint
+    return fp.kind if fp is not None else "all_reduce"
 
 
 def _is_storage(r: np.ndarray, at: int, t: torch.Tensor) -> bool:
@@ -104,7 +110,7 @@ def reduce_scatter(ctx: OpContext, out: torch.Tensor, make_input: Callable[[], t
 
         def assemble_host(results: list[np.ndarray]) -> None:
             parts = [_from_bytes(layout.segment(results[0], s), x) for s in range(world)]
-            write(out, host_reduce(parts, op)[rank * n: (rank + 1) * n])
+            write(out, host_reduce(parts, op, _kind(ctx))[rank * n: (rank + 1) * n])
 
         ctx.finish([ctx.allreduce(buf, "sum")], assemble_host)
         return

@@ -13,6 +13,7 @@
 | `LUWU_CONNECT_TIMEOUT` | `30` | seconds the first collective (a probe at group creation) may take before the switch is declared unreachable |
 | `LUWU_P2P_HOST` | `127.0.0.1` | address the point-to-point (send/recv) listener binds and advertises |
 | `LUWU_WORKDIR` | a new temp dir | where engine and switch logs go |
+| `LUWU_VERIFY_MAX` | `1` | prove every MAX/MIN result from the switch end to end in one more SUM round (max_proof.py); `0`: trust it |
 | `LUWU_METRICS` | unset | `HOST:PORT`: serve this rank's engine statistics to Prometheus at PORT + LOCAL_RANK (or + rank) (luwu.worker.metrics) |
 
 Without `LUWU_CONTROLLER` or `LUWU_PLAN` the plan is embedded: rank 0 starts a software switch on

@@ -9,10 +9,14 @@ inf, inf + -inf = NaN, a finite sum past the float32 range = inf) and the identi
 every rank. Every rank learns the same saturated set from the same RESULT flags, so they exchange
 the same elements without asking each other.
 
-A float MAX/MIN allreduce whose result has NaN elements (the switch makes any contributor's NaN
-win, reductions.py) takes the same exchange for those elements, and each rank computes what Gloo
-computes there (codec.gloo_max_min: a NaN is not always the result in Gloo's ring), so NaN in
-MAX/MIN gives Gloo's bits.
+A float MAX/MIN allreduce, reduce or reduce_scatter whose result has NaN elements (the switch
+makes any contributor's NaN win, reductions.py) takes the same exchange for those elements, and
+each rank computes what Gloo computes there (codec.gloo_max_min: a NaN is not always the result in
+Gloo's ring, and each collective runs its own ring, codec.gloo_ring), so NaN in MAX/MIN gives
+Gloo's bits.
+
+A MAX/MIN result from the switch is proven end to end before use (max_proof.py); one that fails
+its proof is recomputed here, every element, from every rank's input, in Gloo's order for floats.
 
 The exchange runs from the engine handle's callback and the channel's threads, never blocking the
 scheduler's threads, and is matched by a tag every rank assigns in submission order, so saturated
@@ -29,7 +33,7 @@ import torch
 
 from luwu.dataplane.engine import Handle
 
-from .codec import gloo_max_min, gloo_owners
+from .codec import gloo_max_min, gloo_ring
 from .diagnostics import LuwuError
 
 FALLBACK_TAG_BASE = -(2**62)  # p2p tags of fallback exchanges (HELLO_TAG is -2^63; user tags are >= 0)
@@ -52,23 +56,36 @@ class ExactFallback:
     """Recomputes the saturated elements of float sums of one process group over its P2PChannel."""
 
     def __init__(self, p2p, rank: int, world_size: int):
+        from . import max_proof
+
         self.p2p = p2p
         self.rank = rank
         self.world_size = world_size
         self._next = 0
-        self.stats = {"exchanges": 0, "elements": 0}
+        self.stats = {"exchanges": 0, "elements": 0, "max_proofs": 0, "max_proof_lanes": 0, "max_proof_failures": 0}
+        self.verify_max = max_proof.enabled()  # LUWU_VERIFY_MAX (max_proof.py)
 
-    def guard(self, handle: Handle, x: np.ndarray, op: str, esize: int = 4) -> Handle:
+    def prove(self, ctx, x: np.ndarray, op: str, fp):
+        """The MaxProof of a MAX/MIN engine allreduce of x (max_proof.py), or None when it is off;
+        call on the submit thread before the engine gets x, then `attach` it to the engine's handle."""
+        if not self.verify_max or op not in ("max", "min") or x.size == 0:
+            return None
+        from .max_proof import MaxProof
+
+        esize = fp.dtypes[0].itemsize if fp is not None and fp.dtypes else 4
+        return MaxProof(ctx, x, op, esize, fp.kind if fp is not None else "all_reduce")
+
+    def guard(self, handle: Handle, x: np.ndarray, op: str, esize: int = 4, kind: str = "all_reduce") -> Handle:
         """A handle that completes like `handle`, with any saturated elements recomputed exactly.
 
         Call on the submit thread, once per float32 SUM/AVG engine allreduce and per float MAX/MIN
-        all_reduce, in submission order (that order numbers the exchange). `x` is this rank's float32
-        input, read when the result is in; `esize` the bytes per element of the caller's dtype (where
-        Gloo's ring cuts a MAX/MIN buffer). A sum reduced in place (the engine's `out` is `x`) reads
+        all_reduce, reduce and reduce_scatter(_tensor), in submission order (that order numbers the
+        exchange). `x` is this rank's float32 input, read when the result is in; `esize` the bytes
+        per element of the caller's dtype and `kind` the collective (fingerprint.KINDS), which tell
+        where Gloo's ring cuts a MAX/MIN buffer (codec.gloo_ring). A sum reduced in place (the engine's `out` is `x`) reads
         the inputs the engine kept of its saturated chunks instead (`handle.info["kept"]`).
         """
-        tag = FALLBACK_TAG_BASE + self._next
-        self._next += 1
+        tag = self.take_tag()
         out = Handle(handle.name)
         out.info = handle.info
 
@@ -77,25 +94,36 @@ class ExactFallback:
                 out.set_error(h.error)
                 return
             result = h.wait()
+            if h.info.get("exact"):  # recomputed exactly already (max_proof.py): Gloo's NaN included
+                out.set_result(result)
+                return
             redo = bool(np.isnan(result).any()) if op in ("max", "min") else h.saturated
             if not redo:
                 out.set_result(result)
                 return
             try:
-                self._exchange(result, x, op, tag, out, esize, h.info.get("kept"))
+                self._exchange(result, x, op, tag, out, esize, h.info.get("kept"), kind)
             except Exception as e:  # noqa: BLE001 - e.g. the channel is closed: this collective fails
                 out.set_error(LuwuError(f"luwu {out.name}: the exact recomputation of saturated elements failed: {e}"))
 
         handle.add_done_callback(done)
         return out
 
+    def take_tag(self) -> int:
+        """The p2p tag of this group's next exact exchange (on the submit thread: the same on every rank)."""
+        tag = FALLBACK_TAG_BASE + self._next
+        self._next += 1
+        return tag
+
     def _exchange(self, result: np.ndarray, x: np.ndarray, op: str, tag: int, out: Handle, esize: int = 4,
-                  kept: np.ndarray | None = None) -> None:
-        idx = np.flatnonzero(np.isnan(result))
+                  kept: np.ndarray | None = None, kind: str = "all_reduce", idx: np.ndarray | None = None) -> None:
+        """Recompute result[idx] (default: its NaN elements) from every rank's x[idx], exactly."""
+        if idx is None:
+            idx = np.flatnonzero(np.isnan(result))
         if kept is None:
             if idx.size and np.may_share_memory(result, x):  # in place, yet nothing kept: x's inputs are gone
                 raise RuntimeError("the inputs of the saturated elements were overwritten by the result")
-            mine = np.ascontiguousarray(x.reshape(-1)[idx], dtype=np.float32)
+            mine = np.ascontiguousarray(x.reshape(-1)[idx], dtype=x.dtype)
         else:  # an in-place sum: x holds the result; the engine kept the inputs at its NaN elements (reductions.py)
             if kept.size != idx.size:
                 raise RuntimeError(f"the engine kept {kept.size} inputs of saturated chunks for {idx.size} NaN elements")
@@ -117,8 +145,10 @@ class ExactFallback:
             if len(arrived) != len(parts):  # finish runs after every receive completed: a missing part is a bug
                 failed("a rank's values are missing", RuntimeError(f"{len(arrived)} of {len(parts)} ranks' values"))
                 return
-            if op in ("max", "min"):
-                owners = gloo_owners(result.size, esize, self.world_size)[idx]
+            if op in ("max", "min") and result.dtype.kind == "i":
+                result[idx] = (np.maximum if op == "max" else np.minimum).reduce(arrived)
+            elif op in ("max", "min"):
+                owners = gloo_ring(kind, result.size, esize, self.world_size)[idx]
                 result[idx] = gloo_max_min([torch.from_numpy(np.array(p)) for p in arrived], op, owners).numpy()
             else:
                 result[idx] = exact_sum(arrived, op == "avg")
@@ -139,7 +169,7 @@ class ExactFallback:
                 finish()
 
         def deliver(peer: int, payload: bytes) -> None:
-            got = np.frombuffer(payload, dtype=np.float32)
+            got = np.frombuffer(payload, dtype=mine.dtype)
             if got.size != idx.size:
                 raise ValueError(f"rank {peer} sent {got.size} values for {idx.size} saturated elements "
                                  "(the ranks disagree on the saturated chunks)")

@@ -12,6 +12,12 @@ has all_reduce of 4 x torch.float32, SUM, rank 1 has all_reduce of 8 x torch.flo
 DETAIL in the words of torch's ProcessGroupWrapper ("Detected mismatch between collectives on ranks
 ..."). A mismatch breaks the group: the ranks' packet streams no longer line up.
 
+Corruption in flight is no mismatch: each field's lanes check themselves (their tags,
+dataplane/engine/agreement.py), and a lane whose tag fails is counted, not compared. Should a
+corrupted lane pass its tag (1 in 2^16 for a random corruption of a lane, never for 1-3 flipped
+bits), every rank fails alike and reads the same description back through the store: then
+`mismatch_error` says so (`CorruptedAgreementError`), never "the ranks called different collectives".
+
 Collectives that go point to point (gather, scatter, all_to_all, send/recv) are not fingerprinted:
 their receivers check the sizes they get (collectives.py).
 """
@@ -38,7 +44,7 @@ KINDS = {
 OPS = {"": 0, "sum": 1, "avg": 2, "max": 3, "min": 4, "product": 5, "band": 6, "bor": 7, "bxor": 8}
 _FIELDS = ("collective", "dtype", "element count", "element count", "reduce op", "root", "sequence number", "shape",
            "engine operation")
-_MASK = 0x7FFFFFFF  # fields are non-negative int32 (the engine agrees on v and ~v)
+_MASK = 0x7FFFFFFF  # fields are non-negative int32 (the engine agrees on their self-checking halves)
 MISMATCH_KEY = "luwu-mismatch/{check}/{rank}"  # each rank's description of a disagreed check, in the group's store
 EXPLAIN_WAIT = 5.0  # s a rank waits for the others' descriptions before naming what it has
 
@@ -124,6 +130,14 @@ def mismatch_error(store, check: int, rank: int, world: int, fp: Fingerprint, er
     except Exception:  # noqa: BLE001 - a rank that never published (dead, or gone on): name what is known
         pass
     name = f"{fp.kind} #{fp.seq}"
+    if len(others) == world and world > 1 and all(d == mine for d in others.values()):
+        # every rank describes the same collective: the disagreement came from the agreement's lanes,
+        # corrupted in flight in a way their tags did not catch (engine/agreement.py), not from the program
+        return CorruptedAgreementError(
+            f"luwu {name}: the ranks' fingerprints of this collective disagreed in flight, yet every rank "
+            f"reports the same call ({fp.describe()}): a packet of the agreement was corrupted on the way "
+            "(a faulty NIC, cable or switch memory); the program is not at fault. This group is unusable now; "
+            "check the network path (the switch's and engines' drop counters) and restart the job")
     if detail():
         theirs = [f"Rank {r} is running collective: {d['torch']}" for r, d in sorted(others.items()) if r != rank]
         text = (f"Detected mismatch between collectives on ranks. Rank {rank} is running collective: "
@@ -142,3 +156,8 @@ def mismatch_error(store, check: int, rank: int, world: int, fp: Fingerprint, er
 
 class CollectiveMismatchError(LuwuError):
     """The ranks of a group called different collectives (fingerprint.py); raised on every rank."""
+
+
+class CorruptedAgreementError(LuwuError):
+    """The ranks' fingerprints of a collective disagreed on the wire although every rank called the
+    same collective (read back through the store): corruption in flight, not a program error."""

@@ -53,13 +53,18 @@ class OpContext:
             h = self.sched.hierarchy.allreduce(x, op, submit)
             h.info["numel"] = int(x.size)
             return h
+        proof = None  # SUM/AVG: verified by the wire's check words; MAX/MIN: proven here (max_proof.py)
+        if op in ("max", "min") and self.sched.fallback is not None:
+            proof = self.sched.fallback.prove(self, x, op, fp)
         h = submit(x, op) if out is None else submit(x, op, out=out)
         h.info["numel"] = int(x.size)
+        if proof is not None:  # a MAX/MIN result proven end to end (max_proof.py)
+            h = proof.attach(h)
         if x.dtype == np.float32 and op in ("sum", "avg") and self.sched.fallback is not None:
             h = self.sched.fallback.guard(h, x, op)
         elif x.dtype == np.float32 and op in ("max", "min") and self.sched.fallback is not None \
-                and fp is not None and fp.kind == "all_reduce":  # NaN elements as Gloo computes them (fallback.py)
-            h = self.sched.fallback.guard(h, x, op, fp.dtypes[0].itemsize if fp.dtypes else 4)
+                and fp is not None:  # NaN elements as Gloo computes them (fallback.py)
+            h = self.sched.fallback.guard(h, x, op, fp.dtypes[0].itemsize if fp.dtypes else 4, fp.kind)
         return h
 
     def direct(self, sends: dict[int, np.ndarray], sources: list[int]) -> tuple[list[Handle], dict[int, Handle]]:
