@@ -48,6 +48,7 @@ from .work import LuwuWork
 
 BACKEND_NAME = "luwu"
 _GROUP_IDS = itertools.count()  # names the process's groups in its metrics
+SMALL_BYTES = 256 << 10  # a collective of at most this many bytes takes the latency path (scheduler.py)
 _REDUCE_OPS = ("SUM", "AVG", "MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR", "PREMUL_SUM")
 
 
@@ -77,6 +78,11 @@ def _one(tensors, what: str) -> torch.Tensor:
         raise ValueError(f"luwu {what}: takes exactly one tensor per call (one per device; CPU has one), "
                          f"got {len(tensors)}")
     return tensors[0]
+
+
+def _small(tensors: list[torch.Tensor]) -> bool:
+    """Whether a collective takes the scheduler's latency path (SMALL_BYTES or less in all)."""
+    return sum(t.numel() * t.element_size() for t in tensors) <= SMALL_BYTES
 
 
 def _describe(t: torch.Tensor) -> str:
@@ -238,12 +244,14 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         return self._workdir
 
     # -- plumbing ----------------------------------------------------------------------------------------
-    def _work(self, name: str, outputs: list[torch.Tensor], start, fp: Fingerprint | None = None) -> LuwuWork:
+    def _work(self, name: str, outputs: list[torch.Tensor], start, fp: Fingerprint | None = None,
+              small: bool = False) -> LuwuWork:
         sched = self._sched  # waits for a deferred start-up; raises its error
         if self._closed:
             raise LuwuError(f"luwu {name}: the process group has been shut down")
         work = LuwuWork(name, outputs, self._timeout.total_seconds())
         work.fingerprint = fp  # every rank's must agree (fingerprint.py)
+        work.small = small  # the scheduler's latency path (scheduler.py)
         return sched.run(work, start)
 
     def _probe(self, sched: Scheduler) -> None:
@@ -277,7 +285,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         name = f"allreduce({', '.join(_describe(t) for t in tensors)}, {op.upper()})"
         return self._work(name, tensors, lambda ctx: C.reduce_tensors(ctx, tensors, encs, op, True, self.size(),
                                                                           self.rank()),
-                          Fingerprint.of("all_reduce", tensors, op))
+                          Fingerprint.of("all_reduce", tensors, op), small=_small(tensors))
 
     @staged(outputs=(0,))
     def allreduce_coalesced(self, tensors, opts=None):
@@ -291,7 +299,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         keep = self.rank() == opts.rootRank
         return self._work(f"reduce({_describe(t)}, {op.upper()}, root {opts.rootRank})", [t],
                           lambda ctx: C.reduce_tensors(ctx, [t], [enc], op, keep, self.size(), self.rank()),
-                          Fingerprint.of("reduce", [t], op, opts.rootRank))
+                          Fingerprint.of("reduce", [t], op, opts.rootRank), small=_small([t]))
 
     @staged(outputs=(0,))
     def reduce_scatter(self, outputs, inputs, opts):
@@ -306,7 +314,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         enc = reduction_encoding(out.dtype, op, "reduce_scatter")
         return self._work(f"reduce_scatter({self.size()} x {_describe(out)}, {op.upper()})", [out],
                           lambda ctx: C.reduce_scatter(ctx, out, lambda: torch.cat([C.flat(t) for t in ins]), enc, op,
-                                                       self.rank(), self.size()),
+                                                       self.rank(), self.size(), fresh=True),
                           Fingerprint.of("reduce_scatter", ins, op))
 
     @staged(outputs=(0,))
@@ -340,7 +348,8 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         root = opts.rootRank
         self._check_rank(root, "broadcast root")
         return self._work(f"broadcast({_describe(t)}, root {root})", [t],
-                          lambda ctx: C.broadcast(ctx, t, root, self.rank()), Fingerprint.of("broadcast", [t], root=root))
+                          lambda ctx: C.broadcast(ctx, t, root, self.rank()), Fingerprint.of("broadcast", [t], root=root),
+                          small=_small([t]))
 
     @staged(outputs=(0,))
     def allgather(self, outputs, inputs, opts=None):
@@ -445,7 +454,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
     alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
-        return self._work("barrier", [], lambda ctx: C.barrier(ctx), Fingerprint("barrier", [], 0))
+        return self._work("barrier", [], lambda ctx: C.barrier(ctx), Fingerprint("barrier", [], 0), small=True)
 
     # -- point to point (TCP, luwu.worker.p2p) -------------------------------------------------------------
     @staged(outputs=())
