@@ -80,3 +80,24 @@ def test_fsdp2_training_and_dcp_async_save_match_gloo(tmp_path):
         assert a == pytest.approx(b, rel=1e-4), losses
     assert "restored True" in luwu and "restored True" in gloo, (luwu, gloo)
     assert list((tmp_path / "ck-luwu").glob("*.distcp")), "dcp.async_save wrote no shard files"
+
+
+def test_lightning_ddp_strategy_with_luwu_matches_gloo(tmp_path):
+    """Lightning launches its second rank itself (devices=2): one process per backend, rank 0's output."""
+    pytest.importorskip("lightning")
+    got = {}
+    for backend in ("luwu", "gloo"):
+        script = tmp_path / "lightning_ddp.py"
+        script.write_text(example("lightning-ddp"))
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_udp_port()), OMP_NUM_THREADS="1",
+                   LUWU_WORKDIR=str(tmp_path / "luwu"))
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+            env.pop(key, None)
+        out = subprocess.run([sys.executable, str(script), backend], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=RUN_TIMEOUT)
+        assert out.returncode == 0, f"lightning on {backend} exited {out.returncode}:\n{(out.stdout + out.stderr)[-4000:]}"
+        lines = out.stdout.splitlines()
+        got[backend] = (_values(lines, "loss"), _values(lines, "weights"))
+    (loss, weights), (gloo_loss, gloo_weights) = got["luwu"], got["gloo"]
+    assert loss == pytest.approx(gloo_loss, rel=1e-5), got
+    assert len(weights) == 8 and weights == pytest.approx(gloo_weights, rel=1e-5), got
