@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import threading
 import weakref
 from datetime import timedelta
@@ -48,7 +49,11 @@ from .work import LuwuWork
 
 BACKEND_NAME = "luwu"
 _GROUP_IDS = itertools.count()  # names the process's groups in its metrics
-SMALL_BYTES = 256 << 10  # a collective of at most this many bytes takes the latency path (scheduler.py)
+SMALL_BYTES = 256 << 10  # a collective of at most this many bytes takes the latency path (scheduler.py);
+# LUWU_SMALL_BYTES overrides it per process (-1: no latency path, for comparisons)
+_env_small = os.environ.get("LUWU_SMALL_BYTES", "").strip()
+if _env_small.lstrip("-").isdigit():
+    SMALL_BYTES = int(_env_small)
 _REDUCE_OPS = ("SUM", "AVG", "MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR", "PREMUL_SUM")
 
 
@@ -251,7 +256,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
             raise LuwuError(f"luwu {name}: the process group has been shut down")
         work = LuwuWork(name, outputs, self._timeout.total_seconds())
         work.fingerprint = fp  # every rank's must agree (fingerprint.py)
-        work.small = small  # the scheduler's latency path (scheduler.py)
+        work.small = small and SMALL_BYTES >= 0  # the scheduler's latency path (scheduler.py)
         return sched.run(work, start)
 
     def _probe(self, sched: Scheduler) -> None:
