@@ -16,8 +16,10 @@ LUWU_TRANSPORT.
 * the raw UDP ceiling of a Python datapath here (`udp_ceiling.py`): a do-nothing relay with the
   same packet size, batching and window;
 * how long the ranks wait for `init_process_group` and a `new_group` (`init_s`, `new_group_s`,
-  the slowest rank's; `setup_times.py`), with the luwu backend and with Gloo (`gloo_init_s`,
-  `gloo_new_group_s`); `--no-setup` skips it.
+  the slowest rank's; `setup_times.py`), and for the first one-element all_reduce after it
+  (`first_allreduce_s`: luwu's init returns before its start-up, which that call waits for), with
+  the luwu backend and with Gloo (`gloo_init_s`, `gloo_first_allreduce_s`, `gloo_new_group_s`);
+  `--no-setup` skips it.
 
 luwu runs twice: over the loopback default transport (shared-memory rings between the workers'
 engines and the switch, `luwu` / `ratio_to_gloo`) and over UDP sockets (`luwu_udp` /
@@ -307,6 +309,7 @@ def run(args) -> int:
                 status.update(f"{backend}: init_process_group and new_group ({args.workers} ranks)")
                 res[prefix + "setup"] = setup = measure_setup(args.workers, backend)
                 res[prefix + "init_s"], res[prefix + "new_group_s"] = setup["init_s"], setup["new_group_s"]
+                res[prefix + "first_allreduce_s"] = setup["first_allreduce_s"]
     runs = [(k, res[k]) for k in ("luwu", "luwu_udp") if k in res]
     if "gloo" in res:
         res["gloo_goodput_gbps"] = numel * 4 / res["gloo"]["median_s"] / 1e9
@@ -375,6 +378,7 @@ def run_torch(args) -> int:
                 status.update(f"{backend}: init_process_group and new_group ({args.workers} ranks)")
                 res[prefix + "setup"] = setup = measure_setup(args.workers, backend)
                 res[prefix + "init_s"], res[prefix + "new_group_s"] = setup["init_s"], setup["new_group_s"]
+                res[prefix + "first_allreduce_s"] = setup["first_allreduce_s"]
     checked = [r["verify"] for r in res["sweep"] if "verify" in r]
     ok = all(v["mismatches"] == 0 for v in checked)
     res["verified"] = ok if checked else None
@@ -391,7 +395,8 @@ def run_torch(args) -> int:
         for k in ("workers", "cores", "dtype", "iters", "mode", "transport", "engine"):
             print(f"{k}: {res[k]}")
         torch_sweep.print_lines(res)
-        for k in ("init_s", "gloo_init_s", "new_group_s", "gloo_new_group_s", "verified"):
+        for k in ("init_s", "gloo_init_s", "first_allreduce_s", "gloo_first_allreduce_s", "new_group_s",
+                  "gloo_new_group_s", "verified"):
             if k in res:
                 v = res[k]
                 print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
@@ -404,7 +409,7 @@ def _print(res: dict) -> None:
             "cpu_s_per_gb_udp", "cores_busy_udp", "ratio_to_gloo_udp", "cpu_ratio_to_gloo_udp", "retransmit_fraction_udp",
             "gloo_goodput_gbps", "gloo_cpu_s_per_gb", "gloo_cores_busy",
             "udp_ceiling_gbps", "udp_ceiling_cpu_s_per_gb", "fraction_of_udp_ceiling", "cpu_ratio_to_udp_ceiling",
-            "init_s", "gloo_init_s", "new_group_s",
+            "init_s", "gloo_init_s", "first_allreduce_s", "gloo_first_allreduce_s", "new_group_s",
             "gloo_new_group_s", "verified"]
     for k in keys:
         if k in res:

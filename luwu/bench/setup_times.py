@@ -28,16 +28,20 @@ def _rank(rank: int, workers: int, port: int, backend: str, out_q, ready) -> Non
     t0 = time.perf_counter()
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=workers)
     t1 = time.perf_counter()
-    group = dist.new_group(list(range(workers)))
+    w = torch.ones(1)
+    dist.all_reduce(w)
     t2 = time.perf_counter()
+    group = dist.new_group(list(range(workers)))
+    t3 = time.perf_counter()
     x = torch.ones(1)
     dist.all_reduce(x, group=group)
     dist.destroy_process_group()
-    out_q.put((rank, t1 - t0, t2 - t1, float(x[0])))
+    out_q.put((rank, t1 - t0, t3 - t2, float(x[0]) + float(w[0]) - workers, t2 - t1))
 
 
 def measure(workers: int, backend: str) -> dict:
-    """{"init_s", "new_group_s"} (the slowest rank's) for `workers` ranks of `backend` on loopback."""
+    """{"init_s", "first_allreduce_s", "new_group_s"} (the slowest rank's) for `workers` ranks of
+    `backend` on loopback."""
     from luwu.dataplane.loopback import free_udp_port
 
     ctx = mp.get_context("spawn")
@@ -56,8 +60,9 @@ def measure(workers: int, backend: str) -> dict:
             if p.is_alive():
                 p.kill()
                 p.join(10)
-    bad = [r for r, _, _, total in got if total != workers]
+    bad = [g[0] for g in got if g[3] != workers]
     if bad:
-        raise RuntimeError(f"{backend}: the new group's allreduce gave a wrong sum on ranks {bad}")
+        raise RuntimeError(f"{backend}: the first or the new group's allreduce gave a wrong sum on ranks {bad}")
     return {"init_s": max(g[1] for g in got), "new_group_s": max(g[2] for g in got),
+            "first_allreduce_s": max(g[4] for g in got), "first_allreduce_s_per_rank": [g[4] for g in sorted(got)],
             "init_s_per_rank": [g[1] for g in sorted(got)], "new_group_s_per_rank": [g[2] for g in sorted(got)]}

@@ -60,3 +60,33 @@ def test_all_reduce_allocates_no_tensor_sized_array_per_call(tmp_path, engine):
             # the rest is per-operation bookkeeping (exponents, a short last chunk): lanes, not elements
             assert out[op] < nbytes // 8, (f"rank {rank} {op}: {out[op]} bytes allocated at peak over {CALLS} calls "
                                            f"of a {nbytes}-byte tensor (a copy of the tensor per call?)")
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+def test_decode_into_narrows_in_place_bit_for_bit_as_decode(dtype_name):
+    """bfloat16/float16 results are narrowed straight into the tensor (codec.decode_into), one copy
+    fewer than decoding into a new tensor and copying that: the bits must be decode's, NaN payloads
+    and signs, infinities, signed zeros and rounding included, and a non-contiguous tensor takes
+    the old path."""
+    import numpy as np
+    import torch
+
+    from luwu.worker.backend.codec import decode, decode_into, reduction_encoding, write
+
+    dtype = getattr(torch, dtype_name)
+    rng = np.random.default_rng(5)
+    wide = (rng.standard_normal(4099) * 10.0 ** rng.uniform(-6, 6, 4099)).astype(np.float32)
+    special = np.array([np.inf, -np.inf, 0.0, -0.0, 65504.0, 1e-40], np.float32)
+    nans = np.array([0x7FC00000, 0xFFC00001, 0x7F801234, 0xFFFFFFFF], np.uint32).view(np.float32)
+    wide = np.concatenate([wide, special, nans])
+    enc = reduction_encoding(dtype, "sum")
+    want = torch.empty(wide.size, dtype=dtype)
+    write(want, decode(wide, enc))
+    got = torch.full((wide.size,), 7.0, dtype=dtype)
+    ptr = got.data_ptr()
+    decode_into(got, wide, enc)
+    assert got.data_ptr() == ptr
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), "decode_into's bits differ from decode's"
+    strided = torch.zeros(2 * wide.size, dtype=dtype)[::2]
+    decode_into(strided, wide, enc)
+    assert torch.equal(strided.contiguous().view(torch.int16), want.view(torch.int16))

@@ -79,3 +79,4 @@ def test_the_setup_bench_times_every_rank_of_a_working_group():
     res = measure(2, "luwu")
     assert len(res["init_s_per_rank"]) == 2 and len(res["new_group_s_per_rank"]) == 2
     assert res["init_s"] == max(res["init_s_per_rank"]) > 0 and res["new_group_s"] == max(res["new_group_s_per_rank"]) > 0
+    assert res["first_allreduce_s"] == max(res["first_allreduce_s_per_rank"]) > 0

@@ -50,17 +50,27 @@ def test_rank0_set_up_failing_after_the_switch_launch_leaves_no_switch(tmp_path,
     assert list(tmp_path.rglob("switch.log")), "rank 0 launched no switch process before the plan"
 
 
-def test_the_registered_creator_launches_the_children_first_and_stops_them_on_failure(tmp_path, monkeypatch):
+@pytest.mark.parametrize("eager", ["", "1"])
+def test_the_registered_creator_launches_the_children_first_and_stops_them_on_failure(tmp_path, monkeypatch, eager):
     """`init_process_group("luwu")`'s creator launches rank 0's switch process and the engine process
     before importing the process group (worker/backend/startup.py); a set-up failing after that
-    stops both."""
+    stops both. Deferred (the default) the group's first operation raises the error; with
+    LUWU_EAGER_START=1 the creator does."""
     from luwu.worker import backend
+    from luwu.worker.backend import LuwuError
 
     monkeypatch.setenv("LUWU_WORKDIR", str(tmp_path / "luwu"))
     monkeypatch.setenv("LUWU_ENGINE", "process")
+    monkeypatch.setenv("LUWU_EAGER_START", eager)
     store = dist.HashStore()
-    with pytest.raises(ValueError, match="1..32 workers"):
-        backend._create_process_group(store, 0, 33, timedelta(seconds=20))
+    if eager:
+        with pytest.raises(ValueError, match="1..32 workers"):
+            backend._create_process_group(store, 0, 33, timedelta(seconds=20))
+    else:
+        pg = backend._create_process_group(store, 0, 33, timedelta(seconds=20))
+        with pytest.raises(LuwuError, match="1..32 workers") as err:
+            pg.barrier()
+        assert isinstance(err.value.__cause__, ValueError), repr(err.value.__cause__)
     logs = list(tmp_path.rglob("switch.log"))
     assert len(logs) == 1, f"expected one switch process launched, logs: {logs}"
     assert list(logs[0].parent.glob("engine-*.log")), "the engine process was not launched in the same workdir"

@@ -67,7 +67,7 @@ def _create_process_group(store, rank, world_size, timeout):
     except BaseException:
         discard_children(workdir)
         raise
-    return create_luwu_process_group(store, rank, world_size, timeout, cfg, workdir)
+    return create_luwu_process_group(store, rank, world_size, timeout, cfg, workdir, deferred=not cfg.eager_start)
 
 
 def __getattr__(name: str):

@@ -207,15 +207,7 @@ def decode(a: np.ndarray, enc: Encoding) -> torch.Tensor:
         if enc.dtype == torch.float32:
             return out
         narrow = out.to(enc.dtype)
-        # a NaN keeps its bits (sign and payload of the widened value), as Gloo moves it: torch's
-        # conversions make NaNs 0xFFFF (bfloat16, vectorised) or 0x7FFF (float16, some paths)
-        nan = torch.isnan(out)
-        if bool(nan.any()):
-            bits = out.view(torch.int32)[nan]
-            if enc.dtype == torch.bfloat16:
-                narrow.view(torch.int16)[nan] = (bits >> 16).to(torch.int16)
-            else:  # float16: sign, all-ones exponent, the top 10 bits of the mantissa
-                narrow.view(torch.int16)[nan] = ((bits >> 16) & -32768 | 0x7C00 | (bits >> 13) & 0x3FF).to(torch.int16)
+        _keep_nan_bits(narrow, out)
         return narrow
     if enc.kind == "int":
         return torch.from_numpy(np.asarray(a, dtype=np.int32).astype(SMALL_INTS[enc.dtype]))
@@ -225,6 +217,32 @@ def decode(a: np.ndarray, enc: Encoding) -> torch.Tensor:
     for k in range(LIMBS):  # uint64 arithmetic wraps, as int64 sums do
         total += limbs[:, k] << shifts[k]
     return torch.from_numpy(total.view(np.int64))
+
+
+def _keep_nan_bits(narrow: torch.Tensor, wide: torch.Tensor) -> None:
+    """A NaN keeps its bits (sign and payload of the widened value), as Gloo moves it: torch's
+    conversions make NaNs 0xFFFF (bfloat16, vectorised) or 0x7FFF (float16, some paths)."""
+    nan = torch.isnan(wide)
+    if bool(nan.any()):
+        bits = wide.view(torch.int32)[nan]
+        if narrow.dtype == torch.bfloat16:
+            narrow.view(torch.int16)[nan] = (bits >> 16).to(torch.int16)
+        else:  # float16: sign, all-ones exponent, the top 10 bits of the mantissa
+            narrow.view(torch.int16)[nan] = ((bits >> 16) & -32768 | 0x7C00 | (bits >> 13) & 0x3FF).to(torch.int16)
+
+
+def decode_into(t: torch.Tensor, a: np.ndarray, enc: Encoding) -> None:
+    """`write(t, decode(a, enc))`, with one copy fewer for a contiguous CPU bfloat16/float16 tensor:
+    the engine's float32 result is narrowed straight into t's storage (the same conversion, NaN
+    bits kept the same way), not into a new tensor first."""
+    if enc.kind != "float" or enc.dtype == torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+        write(t, decode(a, enc))
+        return
+    wide = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+    with torch.no_grad():
+        narrow = t.detach().view(-1)
+        narrow.copy_(wide)
+        _keep_nan_bits(narrow, wide)
 
 
 # -- exact moves -----------------------------------------------------------------------------------

@@ -14,7 +14,18 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .codec import ByteLayout, Encoding, decode, encode, flat, host_reduce, nbytes, tensor_bytes, write, write_bytes
+from .codec import (
+    ByteLayout,
+    Encoding,
+    decode_into,
+    encode,
+    flat,
+    host_reduce,
+    nbytes,
+    tensor_bytes,
+    write,
+    write_bytes,
+)
 from .scheduler import OpContext
 
 __all__ = [
@@ -75,7 +86,7 @@ def reduce_tensors(ctx: OpContext, tensors: list[torch.Tensor], encs: list[Encod
             for i in idx:
                 n = tensors[i].numel() * enc.words_per_element
                 if not _is_storage(r, at, tensors[i]):  # already there when reduced in the tensor's own storage
-                    write(tensors[i], decode(r[at: at + n], enc))
+                    decode_into(tensors[i], r[at: at + n], enc)
                 at += n
 
     ctx.finish(handles, assemble)
@@ -100,7 +111,9 @@ def _from_bytes(data: np.ndarray, like: torch.Tensor) -> torch.Tensor:
 
 
 def reduce_scatter(ctx: OpContext, out: torch.Tensor, make_input: Callable[[], torch.Tensor], enc: Encoding,
-                   op: str, rank: int, world: int = 1) -> None:
+                   op: str, rank: int, world: int = 1, fresh: bool = False) -> None:
+    """`fresh`: make_input() returns a tensor of this call's own (the concatenated input list), which
+    the engine may then reduce in place (no result array the size of every rank's blocks)."""
     n = out.numel()
     if enc.kind == "host":  # every rank's whole input, reduced here; this rank keeps its block
         x = flat(make_input())
@@ -114,11 +127,16 @@ def reduce_scatter(ctx: OpContext, out: torch.Tensor, make_input: Callable[[], t
 
         ctx.finish([ctx.allreduce(buf, "sum")], assemble_host)
         return
-    h = ctx.allreduce(encode(make_input(), enc), op)
+    words = encode(make_input(), enc)
+    # in place as reduce_tensors does: the input's own encoding (a widened copy, or a fresh input)
+    own = fresh or enc.kind == "limbs" or (enc.kind == "int" and enc.dtype != torch.int32) or \
+        (enc.kind == "float" and enc.dtype != torch.float32)
+    in_place = own and (enc.kind == "int" or (enc.kind == "float" and op in ("sum", "avg")))
+    h = ctx.allreduce(words, op, out=words if in_place else None)
     w = enc.words_per_element
 
     def assemble(results: list[np.ndarray]) -> None:
-        write(out, decode(results[0][rank * n * w: (rank + 1) * n * w], enc))
+        decode_into(out, results[0][rank * n * w: (rank + 1) * n * w], enc)
 
     ctx.finish([h], assemble)
 

@@ -10,6 +10,8 @@
 | `LOCAL_WORLD_SIZE` | `1` | ranks per server (torchrun sets it): with a rail-only plan, whose sessions each sum one rail, allreduce goes hierarchical over the server's ranks (hierarchy.py) |
 | `LUWU_MODE` | `loopback` | packet mode of the embedded switch (`tofino`, `jumbo`, `loopback` or a lane count; `loopback`: 64 KiB datagrams) |
 | `LUWU_TRANSPORT` | `shm` (Linux x86-64), else `udp` | ports of the embedded switch: shared-memory rings in /dev/shm, or UDP sockets on loopback (read by `StarPlan`, dataplane/loopback/plan.py) |
+| `LUWU_EAGER_START` | unset | `1`: `init_process_group` / `new_group` return only once the group has started (plan, engine, start barrier) and raise its errors; unset: they return at once and the group's first operation waits for its start-up and raises them (docs/backend.md "Start-up") |
+| `LUWU_SMALL_BYTES` | `262144` | collectives of at most this many bytes take the latency path (process_group.py, docs/backend.md "Order and completion"); `-1`: none does (for comparisons) |
 | `LUWU_CONNECT_TIMEOUT` | `30` | seconds the first collective (a probe at group creation) may take before the switch is declared unreachable |
 | `LUWU_P2P_HOST` | `127.0.0.1` | address the point-to-point (send/recv) listener binds and advertises |
 | `LUWU_WORKDIR` | a new temp dir | where engine and switch logs go |
@@ -40,6 +42,7 @@ class BackendConfig:
     connect_timeout: float = 30.0
     p2p_host: str = "127.0.0.1"
     workdir: str = ""
+    eager_start: bool = False  # LUWU_EAGER_START=1: the torch creator starts the group before returning
     local_world_size: int = 1  # ranks per server (rail-only: the rails); ranks are numbered server by server
     watchdog_tick: float = 0.5  # s between checks of outstanding operations against their deadline
     shutdown_wait: float = 30.0  # s rank 0 keeps the embedded switch up for the other ranks to finish
@@ -58,6 +61,7 @@ class BackendConfig:
             mode=env.get("LUWU_MODE", cls.mode).strip(),
             p2p_host=env.get("LUWU_P2P_HOST", cls.p2p_host).strip(),
             workdir=env.get("LUWU_WORKDIR", "").strip(),
+            eager_start=env.get("LUWU_EAGER_START", "").strip().lower() in ("1", "true", "yes"),
         )
         raw = env.get("LOCAL_WORLD_SIZE", "").strip()
         if raw:

@@ -34,6 +34,8 @@ PLAN_KEY = "luwu/plan"
 CLOSED_KEY = "luwu/closed/{rank}"
 _switch_process: LoopbackSwitch | None = None  # the first embedded switch this process started: later groups'
 # switches run in its process (no new process per new_group)
+_prestarted: set[str] = set()  # work dirs whose switch process was launched and not yet taken (a deferred
+# start-up takes it later: a group created meanwhile must not launch a second one)
 
 
 @dataclass
@@ -83,13 +85,15 @@ def prestart_switch(rank: int, cfg: BackendConfig, workdir: str) -> None:
     plan. Nothing when this process already runs a switch process (new_group adds a switch to it)."""
     if rank != 0 or cfg.controller or cfg.plan_file:
         return
-    if _switch_process is not None and _switch_process.alive():
-        return
+    if (_switch_process is not None and _switch_process.alive()) or _prestarted - {workdir}:
+        return  # later groups' switches run in the first one's process
+    _prestarted.add(workdir)
     LoopbackSwitch.prestart(_switch_log(workdir))
 
 
 def discard_prestarted_switch(workdir: str) -> None:
     """Stop a switch process `prestart_switch` launched that no switch took (set-up failed first)."""
+    _prestarted.discard(workdir)
     LoopbackSwitch.discard_prestarted(_switch_log(workdir))
 
 
@@ -103,6 +107,7 @@ def embedded_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: Ba
             host = LoopbackSwitch(star, process=True, log_path=_switch_log(workdir), host=owner).start()
             if owner is None:
                 _switch_process = host
+            _prestarted.discard(workdir)
         except Exception as e:
             store.set(PLAN_KEY, json.dumps({"error": f"rank 0 could not start the luwu switch: {e}"}))
             raise

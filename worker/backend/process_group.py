@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import threading
 import weakref
 from datetime import timedelta
@@ -30,7 +31,7 @@ import torch.distributed as dist
 from luwu.worker import metrics as worker_metrics
 from luwu.worker.engine_link import EngineHost, open_engine
 
-from . import cleanup
+from . import cleanup, startup
 from . import collectives as C
 from .codec import UnsupportedCollective, nbytes, reduction_encoding, tensor_bytes, write_bytes
 from .config import BackendConfig
@@ -48,6 +49,11 @@ from .work import LuwuWork
 
 BACKEND_NAME = "luwu"
 _GROUP_IDS = itertools.count()  # names the process's groups in its metrics
+SMALL_BYTES = 256 << 10  # a collective of at most this many bytes takes the latency path (scheduler.py);
+# LUWU_SMALL_BYTES overrides it per process (-1: no latency path, for comparisons)
+_env_small = os.environ.get("LUWU_SMALL_BYTES", "").strip()
+if _env_small.lstrip("-").isdigit():
+    SMALL_BYTES = int(_env_small)
 _REDUCE_OPS = ("SUM", "AVG", "MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR", "PREMUL_SUM")
 
 
@@ -79,19 +85,41 @@ def _one(tensors, what: str) -> torch.Tensor:
     return tensors[0]
 
 
+def _small(tensors: list[torch.Tensor]) -> bool:
+    """Whether a collective takes the scheduler's latency path (SMALL_BYTES or less in all)."""
+    return sum(t.numel() * t.element_size() for t in tensors) <= SMALL_BYTES
+
+
 def _describe(t: torch.Tensor) -> str:
     return f"{t.numel()} x {t.dtype}"
 
 
 class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device table torch's tools read
+    """The luwu process group (what `init_process_group("luwu")` and `new_group` create).
+
+    Args:
+        store: the c10d store of the group.
+        rank (int), world_size (int): this rank and the group's size.
+        timeout (timedelta): deadline of every operation (and of the plan's exchange).
+        config (BackendConfig): settings (`BackendConfig.from_env()` when None).
+        workdir (str): the work directory whose child processes `startup.prestart_children` launched.
+        deferred (bool): return at once and finish the start-up (plan, engine, start barrier) on a
+            thread; the group's first operation waits for it and raises its error
+            (`init_process_group` does this unless LUWU_EAGER_START=1; docs/backend.md "Start-up").
+            False: the start-up runs here and its error is raised here.
+    """
+
     def __init__(self, store, rank: int, world_size: int, timeout: timedelta | None = None,
-                 config: BackendConfig | None = None, workdir: str | None = None):
+                 config: BackendConfig | None = None, workdir: str | None = None, deferred: bool = False):
         super().__init__(rank, world_size)
         self._cfg = cfg = config or BackendConfig.from_env()
         self._timeout = timeout if timeout is not None else timedelta(minutes=30)
         self._store = store
         self._closed = False
-        self._link = self._sched = self._p2p = None
+        self._parts: dict = {}  # what the start-up made: link, sched, p2p, lease (set on its thread)
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._start_thread: threading.Thread | None = None
         self._workdir = workdir or default_workdir(cfg, rank)  # given: startup.prestart_children launched them
         cleanup.track(self._workdir, temporary=not cfg.workdir)  # removed when the last group closes, or on exit
         # both child processes start now (unless already launched: idempotent for this workdir) and
@@ -100,43 +128,98 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         try:
             if cfg.engine == "process":
                 EngineHost.prestart(self._workdir)
-            self._lease = obtain_plan(store, rank, world_size, self._timeout, cfg, self._workdir)
         except BaseException:
-            EngineHost.stop_if_unused()
             discard_prestarted_switch(self._workdir)
             cleanup.untrack(self._workdir)
             raise
-        try:
-            self._link = open_engine(cfg.engine, self._lease.plan, self._workdir, cfg.connect_timeout)
-            from luwu.worker.p2p import P2PChannel
-
-            self._p2p = P2PChannel(store, rank, world_size, cfg.p2p_host, self._timeout)
-            self._sched = Scheduler(self._link, self._lease, f"r{rank}", cfg.watchdog_tick,
-                                    ExactFallback(self._p2p, rank, world_size), DirectMoves(self._p2p, rank, world_size),
-                                    self._rail_hierarchy(rank, world_size))
-            self._sched.mismatch, self._sched.shapes = (store, rank, world_size), detail()  # fingerprint.py
-            self._probe()
-            self._after_startup()
-            self._metrics_name = f"rank{rank}-group{next(_GROUP_IDS)}"
-            worker_metrics.track(self._metrics_name, self._link, rank)  # LUWU_METRICS: serve its engine's stats
-        except ConnectionRefusedError as e:  # a shared-memory switch port whose rings are gone (UDP: the probe)
-            self.shutdown()
-            raise LuwuError(f"the switch at {self._lease.switch_address} is unreachable: {e.strerror}. "
-                            f"Check {self._lease.hint}") from None
-        except BaseException:
-            self.shutdown()
-            raise
+        before = startup.chain(self._started)  # the previous group of this process starts first
+        if deferred:
+            self._start_thread = threading.Thread(target=self._start_up, args=(before, False),
+                                                  name=f"luwu-start-r{rank}", daemon=True)
+            self._start_thread.start()
+        else:
+            self._start_up(before, True)
         ref = weakref.ref(self)
         atexit.register(lambda: ref() is not None and ref().shutdown())
 
-    def _rail_hierarchy(self, rank: int, world_size: int) -> RailHierarchy | None:
-        k = self._lease.local_size
+    # -- start-up (here, or on a thread: deferred) -------------------------------------------------------
+    def _start_up(self, before: threading.Event | None, eager: bool) -> None:
+        try:
+            if before is not None and not before.wait(self._start_deadline()):
+                raise LuwuError("an earlier luwu process group of this process did not finish its start-up")
+            self._build(self._store if eager else startup.own_client(self._store))
+        except BaseException as e:
+            self._start_error = e
+            self.shutdown()  # stops what was launched for this group (on this thread: no wait on itself)
+            self._started.set()
+            if eager:
+                raise
+            return
+        self._started.set()
+
+    def _build(self, store) -> None:
+        cfg, rank, world_size = self._cfg, self.rank(), self.size()
+        self._parts["lease"] = lease = obtain_plan(store, rank, world_size, self._timeout, cfg, self._workdir)
+        try:
+            if self._closed:
+                raise LuwuError("the process group was shut down during its start-up")
+            self._parts["link"] = link = open_engine(cfg.engine, lease.plan, self._workdir, cfg.connect_timeout)
+            from luwu.worker.p2p import P2PChannel
+
+            self._parts["p2p"] = p2p = P2PChannel(store, rank, world_size, cfg.p2p_host, self._timeout)
+            self._parts["sched"] = sched = Scheduler(link, lease, f"r{rank}", cfg.watchdog_tick,
+                                                     ExactFallback(p2p, rank, world_size),
+                                                     DirectMoves(p2p, rank, world_size),
+                                                     self._rail_hierarchy(store, lease, p2p, rank, world_size))
+            sched.mismatch, sched.shapes = (store, rank, world_size), detail()  # fingerprint.py
+            self._probe(sched)
+            self._after_startup(lease)
+            self._metrics_name = f"rank{rank}-group{next(_GROUP_IDS)}"
+            worker_metrics.track(self._metrics_name, link, rank)  # LUWU_METRICS: serve its engine's stats
+        except ConnectionRefusedError as e:  # a shared-memory switch port whose rings are gone (UDP: the probe)
+            raise LuwuError(f"the switch at {lease.switch_address} is unreachable: {e.strerror}. "
+                            f"Check {lease.hint}") from None
+
+    def _start_deadline(self) -> float:
+        """Seconds a start-up may take: the plan's exchange (the group's timeout), then the engine."""
+        return self._timeout.total_seconds() + 2 * self._cfg.connect_timeout + 60.0
+
+    def _part(self, name: str):
+        """A part the start-up makes (waiting for a deferred start-up; its error raised here)."""
+        if not self._started.is_set():
+            if self._start_thread is threading.current_thread():
+                return self._parts.get(name)
+            if not self._started.wait(self._start_deadline()):
+                raise LuwuError(f"luwu: the process group's start-up did not finish within "
+                                f"{self._start_deadline():.0f} s (rank {self.rank()}); its logs: {self._workdir}")
+        if self._start_error is not None:
+            raise LuwuError(f"luwu: this process group could not start: {self._start_error}") \
+                from self._start_error
+        return self._parts.get(name)
+
+    @property
+    def _link(self):
+        return self._part("link")
+
+    @property
+    def _sched(self):
+        return self._part("sched")
+
+    @property
+    def _p2p(self):
+        return self._part("p2p")
+
+    @property
+    def _lease(self):
+        return self._part("lease")
+
+    def _rail_hierarchy(self, store, lease, p2p, rank: int, world_size: int) -> RailHierarchy | None:
+        k = lease.local_size
         if k <= 1:
             return None
-        check_rails(self._store, rank, world_size, k,
-                    [s.session for s in self._lease.plan.sessions if s.kind == "collective"],
+        check_rails(store, rank, world_size, k, [s.session for s in lease.plan.sessions if s.kind == "collective"],
                     self._timeout.total_seconds())
-        return RailHierarchy(self._p2p, rank, world_size, k, self._timeout.total_seconds())
+        return RailHierarchy(p2p, rank, world_size, k, self._timeout.total_seconds())
 
     # -- identity ----------------------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -166,27 +249,30 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         return self._workdir
 
     # -- plumbing ----------------------------------------------------------------------------------------
-    def _work(self, name: str, outputs: list[torch.Tensor], start, fp: Fingerprint | None = None) -> LuwuWork:
+    def _work(self, name: str, outputs: list[torch.Tensor], start, fp: Fingerprint | None = None,
+              small: bool = False) -> LuwuWork:
+        sched = self._sched  # waits for a deferred start-up; raises its error
         if self._closed:
             raise LuwuError(f"luwu {name}: the process group has been shut down")
         work = LuwuWork(name, outputs, self._timeout.total_seconds())
         work.fingerprint = fp  # every rank's must agree (fingerprint.py)
-        return self._sched.run(work, start)
+        work.small = small and SMALL_BYTES >= 0  # the scheduler's latency path (scheduler.py)
+        return sched.run(work, start)
 
-    def _probe(self) -> None:
-        """A barrier at creation, so that an unreachable switch is reported by init_process_group."""
+    def _probe(self, sched: Scheduler) -> None:
+        """A barrier at start-up, so that an unreachable switch is reported by the start-up."""
         work = LuwuWork("startup barrier", [], self._cfg.connect_timeout)
         work.probe = True
         work.fingerprint = Fingerprint("barrier", [], 0)
-        self._sched.run(work, lambda ctx: C.barrier(ctx))
-        self._sched._seq = 0  # the user's first collective is #0, as torch's wrapper numbers them
+        sched.run(work, lambda ctx: C.barrier(ctx))
+        sched._seq = 0  # the user's first collective is #0, as torch's wrapper numbers them
         work.wait()
 
-    def _after_startup(self) -> None:
+    def _after_startup(self, lease) -> None:
         """The start barrier passed: the switch process rank 0 started may load its compiled kernels
         now (it defers them so as not to compete with the group's start-up; docs/backend.md
-        "Start-up"). In a thread: init_process_group does not wait for the switch's answer."""
-        switch = self._lease.switch
+        "Start-up"). In a thread: the start-up does not wait for the switch's answer."""
+        switch = lease.switch
         if switch is not None:
             threading.Thread(target=switch.load_kernels, name="luwu-switch-kernels", daemon=True).start()
 
@@ -204,7 +290,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         name = f"allreduce({', '.join(_describe(t) for t in tensors)}, {op.upper()})"
         return self._work(name, tensors, lambda ctx: C.reduce_tensors(ctx, tensors, encs, op, True, self.size(),
                                                                           self.rank()),
-                          Fingerprint.of("all_reduce", tensors, op))
+                          Fingerprint.of("all_reduce", tensors, op), small=_small(tensors))
 
     @staged(outputs=(0,))
     def allreduce_coalesced(self, tensors, opts=None):
@@ -218,7 +304,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         keep = self.rank() == opts.rootRank
         return self._work(f"reduce({_describe(t)}, {op.upper()}, root {opts.rootRank})", [t],
                           lambda ctx: C.reduce_tensors(ctx, [t], [enc], op, keep, self.size(), self.rank()),
-                          Fingerprint.of("reduce", [t], op, opts.rootRank))
+                          Fingerprint.of("reduce", [t], op, opts.rootRank), small=_small([t]))
 
     @staged(outputs=(0,))
     def reduce_scatter(self, outputs, inputs, opts):
@@ -233,7 +319,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         enc = reduction_encoding(out.dtype, op, "reduce_scatter")
         return self._work(f"reduce_scatter({self.size()} x {_describe(out)}, {op.upper()})", [out],
                           lambda ctx: C.reduce_scatter(ctx, out, lambda: torch.cat([C.flat(t) for t in ins]), enc, op,
-                                                       self.rank(), self.size()),
+                                                       self.rank(), self.size(), fresh=True),
                           Fingerprint.of("reduce_scatter", ins, op))
 
     @staged(outputs=(0,))
@@ -267,7 +353,8 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         root = opts.rootRank
         self._check_rank(root, "broadcast root")
         return self._work(f"broadcast({_describe(t)}, root {root})", [t],
-                          lambda ctx: C.broadcast(ctx, t, root, self.rank()), Fingerprint.of("broadcast", [t], root=root))
+                          lambda ctx: C.broadcast(ctx, t, root, self.rank()), Fingerprint.of("broadcast", [t], root=root),
+                          small=_small([t]))
 
     @staged(outputs=(0,))
     def allgather(self, outputs, inputs, opts=None):
@@ -372,7 +459,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
     alltoall_base = all_to_all_single
 
     def barrier(self, opts=None):
-        return self._work("barrier", [], lambda ctx: C.barrier(ctx), Fingerprint("barrier", [], 0))
+        return self._work("barrier", [], lambda ctx: C.barrier(ctx), Fingerprint("barrier", [], 0), small=True)
 
     # -- point to point (TCP, luwu.worker.p2p) -------------------------------------------------------------
     @staged(outputs=())
@@ -415,19 +502,26 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def shutdown(self, *args, **kwargs) -> None:
+        thread = self._start_thread
+        if thread is not None and thread is not threading.current_thread():
+            self._started.wait(self._start_deadline())  # a deferred start-up finishes (or fails) first
         if self._closed:
             return
         self._closed = True
         worker_metrics.untrack(getattr(self, "_metrics_name", ""))
-        for part in (self._sched, self._p2p, self._link):
+        for name in ("sched", "p2p", "link"):
+            part = self._parts.get(name)
             if part is not None:
                 try:
                     part.close()
                 except Exception:  # noqa: BLE001 - shutting down: free what can be freed
                     pass
-        lease = getattr(self, "_lease", None)
+        lease = self._parts.get("lease")
         if lease is not None:
             release_plan(self._store, lease, self.rank(), self.size(), self._cfg.shutdown_wait)
+        else:  # the start-up failed before it had a plan: stop the child processes it launched
+            EngineHost.stop_if_unused()
+            discard_prestarted_switch(self._workdir)
         cleanup.untrack(self._workdir)  # the last group's: the processes are stopped, their directories go
 
     def abort(self) -> None:
@@ -463,7 +557,9 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
 
 
 def create_luwu_process_group(store, rank: int, world_size: int, timeout: timedelta,
-                              config: BackendConfig | None = None, workdir: str | None = None) -> LuwuProcessGroup:
+                              config: BackendConfig | None = None, workdir: str | None = None,
+                              deferred: bool = False) -> LuwuProcessGroup:
     """The creator registered with `dist.Backend.register_backend` (through `_create_process_group`,
-    which hands it the config and the workdir whose child processes it already launched)."""
-    return LuwuProcessGroup(store, rank, world_size, timeout, config, workdir)
+    which hands it the config, the workdir whose child processes it already launched, and
+    `deferred` unless LUWU_EAGER_START=1)."""
+    return LuwuProcessGroup(store, rank, world_size, timeout, config, workdir, deferred)

@@ -7,6 +7,9 @@ first agrees on the block sizes) `hold`s the queue: later collectives wait until
 been submitted, so the order stays the same on every rank without blocking anyone's caller.
 Results are turned into output tensors on a *completion* thread (never on the engine's packet
 thread), which also fails operations that pass their deadline (the process group's timeout).
+Small collectives (`LuwuWork.small`: SMALL_BYTES or less, docs/backend.md "Order and completion")
+take a latency path: the caller submits one itself when nothing is queued before it, and with the
+engine daemon its result is assembled on the link's reply thread; each saves a thread hand-off.
 Every collective gets its sequence number here, in call order, and each of its engine operations
 carries its fingerprint (fingerprint.py); a disagreement fails it and breaks the group.
 """
@@ -101,6 +104,9 @@ class Scheduler:
         self._done_q: queue.SimpleQueue = queue.SimpleQueue()
         self._holds = 0
         self._deferred: collections.deque = collections.deque()
+        self._order = threading.Lock()  # held while a collective is submitted (submit thread, or inline)
+        self._queued = 0  # "op" items in _submit_q not yet submitted (under _order)
+        self.inline_completion = getattr(link, "kind", "") == "process"  # see _finish
         self._pending: dict[int, LuwuWork] = {}
         self._pending_lock = threading.Lock()
         self._submitter = threading.Thread(target=self._submit_loop, name=f"luwu-submit-{name}", daemon=True)
@@ -117,7 +123,16 @@ class Scheduler:
         self._seq += 1
         with self._pending_lock:
             self._pending[id(work)] = work
-        self._submit_q.put(("op", OpContext(self, work), None, start))
+        ctx = OpContext(self, work)
+        with self._order:
+            if work.small and not self._queued and not self._holds and not self._deferred \
+                    and self.hierarchy is None:
+                # the latency path: nothing is waiting to be submitted before it, so the caller submits
+                # it itself (the order is still the call order; no hand-off to the submit thread)
+                self._guard(ctx, start)
+                return work
+            self._queued += 1
+            self._submit_q.put(("op", ctx, None, start))
         return work
 
     def close(self, timeout: float = 10.0) -> None:
@@ -137,19 +152,24 @@ class Scheduler:
             kind, ctx, handle, fn = self._submit_q.get()
             if kind == "stop":
                 return
-            if kind == "op":
-                if self._holds:
-                    self._deferred.append((ctx, fn))
-                    continue
-                self._guard(ctx, fn)
-            else:  # a held step: its input is ready
-                self._holds -= 1
-                if handle.error is not None:
-                    self._fail(ctx.work, handle.error)
-                else:
-                    self._guard(ctx, lambda c, fn=fn, handle=handle: fn(handle.wait()))
-            while not self._holds and self._deferred:
-                self._guard(*self._deferred.popleft())
+            with self._order:
+                self._submit_one(kind, ctx, handle, fn)
+
+    def _submit_one(self, kind: str, ctx: OpContext, handle, fn) -> None:
+        if kind == "op":
+            self._queued -= 1
+            if self._holds:
+                self._deferred.append((ctx, fn))
+                return
+            self._guard(ctx, fn)
+        else:  # a held step: its input is ready
+            self._holds -= 1
+            if handle.error is not None:
+                self._fail(ctx.work, handle.error)
+            else:
+                self._guard(ctx, lambda c, fn=fn, handle=handle: fn(handle.wait()))
+        while not self._holds and self._deferred:
+            self._guard(*self._deferred.popleft())
 
     def _guard(self, ctx: OpContext, fn) -> None:
         if ctx.work.is_completed():  # failed meanwhile (watchdog, broken group): submit nothing more
@@ -168,7 +188,13 @@ class Scheduler:
             with lock:
                 remaining[0] -= 1
                 last = remaining[0] == 0
-            if last:
+            if not last:
+                return
+            if ctx.work.small and self.inline_completion:
+                # the latency path: a small result is assembled on the engine link's reply thread (the
+                # engine daemon's, not a packet thread), without a hand-off to the completion thread
+                self._assemble(ctx, handles, assemble)
+            else:
                 self._done_q.put((ctx, handles, assemble))
 
         if not handles:

@@ -1,13 +1,17 @@
 """What `init_process_group("luwu")` launches before anything else: rank 0's switch process (embedded
 plan) and every rank's engine process.
 
-Rank 0's switch process start is the critical path of a loopback job's init (docs/backend.md
+Rank 0's switch process start is the critical path of a group's start-up (docs/backend.md
 "Start-up"), so it is launched before the process group's own modules are imported (~0.08 s of CPU
 in the rank, which would otherwise come first), and the engine process right after. Both are then
-taken by `LuwuProcessGroup` (its own prestart calls are idempotent for the same workdir).
+taken by `LuwuProcessGroup` (its own prestart calls are idempotent for the same workdir), whose
+start-up is deferred to a thread (`chain` orders the groups of a process, `own_client` gives it a
+store connection of its own) unless LUWU_EAGER_START=1.
 """
 
 from __future__ import annotations
+
+import threading
 
 from .config import BackendConfig
 from .plan_source import default_workdir, discard_prestarted_switch, prestart_switch
@@ -45,3 +49,27 @@ def discard_children(workdir: str) -> None:
 
     EngineHost.stop_if_unused()
     discard_prestarted_switch(workdir)
+
+
+_chain_lock = threading.Lock()
+_last_start: threading.Event | None = None  # set when this process's latest group has finished its start-up
+
+
+def chain(started: threading.Event) -> threading.Event | None:
+    """Queue a group's start-up behind the previous group's of this process: returns the event to
+    wait for first (None: no earlier group). Later groups' switches run in the first group's switch
+    process and their engines in the same engine process, which a deferred start-up makes later."""
+    global _last_start
+    with _chain_lock:
+        before, _last_start = _last_start, started
+    return before
+
+
+def own_client(store):
+    """A store client of the deferred start-up's own (`Store.clone`: a TCPStore's is a new
+    connection), so that its blocking waits (rank 0's plan) never hold the lock of the client the
+    rank's own thread uses; the store itself where it cannot be cloned."""
+    try:
+        return store.clone()
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return store

@@ -44,11 +44,13 @@ class LuwuWork(dist.Work):
         self.started = time.monotonic()
         self.deadline = None if timeout is None else self.started + timeout
         self.probe = False  # the startup barrier: a timeout means the switch is unreachable
+        self.small = False  # the scheduler's latency path (scheduler.py): set by the group for small collectives
         self.source = -1  # a receive from any source: the rank it came from
         self.fingerprint = None  # what every rank must agree on (fingerprint.py); None: not checked
         self.checks: list[int] = []  # the group's check numbers of its engine operations (fingerprint.py)
         self._done_future: Future = Future()  # what the backend completes (Python's set_exception)
-        self._future: Future = self._done_future.then(_unwrap)  # what c10d and DDP get: C++ sees errors
+        self._future: Future | None = None  # what c10d and DDP get (get_future: made on first use, a
+        # `then` of _done_future, so C++ sees errors); a blocking dist.all_reduce never asks for it
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._lock = threading.Lock()
@@ -83,7 +85,10 @@ class LuwuWork(dist.Work):
         return True
 
     def get_future(self) -> Future:
-        return self._future
+        with self._lock:
+            if self._future is None:
+                self._future = self._done_future.then(_unwrap)  # runs at once when already complete
+            return self._future
 
     def is_completed(self) -> bool:
         return self._done.is_set()
