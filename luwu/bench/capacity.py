@@ -17,7 +17,8 @@ transformers' `LlamaForCausalLM` when installed, else a built-in module of the s
 activation checkpointing on for every system (a recomputed forward pulls its unit again in luwu).
 Each trial trains `--steps` steps in fresh
 processes. Per system the layers double from 1 until a size does not fit (or `--max-layers`),
-then bisect, within the system's share of `--time-budget`.
+then bisect, within the system's share of `--time-budget`; `--layers N` runs that one size per system
+instead (a fixed model: `largest_params` is then its size where it fit).
 
 The cap (memcap.py) is a cgroup where this process may create one (one per worker: the worker and
 what it starts, a luwu worker's engine daemon, are charged together, each page once), else
@@ -58,6 +59,9 @@ def add_arguments(p) -> None:
     p.add_argument("--batch", type=positive_int, default=2, help="sequences per worker per step")
     p.add_argument("--steps", type=positive_int, default=3, help="training steps per trial (tokens/s leaves out the first)")
     p.add_argument("--max-layers", type=positive_int, default=4096, help="the most layers tried")
+    p.add_argument("--layers", type=positive_int, default=None,
+                   help="no search: one trial of this many layers per system (a fixed model's worker and node "
+                        "memory compared in one run, e.g. --hidden 768 --layers 12: LLaMA-shaped, 134M parameters)")
     p.add_argument("--time-budget", type=positive_float, default=3600.0,
                    help="seconds for the whole search, shared by the systems (a started trial finishes)")
     p.add_argument("--systems", default="ddp,fsdp,luwu", help="comma-separated, of luwu, ddp, fsdp")
@@ -108,7 +112,7 @@ def run(args) -> int:
     work = Path(tempfile.mkdtemp(prefix="luwu-capacity-")) if args.keep is None else args.keep
     work.mkdir(parents=True, exist_ok=True)
     try:
-        trials = search(base, cap, work, args.max_layers, args.time_budget, console)
+        trials = search(base, cap, work, args.max_layers, args.time_budget, console, layers=args.layers)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -38,6 +38,11 @@ class _RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden))
         self.eps = eps
 
+    def reset_parameters(self) -> None:
+        """Its init (ones), for a model built on the meta device (ModelInNetwork, FSDP2's materialise)."""
+        with torch.no_grad():
+            self.weight.fill_(1.0)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
@@ -116,9 +121,7 @@ def materialise(model: nn.Module, backend: str) -> None:
             model.initialize_weights()  # type: ignore[operator]
             return
         for m in model.modules():
-            if isinstance(m, _RMSNorm):
-                m.weight.fill_(1.0)
-            elif isinstance(m, (nn.Linear, nn.Embedding)):
+            if isinstance(m, (_RMSNorm, nn.Linear, nn.Embedding)):
                 m.reset_parameters()
 
 

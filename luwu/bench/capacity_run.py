@@ -147,6 +147,8 @@ def trial(system: str, layers: int, params: int, base: dict, cap: MemoryCap, wor
             rec["step_seconds"] = steps
             rec["tokens_per_s"] = tokens * len(timed) / sum(timed)
             rec["losses"] = [m["losses"] for m in dones if m]
+            if system == "luwu":  # ModelInNetwork's own accounting: resident bytes by kind, malloc's heap
+                rec["mnn_memory"] = [m.get("mnn_memory") for m in dones if m]
     except LineChild.Error as e:
         rec["reason"], rec["detail"] = "error", str(e)[-2000:]
     finally:

@@ -32,8 +32,11 @@ def _next_layers(lo: int, hi: int | None, max_layers: int) -> int | None:
     return (lo + hi) // 2
 
 
-def search(base: dict, cap: MemoryCap, work: Path, max_layers: int, budget: float, console) -> list[dict]:
-    """Every trial of every system of `base["systems"]`, in order, within `budget` seconds."""
+def search(base: dict, cap: MemoryCap, work: Path, max_layers: int, budget: float, console,
+           layers: int | None = None) -> list[dict]:
+    """Every trial of every system of `base["systems"]`, in order, within `budget` seconds; with
+    `layers`, one trial of that size per system instead of a search (a fixed model compared)."""
+    fixed = layers
     from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
     ckpt = dict.fromkeys(base["systems"], True)  # every system recomputes (ModelInNetwork pulls again)
@@ -46,8 +49,10 @@ def search(base: dict, cap: MemoryCap, work: Path, max_layers: int, budget: floa
             share_end = time.monotonic() + (t_end - time.monotonic()) / (len(base["systems"]) - i)
             lo, hi, task = 0, None, tasks[system]
             sys_base = dict(base, model=dict(base["model"], checkpointing=ckpt[system]))
+            tried = 0
             while True:
-                layers = _next_layers(lo, hi, max_layers)
+                layers = (fixed if not tried else None) if fixed is not None else _next_layers(lo, hi, max_layers)
+                tried += 1
                 left = share_end - time.monotonic()
                 if layers is None or left <= 0:
                     break

@@ -400,10 +400,11 @@ def _run(args, console: Console, workdir: Path, info: dict, tokens_per_step: int
     ddp = None
     cpu_ddp = StepCpu(args.steps)
     if not args.no_baseline:
-        from .fabric import free_tcp_port
-
         with DemoProgress(console, enabled=not args.quiet) as progress:
-            spec = dict(_spec(args, "ddp"), init_method=f"tcp://127.0.0.1:{free_tcp_port()}")
+            # the ranks meet in a file, not on a TCP port picked free beforehand: such a port can be taken
+            # between the pick and rank 0's listen, or a rank's own retried connect can land on it (a TCP
+            # self-connect), and gloo's rendezvous then waited for ever (issue 26: one full-suite run in four)
+            spec = dict(_spec(args, "ddp"), init_method=(workdir / "ddp-store").resolve().as_uri())
             ddp = _train("DDP + Gloo baseline", spec, workdir, progress, False, cpu=cpu_ddp)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                 if k not in ("func", "model_spec")}

@@ -2,7 +2,9 @@
 they die with the demo.
 
 Every child runs in its own session (process group), so whatever it starts (a worker's engine
-daemon) is in that group too; `stop()` terminates the group, waits, then kills what is left.
+daemon) is in that group too; `stop()` terminates the group, waits, then kills what is left. The
+training workers (luwu's and the DDP baseline's) also get SIGTERM when the demo itself dies, even
+by SIGKILL (`children.die_with_parent`): a killed demo leaves no rank behind.
 Workers speak JSON lines on stdout; a reader thread per worker hands each message to a callback
 and keeps the last `done` report. Plain subprocesses, not multiprocessing: nothing re-imports
 the caller's `__main__`.
@@ -74,7 +76,8 @@ class WorkerGroup:
         for rank in range(self.workers):
             log = self.workdir / f"{self.name}-worker{rank}.log"
             child = Child(f"{self.name} worker {rank}",
-                          children.python_module("luwu.demo.worker", str(self.spec_path), str(rank)), log=log,
+                          children.die_with_parent(children.python_module("luwu.demo.worker", str(self.spec_path),
+                                                                          str(rank))), log=log,
                           on_message=functools.partial(self._message, rank, log))
             self.children.append(child)
         return self

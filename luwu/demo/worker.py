@@ -13,6 +13,7 @@ for a Prometheus endpoint, `{"event": "step", ...}` per step, then `{"event": "d
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import time
 import traceback
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+DDP_TIMEOUT = 300.0  # s the DDP baseline's rendezvous or a gloo collective may take before the rank fails, named
 
 
 def _emit(msg: dict) -> None:
@@ -111,7 +113,11 @@ def train(spec: dict, rank: int) -> dict:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
-        dist.init_process_group("gloo", init_method=spec["init_method"], rank=rank, world_size=world)
+        # SIGTERM's default again: a DDP rank has no engine to close, and a Python handler would never run
+        # while a gloo call blocks (a stopped or orphaned rank has to end even there)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        dist.init_process_group("gloo", init_method=spec["init_method"], rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=float(spec.get("ddp_timeout", DDP_TIMEOUT))))
         runner = DistributedDataParallel(model)
         opt = torch.optim.AdamW(_optimizer_groups(model, spec["weight_decay"]), lr=spec["lr"])
     else:

@@ -89,3 +89,15 @@ def test_the_search_doubles_then_bisects_to_an_eighth():
     assert _next_layers(64, 72, 1024) is None  # within 64 / 8
     assert _next_layers(64, 80, 1024) == 72
     assert _next_layers(0, 1, 64) is None  # one layer does not fit
+
+
+def test_layers_runs_one_fixed_size_per_system_instead_of_a_search():
+    # a fixed model compared in one run (issue 26's 136M LLaMA: --hidden 768 --layers 12), here tiny
+    _, res = _bench("--systems", "luwu,ddp", "--layers", "3", "--worker-memory", "3GiB", "--time-budget", "300")
+    assert res["errors"] == [], res["errors"]
+    for system in ("luwu", "ddp"):
+        trials = [t for t in res["trials"] if t["system"] == system]
+        assert [t["layers"] for t in trials] == [3] and trials[0]["fits"], trials  # 3 is not on the search's path
+        assert res["largest_layers"][system] == 3
+    luwu = next(t for t in res["trials"] if t["system"] == "luwu")
+    assert len(luwu["mnn_memory"]) == 2 and all(m["peak_bytes"] > 0 for m in luwu["mnn_memory"])

@@ -47,7 +47,7 @@ from .hierarchy import ServerSteps
 from .inflight import ArrivingGrads, issued, joined
 from .job import REPORT_TIMEOUT, barrier, fingerprint, hand_over, join, names_join_failures, node_jobs, report_failure
 from .materialize import Materializer
-from .memory import MemoryTracker
+from .memory import MemoryTracker, return_freed_memory
 from .network import JobNetwork
 from .optimizers import OptimizerSpec, as_optimizer_spec
 from .reporting import report, skipped_steps
@@ -141,6 +141,7 @@ class ModelInNetwork(nn.Module):
             raise ValueError(f"start_version must be >= 0, got {start_version}")
         self.version = int(start_version)
         self.memory = MemoryTracker()
+        return_freed_memory()  # freed units, gradients, activations leave the process (memory.py)
         self.init = Materializer.for_model(model, init_from, seed, device)  # meta-built or a checkpoint; else None
         self.units = split_units(model, units)
         self._pull_stage, self._push_stage = HostStage(self.memory), HostStage(self.memory)  # non-CPU devices
