@@ -242,3 +242,58 @@ def test_the_compiled_lane_sums_are_the_reference(kernels, monkeypatch):
         got = check_words_of(rows, idx, lanes, h[idx], int(dtype), 3)
         want = check_words_rows(rows[idx, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4"), h[idx], int(dtype), 3)
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_corrupted_contribution_ends_in_the_backends_exact_sum():
+    """The whole chain the torch backend runs: the engine hands the chunk whose stored sum is
+    corrupt as NaN + saturated, and worker/backend/fallback.py's ExactFallback recomputes those
+    elements over TCP: the result is the exact (float64, rounded once) sum there, and the
+    fixed-point sum within its bound elsewhere."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from luwu.dataplane.quantize import chunk_exponents, error_bound
+    from luwu.worker.backend.fallback import ExactFallback
+    from luwu.worker.p2p import P2PChannel
+
+    n = 2
+    rng = np.random.default_rng(21)
+    xs = [rng.standard_normal(4 * DATA + 9).astype(np.float32) for _ in range(n)]
+    store = dist.HashStore()
+    chans: list = [None] * n
+    with star(n, transport="udp") as (_, lsw, engines):
+        ts = [threading.Thread(target=lambda r=r: chans.__setitem__(
+            r, P2PChannel(store, r, n, "127.0.0.1", timedelta(seconds=30)))) for r in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        try:
+            sw = lsw._sw
+            turn = sw.handle_turn
+            budget = [1]
+
+            def corrupting_turn(rx, segments):
+                _flip_lane(rx.turn_rows(rx.filled), np.arange(rx.filled), MsgType.ALLREDUCE, budget, Dtype.FIXED32)
+                return turn(rx, segments)
+
+            sw.handle_turn = corrupting_turn
+            fallbacks = [ExactFallback(c, r, n) for r, c in enumerate(chans)]
+            hs = [f.guard(e.allreduce(x), x, "sum") for e, f, x in zip(engines, fallbacks, xs)]
+            results = [h.wait(60) for h in hs]
+            corrupt = _corrupt_chunks(engines)
+            exchanged = sum(f.stats["elements"] for f in fallbacks)
+        finally:
+            for c in chans:
+                if c is not None:
+                    c.close()
+    assert budget == [0] and corrupt == n and exchanged == n * DATA
+    exact = (xs[0].astype(np.float64) + xs[1]).astype(np.float32)
+    exps = np.max([chunk_exponents(x, DATA) for x in xs], axis=0)
+    for r in results:
+        assert not np.isnan(r).any()
+        bound = error_bound(r, exps, DATA, n)
+        assert (np.abs(r.astype(np.float64) - exact) <= bound).all()
+    np.testing.assert_array_equal(results[0], results[1])  # every rank the same bits
