@@ -297,3 +297,30 @@ def test_a_corrupted_contribution_ends_in_the_backends_exact_sum():
         bound = error_bound(r, exps, DATA, n)
         assert (np.abs(r.astype(np.float64) - exact) <= bound).all()
     np.testing.assert_array_equal(results[0], results[1])  # every rank the same bits
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_a_max_below_a_workers_own_value_is_refused(op):
+    """MAX lanes carry no check words of their data; each worker checks the result is not below
+    what it sent (in the op's order): a lowered lane fails the op with CorruptResult."""
+    xs = [np.arange(3 * DATA, dtype=np.float32) + r for r in range(2)]
+    with star(2, transport="udp") as (_, lsw, engines):
+        sw = lsw._sw
+        emit = sw.emit
+        budget = [1]
+
+        def corrupting_emit(b, em):
+            rows = b.rows[:, b.off:]
+            for i in np.unique(em.pkt).tolist():
+                if budget[0] and rows[i, 0] & 0xF == MsgType.RESULT and rows[i, 25] == Dtype.ORDERED32:
+                    # the lowest key (a max) or, min being a max of negated keys, the same
+                    rows[i, HEADER_LEN + 4 * 3:HEADER_LEN + 4 * 4] = np.frombuffer(b"\x80\x00\x00\x00", np.uint8)
+                    budget[0] -= 1
+            return emit(b, em)
+
+        sw.emit = corrupting_emit
+        handles = [e.allreduce(x, op) for e, x in zip(engines, xs)]
+        for h in handles:
+            with pytest.raises(CorruptResult, match="below this worker's own"):
+                h.wait(60)
+    assert budget == [0]
