@@ -14,12 +14,20 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import fixed16
-from ..integrity import check_lanes, check_words_rows
+from ..integrity import check_lanes
 from ..kernels import use_numba
 from ..protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType
 from ..quantize import as_words, fixed_point_kernels, num_chunks
 from ..session import SessionSpec
-from .packets import LanesOf, aggregation_fill, exponent16_fill, fixed16_fill, payload_int32, slice_lanes
+from .packets import (
+    LanesOf,
+    aggregation_fill,
+    check_words_of,
+    exponent16_fill,
+    fixed16_fill,
+    payload_int32,
+    slice_lanes,
+)
 from .send_stream import RtoEstimator, Segment, SendStream
 from .window import RecvWindow
 
@@ -205,8 +213,8 @@ class CollectiveSession:
         corrupted before the switch): it is let through flagged SATURATED, which takes the
         exact path (reductions.py), never a plausible number."""
         hs = h[idx]
-        sel = rows[idx, HEADER_LEN:HEADER_LEN + 4 * self.row_lanes].view(">i4")
-        got = sel[:, self.lanes:].view(">u4").astype(np.uint64)
+        at = HEADER_LEN + 4 * self.lanes
+        got = rows[idx, at:at + 4 * CHECK].view(">u4").astype(np.uint64)
         ok = np.ones(len(idx), dtype=bool)
         dtypes = hs["dtype"]
         for d in np.unique(dtypes).tolist():
@@ -214,7 +222,7 @@ class CollectiveSession:
             if d == int(Dtype.FIXED16):  # 16-bit lanes, 4 check words: dataplane/fixed16.py
                 ok[mine] = fixed16.verify_rows(rows, np.atleast_1d(idx[mine]), self.row_lanes, self.n)
                 continue
-            want = check_words_rows(sel[mine, :self.lanes], hs[mine], d, self.n)
+            want = check_words_of(rows, idx[mine], self.lanes, hs[mine], d, self.n)
             ok[mine] = (got[mine] == want).all(axis=1)
         if ok.all():
             if self._failures:

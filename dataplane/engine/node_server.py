@@ -15,14 +15,14 @@ from typing import Protocol
 import numpy as np
 
 from .. import fixed16
-from ..integrity import check_words_rows
+from ..integrity import TRAILER_LEN, trailers_ok
 from ..protocol import HEADER_LEN, NODE, PULL_REQUEST, Dtype, Flag, MsgType, header_view, ver_type
 from ..quantize import dequantize_rows_into, fixed16_bits, num_chunks, sum_shift
 from ..session import SessionSpec
 from .collective import CHECK, CORRUPT_TRIES
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
 from .node_worker import WIRE_DTYPES, elems_per_param_packet
-from .packets import param_fill, payload_int32
+from .packets import check_words_of, param_fill, payload_int32
 from .send_stream import RtoEstimator, SendStream, sdiff
 from .window import RecvWindow
 
@@ -272,9 +272,9 @@ class NodeServerSession:
         if not len(idx):
             return idx
         hs = h[idx]
-        lanes = rows[idx, HEADER_LEN:HEADER_LEN + 4 * self.row_lanes].view(">i4")
-        got = lanes[:, self.lanes:].view(">u4").astype(np.uint64)
-        ok = (got == check_words_rows(lanes[:, :self.lanes], hs, int(Dtype.FIXED32), n)).all(axis=1)
+        at = HEADER_LEN + 4 * self.lanes
+        got = rows[idx, at:at + 4 * CHECK].view(">u4").astype(np.uint64)
+        ok = (got == check_words_of(rows, idx, self.lanes, hs, int(Dtype.FIXED32), n)).all(axis=1)
         f16 = hs["dtype"] == int(Dtype.FIXED16)
         if f16.any():  # 16-bit lanes, 4 check words: dataplane/fixed16.py
             ok[f16] = fixed16.verify_rows(rows, idx[f16], self.row_lanes, n)
@@ -319,8 +319,12 @@ class NodeServerSession:
             return
         # the batch's counts and lengths as Python ints at once: a field view and an element read
         # per packet cost more than the usual PULL's one request
-        for i, count, n in zip(idx.tolist(), h["count"][idx].tolist(), lens[idx].tolist()):
-            if HEADER_LEN + count * PULL_REQUEST.itemsize > n:
+        ok = trailers_ok(rows, idx, lens[idx])  # the trailer (docs/protocol.md 3.7): a failed PULL is lost, retried
+        for i, count, n, good in zip(idx.tolist(), h["count"][idx].tolist(), lens[idx].tolist(), ok.tolist()):
+            if not good:
+                self.stats["dropped.bad_trailer"] = self.stats.get("dropped.bad_trailer", 0) + 1
+                continue
+            if HEADER_LEN + count * PULL_REQUEST.itemsize + TRAILER_LEN > n:
                 self.stats["bad_pulls"] += 1
                 continue
             self.stats["pull_requests"] += 1

@@ -13,7 +13,8 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import fixed16
-from ..integrity import check_words_rows, seal_headers, sealed
+from ..integrity import TRAILER_LEN, check_lanes, check_words_rows, header_terms, seal_headers, sealed, trailer
+from ..kernels import use_numba
 from ..protocol import (
     DATA_HEADER,
     HEADER_LEN,
@@ -28,7 +29,7 @@ from ..protocol import (
     slot_for,
     ver_type,
 )
-from ..quantize import quantize, quantize16_factors, quantize_factors, quantize_into_rows
+from ..quantize import as_words, fixed_point_kernels, quantize, quantize16_factors, quantize_factors, quantize_into_rows
 
 MASK32 = 0xFFFFFFFF
 LanesOf = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # chunks [i0, i1) -> (int32 lanes, saturated)
@@ -81,8 +82,8 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
         if saturated is not None and saturated.any():
             h["flags"] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))
         if row_lanes is not None:  # the check words, over the lanes as they go (docs/protocol.md 3.6)
-            lanes_out = rows[:, HEADER_LEN:row_len].view(">i4")
-            lanes_out[:, lanes:] = check_words_rows(lanes_out[:, :lanes], h, int(dtype)).astype(np.uint32).view(np.int32)
+            words = check_words_of(rows, np.arange(i1 - i0), lanes, h, int(dtype), 1)
+            rows[:, HEADER_LEN + 4 * lanes:row_len].view(">u4")[...] = words
         seal_headers(hrows)  # the header check (docs/protocol.md 3.5), over the final headers
         rows[:, :HEADER_LEN] = hrows
 
@@ -149,6 +150,21 @@ def exponent16_fill(*, seg_start: int, session: int, worker: int, pool_base: int
         seal_headers(rows)
 
     return fill
+
+
+def check_words_of(rows: np.ndarray, idx: np.ndarray, lanes: int, h: np.ndarray, dtype: int,
+                   n: int) -> np.ndarray:
+    """The 32-bit check words (K, 2) uint64 that packets `rows[idx]` (headers `h`, K of them) carry,
+    or must carry as a sum of `n`, over their first `lanes` lanes: the compiled lane sums
+    (kernels/fixed_point.py `lane_sums`) plus the header term, or the reference
+    (`integrity.check_words_rows`) where kernels are off or the rows are not a flat buffer."""
+    words = as_words(rows, HEADER_LEN) if use_numba() else None
+    if words is None or check_lanes(dtype) != 2 or (h["flags"] & int(Flag.MAX)).any():
+        return check_words_rows(rows[idx, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4"), h, dtype, n)
+    out = np.empty((len(idx), 2), dtype=np.uint64)
+    fixed_point_kernels().lane_sums(words, rows.shape[1] // 4, HEADER_LEN // 4, lanes,
+                                    np.ascontiguousarray(idx, dtype=np.int64), out)
+    return (out + header_terms(h, dtype) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
 
 
 def _nonzero_rows(block: np.ndarray) -> np.ndarray:
@@ -286,7 +302,10 @@ def param_fill(*, seg_start: int, session: int, pull_id: int, tensor: int, data:
             payload[full, :rest] = data[lo + full * epp:lo + full * epp + rest]
             payload[full, rest:] = 0
             payload[full + 1:] = 0
-        lens[:] = HEADER_LEN + counts * wire.itemsize
+        ends = HEADER_LEN + counts * wire.itemsize
+        for r, end in enumerate(ends.tolist()):  # the trailer: CRC-32 of the values (docs/protocol.md 3.7)
+            rows[r, end:end + TRAILER_LEN] = np.frombuffer(trailer(rows[r, HEADER_LEN:end]), dtype=np.uint8)
+        lens[:] = ends + TRAILER_LEN
 
     return fill
 
@@ -339,8 +358,8 @@ def heartbeat(session: int, worker: int, seq: int, ack: int, credit: int, gap: b
 def pull_request_bytes(session: int, worker: int, requests: list[tuple[int, int, int]]) -> bytes:
     """One PULL packet carrying (pull_id, tensor, version) requests, as bytes."""
     parts = [sealed(_PULL_HEADER.pack(_PULL_VT, 0, session, worker, len(requests)))]
-    parts += [_PULL_REQUEST.pack(*req) for req in requests]
-    return b"".join(parts)
+    body = b"".join(_PULL_REQUEST.pack(*req) for req in requests)
+    return b"".join((*parts, body, trailer(body)))  # the trailer (docs/protocol.md 3.7)
 
 
 def pull_request(session: int, worker: int, requests: list[tuple[int, int, int]]) -> np.ndarray:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..protocol import DATA_HEADER, HEADER_LEN, NODE, PULL_REQUEST, VERSION, aggregation_packet_len
+from ..protocol import DATA_HEADER, HEADER_LEN, NODE, PULL_REQUEST, TRAILER_LEN, VERSION, aggregation_packet_len
 from .controls.classifier import (
     _ITEMSIZE,
     AGG,
@@ -44,7 +44,6 @@ from .controls.classifier import (
     PULL,
     RESULT,
     SESSION_FIELDS,
-    TRAILER_LEN,
     TYPE_CODES,
     UPSTREAM,
     ZERO,

@@ -16,10 +16,9 @@ from hypothesis import strategies as st
 from switch_setup import LANES, SLOTS, agg_packet, param, runtime
 from test_switch_vectorised_equivalence import packets
 
-from luwu.dataplane.integrity import TRAILER_LEN
 from luwu.dataplane.net.shm_endpoint import ShmEndpoint
 from luwu.dataplane.net.shm_ring import H_HEAD, supported
-from luwu.dataplane.protocol import HEADER_LEN, DropReason
+from luwu.dataplane.protocol import HEADER_LEN, TRAILER_LEN, DropReason
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
 from luwu.dataplane.switch.shm_arena import RingArena, ShmTurn
 

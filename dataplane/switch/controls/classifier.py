@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...integrity import TRAILER_LEN
 from ...protocol import (
     DTYPE_ITEMSIZE,
     HEADER_LEN,
     NODE,
     PULL_REQUEST,
+    TRAILER_LEN,
     VERSION,
     DropReason,
     Dtype,
