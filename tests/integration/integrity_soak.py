@@ -54,13 +54,15 @@ class ProxiedStar:
     switch: LoopbackSwitch
     proxy: ProxyProcess
     engines: list[Engine]
+    node: Engine | None = None
 
 
 @contextlib.contextmanager
 def proxied_star(workers: int, mode: str | int = "tofino", fraction: float = 0.01, seed: int = 0,
-                 max_bits: int = 8, directions=(UP, DOWN), **plan_kw) -> Iterator[ProxiedStar]:
-    """A loopback job over UDP with the bit-flipping proxy on every port, both directions."""
-    plan = StarPlan(workers=workers, mode=mode, transport="udp", **plan_kw)
+                 max_bits: int = 8, directions=(UP, DOWN), server=None, **plan_kw) -> Iterator[ProxiedStar]:
+    """A loopback job over UDP with the bit-flipping proxy on every port, both directions; with
+    `server` (an SgdParamStore) also optimizer node 0's engine serving it (`ProxiedStar.node`)."""
+    plan = StarPlan(workers=workers, nodes=1 if server is not None else 0, mode=mode, transport="udp", **plan_kw)
     plan.assign_endpoints()  # the endpoints' own addresses
     with ProxyProcess(plan.ports, fraction=fraction, seed=seed, max_bits=max_bits, directions=directions) as proxy:
         switch_plan = dataclasses.replace(plan, endpoints=dict(proxy.back), switch_ports={})
@@ -68,13 +70,20 @@ def proxied_star(workers: int, mode: str | int = "tofino", fraction: float = 0.0
             proxy.connect(endpoints=plan.endpoints, switch=switch_plan.switch_ports)
             ep_plan = dataclasses.replace(plan, switch_ports=dict(proxy.front))
             engines: list[Engine] = []
+            node = None
             try:
+                if server is not None:
+                    node = Engine(ep_plan.node_plan(0), provider=server, on_gradient=server.on_gradient)
+                    server.engine = node
+                    node.start()
                 for r in range(workers):
                     engines.append(Engine(ep_plan.worker_plan(r)).start())
-                yield ProxiedStar(ep_plan, switch_plan, sw, proxy, engines)
+                yield ProxiedStar(ep_plan, switch_plan, sw, proxy, engines, node)
             finally:
                 for e in engines:
                     e.close()
+                if node is not None:
+                    node.close()
 
 
 def make_inputs(rng: np.random.Generator, workers: int, numel: int, kind: str) -> tuple[list[np.ndarray], np.ndarray]:
@@ -223,6 +232,103 @@ def soak(workers: int = 3, seconds: float = 60.0, fraction: float = 0.01, seed: 
     return rep
 
 
+NODE_LAYERS = {7: 1000, 3: 70, 9: 1, 11: 5000}  # layer id -> elements
+NODE_LR = 0.5
+
+
+def _grid(rng: np.random.Generator, numel: int, bound: int) -> np.ndarray:
+    """float32 multiples of 2^-8 below bound/256: sums of a few, and SGD steps of lr 0.5 on them,
+    stay exact in float32 (and in the fixed point: quantum <= 2^-27)."""
+    return (rng.integers(-bound + 1, bound, numel).astype(np.float64) / 256).astype(np.float32)
+
+
+def soak_node(workers: int = 3, seconds: float = 60.0, fraction: float = 0.01, seed: int = 0,
+              mode: str | int = "tofino", step_deadline: float = 60.0, restart_on_hang: bool = True,
+              max_steps: int = 100_000, log=None) -> dict:
+    """Training steps through the optimizer node (GRAD -> switch -> AGG -> node, PULL -> node ->
+    PARAM multicast) with the proxy on every port: each step every worker pushes every layer's
+    gradient, then pulls the next version; every pulled parameter is compared bit for bit with
+    the exact SGD step on the float64 sum. A step past `step_deadline` is a hang (the job then
+    restarts from fresh parameters when `restart_on_hang`)."""
+    from luwu.mininet.paramstore import SgdParamStore
+
+    rng = np.random.default_rng(seed)
+    rep: dict = {"workers": workers, "fraction": fraction, "seed": seed, "mode": mode, "steps": 0, "results": 0,
+                 "wrong_results": 0, "wrong_steps": 0, "hangs": 0, "errors": [], "jobs": [], "first_wrong": []}
+    t_end = time.monotonic() + seconds
+    job = 0
+    while time.monotonic() < t_end and rep["steps"] < max_steps:
+        job += 1
+        params = {t: _grid(rng, n, 1 << 15) for t, n in NODE_LAYERS.items()}
+        expected = {t: p.astype(np.float64) for t, p in params.items()}
+        server = SgdParamStore(params, lr=NODE_LR)
+        jrep: dict = {"steps": 0}
+        hung = failed = False
+        with proxied_star(workers, mode=mode, fraction=fraction, seed=seed * 1000 + job, server=server,
+                          node_pool=32, param_window=64) as st:
+            sid = st.plan.node_session(0)
+            version = 0
+            while time.monotonic() < t_end and rep["steps"] < max_steps and not (hung or failed):
+                grads = [{t: _grid(rng, n, 1 << 10) for t, n in NODE_LAYERS.items()} for _ in range(workers)]
+                deadline = time.monotonic() + step_deadline
+                handles = [e.push(sid, t, grads[r][t]) for t in NODE_LAYERS for r, e in enumerate(st.engines)]
+                version += 1
+                for t in NODE_LAYERS:
+                    expected[t] = expected[t] - NODE_LR * np.sum([g[t].astype(np.float64) for g in grads], axis=0)
+                pulls = [(t, r, e.pull(sid, t, version)) for t in NODE_LAYERS for r, e in enumerate(st.engines)]
+                for h in handles:
+                    try:
+                        h.wait(max(0.01, deadline - time.monotonic()))
+                    except TimeoutError:
+                        hung = True
+                    except Exception as e:  # noqa: BLE001 - named errors are counted
+                        rep["errors"].append(f"push: {type(e).__name__}: {e}"[:300])
+                        failed = True
+                wrong_step = False
+                for t, r, h in pulls:
+                    try:
+                        got = h.wait(max(0.01, deadline - time.monotonic()))
+                    except TimeoutError:
+                        hung = True
+                        continue
+                    except Exception as e:  # noqa: BLE001
+                        rep["errors"].append(f"pull: {type(e).__name__}: {e}"[:300])
+                        failed = True
+                        continue
+                    rep["results"] += 1
+                    want = expected[t].astype(np.float32)
+                    got = np.asarray(got, dtype=np.float32).reshape(-1)
+                    if got.shape != want.shape or not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+                        rep["wrong_results"] += 1
+                        wrong_step = True
+                        if len(rep["first_wrong"]) < 10:
+                            bad = np.flatnonzero(got != want) if got.shape == want.shape else np.arange(1)
+                            rep["first_wrong"].append({"step": version, "layer": t, "rank": r,
+                                                       "bad_elements": int(bad.size)})
+                rep["steps"] += 1
+                jrep["steps"] += 1
+                rep["wrong_steps"] += wrong_step
+                if wrong_step:  # the node's parameters are now wrong: the next steps would all be
+                    for t in NODE_LAYERS:  # follow the node's (the workers agree with it or not)
+                        with server.lock:
+                            expected[t] = server.params[t].astype(np.float64)
+                if hung:
+                    rep["hangs"] += 1
+            jrep["proxy"] = st.proxy.stats()
+            jrep["switch_drops"] = _named_drops(st.switch.counters())
+            jrep["endpoint_drops"] = endpoint_drops([*st.engines, *([st.node] if st.node else [])])
+            jrep["node"] = {k: v for k, v in _flatten(st.node.session_stats()).items() if v} if st.node else {}
+            jrep["hung"], jrep["failed"] = hung, failed
+            rep["jobs"].append(jrep)
+            if log is not None:
+                log(f"node job {job}: {jrep['steps']} steps, hung={hung}, failed={failed}, wrong so far "
+                    f"{rep['wrong_results']}, corrupted {jrep['proxy']['corrupted']}")
+        if (hung or failed) and not restart_on_hang:
+            break
+    rep["summary"] = summarize(rep)
+    return rep
+
+
 def summarize(rep: dict) -> dict:
     """Totals over the jobs: corruptions per direction and type, drops per reason."""
     corrupt: dict = {UP: {}, DOWN: {}}
@@ -255,17 +361,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", default="tofino")
     p.add_argument("--op-deadline", type=float, default=30.0)
     p.add_argument("--json", help="write the full report here")
+    p.add_argument("--node", action="store_true", help="training steps through an optimizer node instead")
     a = p.parse_args(argv)
     if not 2 <= a.workers <= 8 or a.minutes <= 0 or not 0 <= a.fraction <= 1:
         print("integrity_soak: --workers 2..8, --minutes > 0, --fraction 0..1", file=sys.stderr)
         return 2
-    rep = soak(a.workers, a.minutes * 60, a.fraction, a.seed, a.mode, a.op_deadline,
-               log=lambda m: print(m, file=sys.stderr, flush=True))
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    if a.node:
+        rep = soak_node(a.workers, a.minutes * 60, a.fraction, a.seed, a.mode, a.op_deadline, log=say)
+        keys = ("steps", "results", "wrong_steps", "wrong_results", "hangs")
+    else:
+        rep = soak(a.workers, a.minutes * 60, a.fraction, a.seed, a.mode, a.op_deadline, log=say)
+        keys = ("ops", "results", "wrong_ops", "wrong_results", "fallback_ops", "fallback_elements", "hangs")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rep, f, indent=1, default=str)
-    brief = {k: rep[k] for k in ("ops", "results", "wrong_ops", "wrong_results", "fallback_ops", "fallback_elements",
-                                 "hangs")}
+    brief = {k: rep[k] for k in keys}
     brief["errors"] = len(rep["errors"])
     brief["jobs"] = len(rep["jobs"])
     print(json.dumps({"brief": brief, "summary": rep["summary"], "first_wrong": rep["first_wrong"],
