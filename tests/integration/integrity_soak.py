@@ -242,6 +242,29 @@ def _grid(rng: np.random.Generator, numel: int, bound: int) -> np.ndarray:
     return (rng.integers(-bound + 1, bound, numel).astype(np.float64) / 256).astype(np.float32)
 
 
+def skipping_store(params: dict, lr: float):
+    """An SgdParamStore that, like the optimizer node (dataplane/optimizer/node.py, torch's
+    GradScaler), skips the step of a gradient that is not finite -- what a node does with a sum
+    it rejected as corrupt -- while the version still advances; `skipped` lists (layer, version)."""
+    from luwu.mininet.paramstore import SgdParamStore
+
+    class SkippingStore(SgdParamStore):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.skipped: set[tuple[int, int]] = set()
+
+        def _apply(self, tensor: int, grad: np.ndarray, saturated: bool) -> None:
+            if saturated and tensor in self.params and not np.isfinite(grad).all():
+                with self.lock:
+                    self.version[tensor] += 1
+                    self.skipped.add((tensor, self.version[tensor]))
+                    self.gradients += 1
+                return
+            super()._apply(tensor, grad, saturated)
+
+    return SkippingStore(params, lr=lr)
+
+
 def soak_node(workers: int = 3, seconds: float = 60.0, fraction: float = 0.01, seed: int = 0,
               mode: str | int = "tofino", step_deadline: float = 60.0, restart_on_hang: bool = True,
               max_steps: int = 100_000, log=None) -> dict:
@@ -250,18 +273,16 @@ def soak_node(workers: int = 3, seconds: float = 60.0, fraction: float = 0.01, s
     gradient, then pulls the next version; every pulled parameter is compared bit for bit with
     the exact SGD step on the float64 sum. A step past `step_deadline` is a hang (the job then
     restarts from fresh parameters when `restart_on_hang`)."""
-    from luwu.mininet.paramstore import SgdParamStore
-
     rng = np.random.default_rng(seed)
     rep: dict = {"workers": workers, "fraction": fraction, "seed": seed, "mode": mode, "steps": 0, "results": 0,
-                 "wrong_results": 0, "wrong_steps": 0, "hangs": 0, "errors": [], "jobs": [], "first_wrong": []}
+                 "wrong_results": 0, "wrong_steps": 0, "skipped_layer_steps": 0, "hangs": 0, "errors": [], "jobs": [], "first_wrong": []}
     t_end = time.monotonic() + seconds
     job = 0
     while time.monotonic() < t_end and rep["steps"] < max_steps:
         job += 1
         params = {t: _grid(rng, n, 1 << 15) for t, n in NODE_LAYERS.items()}
         expected = {t: p.astype(np.float64) for t, p in params.items()}
-        server = SgdParamStore(params, lr=NODE_LR)
+        server = skipping_store(params, NODE_LR)
         jrep: dict = {"steps": 0}
         hung = failed = False
         with proxied_star(workers, mode=mode, fraction=fraction, seed=seed * 1000 + job, server=server,
@@ -273,8 +294,7 @@ def soak_node(workers: int = 3, seconds: float = 60.0, fraction: float = 0.01, s
                 deadline = time.monotonic() + step_deadline
                 handles = [e.push(sid, t, grads[r][t]) for t in NODE_LAYERS for r, e in enumerate(st.engines)]
                 version += 1
-                for t in NODE_LAYERS:
-                    expected[t] = expected[t] - NODE_LR * np.sum([g[t].astype(np.float64) for g in grads], axis=0)
+                step = {t: NODE_LR * np.sum([g[t].astype(np.float64) for g in grads], axis=0) for t in NODE_LAYERS}
                 pulls = [(t, r, e.pull(sid, t, version)) for t in NODE_LAYERS for r, e in enumerate(st.engines)]
                 for h in handles:
                     try:
@@ -285,6 +305,7 @@ def soak_node(workers: int = 3, seconds: float = 60.0, fraction: float = 0.01, s
                         rep["errors"].append(f"push: {type(e).__name__}: {e}"[:300])
                         failed = True
                 wrong_step = False
+                applied: dict[int, bool] = {}
                 for t, r, h in pulls:
                     try:
                         got = h.wait(max(0.01, deadline - time.monotonic()))
@@ -296,6 +317,11 @@ def soak_node(workers: int = 3, seconds: float = 60.0, fraction: float = 0.01, s
                         failed = True
                         continue
                     rep["results"] += 1
+                    if t not in applied:  # the node has stepped layer t to `version` (or skipped it): known now
+                        applied[t] = (t, version) not in server.skipped
+                        rep["skipped_layer_steps"] += not applied[t]
+                        if applied[t]:
+                            expected[t] = expected[t] - step[t]
                     want = expected[t].astype(np.float32)
                     got = np.asarray(got, dtype=np.float32).reshape(-1)
                     if got.shape != want.shape or not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
@@ -369,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     if a.node:
         rep = soak_node(a.workers, a.minutes * 60, a.fraction, a.seed, a.mode, a.op_deadline, log=say)
-        keys = ("steps", "results", "wrong_steps", "wrong_results", "hangs")
+        keys = ("steps", "results", "wrong_steps", "wrong_results", "skipped_layer_steps", "hangs")
     else:
         rep = soak(a.workers, a.minutes * 60, a.fraction, a.seed, a.mode, a.op_deadline, log=say)
         keys = ("ops", "results", "wrong_ops", "wrong_results", "fallback_ops", "fallback_elements", "hangs")

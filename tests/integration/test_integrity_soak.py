@@ -40,7 +40,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bitflip_proxy import DOWN, UP, BitflipProxy  # noqa: E402
-from integrity_soak import HEADER_DROPS, soak  # noqa: E402
+from integrity_soak import HEADER_DROPS, soak, soak_node  # noqa: E402
 
 from luwu.dataplane.protocol import VERSION, Dtype, MsgType, Packet  # noqa: E402
 
@@ -148,3 +148,27 @@ def test_bit_flips_on_every_port_give_no_wrong_result_no_hang_and_are_counted():
     down_payload = down["corrupted"] - down["header_hit"]
     assert _endpoint(s["endpoint_drops"], ("bad_check",)) >= 0.9 * down_payload, s["endpoint_drops"]
     assert rep["fallback_ops"] <= up["corrupted"] - up["header_hit"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(int(SECONDS) * 2 + 300)
+@pytest.mark.xfail(VERSION < 2, strict=True, reason="the v2 wire checks of issue 27 are not in this build")
+def test_bit_flips_around_an_optimizer_node_leave_every_step_exact():
+    """GRAD -> AGG -> node, PULL -> PARAM, HEARTBEATs, the exponent agreement: every port behind
+    the proxy for half the soak's time; each pulled parameter equals the exact SGD step (or the
+    node skipped the step of a sum it rejected as corrupt, and the parameter is unchanged)."""
+    rep = soak_node(workers=3, seconds=SECONDS / 2, fraction=0.01, seed=29, step_deadline=60.0,
+                    restart_on_hang=False)
+    s = rep["summary"]
+    print(json.dumps({k: rep[k] for k in ("steps", "results", "wrong_results", "skipped_layer_steps", "hangs")}))
+    print(json.dumps(s))
+    assert rep["wrong_results"] == 0, f"{rep['wrong_results']} of {rep['results']} pulls wrong: {rep['first_wrong']}"
+    assert rep["hangs"] == 0 and not rep["errors"], rep["errors"][:3]
+    assert rep["steps"] >= 5
+    up = s["per_direction_type"][UP]
+    made = {d: sum(c.get("corrupted", 0) for c in s["per_direction_type"][d].values()) for d in (UP, DOWN)}
+    assert made[UP] >= 5 and made[DOWN] >= 5, made
+    up_header = sum(c.get("header_hit", 0) for c in up.values())
+    assert _header_drops(s["switch_drops"]) <= up_header, (up, s["switch_drops"])
+    # fewer layer steps skipped than corrupted contributions could explain
+    assert rep["skipped_layer_steps"] <= up.get("GRAD", {}).get("corrupted", 0)
