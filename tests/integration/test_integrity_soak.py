@@ -152,7 +152,8 @@ def test_bit_flips_on_every_port_give_no_wrong_result_no_hang_and_are_counted():
 
 @pytest.mark.slow
 @pytest.mark.timeout(int(SECONDS) * 2 + 300)
-@pytest.mark.xfail(VERSION < 2, strict=True, reason="the v2 wire checks of issue 27 are not in this build")
+@pytest.mark.skipif(VERSION < 2, reason="without the v2 wire checks a corrupted AGG header makes the node's compiled "
+                    "dequantiser write out of bounds (SIGSEGV seen on a4bb410): it would take the session down")
 def test_bit_flips_around_an_optimizer_node_leave_every_step_exact():
     """GRAD -> AGG -> node, PULL -> PARAM, HEARTBEATs, the exponent agreement: every port behind
     the proxy for half the soak's time; each pulled parameter equals the exact SGD step (or the
