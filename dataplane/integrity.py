@@ -26,9 +26,21 @@ import zlib
 
 import numpy as np
 
-from .protocol import HEADER_LEN, Dtype, Flag, MsgType
+from .protocol import (
+    HCHECK_OFFSET,
+    HCHECK_TABLES,
+    HEADER_LEN,
+    Dtype,
+    Flag,
+    MsgType,
+    header_check_fast,
+    header_ok,
+    sealed,
+)
 
-HCHECK_OFFSET = 26  # bytes 26..27 of the header (was `reserved`)
+# protocol.py's scalar header-check forms are part of this module's API too
+__all__ = ["HCHECK_OFFSET", "header_check_fast", "header_ok", "sealed"]
+
 TRAILER_LEN = 4  # PARAM and PULL: CRC-32 of the payload, big-endian, after it
 FIXED16_BLOCK = 32  # lanes per shared exponent of the FIXED16 format (docs/protocol.md 5.2)
 CHECK_BITS = 64  # bits of check words per aggregation packet, whatever the lane width
@@ -57,12 +69,44 @@ def header_check(header: bytes | memoryview) -> int:
     return crc16_arc(h[:HCHECK_OFFSET] + h[HCHECK_OFFSET + 2:HEADER_LEN])
 
 
-def header_checks(rows: np.ndarray) -> np.ndarray:
-    """hcheck of each row of a (K, >=32) uint8 array (vectorised over rows; uint16)."""
+def header_checks_reference(rows: np.ndarray) -> np.ndarray:
+    """hcheck of each row of a (K, >=32) uint8 array, byte after byte as `crc16_arc` (uint16)."""
     crc = np.zeros(rows.shape[0], dtype=np.uint16)
-    for col in (*range(HCHECK_OFFSET), *range(HCHECK_OFFSET + 2, HEADER_LEN)):
+    for col in _HC_COLS.tolist():
         crc = (crc >> 8) ^ _CRC16_TABLE[(crc ^ rows[:, col]) & 0xFF]
     return crc
+
+
+# The fast forms (protocol.py's scalar `header_check_fast`, and `header_checks` below) use the
+# CRC's linearity: a header's check is the xor of each covered byte's contribution at its
+# position (protocol.HCHECK_TABLES), gathered with no byte-to-byte dependency. They equal
+# `crc16_arc` bit for bit (tests/engine/test_header_check.py).
+_HC_COLS = np.array([*range(HCHECK_OFFSET), *range(HCHECK_OFFSET + 2, HEADER_LEN)], dtype=np.intp)
+_HC_TABLE = np.array(HCHECK_TABLES, dtype=np.uint16)
+_HC_FLAT = _HC_TABLE.ravel()
+_HC_BASE = (np.arange(len(_HC_COLS)) * 256).astype(np.uint16)  # byte p's entries start at p * 256
+_HC_XOR = np.bitwise_xor.reduce
+
+
+def header_checks(rows: np.ndarray) -> np.ndarray:
+    """hcheck of each row of a (K, >=32) uint8 array (vectorised over rows; uint16)."""
+    idx = np.concatenate((rows[:, :HCHECK_OFFSET], rows[:, HCHECK_OFFSET + 2:HEADER_LEN]), axis=1).astype(np.uint16)
+    idx += _HC_BASE
+    return _HC_XOR(_HC_FLAT[idx], axis=1)
+
+
+def seal_header(buf: bytearray | memoryview | np.ndarray, off: int = 0) -> None:
+    """Write hcheck into bytes off+26..off+27 of one header in a writable buffer, in place."""
+    mv = memoryview(buf).cast("B") if not isinstance(buf, np.ndarray) else None
+    if mv is None:
+        assert isinstance(buf, np.ndarray)
+        c = header_check_fast(buf[off:off + HEADER_LEN].tobytes())
+        buf[off + HCHECK_OFFSET] = c >> 8
+        buf[off + HCHECK_OFFSET + 1] = c & 0xFF
+        return
+    c = header_check_fast(mv[off:off + HEADER_LEN])
+    mv[off + HCHECK_OFFSET] = c >> 8
+    mv[off + HCHECK_OFFSET + 1] = c & 0xFF
 
 
 def seal_headers(rows: np.ndarray) -> None:
@@ -70,6 +114,19 @@ def seal_headers(rows: np.ndarray) -> None:
     c = header_checks(rows)
     rows[:, HCHECK_OFFSET] = c >> 8
     rows[:, HCHECK_OFFSET + 1] = c & 0xFF
+
+
+def seal_rows(rows: np.ndarray, idx: np.ndarray | list[int], off: int = 0) -> None:
+    """Seal the headers at column `off` of rows `idx` of a (K, >=off+32) uint8 array, in place
+    (one row at a time on Python ints for a few rows, vectorised otherwise)."""
+    if len(idx) <= 4:
+        for i in (idx.tolist() if isinstance(idx, np.ndarray) else idx):
+            seal_header(rows[i], off)
+        return
+    sub = rows[idx, off:off + HEADER_LEN]
+    c = header_checks(sub)
+    rows[idx, off + HCHECK_OFFSET] = c >> 8
+    rows[idx, off + HCHECK_OFFSET + 1] = c & 0xFF
 
 
 def headers_ok(rows: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-VERSION = 1
+VERSION = 2  # 2: the header check (hcheck, docs/protocol.md 3.5) and the integrity codes of dataplane/integrity.py
 HEADER_LEN = 32
 COMMON_LEN = 8
 NODE = 0xFFFF  # `worker` value of the session's optimizer node (or the parent switch)
@@ -138,7 +138,7 @@ DATA_HEADER = np.dtype(
         ("offset", ">u4"),
         ("exponent", "i1"),
         ("dtype", "u1"),
-        ("reserved", ">u2"),
+        ("hcheck", ">u2"),  # bytes 26..27: CRC-16/ARC of the other 30 header bytes (docs/protocol.md 3.5)
         ("numel", ">u4"),
     ]
 )
@@ -152,7 +152,9 @@ HEARTBEAT_HEADER = np.dtype(
         ("seq", ">u4"),
         ("ack", ">u4"),
         ("credit", ">u4"),
-        ("reserved", "V12"),
+        ("reserved", "V6"),
+        ("hcheck", ">u2"),  # bytes 26..27, as in DATA_HEADER
+        ("reserved2", "V4"),
     ]
 )
 assert DATA_HEADER.itemsize == HEADER_LEN and HEARTBEAT_HEADER.itemsize == HEADER_LEN
@@ -173,7 +175,7 @@ def header_view(rows: np.ndarray, layout: np.dtype = DATA_HEADER) -> np.ndarray:
 
 def looks_like_luwu(data: bytes | memoryview) -> bool:
     """The header's own signature, for tools that meet luwu on any UDP port (loopback captures
-    use ephemeral ports): version 1, a known type, and a length the type implies (the switch's
+    use ephemeral ports): this version, a known type, and a length the type implies (the switch's
     own length rules, docs/protocol.md 3; aggregation packets carry 4-byte lanes, at least
     `count` of them). A UDP payload that passes is almost surely luwu; one that fails is not a
     packet any luwu component would accept."""
@@ -195,10 +197,63 @@ def looks_like_luwu(data: bytes | memoryview) -> bool:
     return False
 
 
+# --- the header check (hcheck, docs/protocol.md 3.5) -------------------------------------------
+# CRC-16/ARC (poly 0x8005 reflected, init 0, no final xor: P4's crc16) of the header's bytes but
+# 26..27, big-endian in 26..27. With init 0 and no final xor the CRC is linear over GF(2): a
+# header's check is the xor of each byte's own contribution at its position, HCHECK_TABLES[p][b]
+# (p over the 30 covered bytes). dataplane/integrity.py holds the byte-serial reference
+# (`crc16_arc`) and the vectorised forms; tests compare them.
+
+HCHECK_OFFSET = 26
+
+
+def _hcheck_tables() -> list[list[int]]:
+    step = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0xA001 if c & 1 else c >> 1
+        step.append(c)
+    tables = [step]  # the last covered byte: one table step from 0
+    for _ in range(HEADER_LEN - 3):  # each earlier byte: its contribution carried through one more byte
+        nxt = tables[0]
+        tables.insert(0, [(v >> 8) ^ step[v & 0xFF] for v in nxt])
+    return tables
+
+
+HCHECK_TABLES = _hcheck_tables()
+
+
+def header_check_fast(h: bytes | bytearray | memoryview) -> int:
+    """The hcheck value of one header (its first 32 bytes), on Python ints."""
+    b = bytes(h[:HEADER_LEN])
+    crc = 0
+    for t, x in zip(HCHECK_TABLES, b[:HCHECK_OFFSET] + b[HCHECK_OFFSET + 2:]):
+        crc ^= t[x]
+    return crc
+
+
+def header_ok(data: bytes | bytearray | memoryview) -> bool:
+    """A packet's header check matches (False for fewer than 32 bytes)."""
+    if len(data) < HEADER_LEN:
+        return False
+    return header_check_fast(data) == (data[HCHECK_OFFSET] << 8) | data[HCHECK_OFFSET + 1]
+
+
+def sealed(data: bytes) -> bytes:
+    """`data` (a packet) with its header check written."""
+    c = header_check_fast(data)
+    return data[:HCHECK_OFFSET] + bytes((c >> 8, c & 0xFF)) + data[HCHECK_OFFSET + 2:]
+
+
 # --- single-packet encode/decode (tools, tests, slow paths) ----------------------------------
 
 _DATA = struct.Struct("!BBHHHIIIIbBHI")
-_HB = struct.Struct("!BBHHHIII12x")
+_HB = struct.Struct("!BBHHHIII6xH4x")
+
+
+class HeaderCheckError(ValueError):
+    """A packet's header check (hcheck, docs/protocol.md 3.5) does not match its header."""
 
 
 @dataclass
@@ -222,24 +277,41 @@ class Packet:
     version: int = VERSION
     payload: bytes = field(default=b"", repr=False)
 
-    def pack(self) -> bytes:
+    def pack(self, seal: bool = True) -> bytes:
+        """The packet's bytes, its header check sealed (`seal=False`: hcheck left 0, for tests
+        that need a packet whose header fails)."""
         vt = ((self.version & 0xF) << 4) | (int(self.type) & 0xF)
         if self.type == MsgType.HEARTBEAT:
             head = _HB.pack(vt, self.flags, self.session, self.worker, self.count, self.seq & 0xFFFFFFFF,
-                            self.ack & 0xFFFFFFFF, self.credit & 0xFFFFFFFF)
+                            self.ack & 0xFFFFFFFF, self.credit & 0xFFFFFFFF, 0)
         else:
             head = _DATA.pack(vt, self.flags, self.session, self.worker, self.count, self.seq & 0xFFFFFFFF,
                               self.slot, self.tensor, self.offset, self.exponent, self.dtype, 0, self.numel)
+        if seal:
+            head = sealed(head)
         return head + bytes(self.payload)
 
     @classmethod
-    def unpack(cls, data: bytes | memoryview) -> Packet:
+    def unpack(cls, data: bytes | memoryview, verify: bool = True) -> Packet:
+        """Decode a packet.
+
+        Args:
+            data: the luwu datagram (header and payload).
+            verify: check the header check first (docs/protocol.md 3.5).
+
+        Raises:
+            ValueError: shorter than a header.
+            HeaderCheckError: `verify` and the header check does not match (a corrupted header).
+        """
         if len(data) < HEADER_LEN:
             raise ValueError(f"luwu packet of {len(data)} bytes is shorter than the {HEADER_LEN}-byte header")
+        if verify and not header_ok(data):
+            raise HeaderCheckError(f"luwu header check mismatch (hcheck {int.from_bytes(data[26:28], 'big'):#06x}, "
+                                   f"expected {header_check_fast(data):#06x}): a corrupted header")
         vt = data[0]
         version, mtype = vt >> 4, vt & 0xF
         if mtype == MsgType.HEARTBEAT:
-            _, flags, session, worker, count, seq, ack, credit = _HB.unpack_from(data)
+            _, flags, session, worker, count, seq, ack, credit, _ = _HB.unpack_from(data)
             return cls(mtype, session, worker, flags, count, seq, ack=ack, credit=credit, version=version,
                        payload=bytes(data[HEADER_LEN:]))
         _, flags, session, worker, count, seq, slot, tensor, offset, exponent, dtype, _, numel = _DATA.unpack_from(data)
@@ -279,3 +351,4 @@ def slot_for(seq: Any, pool_base: int, pool_size: int) -> tuple[Any, Any]:
     """(slot, set) of sequence number(s) `seq` in a pool; works on ints and numpy arrays."""
     shift = pool_size.bit_length() - 1
     return pool_base + (seq & (pool_size - 1)), (seq >> shift) & 1
+

@@ -4,7 +4,8 @@
 frames dissect by themselves: on UDP port DEFAULT_UDP_PORT, and on any other UDP port whose
 payload carries the header's signature (`protocol.looks_like_luwu`; loopback runs use
 ephemeral ports) unless scapy already knows that port for another protocol. The layout follows
-docs/protocol.md section 3 (the heartbeat fields overlay slot/tensor/offset).
+docs/protocol.md section 3 (the heartbeat fields overlay slot/tensor/offset); `hcheck` left unset
+is computed when the packet is built (`Luwu(...).hcheck_ok()` checks a dissected one).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from scapy.fields import (
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, Raw, bind_layers
 
-from .protocol import DEFAULT_UDP_PORT, VERSION, Dtype, MsgType, looks_like_luwu
+from .integrity import header_ok, sealed
+from .protocol import DEFAULT_UDP_PORT, HEADER_LEN, VERSION, Dtype, MsgType, looks_like_luwu
 
 _TYPES = {int(t): t.name for t in MsgType}
 _DTYPES = {int(d): d.name for d in Dtype}
@@ -50,12 +52,24 @@ class Luwu(Packet):
         ConditionalField(IntField("offset", 0), lambda p: not _is_hb(p)),
         ConditionalField(SignedByteField("exponent", 0), lambda p: not _is_hb(p)),
         ConditionalField(ByteEnumField("dtype", 0, _DTYPES), lambda p: not _is_hb(p)),
-        ConditionalField(ShortField("reserved", 0), lambda p: not _is_hb(p)),
-        ConditionalField(IntField("numel", 0), lambda p: not _is_hb(p)),
         ConditionalField(IntField("ack", 0), _is_hb),
         ConditionalField(IntField("credit", 0), _is_hb),
-        ConditionalField(StrFixedLenField("hb_reserved", b"\x00" * 12, 12), _is_hb),
+        ConditionalField(StrFixedLenField("hb_reserved", b"\x00" * 6, 6), _is_hb),
+        # bytes 26..27 of every type: CRC-16/ARC of the other 30 header bytes (docs/protocol.md
+        # 3.5); None (the default) computes it when the packet is built
+        XShortField("hcheck", None),
+        ConditionalField(IntField("numel", 0), lambda p: not _is_hb(p)),
+        ConditionalField(StrFixedLenField("hb_reserved2", b"\x00" * 4, 4), _is_hb),
     ]
+
+    def post_build(self, pkt: bytes, pay: bytes) -> bytes:
+        if self.hcheck is None and len(pkt) >= HEADER_LEN:
+            pkt = sealed(pkt)
+        return pkt + pay
+
+    def hcheck_ok(self) -> bool:
+        """The dissected header's check matches (a corrupted header does not)."""
+        return header_ok(bytes(self)[:HEADER_LEN])
 
 
 bind_layers(UDP, Luwu, dport=DEFAULT_UDP_PORT)

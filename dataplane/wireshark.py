@@ -9,7 +9,8 @@ The dissector decodes UDP port DEFAULT_UDP_PORT and, as a heuristic dissector, a
 with the header's signature (`protocol.looks_like_luwu`: loopback runs use ephemeral ports).
 Fields are `luwu.version`, `luwu.type`, `luwu.flags`, `luwu.session`, `luwu.worker`,
 `luwu.count`, `luwu.seq`, then `luwu.slot` ... `luwu.numel` (data packets) or `luwu.ack`,
-`luwu.credit` (heartbeats), and PULL requests as `luwu.pull_id`/`luwu.pull_tensor`/`luwu.pull_version`.
+`luwu.credit` (heartbeats), `luwu.hcheck` (the header check, with `luwu.hcheck.bad` set where it does
+not match: `-Y luwu.hcheck.bad` lists corrupted headers), and PULL requests as `luwu.pull_id`/`luwu.pull_tensor`/`luwu.pull_version`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 from . import protocol as P
+from .integrity import HCHECK_OFFSET
 from .usage import UserError
 
 PLUGIN_DIR = Path.home() / ".local" / "lib" / "wireshark" / "plugins"
@@ -39,6 +41,7 @@ def render() -> str:
     consts = "\n".join([
         f"local VERSION = {P.VERSION}",
         f"local HEADER_LEN = {P.HEADER_LEN}",
+        f"local HCHECK_OFFSET = {HCHECK_OFFSET}",
         f"local UDP_PORT = {P.DEFAULT_UDP_PORT}",
         f"local NODE = {P.NODE}",
         f"local PULL_REQUEST_LEN = {P.PULL_REQUEST.itemsize}",
@@ -75,6 +78,8 @@ f.offset = ProtoField.uint32("luwu.offset", "Offset", base.DEC)
 f.exponent = ProtoField.int8("luwu.exponent", "Exponent", base.DEC)
 f.dtype = ProtoField.uint8("luwu.dtype", "Dtype", base.DEC, DTYPES)
 f.numel = ProtoField.uint32("luwu.numel", "Elements", base.DEC)
+f.hcheck = ProtoField.uint16("luwu.hcheck", "Header check", base.HEX)
+f.hcheck_bad = ProtoField.bool("luwu.hcheck.bad", "Header check mismatch")
 f.ack = ProtoField.uint32("luwu.ack", "Ack", base.DEC)
 f.credit = ProtoField.uint32("luwu.credit", "Credit", base.DEC)
 f.pull_id = ProtoField.uint32("luwu.pull_id", "Pull id", base.DEC)
@@ -100,6 +105,24 @@ local function looks_like_luwu(tvb)
     if t == T_HEARTBEAT then return n == HEADER_LEN end
     if t == T_PULL then return n == HEADER_LEN + PULL_REQUEST_LEN * count end
     return false
+end
+
+-- the header check (docs/protocol.md 3.5): CRC-16/ARC of the header's bytes but 26..27
+local function header_check(tvb)
+    local crc = 0
+    for i = 0, HEADER_LEN - 1 do
+        if i ~= HCHECK_OFFSET and i ~= HCHECK_OFFSET + 1 then
+            crc = bit.bxor(crc, tvb(i, 1):uint())
+            for _ = 1, 8 do
+                if bit.band(crc, 1) ~= 0 then
+                    crc = bit.bxor(bit.rshift(crc, 1), 0xA001)
+                else
+                    crc = bit.rshift(crc, 1)
+                end
+            end
+        end
+    end
+    return crc
 end
 
 local function flag_names(v)
@@ -136,6 +159,14 @@ function luwu.dissector(tvb, pinfo, tree)
         sub:add(f.exponent, tvb(24, 1))
         sub:add(f.dtype, tvb(25, 1))
         sub:add(f.numel, tvb(28, 4))
+    end
+    local want = header_check(tvb)
+    local hc = sub:add(f.hcheck, tvb(HCHECK_OFFSET, 2))
+    if tvb(HCHECK_OFFSET, 2):uint() == want then
+        hc:append_text(" [correct]")
+    else
+        hc:append_text(string.format(" [incorrect, should be 0x%04x]", want))
+        sub:add(f.hcheck_bad, tvb(HCHECK_OFFSET, 2), true)
     end
     if t == T_PULL then
         local count = tvb(6, 2):uint()

@@ -15,8 +15,12 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import wrpcap
 
-from luwu.dataplane.protocol import NODE, Dtype, Flag, MsgType, Packet, looks_like_luwu
+from luwu.dataplane.integrity import sealed
+from luwu.dataplane.protocol import NODE, VERSION, Dtype, Flag, MsgType, Packet, looks_like_luwu
 from luwu.dataplane.scapy_layer import Luwu
+
+GOOD = Packet(MsgType.ALLREDUCE, 2, worker=1, count=4, seq=7, payload=np.arange(4, dtype=">i4").tobytes()).pack()
+CORRUPTED = GOOD[:10] + bytes([GOOD[10] ^ 0x01]) + GOOD[11:]
 
 PACKETS = [  # (payload, what a dissector must say: (type, session, worker, seq) or None)
     (Packet(MsgType.ALLREDUCE, 2, worker=1, count=4, seq=7, flags=int(Flag.SET | Flag.RETX),
@@ -26,7 +30,9 @@ PACKETS = [  # (payload, what a dissector must say: (type, session, worker, seq)
      (5, 3, NODE, 0)),
     (b"not luwu at all: forty bytes of ascii..", None),
     (Packet(MsgType.PARAM, 3, count=3, dtype=int(Dtype.BF16), payload=b"\0" * 7).pack(), None),  # bad length
-    (bytes([0x23]) + bytes(31), None),  # version 2
+    (sealed(bytes([((VERSION + 1) << 4) | 3]) + bytes(31)), None),  # another version
+    # a corrupted header (one bit of seq flipped): still dissected, its header check marked bad
+    (CORRUPTED, (3, 2, 1, 7 ^ 0x100)),
     # a header-only ZERO contribution (protocol.md 3.2): INT32 only
     (Packet(MsgType.ALLREDUCE, 2, worker=3, count=64, seq=11, flags=int(Flag.ZERO), dtype=int(Dtype.INT32)).pack(),
      (3, 2, 3, 11)),
@@ -49,6 +55,7 @@ def test_signature_and_scapy_on_ephemeral_ports():
         else:
             h = back[Luwu]
             assert (h.type, h.session, h.worker, h.seq) == want
+            assert h.hcheck_ok() == (payload is not CORRUPTED)
 
 
 @pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark is not installed (apt-get install tshark)")
@@ -60,11 +67,13 @@ def test_wireshark_dissector_with_tshark(tmp_path):
     cap = tmp_path / "cap.pcap"
     wrpcap(str(cap), _frames())
     res = subprocess.run(["tshark", "-X", f"lua_script:{lua}", "-r", str(cap), "-T", "fields", "-e", "luwu.type",
-                          "-e", "luwu.session", "-e", "luwu.worker", "-e", "luwu.seq"],
+                          "-e", "luwu.session", "-e", "luwu.worker", "-e", "luwu.seq", "-e", "luwu.hcheck.bad"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [line.split("\t") for line in res.stdout.splitlines()]
     assert len(rows) == len(PACKETS), res.stdout
-    for row, (_, want) in zip(rows, PACKETS):
-        got = tuple(int(v) for v in row) if any(row) else None
+    for row, (payload, want) in zip(rows, PACKETS):
+        got = tuple(int(v) for v in row[:4]) if any(row[:4]) else None
         assert got == want, (row, want)
+        bad = len(row) > 4 and row[4] not in ("", "0", "False")
+        assert bad == (payload is CORRUPTED), row

@@ -5,7 +5,7 @@ too; the folders are mapped to their import names as pyproject.toml's package-di
 import-graph tools cannot follow). Layers, bottom up (a module may import its own layer or
 lower ones):
 
-0. wire facts and leaf helpers: dataplane.protocol, .quantize, .usage, .children, .scapy_layer,
+0. wire facts and leaf helpers: dataplane.protocol, .integrity, .quantize, .usage, .children, .scapy_layer,
    .kernels, .net, .p4runtime (the P4Runtime facts the controller, the software switch and BMv2
    share: P4Info, table entries, credentials), and the generated gRPC stubs in proto;
 1. the data plane: dataplane.switch / .engine / .optimizer / .session / .loopback, and p4 (the
@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAYERS = {  # longest prefix wins
     "luwu.dataplane.protocol": 0, "luwu.dataplane.quantize": 0, "luwu.dataplane.usage": 0,
     "luwu.dataplane.children": 0, "luwu.dataplane.scapy_layer": 0, "luwu.dataplane.kernels": 0,
+    "luwu.dataplane.integrity": 0,
     "luwu.dataplane.trace": 0,
     "luwu.dataplane.net": 0, "luwu.dataplane.p4runtime": 0, "luwu.proto": 0,
     "luwu.dataplane": 1, "luwu.p4": 1,

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..integrity import header_ok, headers_ok
 from ..kernels import mode as kernel_mode
 from ..net.shm_endpoint import ShmEndpoint
 from ..protocol import DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Flag, MsgType
@@ -40,6 +41,16 @@ Session = CollectiveSession | NodeServerSession | WorkerNodeSession  # what an e
 _ALL, _MIN = np.logical_and.reduce, np.minimum.reduce  # without the ndarray methods' wrappers (per batch)
 # a header's first 32-bit word less its flags byte (ver_type, flags, session: bytes 0-3), in either byte order
 _SAME_BATCH = np.frombuffer(bytes([0xFF, 0x00, 0xFF, 0xFF]), dtype=np.uint32)[0]
+
+
+def _bad_headers(hb: np.ndarray, k: int) -> np.ndarray | None:
+    """None when every one of the k (k, 32) headers `hb` passes its header check, else which do."""
+    if k <= 4:
+        if all(map(header_ok, [x.tobytes() for x in hb])):
+            return None
+        return np.array([header_ok(x.tobytes()) for x in hb], dtype=bool)
+    ok = headers_ok(hb)
+    return None if _ALL(ok) else ok
 
 
 class Engine:
@@ -87,7 +98,8 @@ class Engine:
         self._reader_poller = select.poll()
         # direct: commands run on the caller's thread while the loop slept; direct_wakes: those
         # whose new deadline came before the loop's, which then had to be woken after all
-        self.stats = {"rx_bad": 0, "rx_unexpected": 0, "loop_turns": 0, "direct": 0, "direct_wakes": 0}
+        self.stats = {"rx_bad": 0, "rx_unexpected": 0, "loop_turns": 0, "direct": 0, "direct_wakes": 0,
+                      "dropped.bad_header": 0}
         self.error: BaseException | None = None
 
     def _make_session(self, spec: SessionSpec, provider: ParamProvider | None, on_gradient: GradientSink | None,
@@ -532,6 +544,16 @@ class Engine:
         # the headers gathered once into 32-byte rows: the sessions read a dozen fields, and each
         # read of the packet rows themselves (64 KiB apart, a page each) missed cache and TLB per row
         hb = np.ascontiguousarray(rows[:, :HEADER_LEN])
+        # the header check first (docs/protocol.md 3.5): a corrupted header is dropped, counted and
+        # never read further; the sender's timeout and resend recover it like a lost packet
+        ok = _bad_headers(hb, k)
+        if ok is not None:
+            keep = np.flatnonzero(ok)
+            self.stats["dropped.bad_header"] += k - len(keep)
+            if not len(keep):
+                return
+            rows, lens, hb = rows[keep], lens[keep], hb[keep]
+            k = len(keep)
         h = hb.view(DATA_HEADER)[:, 0]  # header_view's checks hold: hb is (k, 32) uint8
         # the common batch, one session's packets of one type: every header's first word (ver_type,
         # flags, session) the same but for the flags, checked in a few calls before any grouping
@@ -574,7 +596,7 @@ class Engine:
             if t == MsgType.HEARTBEAT:
                 # the gathered headers seen as heartbeats (rows[idx] copied whole rows of up to 64 KiB)
                 # one tolist() of the records: four field views and their lists cost more than a few packets
-                for _vt, flags, _s, worker, _c, _seq, ack, credit, _r in h.view(HEARTBEAT_HEADER)[idx].tolist():
+                for _vt, flags, _s, worker, _c, _seq, ack, credit, *_r in h.view(HEARTBEAT_HEADER)[idx].tolist():
                     if worker == NODE:
                         s.on_node_heartbeat(ack, credit, now, bool(flags & int(Flag.GAP)))
                 return True
@@ -587,7 +609,7 @@ class Engine:
             if not fb.all():
                 return False
         elif t == MsgType.HEARTBEAT:
-            for _vt, _f, _s, _w, _c, _seq, ack, credit, _r in h.view(HEARTBEAT_HEADER)[idx].tolist():
+            for _vt, _f, _s, _w, _c, _seq, ack, credit, *_r in h.view(HEARTBEAT_HEADER)[idx].tolist():
                 s.on_workers_heartbeat(ack, credit, now)
         elif t == MsgType.PULL:
             s.on_pull(idx, rows, lens, h, now)

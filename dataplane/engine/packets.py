@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..integrity import seal_headers, sealed
 from ..protocol import (
     DATA_HEADER,
     HEADER_LEN,
@@ -74,6 +75,7 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
                 lens[~nz] = HEADER_LEN
         if saturated is not None and saturated.any():
             h["flags"] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))
+        seal_headers(hrows)  # the header check (docs/protocol.md 3.5), over the final headers
         rows[:, :HEADER_LEN] = hrows
 
     return fill
@@ -202,6 +204,7 @@ def param_fill(*, seg_start: int, session: int, pull_id: int, tensor: int, data:
         h["count"] = counts
         h["seq"] = (seg_start + chunk) & MASK32
         h["offset"] = chunk * epp
+        seal_headers(hrows)
         rows[:, :HEADER_LEN] = hrows
         payload = rows[:, HEADER_LEN:HEADER_LEN + epp * wire.itemsize].view(wire)  # (n, epp)
         lo, hi = i0 * epp, min(i1 * epp, numel)
@@ -254,8 +257,8 @@ _HEARTBEAT_VT, _PULL_VT, _GAP = ver_type(MsgType.HEARTBEAT), ver_type(MsgType.PU
 
 def heartbeat_bytes(session: int, worker: int, seq: int, ack: int, credit: int, gap: bool = False) -> bytes:
     """One HEARTBEAT packet {ack, credit} (docs/protocol.md 7.2) as bytes, ready to send."""
-    return _HEARTBEAT.pack(_HEARTBEAT_VT, _GAP if gap else 0, session, worker, 0, seq & MASK32, ack & MASK32,
-                           credit & MASK32)
+    return sealed(_HEARTBEAT.pack(_HEARTBEAT_VT, _GAP if gap else 0, session, worker, 0, seq & MASK32, ack & MASK32,
+                                  credit & MASK32))
 
 
 def heartbeat(session: int, worker: int, seq: int, ack: int, credit: int, gap: bool = False) -> np.ndarray:
@@ -265,7 +268,7 @@ def heartbeat(session: int, worker: int, seq: int, ack: int, credit: int, gap: b
 
 def pull_request_bytes(session: int, worker: int, requests: list[tuple[int, int, int]]) -> bytes:
     """One PULL packet carrying (pull_id, tensor, version) requests, as bytes."""
-    parts = [_PULL_HEADER.pack(_PULL_VT, 0, session, worker, len(requests))]
+    parts = [sealed(_PULL_HEADER.pack(_PULL_VT, 0, session, worker, len(requests)))]
     parts += [_PULL_REQUEST.pack(*req) for req in requests]
     return b"".join(parts)
 

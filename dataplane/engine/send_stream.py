@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..integrity import seal_rows
 from ..net.mmsg import BatchSocket
 from ..protocol import Flag
 
@@ -269,6 +270,7 @@ class SendStream:
                     keep &= ~self.received((seg.start + rel) & MASK32, resend)
                 head = head[keep]
                 self.ring[head, 1] |= np.uint8(Flag.RETX)
+                seal_rows(self.ring, head)  # the flags byte changed: the header check again
                 self.retx[head] = True
                 idx = np.concatenate((head, idx[resend:]))
                 self.stats["retransmitted"] += len(head)
@@ -345,6 +347,7 @@ class SendStream:
                     fill(c0, c0 + hi - lo, rows[lo - j0:hi - j0], lens[lo - j0:hi - j0])
             if j0 < nres:
                 rows[:min(nres, j1) - j0, 1] |= np.uint8(Flag.RETX)
+                seal_rows(rows, np.arange(min(nres, j1) - j0))
 
         published = self.sock.send_filled(total, write) if total else 0
         done = stop - rel if published == total else int(chunks[published]) - rel

@@ -29,6 +29,7 @@ import struct
 import numpy as np
 
 from .. import trace
+from ..integrity import header_ok, seal_header
 from ..protocol import HEADER_LEN, NODE, Event, NextStep, aggregation_packet_len
 from .attach_shm import MulticastPools, shm_row_bytes
 from .batch import write_results
@@ -65,6 +66,8 @@ def turn(sw, rx, att) -> bool:
     n = int(rx.length[0])
     if n < HEADER_LEN:
         return False
+    if not header_ok(rx.rows[0, :HEADER_LEN].tobytes()):
+        return False  # a corrupted header: the general path drops and counts it (BAD_CHECKSUM)
     head = _HEAD.unpack_from(rx.rows, 0)  # (row 0 of the turn's header buffer, which is C-contiguous)
     vt, flags, session, worker, count = head[:5]
     key = (vt, flags, session, worker, count, head[10], att.port, n, pipe.lanes)
@@ -103,8 +106,10 @@ def _forward(sw, rx, att, n: int, head: tuple, bit: int, row: tuple, counted: bo
             return
         _WORKER.pack_into(dst, 4, NODE if row[NEXT_STEP] == ROOT else row[UP_WORKER])
         _ACK_CREDIT.pack_into(dst, 12, ack, credit)
+        seal_header(dst)
     elif row[NEXT_STEP] != ROOT:  # a PULL through an UPSTREAM switch speaks as its up_worker
         _WORKER.pack_into(dst, 4, row[UP_WORKER])
+        seal_header(dst)
     cnt.events[UNICAST, 0] += 1
     cnt.events[UNICAST, 1] += n
     sent = out.send_list(rx.arena.rows, [r], [n])

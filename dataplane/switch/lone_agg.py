@@ -28,6 +28,7 @@ import struct
 import numpy as np
 
 from .. import trace
+from ..integrity import header_ok, seal_header
 from ..kernels import use_numba
 from ..protocol import HEADER_LEN, NODE, Event, Flag, MsgType, NextStep, aggregation_packet_len
 from .controls.classifier import PATH_AGGREGATE
@@ -76,6 +77,8 @@ def turn(sw, rx, att) -> bool:
     n = int(rx.length[0])
     if n < HEADER_LEN:
         return False
+    if not header_ok(rx.rows[0, :HEADER_LEN].tobytes()):
+        return False  # a corrupted header: the general path drops and counts it (BAD_CHECKSUM)
     head = _HEAD.unpack_from(rx.rows, 0)
     vt, flags, session, worker, count = head[:5]
     if flags & ZERO:
@@ -153,6 +156,7 @@ def _rewrite(dst: np.ndarray, vt: int, flags: int, root: bool, grad: bool, row: 
     _REWRITE.pack_into(buf, 0, (vt & 0xF0) | mtype, (flags & KEEP_FLAGS) | (SATURATED if sat else 0))
     _WORKER.pack_into(buf, 4, NODE if root else row[UP_WORKER])
     _EXPONENT.pack_into(buf, 24, exponent)
+    seal_header(dst)
 
 
 def _emit(sw, arena: np.ndarray, r: int, n: int, reg: int, outs: list, sat: bool, multicast: bool,

@@ -22,6 +22,7 @@ import itertools
 
 import numpy as np
 
+from ..integrity import seal_rows
 from ..kernels import use_numba
 from ..protocol import HEADER_LEN, DropReason, Flag, MsgType
 from . import phase_groups, small_route, stragglers
@@ -55,6 +56,19 @@ HEARTBEAT = int(MsgType.HEARTBEAT)
 # turns of up to this many packets are classified one packet at a time (small_classify.py: the
 # vectorised classifier's numpy calls cost the same for one packet as for hundreds); 0: never
 SMALL_TURN = 16
+
+
+def reseal(b: Batch, pkt: np.ndarray) -> None:
+    """The header check of every luwu packet among `pkt` (a batch's emitted copies) written again
+    over its rewritten header (docs/protocol.md 3.5: the switch recomputes it on all it emits)."""
+    if not len(pkt):
+        return
+    if len(pkt) <= 4:
+        luwu = b.luwu
+        seal_rows(b.rows, [p for p in dict.fromkeys(pkt.tolist()) if luwu[p]], b.off)
+        return
+    u = np.unique(pkt)
+    seal_rows(b.rows, u[b.luwu[u]], b.off)
 
 
 def round_numbers(keys: np.ndarray) -> np.ndarray:
@@ -186,7 +200,9 @@ class Pipeline:
                         agg = AggregationResult(len(paths))
                         self._aggregation(b, c, agg)
                         self._observe_small(c, agg, paths)
-                    return small_route.route(b, c, paths, srows, t, self.registers, cnt, agg)
+                    em = small_route.route(b, c, paths, srows, t, self.registers, cnt, agg)
+                    reseal(b, em.pkt)
+                    return em
         else:
             c = classify(b, t, self.lanes, cnt)
         zero_lanes.apply(b, c, self.lanes)
@@ -218,6 +234,7 @@ class Pipeline:
             codes = np.concatenate([np.full(len(i), int(code), dtype=np.int64) for code, i in events])
             idx = np.concatenate([i for _, i in events])
             cnt.event(codes, b.length[idx])
+        reseal(b, em.pkt)
         return em
 
     def valid(self, b: Batch) -> np.ndarray:

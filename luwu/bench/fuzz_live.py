@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from luwu.dataplane.engine.node_server import FallbackAggregator
+from luwu.dataplane.integrity import seal_headers
 from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
 from luwu.dataplane.protocol import HEADER_LEN, NODE, Dtype, Flag, MsgType, header_view, ver_type
 
@@ -82,6 +83,7 @@ class Rank:
         h["seq"], h["slot"] = seqs, self.pool * (self.session - 1) + seqs % self.pool
         h["tensor"], h["offset"], h["dtype"] = self.job, (seqs * self.lanes) & 0xFFFFFFFF, int(Dtype.INT32)
         h["numel"] = 0
+        seal_headers(rows)
         values = contribution(self.seed, self.job, self.rank, seqs, self.lanes)
         rows[:, HEADER_LEN:] = values.astype(">i4").view(np.uint8)
         self.sock.send_rows(self.rows, np.arange(n), np.full(n, self.plen, dtype=np.int64))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from luwu.dataplane.integrity import headers_ok, seal_headers
 from luwu.dataplane.protocol import (
     DATA_HEADER,
     DTYPE_ITEMSIZE,
@@ -189,6 +190,7 @@ class Model:
         owner = self.owner[port]
         drop(owner != src, DropReason.UNKNOWN_PORT)  # an unbound port refuses everyone
         drop((length < HEADER_LEN) | (length > self.max_datagram), DropReason.MALFORMED)
+        drop(~headers_ok(rows[:, :HEADER_LEN]), DropReason.BAD_CHECKSUM)  # the header check first (protocol.md 3.5)
         h = header_view(rows)
         version, mtype = h["ver_type"] >> 4, (h["ver_type"] & 0xF).astype(np.int64)
         drop(version != VERSION, DropReason.BAD_VERSION)
@@ -243,6 +245,14 @@ class Model:
 
 # --- the attack ------------------------------------------------------------------------------------
 
+def _reseal(rows: np.ndarray, idx: np.ndarray) -> None:
+    """A matching header check on rows `idx` (attack packets that get past the parser)."""
+    if len(idx):
+        hb = rows[idx, :HEADER_LEN]
+        seal_headers(hb)
+        rows[idx, :HEADER_LEN] = hb
+
+
 class Attack:
     """Blocks of attack datagrams: rows (small ones) or a separate buffer (oversized ones)."""
 
@@ -285,6 +295,7 @@ class Attack:
         h["count"] = np.where(mtype == MsgType.PARAM, pc * 4, np.where(mtype == MsgType.PULL, pc, h["count"]))
         length = np.select([agg, mtype == MsgType.HEARTBEAT, mtype == MsgType.PARAM],
                            [topo.packet_len, HEADER_LEN, HEADER_LEN + 16 * pc], HEADER_LEN + 12 * pc)
+        seal_headers(hb)
         rows[idx, :HEADER_LEN] = hb
         payload = rng.integers(0, 256, (n, topo.packet_len - HEADER_LEN), dtype=np.uint8)
         keep = np.arange(HEADER_LEN, topo.packet_len)[None, :] < length[:, None]
@@ -323,6 +334,7 @@ class Attack:
             bit = rng.integers(0, 8 * HEADER_LEN, len(i))
             rows[i[live], bit[live] // 8] ^= (1 << (bit[live] % 8)).astype(np.uint8)
         rows[i[rng.random(len(i)) < 0.5], 0] = ver_type(MsgType.ALLREDUCE)  # keep half valid-looking at byte 0
+        _reseal(rows, i[rng.random(len(i)) < 0.5])  # half past the header check, to the checks behind it
         i = of("fields")  # random values in chosen fields
         hb = rows[i, :HEADER_LEN].copy()
         h = hb.view(DATA_HEADER)[:, 0]
@@ -336,6 +348,7 @@ class Attack:
         h["seq"] = np.where(pick[:, 6], rng.integers(0, 1 << 32, len(i)), h["seq"])
         h["dtype"] = np.where(pick[:, 7], rng.integers(0, 8, len(i)), h["dtype"])
         rows[i, :HEADER_LEN] = hb
+        _reseal(rows, i[rng.random(len(i)) < 0.8])
         i = of("spoofed")  # a valid packet in another's name
         self._valid(i, self.honest_claims + [(3, 1), (3, NODE), (4, NODE)])
         hv = header_view(rows[i])

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from luwu.dataplane.integrity import seal_headers
 from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
 from luwu.dataplane.p4runtime.entries import StarSession, star_program
 from luwu.dataplane.protocol import (
@@ -169,6 +170,7 @@ def _worker(rank: int, bound, target: tuple[str, int], lanes: int, npkts: int, p
     h["slot"] = seqs % pool
     h["dtype"] = int(Dtype.INT32)
     h["numel"] = npkts * lanes
+    seal_headers(rows)
     rows[:, HEADER_LEN:] = (rank + 1) % 256
     got = np.zeros(npkts, dtype=bool)
     lengths = np.full(batch, plen, dtype=np.int64)

@@ -16,7 +16,7 @@
 #define COUNTER_SIZE 16
 #define MAX_CONTRIBUTORS 32
 
-const bit<4>  LUWU_VERSION = 1;
+const bit<4>  LUWU_VERSION = 2;
 const bit<16> LUWU_HEADER_LEN = 32;
 @noWarn("unused") const bit<16> LUWU_COMMON_LEN = 8;
 const bit<16> NODE = 0xFFFF;
@@ -46,6 +46,7 @@ const bit<16> NODE = 0xFFFF;
 @noWarn("unused") const bit<8> DTYPE_FP16 = 3;
 @noWarn("unused") const bit<8> DTYPE_FIXED32 = 4;
 @noWarn("unused") const bit<8> DTYPE_ORDERED32 = 5;
+@noWarn("unused") const bit<8> DTYPE_FIXED16 = 6;
 
 /* NextStep */
 @noWarn("unused") const bit<8> NEXT_STEP_ROOT = 0;
@@ -64,6 +65,7 @@ const bit<16> NODE = 0xFFFF;
 @noWarn("unused") const bit<8> DROP_BAD_DIRECTION = 10;
 @noWarn("unused") const bit<8> DROP_UNKNOWN_PORT = 11;
 @noWarn("unused") const bit<8> DROP_SPOOFED = 12;
+@noWarn("unused") const bit<8> DROP_BAD_CHECKSUM = 13;
 
 /* Event */
 @noWarn("unused") const bit<8> EVENT_COMPLETED = 1;
@@ -79,11 +81,11 @@ const bit<16> NODE = 0xFFFF;
 
 /* Element sizes of the payload encodings (protocol.DTYPE_ITEMSIZE) and of a PULL request. */
 bool dtype_known(in bit<8> dtype) {
-    return dtype == DTYPE_INT32 || dtype == DTYPE_FP32 || dtype == DTYPE_BF16 || dtype == DTYPE_FP16 || dtype == DTYPE_FIXED32 || dtype == DTYPE_ORDERED32;
+    return dtype == DTYPE_INT32 || dtype == DTYPE_FP32 || dtype == DTYPE_BF16 || dtype == DTYPE_FP16 || dtype == DTYPE_FIXED32 || dtype == DTYPE_ORDERED32 || dtype == DTYPE_FIXED16;
 }
 
 bit<32> param_payload_bytes(in bit<8> dtype, in bit<32> count) {
-    return (dtype == DTYPE_INT32 ? (count << 2) : (dtype == DTYPE_FP32 ? (count << 2) : (dtype == DTYPE_BF16 ? (count << 1) : (dtype == DTYPE_FP16 ? (count << 1) : (dtype == DTYPE_FIXED32 ? (count << 2) : (dtype == DTYPE_ORDERED32 ? (count << 2) : 32w0))))));
+    return (dtype == DTYPE_INT32 ? (count << 2) : (dtype == DTYPE_FP32 ? (count << 2) : (dtype == DTYPE_BF16 ? (count << 1) : (dtype == DTYPE_FP16 ? (count << 1) : (dtype == DTYPE_FIXED32 ? (count << 2) : (dtype == DTYPE_ORDERED32 ? (count << 2) : (dtype == DTYPE_FIXED16 ? (count << 1) : 32w0)))))));
 }
 
 /* PULL_REQUEST.itemsize = 12 bytes per request */

@@ -16,7 +16,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
-from luwu.dataplane.protocol import MsgType
+from luwu.dataplane.protocol import VERSION, MsgType
 from luwu.dataplane.scapy_layer import Luwu
 
 AGGREGATION = {int(MsgType.GRAD), int(MsgType.AGG), int(MsgType.ALLREDUCE), int(MsgType.RESULT)}
@@ -37,7 +37,7 @@ def wrap32(values) -> list[int]:
 
 def luwu_layer(mtype: int, session: int, worker: int, *, flags: int = 0, count: int | None = None, seq: int = 0,
                slot: int = 0, tensor: int = 0, offset: int = 0, exponent: int = 0, dtype: int = 0, numel: int = 0,
-               ack: int = 0, credit: int = 0, version: int = 1) -> Luwu:
+               ack: int = 0, credit: int = 0, version: int = VERSION) -> Luwu:
     if count is None:
         count = LANES if int(mtype) in AGGREGATION else 0
     if int(mtype) == MsgType.HEARTBEAT:

@@ -9,7 +9,7 @@ from conformance_vectors import Script, Vector, agg, to_group, to_up
 from scapy.packet import Raw
 
 from luwu.dataplane.p4runtime.entries import drop_rate_entry
-from luwu.dataplane.protocol import NODE, DropReason, Dtype, Event, MsgType
+from luwu.dataplane.protocol import NODE, VERSION, DropReason, Dtype, Event, MsgType
 
 W0, W1, W2, W3 = WORKERS
 ALWAYS = 0xFFFFFFFF  # drop threshold: every packet but one in 2^32
@@ -162,8 +162,8 @@ def malformed() -> Vector:
 def bad_version_type() -> Vector:
     s = Script()
     g = agg(MsgType.GRAD, NODE_S, W0, 1, [1])
-    g.layer.version = 2
-    s.send(W0, g.layer, g.payload, note="version 2")
+    g.layer.version = VERSION + 1
+    s.send(W0, g.layer, g.payload, note=f"version {VERSION + 1}")
     for t in (0, 9, 15):
         s.send(W0, luwu_layer(t, NODE_S.id, W0.rank), note=f"type {t}")
     return Vector("bad_version_type", "3, 6.6", ("bad_version", "bad_type"), s.steps,

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from luwu.dataplane.engine.packets import param_fill
+from luwu.dataplane.integrity import headers_ok
 from luwu.dataplane.protocol import HEADER_LEN, NODE, Dtype, MsgType, header_view, ver_type
 
 LANES = 64  # a row carries 4 * LANES payload bytes
@@ -32,7 +33,7 @@ def test_param_rows_carry_the_pull(dtype, np_dtype, numel):
     assert (h["ver_type"] == ver_type(MsgType.PARAM)).all() and (h["flags"] == 0).all()
     assert (h["session"] == 9).all() and (h["worker"] == NODE).all() and (h["slot"] == 77).all()
     assert (h["tensor"] == 5).all() and (h["dtype"] == int(dtype)).all() and (h["numel"] == numel).all()
-    assert (h["exponent"] == 0).all() and (h["reserved"] == 0).all()
+    assert (h["exponent"] == 0).all() and headers_ok(rows).all()
     assert h["count"].tolist() == counts.tolist()
     assert h["seq"].tolist() == [(0xFFFFFFFE + i) & 0xFFFFFFFF for i in range(chunks)]  # wraps
     assert h["offset"].tolist() == [i * epp for i in range(chunks)]

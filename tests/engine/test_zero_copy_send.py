@@ -17,6 +17,7 @@ import pytest
 
 from luwu.dataplane.engine.packets import QuantizedLanes, aggregation_fill
 from luwu.dataplane.engine.send_stream import RtoEstimator, RtoPolicy, SendStream
+from luwu.dataplane.integrity import HCHECK_OFFSET, header_ok
 from luwu.dataplane.loopback import local_star as star
 from luwu.dataplane.net.shm_endpoint import ShmEndpoint
 from luwu.dataplane.net.shm_ring import ShmRing, supported
@@ -59,6 +60,13 @@ def _drain(up, n=64):
     lens = np.zeros(n, dtype=np.int64)
     k = up.pop_into(rows, lens, 0, n)
     return rows[:k], lens[:k]
+
+
+def _same_but_hcheck(resent: np.ndarray, first: np.ndarray) -> bool:
+    """A resend is the first transmission from byte 8 on but for its header check, which covers
+    the RETX flag and is sealed again (docs/protocol.md 3.5)."""
+    return (header_ok(resent.tobytes()) and np.array_equal(resent[8:HCHECK_OFFSET], first[8:HCHECK_OFFSET])
+            and np.array_equal(resent[HCHECK_OFFSET + 2:], first[HCHECK_OFFSET + 2:]))
 
 
 def test_packets_are_written_in_place_and_wait_for_room_in_a_full_ring(port):
@@ -106,7 +114,7 @@ def test_a_resend_is_filled_again_flagged_and_skips_what_got_through(port):
     for r, n in zip(rows, lens):
         want, wn = _want(int(r[4]))
         assert r[1] & int(Flag.RETX) and n == wn
-        assert np.array_equal(r[8:n], want[8:n]), "a resent packet is the packet, filled again"
+        assert _same_but_hcheck(r[:n], want[:n]), "a resent packet is the packet, filled again"
     assert s.stats["retransmitted"] == 3
     s.on_ack(6, 40, now=5.2)  # ambiguous after a resend (Karn): no RTT sample
     assert s.stats["rtt_samples"] == 1 and s.idle()
@@ -132,7 +140,7 @@ def test_a_stream_without_delivery_news_resends_what_is_outstanding_filled_again
     for r, n in zip(rows, lens):
         i = int(r[4])
         assert r[1] & int(Flag.RETX) and n == _want(i)[1]
-        assert np.array_equal(r[8:n], first[i][8:n]), "a resent packet is the first one, filled again"
+        assert _same_but_hcheck(r[:n], first[i][:n]), "a resent packet is the first one, filled again"
     s.on_ack(5, 40, now=5.2)
     assert s.idle() and s.stats["retransmitted"] == 3
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from luwu.dataplane.integrity import header_ok
 from luwu.dataplane.protocol import (
     DTYPE_ITEMSIZE,
     HEADER_LEN,
     NODE,
+    VERSION,
     DropReason,
     Dtype,
     Event,
@@ -77,9 +79,9 @@ class ReferenceSwitch:
         if n < HEADER_LEN:
             self._count(self.drops, DropReason.MALFORMED, n)
             return []
-        pkt = Packet.unpack(data)
+        pkt = Packet.unpack(data, verify=False)
         self._count(self.rx_types, pkt.type, n)
-        drop = self._validate(pkt, n)
+        drop = DropReason.BAD_CHECKSUM if not header_ok(data) else self._validate(pkt, n)
         if drop:
             self._count(self.drops, drop, n)
             return []
@@ -129,7 +131,7 @@ class ReferenceSwitch:
         return self._multicast(pkt, s, n)
 
     def _validate(self, pkt: Packet, n: int) -> int:
-        if pkt.version != 1:
+        if pkt.version != VERSION:
             return DropReason.BAD_VERSION
         if not 1 <= pkt.type <= 7:
             return DropReason.BAD_TYPE

@@ -9,7 +9,8 @@ import time
 import pytest
 from switch_setup import LANES, SLOTS, agg_packet, heartbeat, runtime
 
-from luwu.dataplane.protocol import NODE, DropReason, Event, MsgType, Packet
+from luwu.dataplane.integrity import sealed
+from luwu.dataplane.protocol import NODE, VERSION, DropReason, Event, MsgType, Packet
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
 
 V = [1] * LANES
@@ -23,13 +24,19 @@ def fresh():
 
 def bad_version() -> bytes:
     b = bytearray(agg_packet(1, 0, 0, V))
-    b[0] = (2 << 4) | MsgType.ALLREDUCE
-    return bytes(b)
+    b[0] = ((VERSION + 1) << 4) | MsgType.ALLREDUCE
+    return sealed(bytes(b))
 
 
 def bad_type() -> bytes:
     b = bytearray(agg_packet(1, 0, 0, V))
-    b[0] = (1 << 4) | 9
+    b[0] = (VERSION << 4) | 9
+    return sealed(bytes(b))
+
+
+def bad_checksum() -> bytes:
+    b = bytearray(agg_packet(1, 0, 0, V))
+    b[12] ^= 0x04  # one bit of the sequence number flipped in flight
     return bytes(b)
 
 
@@ -37,6 +44,7 @@ CASES = {
     DropReason.MALFORMED: [b"\x13" * 10],
     DropReason.BAD_VERSION: [bad_version()],
     DropReason.BAD_TYPE: [bad_type()],
+    DropReason.BAD_CHECKSUM: [bad_checksum()],
     DropReason.UNKNOWN_SESSION: [agg_packet(77, 0, 0, V)],
     DropReason.UNKNOWN_WORKER: [agg_packet(1, 9, 0, V)],
     DropReason.FOREIGN_SLOT: [agg_packet(1, 0, 0, V, slot=9)],

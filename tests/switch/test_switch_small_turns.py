@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from switch_setup import LANES, SESSIONS, SLOTS, agg_packet, heartbeat, param, pull, runtime, worker_port
 from test_switch_vectorised_equivalence import WRAP, packets
 
-from luwu.dataplane.protocol import NODE, DropReason, Flag, MsgType, aggregation_packet_len
+from luwu.dataplane.integrity import sealed
+from luwu.dataplane.protocol import NODE, VERSION, DropReason, Flag, MsgType, aggregation_packet_len
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig, pipeline, small_route
 from luwu.dataplane.switch.batch import Batch
 from luwu.dataplane.switch.controls import parser
@@ -27,6 +28,9 @@ from luwu.dataplane.switch.small_classify import classify_small
 
 REGISTERS = ("slot_owner", "bitmap", "contributors", "exponents", "slot_flags", "lanes", "hb_owner", "hb_bitmap",
              "hb_ack", "hb_credit")
+
+
+BAD_VERSION_PACKET = sealed(bytes([(VERSION + 1) << 4]) + bytes(31))  # its header check holds
 
 
 def rt() -> dict:
@@ -103,7 +107,7 @@ def test_the_small_path_is_taken_and_counts():
     """A one-packet turn goes through the small classifier (its drop reasons reach the counters)."""
     with _counted(pipeline, "classify_rows") as calls:
         sw = make_switch()
-        sw.process_datagrams([(1, b"\x20" + bytes(31))])  # version 2: BAD_VERSION
+        sw.process_datagrams([(1, BAD_VERSION_PACKET)])  # another version: BAD_VERSION
     assert calls == [1]
     assert sw.counters()["drops"][int(DropReason.BAD_VERSION)] == (1, 32)
 
@@ -127,7 +131,7 @@ def routed(draw):
     elif kind == "pull":
         item = (worker_port(rank), pull(session, rank))
     else:
-        item = (worker_port(rank), draw(st.sampled_from([b"\x20" + bytes(31), bytes(12), pull(session, rank)[:-1]])))
+        item = (worker_port(rank), draw(st.sampled_from([BAD_VERSION_PACKET, b"\x20" + bytes(31), bytes(12), pull(session, rank)[:-1]])))
     if draw(st.integers(0, 12)) == 0:
         item = (draw(st.integers(0, 5)), item[1])  # a spoofed or misrouted one
     return item

@@ -3,7 +3,9 @@
 Frames: luwu is UDP to the configured port in an IPv4 packet without options (IHL 5) and not
 a non-first fragment; other IPv4 goes to the forwarder; anything else (ARP, IPv6, ...) is
 dropped NO_ROUTE (hosts use static ARP). Truncated or inconsistent headers, and luwu packets
-shorter than the 32-byte header, are MALFORMED. Lengths beyond the header are checked by the
+shorter than the 32-byte header, are MALFORMED. Then the header check (hcheck, docs/protocol.md
+3.5) of every luwu packet, before anything reads its fields: a mismatch is BAD_CHECKSUM (the P4
+programs' `verify_checksum` before ingress). Lengths beyond the header are checked by the
 classifier.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...integrity import header_ok, headers_ok
 from ...protocol import DATA_HEADER, ETH_IP_UDP_LEN, HEADER_LEN, HEARTBEAT_HEADER, DropReason
 from ..batch import Batch
 
@@ -41,6 +44,26 @@ assert OFF_UDP + UDP_LEN == ETH_IP_UDP_LEN
 SMALL = 16  # batches of up to this many packets have their lengths checked on Python ints
 
 
+D_BAD_CHECKSUM = int(DropReason.BAD_CHECKSUM)
+SCALAR_CHECKS = 4  # up to this many luwu packets have their header check computed on Python ints
+
+
+def check_headers(b: Batch) -> None:
+    """Drop (BAD_CHECKSUM) every live luwu packet of `b` whose header check does not match."""
+    off = b.off
+    if len(b) <= SCALAR_CHECKS:
+        rows, drop = b.rows, b.drop
+        for i, (ok, d) in enumerate(zip(b.luwu.tolist(), drop.tolist())):
+            if ok and not d and not header_ok(rows[i, off:off + HEADER_LEN].tobytes()):
+                drop[i] = D_BAD_CHECKSUM
+        return
+    idx = np.flatnonzero(b.luwu & (b.drop == 0))
+    if len(idx):
+        good = headers_ok(b.rows[idx, off:off + HEADER_LEN])
+        if not good.all():
+            b.drop[idx[~good]] = D_BAD_CHECKSUM
+
+
 def u16(rows: np.ndarray, off: int) -> np.ndarray:
     return (rows[:, off].astype(np.int64) << 8) | rows[:, off + 1]
 
@@ -60,6 +83,7 @@ def parse(b: Batch, udp_port: int) -> None:
         else:
             b.luwu = alive
         b.ipv4 = np.zeros(len(b), dtype=bool)
+    check_headers(b)
     if b.hdr is None:  # (a shared-memory turn's batch comes with views made once: ShmTurn.headers)
         view = b.rows[:, b.off:b.off + HEADER_LEN]
         b.hdr = view.view(DATA_HEADER)[:, 0]

@@ -1,0 +1,85 @@
+"""The header check (hcheck, docs/protocol.md 3.5) end to end: a header corrupted on its way into
+the switch is dropped there and counted BAD_CHECKSUM, one corrupted on its way out is dropped by
+the engine and counted `dropped.bad_header`; neither touches any state, and the sender's resend
+recovers the exact result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from luwu.dataplane.integrity import HCHECK_OFFSET, header_checks, headers_ok
+from luwu.dataplane.loopback import local_star as star
+from luwu.dataplane.protocol import DropReason, MsgType, header_view
+
+NUMEL = 5 * 64 + 3
+
+
+def _inputs(n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    return [rng.integers(-(2**31), 2**31, NUMEL, dtype=np.int64).astype(np.int32) for _ in range(n)]
+
+
+def _corrupt_first(rows: np.ndarray, idx: np.ndarray, mtype: int, budget: list[int]) -> None:
+    """Flip one bit of the sequence number of the first packets of type `mtype` among rows `idx`
+    (a 32-byte header each), `budget[0]` of them in all."""
+    for i in idx.tolist():
+        if budget[0] and rows[i, 0] & 0xF == mtype and headers_ok(rows[i:i + 1, :32]).all():
+            rows[i, 10] ^= 0x01
+            budget[0] -= 1
+
+
+@pytest.mark.parametrize("transport", ["udp", "shm"])
+@pytest.mark.parametrize("where", ["into the switch", "out of the switch"])
+def test_a_corrupted_header_is_dropped_counted_and_recovered(where, transport):
+    if where == "out of the switch" and transport == "shm":
+        pytest.skip("shm results may leave by the lone paths, which emit() does not see: corrupted over UDP")
+    xs = _inputs(2)
+    expected = xs[0] + xs[1]
+    with star(2, transport=transport) as (_, lsw, engines):
+        sw = lsw._sw
+        assert sw is not None, "the loopback switch runs in this process"
+        budget = [3]
+        if where == "into the switch":  # before every path of a turn (shm: the lone ones too)
+            turn = sw.handle_turn
+
+            def corrupting_turn(rx, segments):
+                rows = rx.turn_rows(rx.filled)
+                off = 42 if segments[0][0].framed else 0
+                _corrupt_first(rows[:, off:], np.arange(rx.filled), MsgType.ALLREDUCE, budget)
+                return turn(rx, segments)
+
+            sw.handle_turn = corrupting_turn
+        else:
+            emit = sw.emit
+
+            def corrupting_emit(b, em):
+                _corrupt_first(b.rows[:, b.off:], np.unique(em.pkt), MsgType.RESULT, budget)
+                return emit(b, em)
+
+            sw.emit = corrupting_emit
+        results = [h.wait(60) for h in [e.allreduce(x) for e, x in zip(engines, xs)]]
+        drops = sw.counters()["drops"]
+        bad_headers = sum(e.stats["dropped.bad_header"] for e in engines)
+    assert budget == [0], "the test corrupted what it meant to"
+    for r in results:
+        np.testing.assert_array_equal(r, expected)
+    if where == "into the switch":
+        assert drops[int(DropReason.BAD_CHECKSUM)][0] == 3 and bad_headers == 0
+    else:
+        # (a RESULT leaves for both workers from one row: each corrupted row reaches both)
+        assert drops.get(int(DropReason.BAD_CHECKSUM), (0, 0))[0] == 0 and bad_headers == 3 * 2
+
+
+def test_the_fast_check_is_the_reference_crc():
+    rng = np.random.default_rng(1)
+    rows = rng.integers(0, 256, (300, 40)).astype(np.uint8)
+    from luwu.dataplane.integrity import crc16_arc, header_check_fast, header_checks_reference
+
+    assert crc16_arc(b"123456789") == 0xBB3D
+    np.testing.assert_array_equal(header_checks(rows), header_checks_reference(rows))
+    for r in rows[:40]:
+        want = crc16_arc(r[:HCHECK_OFFSET].tobytes() + r[HCHECK_OFFSET + 2:32].tobytes())
+        assert header_check_fast(r.tobytes()) == want
+    h = header_view(rows)
+    assert h["hcheck"].dtype == np.dtype(">u2")
