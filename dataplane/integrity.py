@@ -278,3 +278,58 @@ def unpack_exponents(lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     v = np.asarray(lanes, dtype=np.int32).astype(np.int64)
     e = v >> 16
     return e.astype(np.int32), (v & 0xFFFF).astype(np.uint32) == exp_tag(e)
+
+
+# --- check words, vectorised over packets (the engine's senders and receivers) ----------------
+
+_T_FIELDS = ("session", "seq", "slot", "tensor", "offset", "count", "numel")
+
+
+def header_terms(h: np.ndarray, dtype: int) -> np.ndarray:
+    """`header_term` of each of K headers (a DATA_HEADER array; `type` read from ver_type) as a
+    (K, check_lanes(dtype)) uint64 array, each word reduced mod 2^W. Products and sums wrap mod
+    2^64, which keeps them right mod 2^32 and 2^16."""
+    c = check_lanes(dtype)
+    k = len(h)
+    if dtype == Dtype.INT32:
+        return np.zeros((k, c), dtype=np.uint64)
+    f = np.empty((k, len(_T_MULT[0])), dtype=np.uint64)
+    for i, name in enumerate(_T_FIELDS):
+        f[:, i] = h[name]
+    f[:, 7] = dtype
+    f[:, 8] = h["flags"] & (Flag.SET | Flag.MAX)
+    f[:, 9] = h["exponent"].astype(np.int64) & 0xFF
+    mtype = h["ver_type"] & 0xF
+    f[:, 10] = np.where((mtype == MsgType.GRAD) | (mtype == MsgType.AGG), 1, 3)
+    t = (f @ _T_MULT[:c].T) & np.uint64(0xFFFFFFFF)
+    return t & np.uint64((1 << (8 * lane_bytes(dtype))) - 1)
+
+
+def check_words_rows(values: np.ndarray, h: np.ndarray, dtype: int, n: np.ndarray | int = 1) -> np.ndarray:
+    """`check_words` of K packets at once: `values` (K, M) the signed lanes before the check lanes
+    (any integer dtype or byte order), `h` their K headers, `n` the contributor count (scalar or
+    one per packet). Returns (K, C) uint64 words mod 2^W. MAX packets get their header term only.
+
+    Generic over the lane width (W = 16 or 32: the weights (k+1)^j are taken mod 2^W and the sums
+    wrap mod 2^64, which 2^W divides)."""
+    c = check_lanes(dtype)
+    bits = 8 * lane_bytes(dtype)
+    mask = np.uint64((1 << bits) - 1)
+    t = header_terms(h, dtype)
+    nn = np.asarray(n, dtype=np.uint64).reshape(-1, 1) if np.ndim(n) else np.uint64(n)
+    out = (t * nn) & mask
+    is_max = (h["flags"] & Flag.MAX) != 0
+    if is_max.all():
+        return t
+    m = values.shape[1]
+    v = values.astype(np.int64).view(np.uint64)  # two's complement: the sums below wrap as the lanes do
+    k = np.arange(1, m + 1, dtype=np.uint64)
+    w = np.empty((c, m), dtype=np.uint64)
+    w[0] = 1
+    for j in range(1, c):
+        w[j] = (w[j - 1] * k) & mask
+    s = (v @ w.T) & mask
+    out = (out + s) & mask
+    if is_max.any():
+        out[is_max] = t[is_max]
+    return out

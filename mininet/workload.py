@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from luwu.dataplane import trace
+from luwu.dataplane.integrity import data_lanes
+from luwu.dataplane.protocol import Dtype
 
 LR = 0.5  # the node's SGD step in the push/pull check
 GRAD_SCALE = 0.01  # gradients are N(0, 1) * this
@@ -189,7 +191,7 @@ def push_pull(engine, pp: dict, seed: int, rank: int, timeout: float) -> dict:
     from luwu.dataplane.quantize import chunk_exponents, error_bound
 
     shards = sorted(pp["shards"], key=lambda s: (s["layer"], s["offset"]))
-    lanes, group = pp["lanes"], pp["group"]
+    lanes, group = data_lanes(pp["lanes"], Dtype.FIXED32), pp["group"]  # elements per packet (less check words)
     layers = {s["layer"]: s["layer_numel"] for s in shards}
     t0 = time.monotonic()
     with trace.span("pull wait", "worker", version=0, slices=len(shards)):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..integrity import check_lanes, check_words_rows
 from ..kernels import use_numba
 from ..protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType
 from ..quantize import as_words, fixed_point_kernels, num_chunks
@@ -24,6 +25,8 @@ from .window import RecvWindow
 # (chunk indices, received rows, the rows of those chunks, header exponents): reads the lanes in place
 Decode = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
 SATURATED = np.uint8(Flag.SATURATED)
+CHECK = check_lanes(Dtype.INT32)  # check lanes of the 32-bit formats a collective session carries
+CORRUPT_TRIES = 3  # RESULTs of one chunk failing their check words in a row: the stored sum is wrong
 _ANY, _ALL = np.logical_or.reduce, np.logical_and.reduce  # without ndarray.any's Python wrapper (per batch)
 # header fields' byte offsets, for the compiled RESULT pass (the layout is protocol.py's)
 _SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT = (DATA_HEADER.fields[f][1] for f in ("seq", "tensor", "offset", "flags"))
@@ -84,7 +87,15 @@ class CollectiveSession:
         self.spec = spec
         self.id = spec.session
         self.rank = rank
-        self.lanes = spec.lanes
+        # a packet's last CHECK lanes are its check words (docs/protocol.md 3.6): `lanes` elements
+        # of data per packet, `row_lanes` (the switch's lane count) on the wire
+        self.row_lanes = spec.lanes
+        self.lanes = spec.lanes - CHECK
+        if self.lanes < 1:
+            raise ValueError(f"a collective session needs more than {CHECK} lanes per packet (its last {CHECK} "
+                             f"are check words), not {spec.lanes}")
+        self.n = spec.num_workers  # contributors of every sum this session receives
+        self._failures: dict[int, int] = {}  # seq -> RESULTs of it that failed their check words in a row
         self.window = RecvWindow(spec.pool_size)
         # refill: an op's fill reads its source (the caller's buffer, the agreed exponents),
         # which stays as it was for every chunk whose RESULT has not arrived (a RESULT is what
@@ -93,7 +104,8 @@ class CollectiveSession:
                                received=self.window.received_mask, refill=True)
         self.ops: dict[int, ReduceOp] = {}
         self.next_op = 0
-        self.stats = {"ops": 0, "results": 0, "duplicates": 0, "stale": 0}
+        self.stats = {"ops": 0, "results": 0, "duplicates": 0, "stale": 0, "dropped.bad_check": 0,
+                      "corrupt_chunks": 0}
         self._fresh = np.empty(spec.pool_size, dtype=np.int64)  # the compiled pass's fresh seqs (a batch fits the window)
         self._info = np.zeros(4, dtype=np.int64)  # and its window advance and delivery summary
 
@@ -114,7 +126,7 @@ class CollectiveSession:
         op.seg.ready(aggregation_fill(
             seg_start=op.seg.start, msg_type=MsgType.ALLREDUCE, session=s.session, worker=self.rank,
             pool_base=s.pool_base, pool_size=s.pool_size, lanes=self.lanes, tensor=op.op_id, numel=op.numel,
-            dtype=op.dtype, lanes_of=lanes_of, flags=op.flags, exponents=exponents))
+            dtype=op.dtype, lanes_of=lanes_of, flags=op.flags, exponents=exponents, row_lanes=self.row_lanes))
 
     def set_values(self, op: ReduceOp, values: np.ndarray) -> None:
         """All lanes known already (int32, chunks * lanes)."""
@@ -123,6 +135,9 @@ class CollectiveSession:
     # -- packets (engine thread) --------------------------------------------------------------------
     def on_results(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
         """RESULT packets `rows[idx]` (headers `h[idx]`; idx ascending, as the engine groups a batch)."""
+        idx = self._verified(idx, rows, h)
+        if not len(idx):
+            return
         every = len(idx) == len(h)  # idx is all of h's rows, in order (the engine's common batch)
         if every and self.ops and (self._compiled_results(rows, h, now)
                                    or (len(h) == 1 and self._one_result(rows, h, now))):
@@ -149,6 +164,45 @@ class CollectiveSession:
         # RESULTs are per-packet delivery news (SACK): RTT samples only from in-order ones, and
         # every hole a later RESULT reveals is resent at once (a hole is a loss: docs/protocol.md 7.1)
         self.send.on_delivered(seqs, now)
+
+    def _verified(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """The RESULTs among `idx` whose check words hold for a sum of `n` contributions
+        (docs/protocol.md 3.6). A failed one is dropped and counted, as if lost: the stream's
+        resend gets the switch's stored copy, which cures a corruption after the switch. A chunk
+        that fails CORRUPT_TRIES times in a row has a wrong stored sum (a contribution was
+        corrupted before the switch): it is let through flagged SATURATED, which takes the
+        exact path (reductions.py), never a plausible number."""
+        hs = h[idx]
+        sel = rows[idx, HEADER_LEN:HEADER_LEN + 4 * self.row_lanes].view(">i4")
+        got = sel[:, self.lanes:].view(">u4").astype(np.uint64)
+        ok = np.ones(len(idx), dtype=bool)
+        dtypes = hs["dtype"]
+        for d in np.unique(dtypes).tolist():
+            mine = dtypes == d if len(idx) > 1 else slice(None)
+            want = check_words_rows(sel[mine, :self.lanes], hs[mine], d, self.n)
+            ok[mine] = (got[mine] == want).all(axis=1)
+        if ok.all():
+            if self._failures:
+                for seq in hs["seq"].tolist():
+                    self._failures.pop(seq, None)
+            return idx
+        keep = ok.copy()
+        for j in np.flatnonzero(~ok).tolist():
+            seq = int(hs["seq"][j])
+            n = self._failures.get(seq, 0) + 1
+            if n < CORRUPT_TRIES:
+                self._failures[seq] = n
+                self.stats["dropped.bad_check"] += 1
+                continue
+            self._failures.pop(seq, None)
+            self.stats["corrupt_chunks"] += 1
+            i = int(idx[j])
+            rows[i, _FLAGS_AT] |= SATURATED
+            h["flags"][i] |= SATURATED
+            keep[j] = True
+        for seq in hs["seq"][ok].tolist():
+            self._failures.pop(seq, None)
+        return idx[keep]
 
     def _compiled_results(self, rows: np.ndarray, h: np.ndarray, now: float) -> bool:
         """`on_results` for the common batch in one compiled pass (dataplane/kernels/fixed_point.py

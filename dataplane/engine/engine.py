@@ -580,7 +580,7 @@ class Engine:
     def _handle(self, s: Session, t: int, idx: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray,
                 now: float) -> bool:
         if t in (MsgType.RESULT, MsgType.AGG, MsgType.GRAD):
-            good = lens[idx] == HEADER_LEN + 4 * s.lanes
+            good = lens[idx] == HEADER_LEN + 4 * getattr(s, "row_lanes", s.lanes)  # (collective: with check lanes)
             if not _ALL(good):
                 self.stats["rx_bad"] += int((~good).sum())
                 idx = idx[good]

@@ -24,6 +24,11 @@ class CollectiveMismatch(EngineError):
         self.lo, self.hi, self.mine = lo, hi, mine
 
 
+class CorruptResult(EngineError):
+    """A result whose check words failed on every resend (docs/protocol.md 3.6): a contribution
+    was corrupted before the switch summed it, and the op has no exact path to take instead."""
+
+
 class Handle:
     __slots__ = ("_callbacks", "_done", "_error", "_event", "_lock", "_result", "info", "name", "saturated")
 

@@ -8,14 +8,17 @@ min-aggregates into one (docs/protocol.md 6.4, 7).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
 
+from ..integrity import check_words_rows
 from ..protocol import HEADER_LEN, NODE, PULL_REQUEST, Dtype, Flag, MsgType, header_view, ver_type
 from ..quantize import dequantize_rows_into, num_chunks, sum_shift
 from ..session import SessionSpec
+from .collective import CHECK, CORRUPT_TRIES
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
 from .node_worker import WIRE_DTYPES, elems_per_param_packet
 from .packets import param_fill, payload_int32
@@ -128,7 +131,11 @@ class NodeServerSession:
         self.spec = spec
         self.id = spec.session
         self.sock = sock
-        self.lanes = spec.lanes
+        # an AGG's last CHECK lanes are its check words (docs/protocol.md 3.6): `lanes` gradient
+        # elements per packet; PARAM packets fill all `row_lanes` * 4 bytes
+        self.row_lanes = spec.lanes
+        self.lanes = spec.lanes - CHECK
+        self._failures: dict[int, int] = {}  # seq -> AGGs of it that failed their check words in a row
         self.grad_window = RecvWindow(spec.pool_size)
         self.hb = HeartbeatSender(sock, spec.session, NODE, self.grad_window, hb)
         # refill: a pull's fill reads a served copy that is never written again while the fill holds
@@ -138,11 +145,12 @@ class NodeServerSession:
         self.provider = provider
         self.on_gradient = on_gradient
         self.assemblies: dict[int, GradAssembly] = {}
-        self.fallback = FallbackAggregator(spec.num_workers, spec.lanes)
+        self.fallback = FallbackAggregator(spec.num_workers, spec.lanes)  # (every lane, check words too)
         self.served = ServedPulls()
         self.waiting: dict[int, tuple[int, int]] = {}  # pull id -> (tensor, version) not ready yet
         self.stats = {"agg_packets": 0, "agg_duplicates": 0, "fallback_packets": 0, "gradients": 0,
-                      "pulls_served": 0, "pull_requests": 0, "bad_pulls": 0, "bad_packets": 0, "unbound": 0}
+                      "pulls_served": 0, "pull_requests": 0, "bad_pulls": 0, "bad_packets": 0, "unbound": 0,
+                      "dropped.bad_check": 0, "rejected.corrupt": 0}
 
     def bind(self, provider: ParamProvider, on_gradient: GradientSink) -> None:
         """Attach the job this session serves; until then its traffic is counted and dropped
@@ -159,6 +167,7 @@ class NodeServerSession:
         if not self.bound:
             self.stats["unbound"] += len(idx)
             return
+        idx = self._verified(idx, rows, h, self.spec.num_workers)
         new = self.grad_window.accept(h["seq"][idx])
         dups = int(len(idx) - new.sum())
         if dups:
@@ -200,6 +209,7 @@ class NodeServerSession:
             self.stats["unbound"] += len(idx)
             return
         self.stats["fallback_packets"] += len(idx)
+        idx = self._verified(idx, rows, h, 1, reject=False)  # one contribution each, not summed yet
         fresh = np.array([not self.grad_window.received(int(s)) for s in h["seq"][idx]], dtype=bool)
         if not fresh.all():
             self.hb.nudge()
@@ -207,6 +217,49 @@ class NodeServerSession:
         if done:
             out = np.stack(done)
             self.on_agg(np.arange(len(out)), out, header_view(out), now)
+
+    def _verified(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, n: int, reject: bool = True) -> np.ndarray:
+        """The packets among `idx` whose check words hold for a sum of `n` (docs/protocol.md 3.6).
+        A failed one is dropped and counted, as if lost (the workers' resends get the switch's
+        stored copy). With `reject`, a chunk that fails CORRUPT_TRIES times in a row has a wrong
+        stored sum: it is let through flagged SATURATED, so its layer's gradient reaches the node
+        as non-finite and is rejected like one (counted `rejected.corrupt`), never stepped on."""
+        if not len(idx):
+            return idx
+        hs = h[idx]
+        lanes = rows[idx, HEADER_LEN:HEADER_LEN + 4 * self.row_lanes].view(">i4")
+        got = lanes[:, self.lanes:].view(">u4").astype(np.uint64)
+        ok = (got == check_words_rows(lanes[:, :self.lanes], hs, int(Dtype.FIXED32), n)).all(axis=1)
+        ok |= hs["dtype"] != int(Dtype.FIXED32)  # (anything else is counted bad_packets by on_agg)
+        if _ALL(ok):
+            if self._failures and reject:
+                for seq in hs["seq"].tolist():
+                    self._failures.pop(seq, None)
+            return idx
+        keep = ok.copy()
+        for j in np.flatnonzero(~ok).tolist():
+            seq = int(hs["seq"][j])
+            if not reject:
+                self.stats["dropped.bad_check"] += 1
+                continue
+            tries = self._failures.get(seq, 0) + 1
+            if tries < CORRUPT_TRIES:
+                self._failures[seq] = tries
+                self.stats["dropped.bad_check"] += 1
+                continue
+            self._failures.pop(seq, None)
+            self.stats["rejected.corrupt"] += 1
+            i = int(idx[j])
+            rows[i, 1] |= np.uint8(Flag.SATURATED)
+            h["flags"][i] |= np.uint8(Flag.SATURATED)
+            print(f"luwu node: session {self.id} layer {int(hs['tensor'][j])}: the sum of chunk at offset "
+                  f"{int(hs['offset'][j])} failed its check words {CORRUPT_TRIES} times (a corrupted "
+                  "contribution): the layer's gradient is rejected", file=sys.stderr)
+            keep[j] = True
+        if reject:
+            for seq in hs["seq"][ok].tolist():
+                self._failures.pop(seq, None)
+        return idx[keep]
 
     # -- parameters ------------------------------------------------------------------------------
     def on_workers_heartbeat(self, ack: int, credit: int, now: float) -> None:
@@ -252,7 +305,7 @@ class NodeServerSession:
             self._serve(pull_id, tensor, *found)
 
     def _serve(self, pull_id: int, tensor: int, data: np.ndarray, dtype: Dtype) -> None:
-        epp = elems_per_param_packet(self.lanes, dtype)
+        epp = elems_per_param_packet(self.row_lanes, dtype)
         data = np.ascontiguousarray(data).reshape(-1)
         if data.dtype.itemsize != WIRE_DTYPES[dtype].itemsize:
             raise TypeError(f"tensor {tensor}: {data.dtype} does not match wire dtype {dtype.name}")

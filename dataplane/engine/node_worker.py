@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..integrity import pack_exponents, unpack_exponents
 from ..kernels import use_numba
 from ..protocol import DTYPE_ITEMSIZE, HEADER_LEN, Dtype, MsgType
 from ..quantize import chunk_exponents, fixed_point_kernels, num_chunks
 from ..session import SessionSpec
-from .collective import CollectiveSession
-from .handles import EngineError, Handle
+from .collective import CHECK, CollectiveSession
+from .handles import CorruptResult, EngineError, Handle
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
 from .packets import QuantizedLanes, aggregation_fill, pull_request_bytes
 from .send_stream import RtoEstimator, SendStream
@@ -66,7 +67,10 @@ class WorkerNodeSession:
         self.rank = rank
         self.sock = sock
         self._send_packet = packet_sender(sock)
-        self.lanes = spec.lanes
+        # a GRAD's last CHECK lanes are its check words (docs/protocol.md 3.6): `lanes` gradient
+        # elements per packet; PARAM packets fill all `row_lanes` * 4 bytes
+        self.row_lanes = spec.lanes
+        self.lanes = spec.lanes - CHECK
         # refill: a resend quantises the chunk again from the push's source, which the caller keeps
         # unchanged until the push completes; on a shm port the packets are then written straight
         # into the up ring (no copy of every 64 KiB row from a send ring: send_stream.py)
@@ -97,14 +101,22 @@ class WorkerNodeSession:
         lanes = self.lanes
         chunks = num_chunks(numel, lanes)
         seg = self.grad.reserve(chunks, on_acked=lambda: handle.set_result(None))
-        local = np.zeros(num_chunks(chunks, lanes) * lanes, dtype=np.int32)
-        local[:chunks] = chunk_exponents(x, lanes) if local_exps is None else local_exps
+        local = np.zeros(num_chunks(chunks, meta.lanes) * meta.lanes, dtype=np.int32)  # (the meta op's chunks)
+        # each exponent lane self-checking (docs/protocol.md 3.8): the MAX's winner carries its own tag
+        local[:chunks] = pack_exponents(chunk_exponents(x, lanes) if local_exps is None else local_exps)
         n = self.spec.num_workers
         s = self.spec
 
         def have_exps(meta_op) -> None:
-            exps = meta_op.result.reshape(-1)[:chunks].copy()
-            handle.saturated |= meta_op.saturated
+            if meta_op.saturated_chunks:  # the agreed exponents failed their check words on every resend
+                handle.set_error(CorruptResult(f"push of layer {tensor}: the exponent agreement's sum failed its "
+                                               "check words on every resend (a corrupted contribution)"))
+                return
+            exps, ok = unpack_exponents(meta_op.result.reshape(-1)[:chunks])
+            if not ok.all():
+                handle.set_error(CorruptResult(f"push of layer {tensor}: the exponent agreement came back with "
+                                               f"{int((~ok).sum())} corrupted lane(s)"))
+                return
 
             def saturated() -> None:
                 handle.saturated = True
@@ -114,7 +126,7 @@ class WorkerNodeSession:
             seg.ready(aggregation_fill(
                 seg_start=seg.start, msg_type=MsgType.GRAD, session=s.session, worker=self.rank,
                 pool_base=s.pool_base, pool_size=s.pool_size, lanes=lanes, tensor=tensor, numel=numel,
-                dtype=Dtype.FIXED32, lanes_of=lanes_of, exponents=exps))
+                dtype=Dtype.FIXED32, lanes_of=lanes_of, exponents=exps, row_lanes=self.row_lanes))
 
         meta_op = meta.new_op(chunks, Dtype.INT32, True, have_exps)
         meta.set_values(meta_op, local)
@@ -180,7 +192,7 @@ class WorkerNodeSession:
         if wire is None or slots.count(pull_id) != n:
             return False
         dtype = Dtype(dtype)
-        epp = elems_per_param_packet(self.lanes, dtype)
+        epp = elems_per_param_packet(self.row_lanes, dtype)
         c0, rem = divmod(off0, epp)
         if rem:
             return False
@@ -204,7 +216,7 @@ class WorkerNodeSession:
             return
         dtype = Dtype(dtype)
         wire = WIRE_DTYPES[dtype]
-        epp = elems_per_param_packet(self.lanes, dtype)
+        epp = elems_per_param_packet(self.row_lanes, dtype)
         counts = h["count"][sel].astype(np.int64)
         offsets = h["offset"][sel].astype(np.int64)
         ok = (offsets % epp == 0) & (offsets + counts <= numel) & (HEADER_LEN + counts * wire.itemsize <= lens[sel])

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..integrity import seal_headers, sealed
+from ..integrity import check_words_rows, seal_headers, sealed
 from ..protocol import (
     DATA_HEADER,
     HEADER_LEN,
@@ -35,14 +35,18 @@ LanesOf = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # chunks [
 
 def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker: int, pool_base: int, pool_size: int,
                      lanes: int, tensor: int, numel: int, dtype: Dtype, lanes_of: LanesOf, flags: int = 0,
-                     exponents: np.ndarray | None = None):
+                     exponents: np.ndarray | None = None, row_lanes: int | None = None):
     """A fill function for GRAD/ALLREDUCE packets of one buffer (chunk i = seq seg_start + i).
 
     An exact (INT32) chunk whose lanes are all zero goes as a header-only ZERO packet
     (docs/protocol.md 3.2): the switch adds it as zeros and emits full results, so a rank that
     owns a few segments of a broadcast or all_gather buffer sends little more than its own
-    bytes. Its ring row keeps length 32, so a retransmission is header-only too."""
-    row_len = HEADER_LEN + 4 * lanes
+    bytes. Its ring row keeps length 32, so a retransmission is header-only too.
+
+    `lanes` is the data elements per packet; with `row_lanes` (the switch's lane count) the
+    packet's lanes past them are its check words (docs/protocol.md 3.6), written over the lanes
+    as sent (after quantising, saturation and zero rows): `integrity.check_words_rows`."""
+    row_len = HEADER_LEN + 4 * (lanes if row_lanes is None else row_lanes)
     zero_ok = dtype == Dtype.INT32 and msg_type in ZERO_TYPES
     # the fields every packet of the buffer shares, written once here; a fill builds its block's
     # headers from this in a contiguous scratch and copies them into the rows once at the end: the
@@ -65,7 +69,7 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
         else:
             values, saturated = lanes_of(i0, i1)
             block = values.reshape(i1 - i0, lanes)
-            payload = rows[:, HEADER_LEN:row_len].view(">i4")
+            payload = rows[:, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4")
             nz = _nonzero_rows(block) if zero_ok else None
             if nz is None or nz.all():
                 payload[...] = block
@@ -75,6 +79,9 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
                 lens[~nz] = HEADER_LEN
         if saturated is not None and saturated.any():
             h["flags"] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))
+        if row_lanes is not None:  # the check words, over the lanes as they go (docs/protocol.md 3.6)
+            lanes_out = rows[:, HEADER_LEN:row_len].view(">i4")
+            lanes_out[:, lanes:] = check_words_rows(lanes_out[:, :lanes], h, int(dtype)).astype(np.uint32).view(np.int32)
         seal_headers(hrows)  # the header check (docs/protocol.md 3.5), over the final headers
         rows[:, :HEADER_LEN] = hrows
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..integrity import pack_exponents, unpack_exponents
 from ..protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag
 from ..quantize import (
     chunk_exponents,
@@ -41,7 +42,7 @@ from ..quantize import (
     to_ordered,
 )
 from .collective import CollectiveSession, ReduceOp
-from .handles import CollectiveMismatch, Handle
+from .handles import CollectiveMismatch, CorruptResult, Handle
 from .packets import QuantizedLanes, payload_int32
 
 OPS = ("sum", "avg", "max", "min")
@@ -130,7 +131,7 @@ class AllreduceOp:
             local = np.zeros(num_chunks(k + chunks, lanes) * lanes, dtype=np.int32)
             if k:
                 local[:k] = self._check_lanes()
-            local[k:k + chunks] = self.local_exps
+            local[k:k + chunks] = pack_exponents(self.local_exps)  # each lane self-checking (protocol.md 3.8)
             meta_op = meta.new_op(k + chunks, Dtype.INT32, True, lambda m: self._have_exps(m, data, data_op))
             meta.set_values(meta_op, local)
             return
@@ -150,12 +151,19 @@ class AllreduceOp:
 
     # -- float sums ---------------------------------------------------------------------------
     def _have_exps(self, meta_op: ReduceOp, data: CollectiveSession, data_op: ReduceOp) -> None:
+        if self._corrupt(meta_op, "the exponent agreement"):
+            return  # (its data is never sent, as for a fingerprint mismatch)
         chunks = data_op.chunks
         agreed = meta_op.result.reshape(-1)
         k = 0 if self.check is None else 2 * self.check.size
         if k and not self._agreed(agreed[:k]):
             return  # its data is never sent: the workers' data streams no longer match (the caller's group is broken)
-        self.exps = agreed[k:k + chunks].copy()
+        exps, ok = unpack_exponents(agreed[k:k + chunks])
+        if not ok.all():  # a lane corrupted in flight: its tag does not match (docs/protocol.md 3.8)
+            self.handle.set_error(CorruptResult(
+                f"the exponent agreement came back with {int((~ok).sum())} corrupted lane(s); no result is given"))
+            return
+        self.exps = exps
         # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it; split once per op,
         # not per received batch
         s1, s2, _ = pow2_split(sum_shift(self.exps, self.n))
@@ -207,7 +215,29 @@ class AllreduceOp:
             self.out[chunk[~last]] = values[~last]
             self.tail[0] = values[last][-1]
 
+    def _corrupt(self, op: ReduceOp, what: str) -> bool:
+        """Whether `op` (an exact-lane op: INT32, or ORDERED32 below) came back with chunks whose
+        check words failed on every resend (collective.py `_verified` flags them SATURATED, which
+        nothing else sets on these dtypes); if so the handle fails, naming them."""
+        if not op.saturated_chunks:
+            return False
+        bad = sorted(set(np.concatenate(op.saturated_chunks).tolist()))
+        self.handle.set_error(CorruptResult(
+            f"{what}: the switch's sum of chunk(s) {bad[:8]} failed its check words on every resend (a "
+            f"contribution was corrupted on its way to the switch); no result is given"))
+        return True
+
     def _done(self, data_op: ReduceOp) -> None:
+        if data_op.saturated_chunks and data_op.dtype == Dtype.ORDERED32:
+            # float max/min: chunks with a corrupted sum become NaN, which the exact path recomputes
+            # as Gloo does (worker/backend/fallback.py); never the corrupted keys
+            bad = np.concatenate(data_op.saturated_chunks)
+            self.out[bad[bad < len(self.out)]] = np.float32(np.nan)
+            if self.tail is not None and (bad == len(self.out)).any():
+                self.tail[:] = np.float32(np.nan)
+            self.saturated = True
+        elif data_op.dtype == Dtype.INT32 and self._corrupt(data_op, "allreduce"):
+            return
         if data_op.saturated_chunks and data_op.dtype == Dtype.FIXED32:
             # the clipped fixed-point sum of these chunks is not the sum: never hand it out
             bad = np.concatenate(data_op.saturated_chunks)
@@ -243,7 +273,7 @@ class AllreduceOp:
         return False
 
     def _checked(self, meta_op: ReduceOp) -> None:
-        if self._agreed(meta_op.result.reshape(-1)):
+        if not self._corrupt(meta_op, "the fingerprint agreement") and self._agreed(meta_op.result.reshape(-1)):
             self._part_done()
 
     def _part_done(self) -> None:

@@ -54,7 +54,8 @@ import numpy as np
 from luwu.bench.sizes import format_size, parse_size
 from luwu.bench.udp_ceiling import measure as measure_ceiling
 from luwu.dataplane.children import cpu_seconds as proc_cpu
-from luwu.dataplane.protocol import aggregation_packet_len, lanes_for_mode
+from luwu.dataplane.integrity import data_lanes
+from luwu.dataplane.protocol import Dtype, aggregation_packet_len, lanes_for_mode
 from luwu.dataplane.usage import UserError, positive_int, probability, size
 
 
@@ -169,7 +170,8 @@ def _luwu_worker(plan, rank, numel, dtype, iters, verify, barrier, out_q, switch
     if verify and rank == 0:
         if result is None:  # iters + 1 >= 1 allreduces ran
             raise AssertionError("no allreduce result to verify")
-        report["verify"] = _verify(result, plan.workers, numel, dtype, plan.lanes)
+        # elements per packet: its last lanes are check words (docs/protocol.md 3.6)
+        report["verify"] = _verify(result, plan.workers, numel, dtype, data_lanes(plan.lanes, Dtype.FIXED32))
     out_q.put(report)
 
 

@@ -18,11 +18,13 @@ import torch
 import torch.distributed as dist
 from backend_harness import run_ranks
 
-from luwu.dataplane.protocol import lanes_for_mode
+from luwu.dataplane.integrity import data_lanes
+from luwu.dataplane.protocol import Dtype, lanes_for_mode
 from luwu.dataplane.quantize import chunk_exponents, error_bound
 from luwu.worker.backend.config import BackendConfig
 
-LANES = lanes_for_mode(BackendConfig.mode)  # the embedded switch's default packet mode
+# elements per packet of the embedded switch's default packet mode (its last lanes are check words)
+LANES = data_lanes(lanes_for_mode(BackendConfig.mode), Dtype.FIXED32)
 FLOAT_NUMEL = 3 * LANES + 5  # several packets, a ragged last one
 TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int32": torch.int32,
          "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8, "float64": torch.float64,

@@ -15,10 +15,12 @@ import torch
 import torch.distributed as dist
 from backend_harness import run_ranks
 
-from luwu.dataplane.protocol import lanes_for_mode
+from luwu.dataplane.integrity import data_lanes
+from luwu.dataplane.protocol import Dtype, lanes_for_mode
 from luwu.worker.backend.config import BackendConfig
 
-LANES = lanes_for_mode(BackendConfig.mode)  # the embedded switch's default packet mode
+# elements per packet of the embedded switch's default packet mode (its last lanes are check words)
+LANES = data_lanes(lanes_for_mode(BackendConfig.mode), Dtype.FIXED32)
 INF, NAN = float("inf"), float("nan")
 DONE_WHEN = ([INF, 1, NAN, 2.5, -3], [1, 1, 1, 0.5, 1])  # rank 0, rank 1; other ranks contribute 0
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -14,8 +14,10 @@ import torch
 import torch.distributed as dist
 from backend_harness import run_ranks
 
+from luwu.dataplane.integrity import data_lanes
 from luwu.dataplane.loopback import StarPlan, plan_to_json
 from luwu.dataplane.net.shm_ring import supported
+from luwu.dataplane.protocol import Dtype
 from luwu.dataplane.quantize import chunk_exponents, error_bound
 from luwu.worker.backend import LuwuError
 from luwu.worker.backend.config import BackendConfig
@@ -50,7 +52,7 @@ def _check(results: list, world: int, transport: str) -> None:
     for x, _ in xs[1:]:
         want_ints += x  # int32 wraps, like the switch's registers
     exact = np.sum([f.astype(np.float64) for _, f in xs], axis=0)
-    lanes = results[0]["lanes"]
+    lanes = data_lanes(results[0]["lanes"], Dtype.FIXED32)  # elements per packet (its last lanes: check words)
     exps = np.max([chunk_exponents(f, lanes) for _, f in xs], axis=0)
     for rank, res in enumerate(results):
         assert res["transport"] == transport, res["transport"]

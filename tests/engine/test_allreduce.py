@@ -7,10 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from luwu.dataplane.integrity import data_lanes
 from luwu.dataplane.loopback import local_star as star
+from luwu.dataplane.protocol import Dtype
 from luwu.dataplane.quantize import chunk_exponents, error_bound
 
-LANES = 64  # tofino mode keeps packet counts high for small buffers
+# tofino mode keeps packet counts high for small buffers: 64 lanes, the last 2 check words
+# (docs/protocol.md 3.6), so 62 elements per packet
+LANES = data_lanes(64, Dtype.FIXED32)
 
 
 def _float_inputs(n, numel, seed=0):

@@ -23,6 +23,7 @@ from luwu.dataplane.engine.collective import CollectiveSession
 from luwu.dataplane.engine.handles import Handle
 from luwu.dataplane.engine.reductions import AllreduceOp
 from luwu.dataplane.engine.send_stream import RtoEstimator, RtoPolicy
+from luwu.dataplane.integrity import check_words_rows, pack_exponents
 from luwu.dataplane.kernels import ENV, numba_available
 from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
 from luwu.dataplane.protocol import HEADER_LEN, Flag, MsgType, header_view, ver_type
@@ -31,6 +32,7 @@ from luwu.dataplane.session import SessionSpec
 pytestmark = pytest.mark.skipif(not numba_available(), reason="numba is not installed: no compiled pass to compare")
 
 LANES, WINDOW, N = 4, 16, 3
+ROW = LANES + 2  # a packet's lanes: LANES of data, then 2 check words (docs/protocol.md 3.6)
 
 
 @contextmanager
@@ -47,13 +49,16 @@ def _kernels(mode: str):
 
 
 def _rows(seqs, tensors, offsets, flags, payload: np.ndarray) -> np.ndarray:
-    """RESULT packets as the engine's receive rows: header then big-endian lanes."""
+    """RESULT packets as the engine's receive rows: header then big-endian lanes, then the check
+    words of a sum of N contributions."""
     k = len(seqs)
-    rows = np.zeros((k, HEADER_LEN + 4 * LANES), dtype=np.uint8)
+    rows = np.zeros((k, HEADER_LEN + 4 * ROW), dtype=np.uint8)
     h = header_view(rows)
     h["ver_type"] = ver_type(MsgType.RESULT)
     h["seq"], h["tensor"], h["offset"], h["flags"] = seqs, tensors, offsets, flags
-    rows[:, HEADER_LEN:].view(">i4")[...] = payload.reshape(k, LANES)
+    lanes = rows[:, HEADER_LEN:].view(">i4")
+    lanes[:, :LANES] = payload.reshape(k, LANES)
+    lanes[:, LANES:] = check_words_rows(lanes[:, :LANES], h, 0, N).astype(np.uint32).view(np.int32)
     return rows
 
 
@@ -67,9 +72,9 @@ class _Side:
 
     def __init__(self, mode: str, start: int, x: np.ndarray, exps: np.ndarray, resent: np.ndarray | None = None):
         self.mode = mode
-        self.socks = [BatchSocket(udp_socket(), batch=8, max_len=HEADER_LEN + 4 * LANES, peers=1) for _ in range(2)]
+        self.socks = [BatchSocket(udp_socket(), batch=8, max_len=HEADER_LEN + 4 * ROW, peers=1) for _ in range(2)]
         rto = RtoEstimator(RtoPolicy(initial=0.1, minimum=0.01, maximum=1.0))
-        self.meta, self.data = (CollectiveSession(SessionSpec(sid, "collective", 1, 0, WINDOW, N, LANES, purpose=p),
+        self.meta, self.data = (CollectiveSession(SessionSpec(sid, "collective", 1, 0, WINDOW, N, ROW, purpose=p),
                                                   0, sock, rto, 0.0)
                                 for sid, p, sock in ((1, "meta", self.socks[0]), (2, "data", self.socks[1])))
         for s in (self.meta, self.data):  # as if this stream had run for a while: near 2^32
@@ -86,7 +91,7 @@ class _Side:
             chunks = len(exps)
             meta_chunks = -(-chunks // LANES)
             payload = np.zeros(meta_chunks * LANES, np.int32)
-            payload[:chunks] = exps
+            payload[:chunks] = pack_exponents(exps)  # the agreement's self-checking lanes (protocol.md 3.8)
             seqs = (start + np.arange(meta_chunks)) & 0xFFFFFFFF
             _feed(self.meta, _rows(seqs, [0] * meta_chunks, np.arange(meta_chunks) * LANES, [0] * meta_chunks,
                                    payload), 0.0)

@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from luwu.dataplane import quantize as Q
+from luwu.dataplane.integrity import data_lanes
 from luwu.dataplane.kernels import use_numba
+from luwu.dataplane.protocol import Dtype
 
 HEADER = 32  # a packet row: some header bytes, then the lanes (word-aligned, as in the engine)
 SPECIAL_BITS = [0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x00000001, 0x80000001, 0x007FFFFF,
@@ -223,9 +225,10 @@ def test_allreduce_through_the_switch_is_the_same_with_either_path(monkeypatch, 
 
     rng = np.random.default_rng(5)
     with local_star(3, mode=mode) as (plan, _, engines):
-        numel = 3 * plan.lanes + 17
+        d = data_lanes(plan.lanes, Dtype.FIXED32)  # elements per packet: its last lanes are check words
+        numel = 3 * d + 17
         xs = [(rng.standard_normal(numel) * 10.0 ** rng.uniform(-30, 30)).astype(np.float32) for _ in engines]
-        xs[1][plan.lanes + 2] = np.inf
+        xs[1][d + 2] = np.inf
         got = {}
         for kernels in ("reference", "numba"):
             monkeypatch.setenv("LUWU_KERNELS", kernels)
@@ -234,8 +237,8 @@ def test_allreduce_through_the_switch_is_the_same_with_either_path(monkeypatch, 
             assert all(h.saturated for h in handles)
         for a, b in zip(got["reference"], got["numba"]):
             assert _same_bits(a, b)
-        assert np.isnan(got["numba"][0][plan.lanes:2 * plan.lanes]).all()
-        assert np.isfinite(got["numba"][0][:plan.lanes]).all() and np.isfinite(got["numba"][0][2 * plan.lanes:]).all()
+        assert np.isnan(got["numba"][0][d:2 * d]).all()
+        assert np.isfinite(got["numba"][0][:d]).all() and np.isfinite(got["numba"][0][2 * d:]).all()
 
 
 @pytest.mark.parametrize("n", [2, 5])

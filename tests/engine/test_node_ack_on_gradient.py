@@ -16,11 +16,13 @@ import numpy as np
 from luwu.dataplane.engine.heartbeats import HeartbeatPolicy
 from luwu.dataplane.engine.node_server import NodeServerSession
 from luwu.dataplane.engine.send_stream import RtoEstimator, RtoPolicy
+from luwu.dataplane.integrity import check_words_rows
 from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
 from luwu.dataplane.protocol import HEADER_LEN, HEARTBEAT_HEADER, Dtype, MsgType, header_view, ver_type
 from luwu.dataplane.session import SessionSpec
 
 LANES = 64
+DATA = LANES - 2  # gradient elements per AGG: the last 2 lanes are its check words (docs/protocol.md 3.6)
 POLICY = HeartbeatPolicy(interval=0.006, keepalive=0.1, min_gap=0.0005)
 
 
@@ -29,20 +31,24 @@ class _Provider:
         return None
 
 
-def _agg_rows(tensor: int, seqs: list[int], chunks: int) -> tuple[np.ndarray, np.ndarray]:
-    """The switch's AGG packets of one tensor of `chunks` chunks: seq `seqs[i]` carries chunk i."""
+def _agg_rows(tensor: int, seqs: list[int], chunks: int, first: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The switch's AGG packets of one tensor of `chunks` chunks: seq `seqs[i]` carries chunk
+    `first + i` (`first` defaults to seqs[0]), with the check words of a sum of two."""
+    first = seqs[0] if first is None else first
     rows = np.zeros((len(seqs), HEADER_LEN + 4 * LANES), dtype=np.uint8)
     h = header_view(rows)
     h["ver_type"] = ver_type(MsgType.AGG)
     h["session"] = 3
     h["seq"] = seqs
     h["tensor"] = tensor
-    h["offset"] = [i * LANES for i in range(len(seqs))]
-    h["count"] = LANES
-    h["numel"] = chunks * LANES
+    h["offset"] = [(s_ - seqs[0] + first) * DATA for s_ in seqs]
+    h["count"] = DATA
+    h["numel"] = chunks * DATA
     h["dtype"] = int(Dtype.FIXED32)
     h["exponent"] = -20
-    rows[:, HEADER_LEN:].view(">i4")[:] = 1 << 10
+    lanes = rows[:, HEADER_LEN:].view(">i4")
+    lanes[:, :DATA] = 1 << 10
+    lanes[:, DATA:] = check_words_rows(lanes[:, :DATA], h, int(Dtype.FIXED32), 2).astype(np.uint32).view(np.int32)
     return rows, h
 
 
@@ -83,7 +89,6 @@ def test_a_whole_gradient_is_acknowledged_after_min_gap_not_the_interval():
 
         # its second half: the gradient is whole, and its sender's push waits for this acknowledgement
         rows, h = _agg_rows(tensor=5, seqs=[1], chunks=2)
-        h["offset"] = LANES
         s.on_agg(np.arange(1), rows, h, now=0.0011)
         assert [t for t, _ in got] == [5]
         s.pump(now=0.0012)  # past min_gap since the last heartbeat, long before the interval

@@ -16,12 +16,14 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from luwu.dataplane.integrity import data_lanes
 from luwu.dataplane.loopback import local_star as star
+from luwu.dataplane.protocol import Dtype
 from luwu.dataplane.quantize import chunk_exponents, error_bound
 from luwu.worker.backend.fallback import ExactFallback
 from luwu.worker.p2p import P2PChannel
 
-LANES = 64
+LANES = data_lanes(64, Dtype.FIXED32)  # elements per packet in tofino mode (2 lanes are check words)
 N = 3
 SPECIALS = (np.inf, -np.inf, np.nan, np.float32(3e38), np.float32(-2.5e38))  # the last two: |x| >= 2^127
 

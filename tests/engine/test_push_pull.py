@@ -9,10 +9,13 @@ import pytest
 from node_star import node_star
 
 from luwu.dataplane.engine.node_worker import as_float32
+from luwu.dataplane.integrity import data_lanes
 from luwu.dataplane.loopback import StarPlan
 from luwu.dataplane.protocol import Dtype
 from luwu.dataplane.quantize import chunk_exponents, error_bound
 from luwu.mininet.paramstore import SgdParamStore
+
+DATA = data_lanes(64, Dtype.FIXED32)  # gradient elements per packet in tofino mode (2 lanes are check words)
 
 
 def _run(workers: int, layers: dict[int, np.ndarray], grads, drop=None, runtime_edit=None, bf16=False, pull_out=True):
@@ -38,9 +41,9 @@ def _run(workers: int, layers: dict[int, np.ndarray], grads, drop=None, runtime_
 def _expected(layers, grads, t, lr=0.5):
     n = len(grads)
     exact = layers[t].astype(np.float64) - lr * np.sum([g[t].astype(np.float64) for g in grads], axis=0)
-    exps = np.max([chunk_exponents(g[t], 64) for g in grads], axis=0)
+    exps = np.max([chunk_exponents(g[t], DATA) for g in grads], axis=0)
     gsum = np.sum([g[t].astype(np.float64) for g in grads], axis=0)
-    bound = lr * error_bound(gsum.astype(np.float32), exps, 64, n) + np.spacing(np.abs(exact).astype(np.float32))
+    bound = lr * error_bound(gsum.astype(np.float32), exps, DATA, n) + np.spacing(np.abs(exact).astype(np.float32))
     return exact, bound
 
 

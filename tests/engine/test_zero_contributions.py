@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from luwu.dataplane.engine.packets import aggregation_fill, payload_int32, slice_lanes
+from luwu.dataplane.integrity import data_lanes
 from luwu.dataplane.loopback import local_star as star
 from luwu.dataplane.protocol import (
     HEADER_LEN,
@@ -45,9 +46,9 @@ def test_all_gather_upstream_is_about_one_world_th_over_udp():
     for r in results:
         np.testing.assert_array_equal(r, whole)  # every rank gets every byte, bit-identical
     packets, upstream = after[0] - before[0], after[1] - before[1]
-    lanes = lanes_for_mode(mode)
+    lanes = data_lanes(lanes_for_mode(mode), Dtype.INT32)  # elements per packet (its last lanes: check words)
     chunks = -(-world * per_rank // lanes)
-    full = aggregation_packet_len(lanes)
+    full = aggregation_packet_len(lanes_for_mode(mode))
     assert packets >= world * chunks  # one packet per chunk per rank (plus any retransmission)
     resent = packets - world * chunks  # a loaded machine may time out; count each as a full packet
     padded = world * chunks * full  # what the ranks sent before ZERO packets

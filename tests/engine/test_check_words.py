@@ -1,0 +1,222 @@
+"""Check words (docs/protocol.md 3.6) end to end through the software switch: every aggregation
+packet's last two lanes carry a linear code of its lanes that the switch sums like data.
+
+* a lane of a RESULT corrupted after the switch: the RESULT is dropped and counted
+  (`dropped.bad_check`), the resend gets the switch's stored copy, the result is exact;
+* a lane of a contribution corrupted before the switch: the stored sum is wrong, every resend
+  fails, and after three the chunk takes the exact path (a float sum: NaN there and `saturated`,
+  which the torch backend recomputes exactly; an int32 sum: CorruptResult, never a number).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from luwu.dataplane.engine.handles import CorruptResult
+from luwu.dataplane.integrity import check_words, headers_ok, seal_headers
+from luwu.dataplane.loopback import local_star as star
+from luwu.dataplane.protocol import DATA_HEADER, HEADER_LEN, Dtype, MsgType, Packet, header_view
+
+LANES = 64  # tofino mode: 62 data lanes and 2 check lanes per packet
+DATA = LANES - 2
+
+
+def _flip_lane(rows: np.ndarray, idx, mtype: int, budget: list[int], dtype: int | None = None) -> None:
+    """Flip one bit of data lane 3 of the first `budget[0]` packets of type `mtype` (and dtype)
+    among rows `idx`, their header check sealed again (a payload corrupted, the header intact)."""
+    for i in np.asarray(idx).tolist():
+        h = rows[i:i + 1, :HEADER_LEN]
+        if (budget[0] and rows[i, 0] & 0xF == mtype and (dtype is None or rows[i, 25] == dtype)
+                and headers_ok(h).all()):
+            rows[i, HEADER_LEN + 4 * 3 + 3] ^= 0x10
+            seal_headers(h)
+            budget[0] -= 1
+
+
+def _bad_checks(engines) -> int:
+    return sum(s.get("dropped.bad_check", 0) for e in engines for s in e.session_stats().values())
+
+
+def _corrupt_chunks(engines) -> int:
+    return sum(s.get("corrupt_chunks", 0) for e in engines for s in e.session_stats().values())
+
+
+def test_the_sender_writes_the_reference_check_words():
+    """A packet as the engine sends it carries `integrity.check_words` of its lanes and header."""
+    x = np.arange(3 * DATA + 5, dtype=np.int32) * 1000 - 7
+    seen = []
+    with star(1, transport="udp") as (_, lsw, engines):
+        sw = lsw._sw
+        run = sw.pipeline.run
+
+        def spy(b):
+            for i in range(len(b)):
+                seen.append(b.rows[i, b.off:b.off + b.length[i]].tobytes())
+            return run(b)
+
+        sw.pipeline.run = spy
+        np.testing.assert_array_equal(engines[0].allreduce(x).wait(60), x)
+    contributions = [Packet.unpack(d) for d in seen if d[0] & 0xF == MsgType.ALLREDUCE and len(d) > HEADER_LEN]
+    assert len(contributions) >= 4
+    for p in contributions:
+        lanes = p.lanes()
+        h = {name: getattr(p, name) for name in ("session", "seq", "slot", "tensor", "offset", "count", "numel",
+                                                   "flags", "exponent")}
+        h["type"] = p.type
+        want = check_words(lanes[:DATA], h, p.dtype)
+        assert lanes[DATA:].view(np.uint32).tolist() == want.tolist()
+        assert p.count <= DATA and p.offset % DATA == 0
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_a_result_corrupted_after_the_switch_is_dropped_and_resent_exact(dtype):
+    rng = np.random.default_rng(3)
+    if dtype == "int32":
+        xs = [rng.integers(-2**31, 2**31, 4 * DATA + 9, dtype=np.int64).astype(np.int32) for _ in range(2)]
+    else:
+        xs = [rng.standard_normal(4 * DATA + 9).astype(np.float32) for _ in range(2)]
+    with star(2, transport="udp") as (_, lsw, engines):
+        sw = lsw._sw
+        clean = [h.wait(60) for h in [e.allreduce(x) for e, x in zip(engines, xs)]]  # the loss-free bits
+        budget = [2]
+        emit = sw.emit
+
+        def corrupting_emit(b, em):
+            _flip_lane(b.rows[:, b.off:], np.unique(em.pkt), MsgType.RESULT, budget,
+                       None if dtype == "int32" else Dtype.FIXED32)
+            return emit(b, em)
+
+        sw.emit = corrupting_emit
+        results = [h.wait(60) for h in [e.allreduce(x) for e, x in zip(engines, xs)]]
+        bad, corrupt = _bad_checks(engines), _corrupt_chunks(engines)
+    assert budget == [0]
+    for r, c in zip(results, clean):
+        np.testing.assert_array_equal(r, c)
+    assert bad == 2 * 2 and corrupt == 0, (bad, corrupt)  # each RESULT row went to both workers
+
+
+def test_a_float_contribution_corrupted_before_the_switch_takes_the_exact_path():
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal(4 * DATA + 9).astype(np.float32) for _ in range(2)]
+    with star(2, transport="udp") as (_, lsw, engines):
+        sw = lsw._sw
+        turn = sw.handle_turn
+        budget = [1]
+
+        def corrupting_turn(rx, segments):  # the first FIXED32 contribution, first transmission only
+            _flip_lane(rx.turn_rows(rx.filled), np.arange(rx.filled), MsgType.ALLREDUCE, budget, Dtype.FIXED32)
+            return turn(rx, segments)
+
+        sw.handle_turn = corrupting_turn
+        handles = [e.allreduce(x) for e, x in zip(engines, xs)]
+        results = [h.wait(60) for h in handles]
+        corrupt = _corrupt_chunks(engines)
+        bad = _bad_checks(engines)
+    assert budget == [0]
+    exact = (xs[0].astype(np.float64) + xs[1]).astype(np.float32)
+    for h, r in zip(handles, results):
+        assert h.saturated, "the corrupted chunk goes to the exact path"
+        nan = np.isnan(r)
+        assert nan.sum() == DATA, "exactly one chunk is handed to the exact path"
+        np.testing.assert_allclose(r[~nan], exact[~nan], rtol=1e-5, atol=1e-5)
+    # each worker: 2 counted drops, then the exact path (a late extra copy of the wrong sum is dropped too)
+    assert corrupt == 2 and bad >= 2 * 2, (corrupt, bad)
+
+
+def test_an_int32_contribution_corrupted_before_the_switch_raises():
+    xs = [np.arange(3 * DATA, dtype=np.int32) + r for r in range(2)]
+    with star(2, transport="udp") as (_, lsw, engines):
+        sw = lsw._sw
+        turn = sw.handle_turn
+        budget = [1]
+
+        def corrupting_turn(rx, segments):
+            _flip_lane(rx.turn_rows(rx.filled), np.arange(rx.filled), MsgType.ALLREDUCE, budget, Dtype.INT32)
+            return turn(rx, segments)
+
+        sw.handle_turn = corrupting_turn
+        handles = [e.allreduce(x) for e, x in zip(engines, xs)]
+        for h in handles:
+            with pytest.raises(CorruptResult, match="check words"):
+                h.wait(60)
+    assert budget == [0]
+
+
+def test_header_terms_match_the_reference():
+    rng = np.random.default_rng(0)
+    from luwu.dataplane.integrity import check_words_rows
+
+    for dtype in (Dtype.INT32, Dtype.FIXED32, Dtype.ORDERED32, Dtype.FIXED16):
+        hb = rng.integers(0, 256, (6, HEADER_LEN)).astype(np.uint8)
+        h = hb.view(DATA_HEADER)[:, 0]
+        hb[:, 0] = (2 << 4) | rng.choice([1, 2, 3, 4], 6)
+        lo, hi = (-2**15, 2**15) if dtype == Dtype.FIXED16 else (-2**31, 2**31)
+        vals = rng.integers(lo, hi, (6, 40))
+        for n in (1, 5):
+            got = check_words_rows(vals, h, dtype, n)
+            for i in range(6):
+                d = {name: int(header_view(hb[i:i + 1])[name][0]) for name in DATA_HEADER.names}
+                d["type"] = int(hb[i, 0]) & 0xF
+                assert got[i].tolist() == check_words(vals[i], d, dtype, n).tolist()
+
+
+def _node_run(corrupt):
+    """Two workers push one layer to the node through the switch, `corrupt(sw)` patching the
+    switch first; (the node's session stats, the store, the expected SGD step)."""
+    from node_star import node_star
+
+    from luwu.dataplane.loopback import StarPlan
+    from luwu.mininet.paramstore import SgdParamStore
+
+    rng = np.random.default_rng(9)
+    layer = rng.standard_normal(3 * DATA + 5).astype(np.float32)
+    grads = [(rng.standard_normal(layer.size) * 0.01).astype(np.float32) for _ in range(2)]
+    plan = StarPlan(workers=2, nodes=1, mode="tofino", node_pool=32, param_window=64, transport="udp")
+    server = SgdParamStore({4: layer.copy()}, lr=0.5)
+    sid = plan.node_session(0)
+    with node_star(plan, server) as star:
+        corrupt(star.switch._sw)
+        for h in [e.push(sid, 4, g) for e, g in zip(star.engines, grads)]:
+            h.wait(60)
+        stats = star.node.session_stats()[f"session {sid}"]
+    want = layer.astype(np.float64) - 0.5 * (grads[0].astype(np.float64) + grads[1])
+    return stats, server, want
+
+
+def test_an_agg_corrupted_after_the_switch_is_dropped_and_resent():
+    budget = [2]
+
+    def corrupt(sw):
+        emit = sw.emit
+
+        def corrupting_emit(b, em):
+            _flip_lane(b.rows[:, b.off:], np.unique(em.pkt), MsgType.AGG, budget)
+            return emit(b, em)
+
+        sw.emit = corrupting_emit
+
+    stats, server, want = _node_run(corrupt)
+    assert budget == [0]
+    assert stats["dropped.bad_check"] == 2 and stats["rejected.corrupt"] == 0, stats
+    assert not server.saturated and server.gradients == 1
+    np.testing.assert_allclose(server.params[4], want, atol=1e-4)
+
+
+def test_a_grad_corrupted_before_the_switch_rejects_the_layers_gradient():
+    budget = [1]
+
+    def corrupt(sw):
+        turn = sw.handle_turn
+
+        def corrupting_turn(rx, segments):
+            _flip_lane(rx.turn_rows(rx.filled), np.arange(rx.filled), MsgType.GRAD, budget, Dtype.FIXED32)
+            return turn(rx, segments)
+
+        sw.handle_turn = corrupting_turn
+
+    stats, server, _want = _node_run(corrupt)
+    assert budget == [0]
+    assert stats["rejected.corrupt"] == 1 and stats["dropped.bad_check"] >= 2, stats
+    assert server.saturated, "the corrupted chunk reaches the node as non-finite, never as a plausible sum"
+    assert np.isnan(server.params[4]).sum() == DATA  # (the plain SGD store applies it: the optimizer node skips it)
