@@ -30,6 +30,7 @@ from .protocol import (
     HCHECK_OFFSET,
     HCHECK_TABLES,
     HEADER_LEN,
+    TRAILER_LEN,
     Dtype,
     Flag,
     MsgType,
@@ -39,9 +40,8 @@ from .protocol import (
 )
 
 # protocol.py's scalar header-check forms are part of this module's API too
-__all__ = ["HCHECK_OFFSET", "header_check_fast", "header_ok", "sealed"]
+__all__ = ["HCHECK_OFFSET", "TRAILER_LEN", "header_check_fast", "header_ok", "sealed"]
 
-TRAILER_LEN = 4  # PARAM and PULL: CRC-32 of the payload, big-endian, after it
 FIXED16_BLOCK = 32  # lanes per shared exponent of the FIXED16 format (docs/protocol.md 5.2)
 CHECK_BITS = 64  # bits of check words per aggregation packet, whatever the lane width
 
@@ -140,6 +140,16 @@ def headers_ok(rows: np.ndarray) -> np.ndarray:
 def trailer(payload: bytes | memoryview) -> bytes:
     """The 4-byte trailer of a PARAM or PULL payload (CRC-32, zlib's, big-endian)."""
     return zlib.crc32(payload).to_bytes(4, "big")
+
+
+def trailers_ok(rows: np.ndarray, idx: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Bool per packet `rows[i, :lens[i]]` (i in idx): its trailer matches its payload."""
+    out = np.zeros(len(idx), dtype=bool)
+    for j, (i, n) in enumerate(zip(np.asarray(idx).tolist(), np.asarray(lens).tolist())):
+        if n >= HEADER_LEN + TRAILER_LEN:
+            row = rows[i]
+            out[j] = zlib.crc32(row[HEADER_LEN:n - TRAILER_LEN]) == int.from_bytes(row[n - TRAILER_LEN:n].tobytes(), "big")
+    return out
 
 
 def trailer_ok(packet: bytes | memoryview) -> bool:

@@ -24,6 +24,7 @@ MAX_SESSIONS = 1024  # session ids 1..MAX_SESSIONS-1; heartbeat registers are in
 MAX_CONTRIBUTORS = 32  # bits in a worker bitmap
 MAX_UDP_PAYLOAD = 65507
 ETH_IP_UDP_LEN = 14 + 20 + 8
+TRAILER_LEN = 4  # PARAM and PULL: CRC-32 of the payload after it (docs/protocol.md 3.7)
 
 
 class MsgType(enum.IntEnum):
@@ -187,13 +188,13 @@ def looks_like_luwu(data: bytes | memoryview) -> bool:
         if data[1] & Flag.ZERO:  # header-only contribution (docs/protocol.md 3.2)
             return n == HEADER_LEN and mtype in ZERO_TYPES and data[25] == Dtype.INT32
         return (n - HEADER_LEN) % 4 == 0 and count <= (n - HEADER_LEN) // 4
-    if mtype == MsgType.PARAM:
+    if mtype == MsgType.PARAM:  # values, then the trailer (3.7)
         item = _ITEMSIZE_BY_CODE.get(data[25])  # the dtype byte of DATA_HEADER
-        return item is not None and n == HEADER_LEN + count * item
+        return item is not None and n == HEADER_LEN + count * item + TRAILER_LEN
     if mtype == MsgType.HEARTBEAT:
         return n == HEADER_LEN
     if mtype == MsgType.PULL:
-        return n == HEADER_LEN + PULL_REQUEST.itemsize * count
+        return n == HEADER_LEN + PULL_REQUEST.itemsize * count + TRAILER_LEN
     return False
 
 

@@ -9,7 +9,7 @@ The dissector decodes UDP port DEFAULT_UDP_PORT and, as a heuristic dissector, a
 with the header's signature (`protocol.looks_like_luwu`: loopback runs use ephemeral ports).
 Fields are `luwu.version`, `luwu.type`, `luwu.flags`, `luwu.session`, `luwu.worker`,
 `luwu.count`, `luwu.seq`, then `luwu.slot` ... `luwu.numel` (data packets) or `luwu.ack`,
-`luwu.credit` (heartbeats), `luwu.hcheck` (the header check, with `luwu.hcheck.bad` set where it does
+`luwu.credit` (heartbeats), `luwu.trailer` (PARAM, PULL), `luwu.hcheck` (the header check, with `luwu.hcheck.bad` set where it does
 not match: `-Y luwu.hcheck.bad` lists corrupted headers), and PULL requests as `luwu.pull_id`/`luwu.pull_tensor`/`luwu.pull_version`.
 """
 
@@ -42,6 +42,7 @@ def render() -> str:
         f"local VERSION = {P.VERSION}",
         f"local HEADER_LEN = {P.HEADER_LEN}",
         f"local HCHECK_OFFSET = {HCHECK_OFFSET}",
+        f"local TRAILER_LEN = {P.TRAILER_LEN}",
         f"local UDP_PORT = {P.DEFAULT_UDP_PORT}",
         f"local NODE = {P.NODE}",
         f"local PULL_REQUEST_LEN = {P.PULL_REQUEST.itemsize}",
@@ -80,6 +81,7 @@ f.dtype = ProtoField.uint8("luwu.dtype", "Dtype", base.DEC, DTYPES)
 f.numel = ProtoField.uint32("luwu.numel", "Elements", base.DEC)
 f.hcheck = ProtoField.uint16("luwu.hcheck", "Header check", base.HEX)
 f.hcheck_bad = ProtoField.bool("luwu.hcheck.bad", "Header check mismatch")
+f.trailer = ProtoField.uint32("luwu.trailer", "Trailer (CRC-32 of the payload)", base.HEX)
 f.ack = ProtoField.uint32("luwu.ack", "Ack", base.DEC)
 f.credit = ProtoField.uint32("luwu.credit", "Credit", base.DEC)
 f.pull_id = ProtoField.uint32("luwu.pull_id", "Pull id", base.DEC)
@@ -100,10 +102,10 @@ local function looks_like_luwu(tvb)
     end
     if t == T_PARAM then
         local item = ITEMSIZE[tvb(25, 1):uint()]
-        return item ~= nil and n == HEADER_LEN + count * item
+        return item ~= nil and n == HEADER_LEN + count * item + TRAILER_LEN
     end
     if t == T_HEARTBEAT then return n == HEADER_LEN end
-    if t == T_PULL then return n == HEADER_LEN + PULL_REQUEST_LEN * count end
+    if t == T_PULL then return n == HEADER_LEN + PULL_REQUEST_LEN * count + TRAILER_LEN end
     return false
 end
 
@@ -167,6 +169,9 @@ function luwu.dissector(tvb, pinfo, tree)
     else
         hc:append_text(string.format(" [incorrect, should be 0x%04x]", want))
         sub:add(f.hcheck_bad, tvb(HCHECK_OFFSET, 2), true)
+    end
+    if (t == T_PARAM or t == T_PULL) and tvb:len() >= HEADER_LEN + TRAILER_LEN then
+        sub:add(f.trailer, tvb(tvb:len() - TRAILER_LEN, TRAILER_LEN))
     end
     if t == T_PULL then
         local count = tvb(6, 2):uint()

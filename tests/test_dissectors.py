@@ -15,7 +15,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import wrpcap
 
-from luwu.dataplane.integrity import sealed
+from luwu.dataplane.integrity import sealed, trailer
 from luwu.dataplane.protocol import NODE, VERSION, Dtype, Flag, MsgType, Packet, looks_like_luwu
 from luwu.dataplane.scapy_layer import Luwu
 
@@ -26,8 +26,8 @@ PACKETS = [  # (payload, what a dissector must say: (type, session, worker, seq)
     (Packet(MsgType.ALLREDUCE, 2, worker=1, count=4, seq=7, flags=int(Flag.SET | Flag.RETX),
             payload=np.arange(4, dtype=">i4").tobytes()).pack(), (3, 2, 1, 7)),
     (Packet(MsgType.HEARTBEAT, 3, worker=NODE, seq=9, ack=5, credit=12).pack(), (6, 3, NODE, 9)),
-    (Packet(MsgType.PARAM, 3, worker=NODE, count=3, dtype=int(Dtype.BF16), tensor=4, payload=b"\0" * 6).pack(),
-     (5, 3, NODE, 0)),
+    (Packet(MsgType.PARAM, 3, worker=NODE, count=3, dtype=int(Dtype.BF16), tensor=4,
+            payload=b"\0" * 6 + trailer(b"\0" * 6)).pack(), (5, 3, NODE, 0)),
     (b"not luwu at all: forty bytes of ascii..", None),
     (Packet(MsgType.PARAM, 3, count=3, dtype=int(Dtype.BF16), payload=b"\0" * 7).pack(), None),  # bad length
     (sealed(bytes([((VERSION + 1) << 4) | 3]) + bytes(31)), None),  # another version

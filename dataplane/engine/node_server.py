@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..integrity import check_words_rows
+from ..integrity import TRAILER_LEN, check_words_rows, trailers_ok
 from ..protocol import HEADER_LEN, NODE, PULL_REQUEST, Dtype, Flag, MsgType, header_view, ver_type
 from ..quantize import dequantize_rows_into, num_chunks, sum_shift
 from ..session import SessionSpec
@@ -271,8 +271,12 @@ class NodeServerSession:
             return
         # the batch's counts and lengths as Python ints at once: a field view and an element read
         # per packet cost more than the usual PULL's one request
-        for i, count, n in zip(idx.tolist(), h["count"][idx].tolist(), lens[idx].tolist()):
-            if HEADER_LEN + count * PULL_REQUEST.itemsize > n:
+        ok = trailers_ok(rows, idx, lens[idx])  # the trailer (docs/protocol.md 3.7): a failed PULL is lost, retried
+        for i, count, n, good in zip(idx.tolist(), h["count"][idx].tolist(), lens[idx].tolist(), ok.tolist()):
+            if not good:
+                self.stats["dropped.bad_trailer"] = self.stats.get("dropped.bad_trailer", 0) + 1
+                continue
+            if HEADER_LEN + count * PULL_REQUEST.itemsize + TRAILER_LEN > n:
                 self.stats["bad_pulls"] += 1
                 continue
             self.stats["pull_requests"] += 1

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..integrity import pack_exponents, unpack_exponents
+from ..integrity import TRAILER_LEN, pack_exponents, trailers_ok, unpack_exponents
 from ..kernels import use_numba
 from ..protocol import DTYPE_ITEMSIZE, HEADER_LEN, Dtype, MsgType
 from ..quantize import chunk_exponents, fixed_point_kernels, num_chunks
@@ -155,6 +155,13 @@ class WorkerNodeSession:
         self._pull_stale = True
 
     def on_params(self, idx: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray, now: float) -> None:
+        # the trailer first (docs/protocol.md 3.7): a PARAM that fails is lost, the pull's retry asks again
+        ok = trailers_ok(rows, idx, lens[idx])
+        if not _ALL(ok):
+            self.stats["dropped.bad_trailer"] = self.stats.get("dropped.bad_trailer", 0) + int((~ok).sum())
+            idx = idx[ok]
+            if not len(idx):
+                return
         if len(idx) == len(h) and self._params_in_order(rows, lens, h):
             return
         new = self.param_window.accept(h["seq"][idx])
@@ -414,7 +421,9 @@ def wire_dtype(dtype: Dtype) -> np.dtype:
 
 
 def elems_per_param_packet(lanes: int, dtype: Dtype) -> int:
-    return 4 * lanes // DTYPE_ITEMSIZE[dtype]
+    """Values per PARAM packet: as many as fit in an aggregation packet's payload with the
+    trailer (docs/protocol.md 3.7)."""
+    return (4 * lanes - TRAILER_LEN) // DTYPE_ITEMSIZE[dtype]
 
 
 def as_float32(data: np.ndarray, dtype: Dtype) -> np.ndarray:

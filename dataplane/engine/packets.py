@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..integrity import check_words_rows, seal_headers, sealed
+from ..integrity import TRAILER_LEN, check_words_rows, seal_headers, sealed, trailer
 from ..protocol import (
     DATA_HEADER,
     HEADER_LEN,
@@ -223,7 +223,10 @@ def param_fill(*, seg_start: int, session: int, pull_id: int, tensor: int, data:
             payload[full, :rest] = data[lo + full * epp:lo + full * epp + rest]
             payload[full, rest:] = 0
             payload[full + 1:] = 0
-        lens[:] = HEADER_LEN + counts * wire.itemsize
+        ends = HEADER_LEN + counts * wire.itemsize
+        for r, end in enumerate(ends.tolist()):  # the trailer: CRC-32 of the values (docs/protocol.md 3.7)
+            rows[r, end:end + TRAILER_LEN] = np.frombuffer(trailer(rows[r, HEADER_LEN:end]), dtype=np.uint8)
+        lens[:] = ends + TRAILER_LEN
 
     return fill
 
@@ -276,8 +279,8 @@ def heartbeat(session: int, worker: int, seq: int, ack: int, credit: int, gap: b
 def pull_request_bytes(session: int, worker: int, requests: list[tuple[int, int, int]]) -> bytes:
     """One PULL packet carrying (pull_id, tensor, version) requests, as bytes."""
     parts = [sealed(_PULL_HEADER.pack(_PULL_VT, 0, session, worker, len(requests)))]
-    parts += [_PULL_REQUEST.pack(*req) for req in requests]
-    return b"".join(parts)
+    body = b"".join(_PULL_REQUEST.pack(*req) for req in requests)
+    return b"".join((*parts, body, trailer(body)))  # the trailer (docs/protocol.md 3.7)
 
 
 def pull_request(session: int, worker: int, requests: list[tuple[int, int, int]]) -> np.ndarray:

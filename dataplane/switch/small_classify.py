@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..protocol import DATA_HEADER, HEADER_LEN, NODE, PULL_REQUEST, VERSION, aggregation_packet_len
+from ..protocol import DATA_HEADER, HEADER_LEN, NODE, PULL_REQUEST, TRAILER_LEN, VERSION, aggregation_packet_len
 from .controls.classifier import (
     _ITEMSIZE,
     AGG,
@@ -205,11 +205,11 @@ def _decide(sc: ScalarTables, vt: int, flags: int, session: int, worker: int, co
             expect = HEADER_LEN if mtype in (GRAD, ALLREDUCE) and dtype == INT32 else -1
     elif mtype == PARAM:
         item = _ITEM[dtype]
-        expect = HEADER_LEN + count * item if item > 0 else -1
+        expect = HEADER_LEN + count * item + TRAILER_LEN if item > 0 else -1
     elif mtype == HEARTBEAT:
         expect = HEADER_LEN
     elif mtype == PULL:
-        expect = HEADER_LEN + _PULL_ITEM * count
+        expect = HEADER_LEN + _PULL_ITEM * count + TRAILER_LEN
     else:
         expect = -1
     if not drop and (length != expect or (agg_type and count > lanes)):

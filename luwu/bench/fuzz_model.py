@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from luwu.dataplane.integrity import headers_ok, seal_headers
+from luwu.dataplane.integrity import TRAILER_LEN, headers_ok, seal_headers
 from luwu.dataplane.protocol import (
     DATA_HEADER,
     DTYPE_ITEMSIZE,
@@ -205,10 +205,10 @@ class Model:
         want[zero] = np.where(zero_ok[zero], HEADER_LEN, -1)
         item = self.item[h["dtype"]]
         is_param = mtype == MsgType.PARAM
-        want[is_param] = np.where(item[is_param] > 0, HEADER_LEN + count[is_param] * item[is_param], -1)
+        want[is_param] = np.where(item[is_param] > 0, HEADER_LEN + count[is_param] * item[is_param] + TRAILER_LEN, -1)
         want[mtype == MsgType.HEARTBEAT] = HEADER_LEN
         is_pull = mtype == MsgType.PULL
-        want[is_pull] = HEADER_LEN + 12 * count[is_pull]
+        want[is_pull] = HEADER_LEN + 12 * count[is_pull] + TRAILER_LEN
         drop((length != want) | (agg & (count > self.topo.lanes)), DropReason.MALFORMED)
         session = h["session"].astype(np.int64)
         drop(~self.session_ok[session], DropReason.UNKNOWN_SESSION)
@@ -294,7 +294,8 @@ class Attack:
         pc = rng.integers(1, 9, n)
         h["count"] = np.where(mtype == MsgType.PARAM, pc * 4, np.where(mtype == MsgType.PULL, pc, h["count"]))
         length = np.select([agg, mtype == MsgType.HEARTBEAT, mtype == MsgType.PARAM],
-                           [topo.packet_len, HEADER_LEN, HEADER_LEN + 16 * pc], HEADER_LEN + 12 * pc)
+                           [topo.packet_len, HEADER_LEN, HEADER_LEN + 16 * pc + TRAILER_LEN],
+                           HEADER_LEN + 12 * pc + TRAILER_LEN)  # (the trailer's value is the switch's no concern)
         seal_headers(hb)
         rows[idx, :HEADER_LEN] = hb
         payload = rng.integers(0, 256, (n, topo.packet_len - HEADER_LEN), dtype=np.uint8)

@@ -8,6 +8,7 @@ from conformance_topology import DATA, LANES, NODE_HOST, NODE_S, OUTSIDER, PAREN
 from conformance_vectors import Script, Vector, agg, to_group, to_up
 from scapy.packet import Raw
 
+from luwu.dataplane.integrity import trailer
 from luwu.dataplane.p4runtime.entries import drop_rate_entry
 from luwu.dataplane.protocol import NODE, VERSION, DropReason, Dtype, Event, MsgType
 
@@ -72,16 +73,21 @@ def heartbeat_upstream() -> Vector:
                   events={Event.HB_ABSORBED: 1, Event.HB_ROUND: 1, Event.UNICAST: 1, Event.MULTICAST: 1})
 
 
+def t(body: bytes) -> bytes:
+    """A PARAM or PULL payload with its trailer (docs/protocol.md 3.7)."""
+    return body + trailer(body)
+
+
 def param_multicast() -> Vector:
     """PARAM from the node: one copy per worker, each rewritten for its replica (FP32 and BF16)."""
     s = Script()
     fp32 = luwu_layer(MsgType.PARAM, NODE_S.id, NODE, count=10, seq=3, slot=77, tensor=5, offset=640,
                       dtype=int(Dtype.FP32), numel=4096)
-    body = bytes(range(40))
+    body = t(bytes(range(40)))
     s.send(NODE_HOST, fp32, body, out=to_group(NODE_S, NODE_HOST, fp32, body))
     bf16 = luwu_layer(MsgType.PARAM, NODE_S.id, NODE, count=7, seq=4, slot=78, tensor=6, dtype=int(Dtype.BF16),
                       numel=7)
-    body2 = bytes(range(100, 114))
+    body2 = t(bytes(range(100, 114)))
     s.send(NODE_HOST, bf16, body2, out=to_group(NODE_S, NODE_HOST, bf16, body2))
     return Vector("param_multicast", "3.3, 6.5", ("param_multicast", "replica_rewrite"), s.steps,
                   events={Event.MULTICAST: 2})
@@ -90,7 +96,7 @@ def param_multicast() -> Vector:
 def pull_unicast() -> Vector:
     s = Script()
     layer = luwu_layer(MsgType.PULL, NODE_S.id, W2.rank, count=2, seq=8)
-    body = bytes(range(24))  # two 12-byte requests
+    body = t(bytes(range(24)))  # two 12-byte requests
     s.send(W2, layer, body, out=to_up(NODE_S, W2, layer, body), note="PULL to the node, sender's rank kept")
     return Vector("pull_unicast", "6.5, 7.3", ("pull",), s.steps, events={Event.UNICAST: 1})
 
@@ -99,13 +105,13 @@ def tor_paths() -> Vector:
     """At a ToR: PULL goes to the parent as up_worker; RESULT and PARAM from the parent are multicast."""
     s = Script()
     pull = luwu_layer(MsgType.PULL, TOR.id, W1.rank, count=1, seq=2)
-    body = bytes(12)
+    body = t(bytes(12))
     s.send(W1, pull, body, out=to_up(TOR, W1, luwu_layer(MsgType.PULL, TOR.id, TOR.up_worker, count=1, seq=2), body))
     res = agg(MsgType.RESULT, TOR, PARENT, 17, list(range(LANES)))
     res.layer.worker = NODE
     s.send(PARENT, res.layer, res.payload, out=to_group(TOR, PARENT, res.layer, res.payload))
     param = luwu_layer(MsgType.PARAM, TOR.id, NODE, count=4, seq=1, slot=3, dtype=int(Dtype.FP16), numel=4)
-    s.send(PARENT, param, bytes(8), out=to_group(TOR, PARENT, param, bytes(8)))
+    s.send(PARENT, param, t(bytes(8)), out=to_group(TOR, PARENT, param, t(bytes(8))))
     return Vector("tor_paths", "6.1, 6.5", ("pull_upstream", "result_from_parent", "param_from_parent"), s.steps,
                   events={Event.UNICAST: 1, Event.MULTICAST: 2})
 
@@ -113,7 +119,7 @@ def tor_paths() -> Vector:
 def bad_direction() -> Vector:
     """Types that do not flow this way from this sender: BAD_DIRECTION (after the session and worker checks)."""
     s = Script()
-    s.send(W1, luwu_layer(MsgType.PARAM, NODE_S.id, W1.rank, count=1, dtype=int(Dtype.FP32)), bytes(4),
+    s.send(W1, luwu_layer(MsgType.PARAM, NODE_S.id, W1.rank, count=1, dtype=int(Dtype.FP32)), t(bytes(4)),
            note="PARAM from a worker")
     a = agg(MsgType.AGG, NODE_S, W0, 1, [1])
     s.send(W0, a.layer, a.payload, note="AGG at a switch")
@@ -124,7 +130,7 @@ def bad_direction() -> Vector:
     for mtype in (MsgType.GRAD, MsgType.ALLREDUCE):
         g = agg(mtype, NODE_S, NODE_HOST, 2, [1])  # from the node's own port: not SPOOFED
         s.send(NODE_HOST, g.layer, g.payload, note=f"{mtype.name} claiming to be the node")
-    s.send(NODE_HOST, luwu_layer(MsgType.PULL, NODE_S.id, NODE, count=1), bytes(12), note="PULL from the node")
+    s.send(NODE_HOST, luwu_layer(MsgType.PULL, NODE_S.id, NODE, count=1), t(bytes(12)), note="PULL from the node")
     return Vector("bad_direction", "6.5", ("bad_direction",), s.steps, drops={DropReason.BAD_DIRECTION: 7})
 
 
@@ -192,12 +198,12 @@ def drop_simulator() -> Vector:
              drop_rate_entry("egress", W1.port, threshold=ALWAYS),
              drop_rate_entry("egress", NODE_HOST.port, threshold=NEVER)]
     pull = luwu_layer(MsgType.PULL, NODE_S.id, W0.rank, count=1)
-    s.send(W0, pull, bytes(12), out=to_up(NODE_S, W0, pull, bytes(12)), note="ingress 0 and egress 0: delivered")
-    s.send(W2, luwu_layer(MsgType.PULL, NODE_S.id, W2.rank, count=1), bytes(12), note="ingress always: lost")
+    s.send(W0, pull, t(bytes(12)), out=to_up(NODE_S, W0, pull, t(bytes(12))), note="ingress 0 and egress 0: delivered")
+    s.send(W2, luwu_layer(MsgType.PULL, NODE_S.id, W2.rank, count=1), t(bytes(12)), note="ingress always: lost")
     s.send(W2, None, frame=plain_udp(W2, W3.ip), note="plain IPv4 is lost on that link too")
     param = luwu_layer(MsgType.PARAM, NODE_S.id, NODE, count=1, dtype=int(Dtype.FP32))
-    copies = [c for c in to_group(NODE_S, NODE_HOST, param, bytes(4)) if c[0] != W1.port]
-    s.send(NODE_HOST, param, bytes(4), out=copies, note="egress always on w1's port: that replica is lost")
+    copies = [c for c in to_group(NODE_S, NODE_HOST, param, t(bytes(4))) if c[0] != W1.port]
+    s.send(NODE_HOST, param, t(bytes(4)), out=copies, note="egress always on w1's port: that replica is lost")
     return Vector("drop_simulator", "6.1", ("drop_sim_never", "drop_sim_always_ingress", "drop_sim_always_egress"),
                   s.steps, drops={DropReason.SIMULATED_LOSS: 3}, events={Event.UNICAST: 1, Event.MULTICAST: 1},
                   session_packets={NODE_S.id: 2}, extra=extra)

@@ -14,6 +14,7 @@ from conformance_frames import lanes_bytes, wrap32
 from conformance_topology import CHILD, DATA, LANES, META, NODE_S, ONE, OUTSIDER, REUSE, TOR, WORKERS
 from conformance_vectors import Script, Vector, agg, keep_flags, result, to_group, to_host, to_up
 
+from luwu.dataplane.integrity import trailer
 from luwu.dataplane.protocol import NODE, DropReason, Dtype, Event, Flag, MsgType
 
 W0, W1, W2, W3 = WORKERS
@@ -263,7 +264,7 @@ def spoofed() -> Vector:
         forged = agg(MsgType.ALLREDUCE, DATA, liar, seq, [2**30] * LANES, dtype=Dtype.FIXED32)
         forged.layer.worker = victim.rank
         s.send(liar, forged.layer, forged.payload, note=f"rank {victim.rank}'s id from rank {liar.rank}'s port")
-    s.send(W0, luwu_layer(MsgType.PARAM, NODE_S.id, NODE, count=1, dtype=int(D.FP32)), bytes(4),
+    s.send(W0, luwu_layer(MsgType.PARAM, NODE_S.id, NODE, count=1, dtype=int(D.FP32)), bytes(4) + trailer(bytes(4)),
            note="PARAM claiming the node from a worker's port")
     s.send(W1, hb(NODE_S, W1, 1, 0, 0, worker=NODE), note="HEARTBEAT claiming the node from a worker's port")
     s.send(W2, hb(NODE_S, W2, 1, 0, 0, worker=W3.rank), note="HEARTBEAT with rank 3's id from rank 2's port")

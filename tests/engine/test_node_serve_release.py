@@ -18,6 +18,7 @@ import numpy as np
 
 from luwu.dataplane.engine.heartbeats import HeartbeatPolicy
 from luwu.dataplane.engine.node_server import NodeServerSession
+from luwu.dataplane.engine.node_worker import elems_per_param_packet
 from luwu.dataplane.engine.send_stream import RtoEstimator, RtoPolicy
 from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
 from luwu.dataplane.protocol import HEADER_LEN, Dtype
@@ -47,7 +48,8 @@ def test_an_acknowledged_pull_no_longer_holds_its_served_copy():
                            param_window=64, node_rank=0)
         s = NodeServerSession(spec, tx, RtoEstimator(RtoPolicy(initial=0.1, minimum=0.01, maximum=1.0)),
                               HeartbeatPolicy(), now=0.0)
-        copies = {t: np.arange(5 * LANES, dtype=np.float32) + t for t in range(3)}
+        epp = elems_per_param_packet(LANES, Dtype.FP32)  # fp32 values per PARAM (its trailer takes a lane's room)
+        copies = {t: np.arange(5 * epp, dtype=np.float32) + t for t in range(3)}
         refs = {t: weakref.ref(a) for t, a in copies.items()}
         s.bind(_Provider(copies), lambda *a: None)
         for pull_id, t in enumerate(copies):  # three pulls, five packets each, all sent

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from luwu.dataplane.engine.packets import param_fill
-from luwu.dataplane.integrity import headers_ok
+from luwu.dataplane.integrity import TRAILER_LEN, headers_ok, trailer, trailers_ok
 from luwu.dataplane.protocol import HEADER_LEN, NODE, Dtype, MsgType, header_view, ver_type
 
 LANES = 64  # a row carries 4 * LANES payload bytes
@@ -17,7 +17,7 @@ LANES = 64  # a row carries 4 * LANES payload bytes
 @pytest.mark.parametrize("dtype,np_dtype", [(Dtype.BF16, np.uint16), (Dtype.FP32, np.float32)])
 @pytest.mark.parametrize("numel", [0, 1, 127, 128, 129, 5 * 128 + 3])
 def test_param_rows_carry_the_pull(dtype, np_dtype, numel):
-    epp = 4 * LANES // np.dtype(np_dtype).itemsize
+    epp = (4 * LANES - TRAILER_LEN) // np.dtype(np_dtype).itemsize  # room for the trailer (protocol.md 3.7)
     rng = np.random.default_rng(numel)
     data = rng.integers(0, 1 << 16, numel).astype(np_dtype) if np_dtype == np.uint16 else \
         rng.standard_normal(numel).astype(np_dtype)
@@ -37,9 +37,12 @@ def test_param_rows_carry_the_pull(dtype, np_dtype, numel):
     assert h["count"].tolist() == counts.tolist()
     assert h["seq"].tolist() == [(0xFFFFFFFE + i) & 0xFFFFFFFF for i in range(chunks)]  # wraps
     assert h["offset"].tolist() == [i * epp for i in range(chunks)]
-    assert lens.tolist() == (HEADER_LEN + counts * data.itemsize).tolist()
+    assert lens.tolist() == (HEADER_LEN + counts * data.itemsize + TRAILER_LEN).tolist()
+    assert trailers_ok(rows, np.arange(chunks), lens).all()
     wire = rows[:, HEADER_LEN:].view(np.dtype(np_dtype).newbyteorder(">"))
     for i in range(chunks):
         got = wire[i, :counts[i]].astype(np_dtype)
         assert np.array_equal(got.view(np.uint8), data[i * epp: i * epp + counts[i]].view(np.uint8))
-        assert not wire[i, counts[i]:].view(np.uint8).any()  # zeros past the values, never stale bytes
+        end = HEADER_LEN + counts[i] * data.itemsize  # the trailer right after the values, then zeros
+        assert rows[i, end:end + TRAILER_LEN].tobytes() == trailer(rows[i, HEADER_LEN:end])
+        assert not rows[i, end + TRAILER_LEN:HEADER_LEN + epp * data.itemsize].any()  # never stale bytes

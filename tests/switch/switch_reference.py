@@ -142,11 +142,11 @@ class ReferenceSwitch:
         elif pkt.type in (MsgType.GRAD, MsgType.AGG, MsgType.ALLREDUCE, MsgType.RESULT):
             ok = n == HEADER_LEN + 4 * self.lanes and pkt.count <= self.lanes
         elif pkt.type == MsgType.PARAM:
-            ok = pkt.dtype in DTYPE_ITEMSIZE and n == HEADER_LEN + pkt.count * DTYPE_ITEMSIZE[pkt.dtype]
+            ok = pkt.dtype in DTYPE_ITEMSIZE and n == HEADER_LEN + pkt.count * DTYPE_ITEMSIZE[pkt.dtype] + 4  # + trailer
         elif pkt.type == MsgType.HEARTBEAT:
             ok = n == HEADER_LEN
         else:
-            ok = n == HEADER_LEN + 12 * pkt.count
+            ok = n == HEADER_LEN + 12 * pkt.count + 4  # + trailer (protocol.md 3.7)
         if not ok:
             return DropReason.MALFORMED
         if pkt.session not in self.sessions:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from luwu.dataplane.integrity import trailer
 from luwu.dataplane.protocol import NODE, Flag, MsgType, NextStep, Packet, slot_for
 
 LANES = 8
@@ -80,13 +81,14 @@ def heartbeat(session: int, worker: int, ack: int, credit: int, seq: int = 0) ->
 
 def param(session: int, count: int = 3, dtype: int = 1, worker: int = NODE, pull_id: int = 1) -> bytes:
     item = {0: 4, 1: 4, 2: 2, 3: 2, 4: 4, 5: 4}.get(dtype, 4)
+    body = bytes(range(count * item))
     return Packet(MsgType.PARAM, session, worker, count=count, slot=pull_id, dtype=dtype,
-                  payload=bytes(range(count * item))).pack()
+                  payload=body + trailer(body)).pack()  # the trailer (docs/protocol.md 3.7)
 
 
 def pull(session: int, worker: int, requests=((1, 2, 3),)) -> bytes:
     body = b"".join(a.to_bytes(4, "big") + b.to_bytes(4, "big") + c.to_bytes(4, "big") for a, b, c in requests)
-    return Packet(MsgType.PULL, session, worker, count=len(requests), payload=body).pack()
+    return Packet(MsgType.PULL, session, worker, count=len(requests), payload=body + trailer(body)).pack()
 
 
 def lanes_of(data: bytes) -> list[int]:

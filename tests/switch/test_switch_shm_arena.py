@@ -18,7 +18,7 @@ from test_switch_vectorised_equivalence import packets
 
 from luwu.dataplane.net.shm_endpoint import ShmEndpoint
 from luwu.dataplane.net.shm_ring import H_HEAD, supported
-from luwu.dataplane.protocol import HEADER_LEN, DropReason
+from luwu.dataplane.protocol import HEADER_LEN, TRAILER_LEN, DropReason
 from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
 from luwu.dataplane.switch.shm_arena import RingArena, ShmTurn
 
@@ -294,7 +294,7 @@ def test_a_length_past_its_row_is_dropped_malformed_in_one_and_in_many_packet_tu
     try:
         up = rig.ep[0].up  # session 1's up port: its PARAMs go to the workers' ports 1..3
         width = up.row_bytes
-        data = param(1, count=(width - HEADER_LEN) // 4, dtype=1)
+        data = param(1, count=(width - HEADER_LEN - TRAILER_LEN) // 4, dtype=1)  # (its trailer fills the row)
         assert len(data) == width
         for count in (1, 3):
             rows = np.zeros((count, width), dtype=np.uint8)

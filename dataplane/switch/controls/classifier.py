@@ -3,8 +3,8 @@
 Checks, in this order, each failure dropping the packet with its reason: version
 (BAD_VERSION), type (BAD_TYPE), length for the type (MALFORMED: aggregation packets are exactly
 32 + 4 * lanes bytes with count <= lanes, or 32 bytes with the ZERO flag for an INT32 GRAD or
-ALLREDUCE; PARAM 32 + count * itemsize(dtype); PULL 32 + 12 *
-count; HEARTBEAT 32), `sessions` hit (UNKNOWN_SESSION), `workers` hit for every packet whose
+ALLREDUCE; PARAM 32 + count * itemsize(dtype) + 4; PULL 32 + 12 *
+count + 4, the 4 being the trailer of docs/protocol.md 3.7; HEARTBEAT 32), `sessions` hit (UNKNOWN_SESSION), `workers` hit for every packet whose
 worker is not NODE (UNKNOWN_WORKER; a GRAD marked FALLBACK passes through, from a `child_ports`
 port only), the sender's port (SPOOFED: a rank off its entry's port, NODE off the session's
 up_port, a passing GRAD off a child switch's port), then direction (BAD_DIRECTION) and pool
@@ -24,6 +24,7 @@ from ...protocol import (
     HEADER_LEN,
     NODE,
     PULL_REQUEST,
+    TRAILER_LEN,
     VERSION,
     DropReason,
     Dtype,
@@ -161,12 +162,12 @@ def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
         if types[PARAM]:
             is_param = mtype == PARAM
             item = _ITEMSIZE[h["dtype"][is_param]]
-            expect[is_param] = np.where(item > 0, HEADER_LEN + count[is_param].astype(np.int64) * item, -1)
+            expect[is_param] = np.where(item > 0, HEADER_LEN + count[is_param].astype(np.int64) * item + TRAILER_LEN, -1)
         if types[HEARTBEAT]:
             expect[mtype == HEARTBEAT] = HEADER_LEN
         if types[PULL]:
             is_pull = mtype == PULL
-            expect[is_pull] = HEADER_LEN + PULL_REQUEST.itemsize * count[is_pull].astype(np.int64)
+            expect[is_pull] = HEADER_LEN + PULL_REQUEST.itemsize * count[is_pull].astype(np.int64) + TRAILER_LEN
         bad_len = (n != expect) | (agg_type & (count > lanes))
     drop[(drop == 0) & bad_len] = D_MALFORMED
 
