@@ -44,6 +44,7 @@ from luwu.dataplane.loopback import LoopbackSwitch, StarPlan  # noqa: E402
 from luwu.dataplane.protocol import DropReason  # noqa: E402
 
 SIZES = (1, 63, 64, 65, 200, 1000, 4099, 20000)  # elements; with 64 lanes: 1..313 packets per rank
+CORRUPT = "CorruptResult"  # the engine's named error for an op with no exact path after R failed checks
 HEADER_DROPS = ("MALFORMED", "BAD_VERSION", "BAD_TYPE", "BAD_CHECKSUM")  # the switch's "this is no valid packet"
 
 
@@ -119,6 +120,20 @@ def judge(result: np.ndarray, exact: np.ndarray, saturated: bool) -> tuple[bool,
     return not np.array_equal(result, exact), 0
 
 
+def _named_events(counters: dict | None) -> dict[str, int]:
+    from luwu.dataplane.protocol import Event
+
+    out = {}
+    for code, v in (counters or {}).get("events", {}).items():
+        try:
+            name = Event(int(code)).name
+        except ValueError:
+            name = str(code)
+        if v[0]:
+            out[name] = int(v[0])
+    return out
+
+
 def _named_drops(counters: dict | None) -> dict[str, int]:
     if not counters:
         return {}
@@ -168,7 +183,8 @@ def soak(workers: int = 3, seconds: float = 60.0, fraction: float = 0.01, seed: 
     rng = np.random.default_rng(seed)
     rep: dict = {"workers": workers, "fraction": fraction, "seed": seed, "mode": mode, "ops": 0, "results": 0,
                  "wrong_ops": 0, "wrong_results": 0, "fallback_ops": 0, "fallback_elements": 0, "hangs": 0,
-                 "errors": [], "jobs": [], "first_wrong": []}
+                 "corrupt_errors": {}, "corrupt_messages": [], "errors": [], "jobs": [], "first_wrong": [],
+                 "hang_detail": []}
     t_end = time.monotonic() + seconds
     job = 0
     while time.monotonic() < t_end and rep["ops"] < max_ops:
@@ -194,8 +210,15 @@ def soak(workers: int = 3, seconds: float = 60.0, fraction: float = 0.01, seed: 
                             res = h.wait(max(0.01, deadline - time.monotonic()))
                         except TimeoutError:
                             hung = True
+                            rep["hang_detail"].append({"op": rep["ops"], "rank": r, "handle": h.name,
+                                                       "stats": st.engines[r].session_stats()})
                             continue
                         except Exception as e:  # noqa: BLE001 - a named error is counted, not a wrong result
+                            if type(e).__name__ == CORRUPT:  # named, the op alone failed: the job goes on
+                                rep["corrupt_errors"][kind] = rep["corrupt_errors"].get(kind, 0) + 1
+                                if len(rep["corrupt_messages"]) < 5:
+                                    rep["corrupt_messages"].append(str(e)[:300])
+                                continue
                             rep["errors"].append(f"{type(e).__name__}: {e}"[:300])
                             failed = True
                             continue
@@ -219,7 +242,9 @@ def soak(workers: int = 3, seconds: float = 60.0, fraction: float = 0.01, seed: 
                     if hung or failed:
                         break
             jrep["proxy"] = st.proxy.stats()
-            jrep["switch_drops"] = _named_drops(st.switch.counters())
+            counters = st.switch.counters()
+            jrep["switch_drops"] = _named_drops(counters)
+            jrep["switch_events"] = _named_events(counters)
             jrep["endpoint_drops"] = endpoint_drops(st.engines)
             jrep["hung"], jrep["failed"] = hung, failed
             rep["jobs"].append(jrep)
@@ -275,7 +300,8 @@ def soak_node(workers: int = 3, seconds: float = 60.0, fraction: float = 0.01, s
     restarts from fresh parameters when `restart_on_hang`)."""
     rng = np.random.default_rng(seed)
     rep: dict = {"workers": workers, "fraction": fraction, "seed": seed, "mode": mode, "steps": 0, "results": 0,
-                 "wrong_results": 0, "wrong_steps": 0, "skipped_layer_steps": 0, "hangs": 0, "errors": [], "jobs": [], "first_wrong": []}
+                 "wrong_results": 0, "wrong_steps": 0, "skipped_layer_steps": 0, "hangs": 0, "corrupt_errors": {},
+                 "corrupt_messages": [], "hang_detail": [], "errors": [], "jobs": [], "first_wrong": []}
     t_end = time.monotonic() + seconds
     job = 0
     while time.monotonic() < t_end and rep["steps"] < max_steps:
@@ -301,7 +327,12 @@ def soak_node(workers: int = 3, seconds: float = 60.0, fraction: float = 0.01, s
                         h.wait(max(0.01, deadline - time.monotonic()))
                     except TimeoutError:
                         hung = True
+                        rep["hang_detail"].append({"step": version, "handle": h.name})
                     except Exception as e:  # noqa: BLE001 - named errors are counted
+                        if type(e).__name__ == CORRUPT:
+                            rep["corrupt_errors"]["push"] = rep["corrupt_errors"].get("push", 0) + 1
+                            rep["corrupt_messages"].append(str(e)[:300])
+                            continue
                         rep["errors"].append(f"push: {type(e).__name__}: {e}"[:300])
                         failed = True
                 wrong_step = False
@@ -311,6 +342,8 @@ def soak_node(workers: int = 3, seconds: float = 60.0, fraction: float = 0.01, s
                         got = h.wait(max(0.01, deadline - time.monotonic()))
                     except TimeoutError:
                         hung = True
+                        rep["hang_detail"].append({"step": version, "handle": h.name, "rank": r,
+                                                   "stats": st.engines[r].session_stats()})
                         continue
                     except Exception as e:  # noqa: BLE001
                         rep["errors"].append(f"pull: {type(e).__name__}: {e}"[:300])
@@ -404,9 +437,12 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(rep, f, indent=1, default=str)
     brief = {k: rep[k] for k in keys}
     brief["errors"] = len(rep["errors"])
+    brief["corrupt_errors"] = rep["corrupt_errors"]
     brief["jobs"] = len(rep["jobs"])
     print(json.dumps({"brief": brief, "summary": rep["summary"], "first_wrong": rep["first_wrong"],
-                      "errors": rep["errors"][:5]}, indent=1))
+                      "errors": rep["errors"][:5], "corrupt_messages": rep["corrupt_messages"][:3],
+                      "hang_detail": [{k: v for k, v in d.items() if k != "stats"} for d in rep["hang_detail"]]},
+                     indent=1, default=str))
     return 0
 
 
