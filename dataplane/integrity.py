@@ -293,6 +293,19 @@ def unpack_exponents(lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # --- check words, vectorised over packets (the engine's senders and receivers) ----------------
 
 _T_FIELDS = ("session", "seq", "slot", "tensor", "offset", "count", "numel")
+SCALAR_TERMS = 8  # header_terms of up to this many packets on Python ints
+_T_ROWS = [[int(x) for x in row] for row in _T_MULT]
+_SET_MAX = int(Flag.SET | Flag.MAX)
+_GRAD_AGG = (int(MsgType.GRAD), int(MsgType.AGG))
+
+
+def _term_ints(rec: tuple, dtype: int, c: int) -> list[int]:
+    """`header_term` of one DATA_HEADER record (its `tolist()` tuple), on Python ints."""
+    vt, flags, session, _worker, count, seq, slot, tensor, offset, exponent, _dt, _hc, numel = rec
+    fields = (session, seq, slot, tensor, offset, count, numel, dtype, flags & _SET_MAX, exponent & 0xFF,
+              1 if vt & 0xF in _GRAD_AGG else 3)
+    mask = (1 << (8 * lane_bytes(dtype))) - 1
+    return [(sum(m * f for m, f in zip(row, fields)) & 0xFFFFFFFF) & mask for row in _T_ROWS[:c]]
 
 
 def header_terms(h: np.ndarray, dtype: int) -> np.ndarray:
@@ -303,6 +316,8 @@ def header_terms(h: np.ndarray, dtype: int) -> np.ndarray:
     k = len(h)
     if dtype == Dtype.INT32:
         return np.zeros((k, c), dtype=np.uint64)
+    if k <= SCALAR_TERMS:  # a few packets (most received batches): on Python ints, ~10x fewer calls
+        return np.array([_term_ints(rec, dtype, c) for rec in h.tolist()], dtype=np.uint64).reshape(k, c)
     f = np.empty((k, len(_T_MULT[0])), dtype=np.uint64)
     for i, name in enumerate(_T_FIELDS):
         f[:, i] = h[name]

@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..integrity import check_lanes, check_words_rows
+from ..integrity import check_lanes
 from ..kernels import use_numba
 from ..protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType
 from ..quantize import as_words, fixed_point_kernels, num_chunks
 from ..session import SessionSpec
-from .packets import LanesOf, aggregation_fill, payload_int32, slice_lanes
+from .packets import LanesOf, aggregation_fill, check_words_of, payload_int32, slice_lanes
 from .send_stream import RtoEstimator, Segment, SendStream
 from .window import RecvWindow
 
@@ -173,13 +173,13 @@ class CollectiveSession:
         corrupted before the switch): it is let through flagged SATURATED, which takes the
         exact path (reductions.py), never a plausible number."""
         hs = h[idx]
-        sel = rows[idx, HEADER_LEN:HEADER_LEN + 4 * self.row_lanes].view(">i4")
-        got = sel[:, self.lanes:].view(">u4").astype(np.uint64)
+        at = HEADER_LEN + 4 * self.lanes
+        got = rows[idx, at:at + 4 * CHECK].view(">u4").astype(np.uint64)
         ok = np.ones(len(idx), dtype=bool)
         dtypes = hs["dtype"]
         for d in np.unique(dtypes).tolist():
             mine = dtypes == d if len(idx) > 1 else slice(None)
-            want = check_words_rows(sel[mine, :self.lanes], hs[mine], d, self.n)
+            want = check_words_of(rows, idx[mine], self.lanes, hs[mine], d, self.n)
             ok[mine] = (got[mine] == want).all(axis=1)
         if ok.all():
             if self._failures:

@@ -14,14 +14,14 @@ from typing import Protocol
 
 import numpy as np
 
-from ..integrity import TRAILER_LEN, check_words_rows, trailers_ok
+from ..integrity import TRAILER_LEN, trailers_ok
 from ..protocol import HEADER_LEN, NODE, PULL_REQUEST, Dtype, Flag, MsgType, header_view, ver_type
 from ..quantize import dequantize_rows_into, num_chunks, sum_shift
 from ..session import SessionSpec
 from .collective import CHECK, CORRUPT_TRIES
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
 from .node_worker import WIRE_DTYPES, elems_per_param_packet
-from .packets import param_fill, payload_int32
+from .packets import check_words_of, param_fill, payload_int32
 from .send_stream import RtoEstimator, SendStream, sdiff
 from .window import RecvWindow
 
@@ -227,9 +227,9 @@ class NodeServerSession:
         if not len(idx):
             return idx
         hs = h[idx]
-        lanes = rows[idx, HEADER_LEN:HEADER_LEN + 4 * self.row_lanes].view(">i4")
-        got = lanes[:, self.lanes:].view(">u4").astype(np.uint64)
-        ok = (got == check_words_rows(lanes[:, :self.lanes], hs, int(Dtype.FIXED32), n)).all(axis=1)
+        at = HEADER_LEN + 4 * self.lanes
+        got = rows[idx, at:at + 4 * CHECK].view(">u4").astype(np.uint64)
+        ok = (got == check_words_of(rows, idx, self.lanes, hs, int(Dtype.FIXED32), n)).all(axis=1)
         ok |= hs["dtype"] != int(Dtype.FIXED32)  # (anything else is counted bad_packets by on_agg)
         if _ALL(ok):
             if self._failures and reject:

@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..integrity import TRAILER_LEN, check_words_rows, seal_headers, sealed, trailer
+from ..integrity import TRAILER_LEN, check_lanes, check_words_rows, header_terms, seal_headers, sealed, trailer
+from ..kernels import use_numba
 from ..protocol import (
     DATA_HEADER,
     HEADER_LEN,
@@ -27,7 +28,7 @@ from ..protocol import (
     slot_for,
     ver_type,
 )
-from ..quantize import quantize, quantize_factors, quantize_into_rows
+from ..quantize import as_words, fixed_point_kernels, quantize, quantize_factors, quantize_into_rows
 
 MASK32 = 0xFFFFFFFF
 LanesOf = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # chunks [i0, i1) -> (int32 lanes, saturated)
@@ -80,12 +81,27 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
         if saturated is not None and saturated.any():
             h["flags"] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))
         if row_lanes is not None:  # the check words, over the lanes as they go (docs/protocol.md 3.6)
-            lanes_out = rows[:, HEADER_LEN:row_len].view(">i4")
-            lanes_out[:, lanes:] = check_words_rows(lanes_out[:, :lanes], h, int(dtype)).astype(np.uint32).view(np.int32)
+            words = check_words_of(rows, np.arange(i1 - i0), lanes, h, int(dtype), 1)
+            rows[:, HEADER_LEN + 4 * lanes:row_len].view(">u4")[...] = words
         seal_headers(hrows)  # the header check (docs/protocol.md 3.5), over the final headers
         rows[:, :HEADER_LEN] = hrows
 
     return fill
+
+
+def check_words_of(rows: np.ndarray, idx: np.ndarray, lanes: int, h: np.ndarray, dtype: int,
+                   n: int) -> np.ndarray:
+    """The 32-bit check words (K, 2) uint64 that packets `rows[idx]` (headers `h`, K of them) carry,
+    or must carry as a sum of `n`, over their first `lanes` lanes: the compiled lane sums
+    (kernels/fixed_point.py `lane_sums`) plus the header term, or the reference
+    (`integrity.check_words_rows`) where kernels are off or the rows are not a flat buffer."""
+    words = as_words(rows, HEADER_LEN) if use_numba() else None
+    if words is None or check_lanes(dtype) != 2 or (h["flags"] & int(Flag.MAX)).any():
+        return check_words_rows(rows[idx, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4"), h, dtype, n)
+    out = np.empty((len(idx), 2), dtype=np.uint64)
+    fixed_point_kernels().lane_sums(words, rows.shape[1] // 4, HEADER_LEN // 4, lanes,
+                                    np.ascontiguousarray(idx, dtype=np.int64), out)
+    return (out + header_terms(h, dtype) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
 
 
 def _nonzero_rows(block: np.ndarray) -> np.ndarray:

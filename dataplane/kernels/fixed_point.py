@@ -237,3 +237,22 @@ def widen_bf16(half, out):
     `widen_staged_bf16`) copies, then shifts in place: two passes over the output."""
     for j in range(half.size):
         out[j] = np.uint32(half[j]) << np.uint32(16)
+
+
+@njit(cache=True, nogil=True)
+def lane_sums(words, row_words, col, lanes, rows, out):
+    """The lane part of the 32-bit check words (docs/protocol.md 3.6) of rows `rows`: out[r, 0] =
+    sum of the `lanes` big-endian words from word `col` of row rows[r], out[r, 1] = sum of
+    (k+1) * word k, both mod 2^32 (dataplane/integrity.py `check_words_rows` is the reference; the
+    header term is added by the caller). Exact in uint64: 16000 terms below 2^46 each."""
+    for r in range(rows.size):
+        off = rows[r] * row_words + col
+        src = words[off:off + lanes]
+        s0 = np.uint64(0)
+        s1 = np.uint64(0)
+        for j in range(lanes):
+            v = np.uint64(_bswap32(src[j]))
+            s0 += v
+            s1 += v * np.uint64(j + 1)
+        out[r, 0] = s0 & np.uint64(0xFFFFFFFF)
+        out[r, 1] = s1 & np.uint64(0xFFFFFFFF)

@@ -220,3 +220,25 @@ def test_a_grad_corrupted_before_the_switch_rejects_the_layers_gradient():
     assert stats["rejected.corrupt"] == 1 and stats["dropped.bad_check"] >= 2, stats
     assert server.saturated, "the corrupted chunk reaches the node as non-finite, never as a plausible sum"
     assert np.isnan(server.params[4]).sum() == DATA  # (the plain SGD store applies it: the optimizer node skips it)
+
+
+@pytest.mark.parametrize("kernels", ["numba", "reference"])
+def test_the_compiled_lane_sums_are_the_reference(kernels, monkeypatch):
+    from luwu.dataplane.engine.packets import check_words_of
+    from luwu.dataplane.integrity import check_words_rows
+    from luwu.dataplane.kernels import numba_available
+
+    if kernels == "numba" and not numba_available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setenv("LUWU_KERNELS", kernels)
+    rng = np.random.default_rng(11)
+    lanes = 300
+    rows = rng.integers(0, 256, (9, HEADER_LEN + 4 * (lanes + 2))).astype(np.uint8)
+    rows[:, 0] = (2 << 4) | MsgType.RESULT
+    rows[:, 1] &= 0x07  # no MAX
+    h = header_view(np.ascontiguousarray(rows[:, :HEADER_LEN]))
+    idx = np.array([0, 3, 4, 8])
+    for dtype in (Dtype.INT32, Dtype.FIXED32, Dtype.ORDERED32):
+        got = check_words_of(rows, idx, lanes, h[idx], int(dtype), 3)
+        want = check_words_rows(rows[idx, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4"), h[idx], int(dtype), 3)
+        np.testing.assert_array_equal(got, want)
