@@ -20,7 +20,9 @@ fate in every run with that seed, whatever the interleaving of the links.
 Counted, per direction and per message type of the original packet: packets seen, valid,
 corrupted; of the corrupted, how many had a bit flipped in the 32-byte header (`header_hit`) and
 how many no longer look like luwu at all (`invalid_after`, dropped by any receiver's length,
-version or type rules before the checks). `stats()` returns them.
+version or type rules before the checks). From protocol version 2 on it also checks the header
+check of every valid packet as it arrives (`arrived_bad_hcheck`, the first ones in `bad_seals`):
+a sender that sealed a header wrong. `stats()` returns them.
 
 Use it in this process (`BitflipProxy(...).start()`, a thread) or in a child process of its own
 (`ProxyProcess`, this file run as a script: requests on stdin, one JSON line each, answers on
@@ -50,6 +52,20 @@ def _looks_like_luwu():
     from luwu.dataplane.protocol import looks_like_luwu
 
     return looks_like_luwu
+
+
+def _hcheck_ok():
+    """A function telling whether a packet's header check (protocol v2) holds; None before v2."""
+    from luwu.dataplane import protocol
+
+    if protocol.VERSION < 2:
+        return None
+    from luwu.dataplane.integrity import HCHECK_OFFSET, header_check
+
+    def ok(data: bytes | bytearray) -> bool:
+        return header_check(data) == int.from_bytes(data[HCHECK_OFFSET:HCHECK_OFFSET + 2], "big")
+
+    return ok
 
 
 def _type_name(data: bytes | bytearray) -> str:
@@ -119,6 +135,8 @@ class BitflipProxy:
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._looks = _looks_like_luwu()
+        self._hcheck = _hcheck_ok()
+        self.bad_seals: list[tuple] = []  # valid packets that arrived with a wrong header check (a sender's bug)
 
     def addresses(self) -> dict:
         """{"front": {port: (host, udp)}, "back": {...}}: what the endpoints and the switch must use."""
@@ -178,6 +196,10 @@ class BitflipProxy:
                 c["seen"] += 1
                 if valid:
                     c["valid"] += 1
+                    if self._hcheck is not None and not self._hcheck(data):  # the sender sealed it wrong
+                        c["arrived_bad_hcheck"] += 1
+                        if len(self.bad_seals) < 20:
+                            self.bad_seals.append((direction, port, mtype, n, bytes(data[:HEADER_LEN]).hex()))
                     self.corrupt(data, port, direction, mtype)
             try:
                 out_sock.sendto(data, dest)
@@ -227,6 +249,7 @@ class BitflipProxy:
             out["other"] = dict(self.other)
             out["corrupted"] = sum(c.get("corrupted", 0) for d in (UP, DOWN) for c in self.counts[d].values())
             out["log"] = [list(e) for e in self.log]
+            out["bad_seals"] = [list(e) for e in self.bad_seals]
         return out
 
 
