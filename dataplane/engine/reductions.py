@@ -91,6 +91,7 @@ class AllreduceOp:
         # their RESULTs are decoded over them (module docstring); None when not in place
         self.kept: dict[int, np.ndarray] | None = None
         self.exact_only = False  # the exponent agreement came back corrupt: the whole result takes the exact path
+        self._sent: np.ndarray | None = None  # max/min: the keys this worker sent, (chunks, lanes)
 
     @staticmethod
     def local_exponents(x: np.ndarray, op: str, lanes: int) -> np.ndarray | None:
@@ -147,6 +148,8 @@ class AllreduceOp:
             keys = negate_order(keys)
         padded = np.zeros(chunks * lanes, dtype=np.int32)
         padded[: self.numel] = keys
+        if lane_max:  # what this worker sent: a max is never below it (docs/protocol.md 3.6, MAX packets)
+            self._sent = padded.reshape(chunks, lanes)
         data_op = data.new_op(self.numel, dtype, lane_max, self._done, self._decode_keys)
         data.set_values(data_op, padded)
 
@@ -214,6 +217,13 @@ class AllreduceOp:
     # -- max/min and integers -----------------------------------------------------------------
     def _decode_keys(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
         keys = payload_int32(rows[sel], self.out.shape[1]).astype(np.int32)
+        if self._sent is not None and (keys < self._sent[chunk]).any():
+            # the lanes of a MAX carry no check words of their data: a max below this worker's own
+            # key is a corrupted one (docs/protocol.md 3.6); no result from it
+            self.handle.set_error(CorruptResult(
+                f"allreduce {self.op}: a result lane below this worker's own value (a corrupted RESULT); no result "
+                "is given"))
+            return
         if self.op == "min":
             keys = negate_order(keys)
         values = from_ordered(keys) if self.x.dtype == np.float32 else keys

@@ -242,3 +242,85 @@ def test_the_compiled_lane_sums_are_the_reference(kernels, monkeypatch):
         got = check_words_of(rows, idx, lanes, h[idx], int(dtype), 3)
         want = check_words_rows(rows[idx, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4"), h[idx], int(dtype), 3)
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_corrupted_contribution_ends_in_the_backends_exact_sum():
+    """The whole chain the torch backend runs: the engine hands the chunk whose stored sum is
+    corrupt as NaN + saturated, and worker/backend/fallback.py's ExactFallback recomputes those
+    elements over TCP: the result is the exact (float64, rounded once) sum there, and the
+    fixed-point sum within its bound elsewhere."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from luwu.dataplane.quantize import chunk_exponents, error_bound
+    from luwu.worker.backend.fallback import ExactFallback
+    from luwu.worker.p2p import P2PChannel
+
+    n = 2
+    rng = np.random.default_rng(21)
+    xs = [rng.standard_normal(4 * DATA + 9).astype(np.float32) for _ in range(n)]
+    store = dist.HashStore()
+    chans: list = [None] * n
+    with star(n, transport="udp") as (_, lsw, engines):
+        ts = [threading.Thread(target=lambda r=r: chans.__setitem__(
+            r, P2PChannel(store, r, n, "127.0.0.1", timedelta(seconds=30)))) for r in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        try:
+            sw = lsw._sw
+            turn = sw.handle_turn
+            budget = [1]
+
+            def corrupting_turn(rx, segments):
+                _flip_lane(rx.turn_rows(rx.filled), np.arange(rx.filled), MsgType.ALLREDUCE, budget, Dtype.FIXED32)
+                return turn(rx, segments)
+
+            sw.handle_turn = corrupting_turn
+            fallbacks = [ExactFallback(c, r, n) for r, c in enumerate(chans)]
+            hs = [f.guard(e.allreduce(x), x, "sum") for e, f, x in zip(engines, fallbacks, xs)]
+            results = [h.wait(60) for h in hs]
+            corrupt = _corrupt_chunks(engines)
+            exchanged = sum(f.stats["elements"] for f in fallbacks)
+        finally:
+            for c in chans:
+                if c is not None:
+                    c.close()
+    assert budget == [0] and corrupt == n and exchanged == n * DATA
+    exact = (xs[0].astype(np.float64) + xs[1]).astype(np.float32)
+    exps = np.max([chunk_exponents(x, DATA) for x in xs], axis=0)
+    for r in results:
+        assert not np.isnan(r).any()
+        bound = error_bound(r, exps, DATA, n)
+        assert (np.abs(r.astype(np.float64) - exact) <= bound).all()
+    np.testing.assert_array_equal(results[0], results[1])  # every rank the same bits
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_a_max_below_a_workers_own_value_is_refused(op):
+    """MAX lanes carry no check words of their data; each worker checks the result is not below
+    what it sent (in the op's order): a lowered lane fails the op with CorruptResult."""
+    xs = [np.arange(3 * DATA, dtype=np.float32) + r for r in range(2)]
+    with star(2, transport="udp") as (_, lsw, engines):
+        sw = lsw._sw
+        emit = sw.emit
+        budget = [1]
+
+        def corrupting_emit(b, em):
+            rows = b.rows[:, b.off:]
+            for i in np.unique(em.pkt).tolist():
+                if budget[0] and rows[i, 0] & 0xF == MsgType.RESULT and rows[i, 25] == Dtype.ORDERED32:
+                    # the lowest key (a max) or, min being a max of negated keys, the same
+                    rows[i, HEADER_LEN + 4 * 3:HEADER_LEN + 4 * 4] = np.frombuffer(b"\x80\x00\x00\x00", np.uint8)
+                    budget[0] -= 1
+            return emit(b, em)
+
+        sw.emit = corrupting_emit
+        handles = [e.allreduce(x, op) for e, x in zip(engines, xs)]
+        for h in handles:
+            with pytest.raises(CorruptResult, match="below this worker's own"):
+                h.wait(60)
+    assert budget == [0]
