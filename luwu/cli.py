@@ -35,6 +35,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "switch": ("luwu.bench.switch", "the software switch alone vs a do-nothing UDP relay"),
     "fuzz": ("luwu.bench.fuzz", "hostile packets against a running switch with live jobs: exact sums, every drop accounted"),
     "observability": ("luwu.bench.observability", "what tracing and metrics cost: the allreduce with them off and on"),
+    "integrity": ("luwu.bench.integrity", "what the wire's integrity checks cost: the allreduce before and after"),
     "capacity": ("luwu.bench.capacity", "the largest model luwu, DDP and FSDP2 train with every worker under a memory cap"),
 }
 

@@ -20,7 +20,7 @@ from ..protocol import DTYPE_ITEMSIZE, HEADER_LEN, Dtype, MsgType
 from ..quantize import block_exponents, chunk_exponents, fixed_point_kernels, num_chunks
 from ..session import SessionSpec
 from .collective import CHECK, CollectiveSession
-from .handles import CorruptResult, EngineError, Handle
+from .handles import EngineError, Handle
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
 from .packets import QuantizedLanes, aggregation_fill, fixed16_fill, pull_request_bytes
 from .send_stream import RtoEstimator, SendStream
@@ -89,7 +89,7 @@ class WorkerNodeSession:
         self._pull_due = float("inf")
         self._pull_stale = False
         self.stats = {"pushes": 0, "pulls": 0, "param_packets": 0, "param_duplicates": 0, "staged": 0,
-                      "pull_requests": 0}
+                      "pull_requests": 0, "corrupt_agreements": 0}
 
     # -- push ---------------------------------------------------------------------------------
     def push(self, tensor: int, x: np.ndarray, meta: CollectiveSession, handle: Handle,
@@ -113,21 +113,25 @@ class WorkerNodeSession:
         s = self.spec
 
         def have_exps(meta_op) -> None:
-            if meta_op.saturated_chunks:  # the agreed exponents failed their check words on every resend
-                handle.set_error(CorruptResult(f"push of layer {tensor}: the exponent agreement's sum failed its "
-                                               "check words on every resend (a corrupted contribution)"))
-                return
             exps, ok = unpack_exponents(meta_op.result.reshape(-1)[:chunks])
-            if not ok.all():
-                handle.set_error(CorruptResult(f"push of layer {tensor}: the exponent agreement came back with "
-                                               f"{int((~ok).sum())} corrupted lane(s)"))
-                return
+            corrupt = bool(meta_op.saturated_chunks) or not ok.all()
+            if corrupt:
+                # The exponent agreement came back corrupt (its sum failed its check words on every
+                # resend, or a lane's tag does not match: docs/protocol.md 3.8). The GRAD range is
+                # reserved on the stream, and a segment never sent would block every later push of
+                # this worker (a hang, seen with the bit-flipping proxy): send it as zeros flagged
+                # SATURATED, with the same exponents on every worker, so the node's sum of the layer
+                # is non-finite and rejected like one -- the step skipped, the version advancing.
+                self.stats["corrupt_agreements"] += 1
+                handle.saturated = True
+                exps = np.zeros(chunks, dtype=np.int32)
 
             def saturated() -> None:
                 handle.saturated = True
 
-            # live: once the push failed its caller may reuse x; a resend after that is zeros flagged SATURATED
-            lanes_of = QuantizedLanes(x, exps, lanes, n, saturated, live=lambda: not handle.done())
+            # live: once the push failed its caller may reuse x; a resend after that is zeros flagged
+            # SATURATED (and so is every packet of a push whose agreement was corrupt)
+            lanes_of = QuantizedLanes(x, exps, lanes, n, saturated, live=lambda: not corrupt and not handle.done())
             seg.ready(aggregation_fill(
                 seg_start=seg.start, msg_type=MsgType.GRAD, session=s.session, worker=self.rank,
                 pool_base=s.pool_base, pool_size=s.pool_size, lanes=lanes, tensor=tensor, numel=numel,

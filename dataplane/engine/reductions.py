@@ -100,6 +100,7 @@ class AllreduceOp:
         # in place (out is x) float sums: this worker's inputs of saturated chunks, copied before
         # their RESULTs are decoded over them (module docstring); None when not in place
         self.kept: dict[int, np.ndarray] | None = None
+        self.exact_only = False  # the exponent agreement came back corrupt: the whole result takes the exact path
         self._sent: np.ndarray | None = None  # max/min: the keys this worker sent, (chunks, lanes)
 
     @staticmethod
@@ -168,18 +169,26 @@ class AllreduceOp:
 
     # -- float sums ---------------------------------------------------------------------------
     def _have_exps(self, meta_op: ReduceOp, data: CollectiveSession, data_op: ReduceOp) -> None:
-        if self._corrupt(meta_op, "the exponent agreement"):
-            return  # (its data is never sent, as for a fingerprint mismatch)
         chunks = data_op.chunks
         agreed = meta_op.result.reshape(-1)
         k = 0 if self.check is None else agreement.lanes(self.check.size)
-        if k and not self._agreed(agreed[:k], meta_op):
+        # the agreement's stored max failed its check words on every resend (collective.py
+        # `_verified`), or a lane's tag does not match (docs/protocol.md 3.8): corrupted in flight
+        corrupt = bool(meta_op.saturated_chunks)
+        if not corrupt and k and not self._agreed(agreed[:k], meta_op):
             return  # its data is never sent: the workers' data streams no longer match (the caller's group is broken)
         exps, ok = unpack_exponents(agreed[k:k + chunks])
-        if not ok.all():  # a lane corrupted in flight: its tag does not match (docs/protocol.md 3.8)
-            self.handle.set_error(CorruptResult(
-                f"the exponent agreement came back with {int((~ok).sum())} corrupted lane(s); no result is given"))
-            return
+        if corrupt or not ok.all():
+            # The data is sent all the same: its sequence range is reserved on the data session,
+            # and a segment never filled would block every later op of this engine (a hang, seen
+            # with the bit-flipping proxy: tests/integration/integrity_soak.py). Quantised with this
+            # worker's own exponents (nothing clips), and the whole result takes the exact path:
+            # NaN + saturated, recomputed exactly by the torch backend (worker/backend/fallback.py).
+            self.exact_only = True
+            exps = self.local_exps
+            if self.kept is not None:  # in place: the decode will overwrite every chunk of x
+                lanes = data.lanes
+                self.kept = {c: self.x[c * lanes: min((c + 1) * lanes, self.numel)].copy() for c in range(chunks)}
         self.exps = exps
         # a sum of N values below 2^127 may pass 2^128: inf, as IEEE rounds it; split once per op,
         # not per received batch
@@ -203,7 +212,7 @@ class AllreduceOp:
         if self.check is None:  # the exponents alone: 16-bit lanes, 2 B per block
             meta.agree_exponents16(self.local_exps, lambda e, sat: self._have_exps16(e, sat, data, data_op))
             return
-        k = 2 * self.check.size  # the fingerprint rides in int32 lanes, so the exponents do too
+        k = agreement.lanes(self.check.size)  # the fingerprint rides in int32 lanes, so the exponents do too
         local = np.zeros(num_chunks(k + blocks, meta.lanes) * meta.lanes, dtype=np.int32)
         if k:
             local[:k] = self._check_lanes()
@@ -213,8 +222,8 @@ class AllreduceOp:
 
     def _have_block_exps(self, meta_op: ReduceOp, data: CollectiveSession, data_op: ReduceOp) -> None:
         agreed = meta_op.result.reshape(-1)
-        k = 0 if self.check is None else 2 * self.check.size
-        if k and not self._agreed(agreed[:k]):
+        k = 0 if self.check is None else agreement.lanes(self.check.size)
+        if k and not self._agreed(agreed[:k], meta_op):
             return
         self.exps = agreed[k:k + num_chunks(self.numel, FIXED16_BLOCK)].copy()
         self.saturated |= meta_op.saturated
@@ -330,6 +339,9 @@ class AllreduceOp:
             self.saturated = True
         elif data_op.dtype == Dtype.INT32 and self._corrupt(data_op, "allreduce"):
             return
+        if self.exact_only and data_op.dtype == Dtype.FIXED32:  # the exponent agreement was corrupt
+            data_op.saturated_chunks.append(np.arange(data_op.chunks, dtype=np.int64))
+            self.saturated = True
         if data_op.saturated_chunks and data_op.dtype == Dtype.FIXED32:
             # the clipped fixed-point sum of these chunks is not the sum: never hand it out
             bad = np.concatenate(data_op.saturated_chunks)
