@@ -37,7 +37,8 @@ MIN_SHM_BUFFER = 1 << 16  # bytes; smaller requests share this size class
 
 class Staging:
     """One staging buffer of `capacity` float32 elements: a unit's values (a pull lands there) or
-    its gradient (a push reads it until the push completes)."""
+    its gradient (a push reads it until the push completes). A bf16 pull may land its values as
+    their raw 16 bits (`view(..., np.uint16)`: the buffer's first half, in bf16 elements)."""
 
     __slots__ = ("array", "buf", "capacity", "tensor", "views")
 
@@ -48,8 +49,10 @@ class Staging:
         self.tensor: torch.Tensor | None = None  # a torch view of `array`, made once by a user that copies tensors in (ModelInNetwork)
         self.views: dict = {}  # views of `tensor` a user makes once and keeps (ModelInNetwork: a unit's gradient slots)
 
-    def view(self, numel: int, offset: int = 0) -> np.ndarray:
-        return self.array[offset:offset + numel]
+    def view(self, numel: int, offset: int = 0, dtype: type = np.float32) -> np.ndarray:
+        """Elements offset..offset+numel of the buffer seen as `dtype` (float32, or uint16: bf16 bits)."""
+        arr = self.array if dtype is np.float32 else self.array.view(dtype)
+        return arr[offset:offset + numel]
 
 
 def _shared(st: Staging) -> ShmBuffer:
@@ -84,8 +87,11 @@ class EngineLink:
         """Push st[offset:offset+numel] as layer `tensor`'s gradient (a slice of a unit: offset > 0)."""
         raise NotImplementedError
 
-    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int, offset: int = 0) -> Handle:
-        """Pull layer `tensor` at `version` into st[offset:offset+numel]."""
+    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int, offset: int = 0,
+             dtype: type = np.float32) -> Handle:
+        """Pull layer `tensor` at `version` into st.view(numel, offset, dtype): float32 (a bf16 or
+        fp16 served copy widened exactly), or uint16 for a bf16 served copy's raw bits, byte-swapped
+        from the wire and nothing else (a served copy of another dtype then fails the handle)."""
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -124,8 +130,9 @@ class EmbeddedLink(EngineLink):
     def push(self, st: Staging, numel: int, session: int, tensor: int, offset: int = 0) -> Handle:
         return self.engine.push(session, tensor, st.view(numel, offset), grad_format=self.grad_format)
 
-    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int, offset: int = 0) -> Handle:
-        return self.engine.pull(session, tensor, version, out=st.view(numel, offset))
+    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int, offset: int = 0,
+             dtype: type = np.float32) -> Handle:
+        return self.engine.pull(session, tensor, version, out=st.view(numel, offset, dtype))
 
     def describe(self) -> str:
         host, port = self.engine.address
@@ -198,8 +205,9 @@ class DaemonLink(EngineLink):
     def push(self, st: Staging, numel: int, session: int, tensor: int, offset: int = 0) -> Handle:
         return self.client.push(_shared(st), st.view(numel, offset), session, tensor, grad_format=self.grad_format)
 
-    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int, offset: int = 0) -> Handle:
-        return self.client.pull(_shared(st), st.view(numel, offset), session, tensor, version)
+    def pull(self, st: Staging, numel: int, session: int, tensor: int, version: int, offset: int = 0,
+             dtype: type = np.float32) -> Handle:
+        return self.client.pull(_shared(st), st.view(numel, offset, dtype), session, tensor, version)
 
     def allreduce(self, x: np.ndarray, op: str = "sum", check: np.ndarray | None = None,
                   out: np.ndarray | None = None) -> Handle:

@@ -29,7 +29,9 @@ from mnn_reference import mixed_precision, run_ranks_in_threads
 
 from luwu.demo.data import CharCorpus, shard
 from luwu.demo.model import GPTConfig, build, loss_fn
+from luwu.worker.engine_link import EmbeddedLink
 from luwu.worker.model_in_network import AdamW, ModelInNetwork
+from luwu.worker.model_in_network import model as model_module
 from luwu.worker.model_in_network.flat import FlatParams
 from luwu.worker.model_in_network.local import LocalNetwork
 from luwu.worker.model_in_network.memory import MemoryTracker
@@ -186,3 +188,86 @@ def test_unsupported_dtypes_and_mixed_devices_are_one_clear_error(tmp_path):
     with (LocalNetwork(1, 1, mode="tofino", state_dir=tmp_path, switch_process=False) as net,
           pytest.raises(UnitError, match="on the meta device and others are not")):
         ModelInNetwork(mixed, AdamW(), net.network(0), engine="embedded")
+
+
+def _two_steps_bf16(tmp_path, monkeypatch, widen: bool):
+    """One bf16 worker, 2 steps: losses, gathered parameters, and the dtypes its pulls landed in
+    (the staging views the engine wrote, the values materialised). `widen`: the old path (pulled
+    as float32, then rounded back to bf16 on the host), forced on the same code."""
+    landed, materialised = [], []
+    pull, materialise = EmbeddedLink.pull, FlatParams.materialise
+
+    def recording_pull(self, st, numel, session, tensor, version, offset=0, dtype=np.float32):
+        landed.append((np.dtype(dtype), st.view(numel, offset, dtype).nbytes))
+        return pull(self, st, numel, session, tensor, version, offset, dtype)
+
+    def recording_materialise(self, values, version):
+        materialised.append(values.dtype)
+        return materialise(self, values, version)
+
+    with monkeypatch.context() as m:  # from the start: the constructor already issues the first pulls
+        m.setattr(EmbeddedLink, "pull", recording_pull)
+        m.setattr(FlatParams, "materialise", recording_materialise)
+        if widen:
+            m.setattr(model_module, "pull_bits", lambda unit, served: False)
+        threads_before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        model = build(CFG, SPEC["seed"]).to(torch.bfloat16)
+        try:
+            with LocalNetwork(1, 1, mode="tofino", state_dir=tmp_path, switch_process=False) as net, \
+                    ModelInNetwork(model, AdamW(lr=SPEC["lr"], weight_decay=SPEC["weight_decay"]), net.network(0),
+                                   served_dtype="bf16", engine="embedded", timeout=WAIT) as mnn:
+                losses = []
+                for step in range(2):
+                    x, y = shard(*CORPUS.batch(step, SPEC["batch"], CFG.context, SPEC["seed"]), 0, 1)
+                    loss = loss_fn(mnn(x), y)
+                    loss.backward()
+                    mnn.step()
+                    losses.append(loss.item())
+                gathered = mnn.gather()
+        finally:
+            torch.set_num_threads(threads_before)
+    return losses, gathered, landed, materialised
+
+
+def test_a_bf16_model_served_bf16_takes_the_served_bits_without_widening(tmp_path, monkeypatch):
+    """The pulled bf16 values go into the parameters as their bits (a byte swap from the wire, one
+    copy in), never through a float32 buffer: bit-identical to the old widen-and-round path, the
+    pulled parameters and two training steps (losses, gathered parameters)."""
+    new = _two_steps_bf16(tmp_path / "bits", monkeypatch, widen=False)
+    old = _two_steps_bf16(tmp_path / "widened", monkeypatch, widen=True)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:  # the first forward computes with the initial values, exactly
+        x, y = shard(*CORPUS.batch(0, SPEC["batch"], CFG.context, SPEC["seed"]), 0, 1)
+        with torch.no_grad():
+            assert new[0][0] == loss_fn(build(CFG, SPEC["seed"]).to(torch.bfloat16)(x), y).item()
+    finally:
+        torch.set_num_threads(threads_before)
+    assert new[0] == old[0], (new[0], old[0])  # the losses, bit for bit
+    assert set(new[1]) == set(old[1]) and len(new[1]) > 0
+    for name, want in old[1].items():
+        got = new[1][name]
+        assert got.dtype == torch.bfloat16 == want.dtype and torch.equal(got.view(torch.int16), want.view(torch.int16)), name
+    # every pull of the new path landed as 2-byte bf16 bits, none as float32; the old path's as float32
+    assert new[2] and {d for d, _ in new[2]} == {np.dtype(np.uint16)}, new[2]
+    assert old[2] and {d for d, _ in old[2]} == {np.dtype(np.float32)}
+    assert sum(b for _, b in new[2]) * 2 == sum(b for _, b in old[2])  # half the bytes written per pull
+    assert new[3] and set(new[3]) == {np.dtype(np.uint16)} and set(old[3]) == {np.dtype(np.float32)}
+    assert len(new[2]) == len(old[2]) and len(new[3]) == len(old[3])  # the same pulls
+
+
+def test_bf16_bits_materialise_as_they_are_and_only_into_bf16_parameters():
+    lin = torch.nn.Linear(3, 2).to(torch.bfloat16)
+    (unit,) = split_units(torch.nn.Sequential(lin))
+    flat = FlatParams(unit, MemoryTracker())
+    want = torch.tensor([1.5, -2.0, 3.0e38, float("inf"), float("nan"), 1e-40, 0.1, -0.0], dtype=torch.bfloat16)
+    bits = want.view(torch.int16).numpy().view(np.uint16).copy()
+    flat.free()
+    flat.materialise(bits, version=3)
+    assert flat.version == 3 and flat.resident
+    got = torch.cat([lin.weight.detach().reshape(-1), lin.bias.detach()])
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))  # bit for bit, nan and inf included
+    half = FlatParams(split_units(torch.nn.Sequential(torch.nn.Linear(3, 2).half()))[0], MemoryTracker())
+    with pytest.raises(TypeError, match="bf16 bits for torch.float16 parameters"):
+        half.materialise(bits, version=1)

@@ -68,6 +68,7 @@ class Pulling(Protocol):
     @property
     def server(self) -> ServerSteps | None: ...
     def _pull_pieces(self, st: Staging, unit: int, version: int) -> Handle: ...
+    def _pulled(self, st: Staging, unit: int) -> np.ndarray: ...
     def _wait(self, handle: Handle, what: str | Callable[[], str], kind: str) -> Any: ...
     def _server_step(self, step: str, *args: Any) -> None: ...
 
@@ -159,12 +160,15 @@ def pull_unit(mnn: Pulling, u: Unit) -> dict[str, torch.Tensor]:
         mnn.stats["pulls"] += 1
         mnn._wait(h, f"gather of unit {u.label()}", "pull")
         if mnn.server is not None:
-            mnn._server_step("all_gather", u.index, mnn.version, st.view(u.numel), f"gather of unit {u.label()}",
+            mnn._server_step("all_gather", u.index, mnn.version, mnn._pulled(st, u.index), f"gather of unit {u.label()}",
                              "gather")
-        flat = torch.from_numpy(st.view(u.numel).copy())
+        pulled = mnn._pulled(st, u.index)
+        flat = torch.from_numpy(pulled.copy())
     finally:
         mnn.pool.release(st)
-    if u.dtype != torch.float32:
+    if pulled.dtype == np.uint16:  # a bf16 unit served bf16: its bits, as they are
+        flat = flat.view(torch.bfloat16)
+    elif u.dtype != torch.float32:
         wide, flat = flat, flat.to(u.dtype)
         check_range(wide, flat, f"gather of unit {u.label()}")
     flat = flat.to(u.device)

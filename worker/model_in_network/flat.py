@@ -10,7 +10,8 @@ storage so that autograd's version counters see no in-place change.
 Pulled values arrive as float32 on the host (the engine widens bf16/fp16 served copies exactly);
 they are rounded to the parameters' dtype on the host (round to nearest even, torch's cast: exact
 when the node serves that dtype) and copied to the device (devices.py). A value beyond the dtype's
-range (a fp16 model whose fp32 masters grew past 65504) is an error, never an inf.
+range (a fp16 model whose fp32 masters grew past 65504) is an error, never an inf. A bf16 model
+served bf16 gets the served bits themselves (uint16: `pull_bits`), copied in once, never widened.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class FlatParams:
 
     def materialise(self, values: np.ndarray, version: int) -> None:
         """Make the parameters hold `values` (flat float32 on the host, the unit's numel), rounded
-        to the parameters' dtype.
+        to the parameters' dtype; or (uint16, for bfloat16 parameters: `pull_bits`) their bf16
+        bits, copied in as they are.
 
         Raises:
             OverflowError: a finite value is beyond the parameters' dtype (float16 above 65504).
@@ -91,6 +93,12 @@ class FlatParams:
             self.memory.add("params", self.nbytes)
         writer = self._writer
         src = torch.from_numpy(values)
+        if values.dtype == np.uint16:  # bf16 bits: one copy, nothing to round or range-check
+            if self.dtype != torch.bfloat16:
+                raise TypeError(f"unit {self.unit.label()}: bf16 bits for {self.dtype} parameters")
+            self.stage.to_device(writer, src.view(torch.bfloat16))
+            self.version = version
+            return
         if self._on_cpu:
             writer.copy_(src)  # converts in the same pass
             host = writer
@@ -107,6 +115,12 @@ class FlatParams:
         if not self.resident:
             raise RuntimeError(f"unit {self.unit.label()} is not resident")
         return self.flat.detach().clone()
+
+
+def pull_bits(unit: Unit, served_dtype: str) -> bool:
+    """Whether `unit`'s pulls land as raw bf16 bits (uint16) rather than widened to float32: a
+    bfloat16 unit served bf16, whose served values are already its parameters' (no widen, no round)."""
+    return served_dtype == "bf16" and unit.dtype == torch.bfloat16
 
 
 def check_range(src: torch.Tensor, cast: torch.Tensor, what: str) -> None:

@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -42,7 +43,7 @@ from luwu.worker.engine_link import Staging, open_engine
 from .checkpoint_io import meta_model_from_pretrained, pull_unit
 from .checkpoint_io import save_pretrained as save_units
 from .devices import HostStage
-from .flat import FlatParams
+from .flat import FlatParams, pull_bits
 from .hierarchy import ServerSteps
 from .inflight import ArrivingGrads, issued, joined
 from .job import REPORT_TIMEOUT, barrier, fingerprint, hand_over, join, names_join_failures, node_jobs, report_failure
@@ -161,6 +162,7 @@ class ModelInNetwork(nn.Module):
         self.placement = {i: r.pieces[0].node for i, r in self.routes.items() if r.pieces}  # unit -> (first) node
         self.session_of = {i: r.pieces[0].session for i, r in self.routes.items() if r.pieces}
         self._wire_bytes = {i: 4 * sum(p.numel for p in r.pieces) for i, r in self.routes.items()}  # a push's or pull's
+        self._pull_dtype = {u.index: np.uint16 if pull_bits(u, served_dtype) else np.float32 for u in self.units}
         self.server: ServerSteps | None = None
         self.keep_last, self.keep_budget = keep_last, keep_budget
         self.keep = self._keep_set([u.index for u in self.units])
@@ -255,13 +257,17 @@ class ModelInNetwork(nn.Module):
 
     def _pull_pieces(self, st: Staging, unit: int, version: int) -> Handle:
         """Pull this rank's pieces of `unit` into their places in `st` (all of it on a flat plan)."""
-        pieces = self.routes[unit].pieces
+        pieces, dtype = self.routes[unit].pieces, self._pull_dtype[unit]  # uint16: bf16 bits, never widened
         self.stats["pulled_bytes"] += self._wire_bytes[unit]
         if len(pieces) == 1:  # a whole unit: its one handle (no name to build)
             p = pieces[0]
-            return self.engine.pull(st, p.numel, p.session, unit, version, p.offset)
-        return joined([self.engine.pull(st, p.numel, p.session, unit, version, p.offset) for p in pieces],
+            return self.engine.pull(st, p.numel, p.session, unit, version, p.offset, dtype)
+        return joined([self.engine.pull(st, p.numel, p.session, unit, version, p.offset, dtype) for p in pieces],
                        f"pull of unit {self.units[unit].label()} at version {version}")
+
+    def _pulled(self, st: Staging, unit: int) -> np.ndarray:
+        """Unit `unit`'s values as `_pull_pieces` left them in `st`: float32, or its bf16 bits (uint16)."""
+        return st.view(self.units[unit].numel, 0, self._pull_dtype[unit])
 
     def _wait(self, handle: Handle, what: str | Callable[[], str], kind: str) -> Any:
         """handle.wait() within the timeout; `what` (or what it returns: built only for an error)
@@ -297,8 +303,8 @@ class ModelInNetwork(nn.Module):
             with trace.span("pull wait", "worker", unit=unit, version=ticket.version):
                 self._wait(handle, what, "pull")
             if self.server is not None:
-                self._server_step("all_gather", unit, ticket.version, staging.view(self.units[unit].numel), what())
-            self.flats[unit].materialise(staging.view(self.units[unit].numel), ticket.version)
+                self._server_step("all_gather", unit, ticket.version, self._pulled(staging, unit), what())
+            self.flats[unit].materialise(self._pulled(staging, unit), ticket.version)
         finally:
             self.pool.release(staging)
 
