@@ -29,7 +29,7 @@ from mnn_reference import mixed_precision, run_ranks_in_threads
 
 from luwu.demo.data import CharCorpus, shard
 from luwu.demo.model import GPTConfig, build, loss_fn
-from luwu.worker.engine_link import EmbeddedLink
+from luwu.worker.engine_link import DaemonLink, EmbeddedLink
 from luwu.worker.model_in_network import AdamW, ModelInNetwork
 from luwu.worker.model_in_network import model as model_module
 from luwu.worker.model_in_network.flat import FlatParams
@@ -190,12 +190,13 @@ def test_unsupported_dtypes_and_mixed_devices_are_one_clear_error(tmp_path):
         ModelInNetwork(mixed, AdamW(), net.network(0), engine="embedded")
 
 
-def _two_steps_bf16(tmp_path, monkeypatch, widen: bool):
+def _two_steps_bf16(tmp_path, monkeypatch, widen: bool, engine: str):
     """One bf16 worker, 2 steps: losses, gathered parameters, and the dtypes its pulls landed in
     (the staging views the engine wrote, the values materialised). `widen`: the old path (pulled
     as float32, then rounded back to bf16 on the host), forced on the same code."""
     landed, materialised = [], []
-    pull, materialise = EmbeddedLink.pull, FlatParams.materialise
+    link = EmbeddedLink if engine == "embedded" else DaemonLink
+    pull, materialise = link.pull, FlatParams.materialise
 
     def recording_pull(self, st, numel, session, tensor, version, offset=0, dtype=np.float32):
         landed.append((np.dtype(dtype), st.view(numel, offset, dtype).nbytes))
@@ -206,7 +207,7 @@ def _two_steps_bf16(tmp_path, monkeypatch, widen: bool):
         return materialise(self, values, version)
 
     with monkeypatch.context() as m:  # from the start: the constructor already issues the first pulls
-        m.setattr(EmbeddedLink, "pull", recording_pull)
+        m.setattr(link, "pull", recording_pull)
         m.setattr(FlatParams, "materialise", recording_materialise)
         if widen:
             m.setattr(model_module, "pull_bits", lambda unit, served: False)
@@ -216,7 +217,7 @@ def _two_steps_bf16(tmp_path, monkeypatch, widen: bool):
         try:
             with LocalNetwork(1, 1, mode="tofino", state_dir=tmp_path, switch_process=False) as net, \
                     ModelInNetwork(model, AdamW(lr=SPEC["lr"], weight_decay=SPEC["weight_decay"]), net.network(0),
-                                   served_dtype="bf16", engine="embedded", timeout=WAIT) as mnn:
+                                   served_dtype="bf16", engine=engine, timeout=WAIT) as mnn:
                 losses = []
                 for step in range(2):
                     x, y = shard(*CORPUS.batch(step, SPEC["batch"], CFG.context, SPEC["seed"]), 0, 1)
@@ -230,12 +231,14 @@ def _two_steps_bf16(tmp_path, monkeypatch, widen: bool):
     return losses, gathered, landed, materialised
 
 
-def test_a_bf16_model_served_bf16_takes_the_served_bits_without_widening(tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine", ["embedded", "process"])
+def test_a_bf16_model_served_bf16_takes_the_served_bits_without_widening(tmp_path, monkeypatch, engine):
     """The pulled bf16 values go into the parameters as their bits (a byte swap from the wire, one
     copy in), never through a float32 buffer: bit-identical to the old widen-and-round path, the
-    pulled parameters and two training steps (losses, gathered parameters)."""
-    new = _two_steps_bf16(tmp_path / "bits", monkeypatch, widen=False)
-    old = _two_steps_bf16(tmp_path / "widened", monkeypatch, widen=True)
+    pulled parameters and two training steps (losses, gathered parameters), with an embedded engine
+    and an engine daemon (the uint16 view crosses to it by offset and dtype)."""
+    new = _two_steps_bf16(tmp_path / "bits", monkeypatch, widen=False, engine=engine)
+    old = _two_steps_bf16(tmp_path / "widened", monkeypatch, widen=True, engine=engine)
     threads_before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:  # the first forward computes with the initial values, exactly
