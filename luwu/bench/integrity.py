@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from luwu.bench.sizes import format_size, parse_size
-from luwu.dataplane.usage import UserError, positive_int, size
+from luwu.dataplane.process.usage import UserError, positive_int, size
 
 BEFORE = "a4bb410"  # main just before the v2 wire checks (issue 27)
 RUN_TIMEOUT = 900.0  # s one configuration's run may take

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from luwu.dataplane.integrity import headers_ok, seal_headers
-from luwu.dataplane.loopback import META_SESSION
 from luwu.dataplane.loopback import local_star as star
+from luwu.dataplane.loopback.plan import META_SESSION
 from luwu.dataplane.protocol import HEADER_LEN, Dtype, Flag, MsgType
 
 DATA = 64 - 2  # tofino mode: data lanes per packet
