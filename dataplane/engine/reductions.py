@@ -119,7 +119,9 @@ class AllreduceOp:
             k = agreement.lanes(self.check.size)
             vals = np.zeros(num_chunks(k, meta.lanes) * meta.lanes, dtype=np.int32)
             vals[:k] = self._check_lanes()
-            meta.set_values(meta.new_op(k, Dtype.INT32, True, self._checked), vals)
+            check_op = meta.new_op(k, Dtype.INT32, True, self._checked)
+            check_op.tagged = (self.check.size, k)  # its lanes' tags checked per RESULT (collective.py)
+            meta.set_values(check_op, vals)
         if self.numel == 0:
             self._result = self.x.copy() if self.dest is None else self.dest
             self._part_done()
@@ -149,6 +151,7 @@ class AllreduceOp:
                 local[:k] = self._check_lanes()
             local[k:k + chunks] = pack_exponents(self.local_exps)  # each lane self-checking (protocol.md 3.8)
             meta_op = meta.new_op(k + chunks, Dtype.INT32, True, lambda m: self._have_exps(m, data, data_op))
+            meta_op.tagged = (0 if self.check is None else self.check.size, k + chunks)  # checked per RESULT
             meta.set_values(meta_op, local)
             return
         if self.x.dtype == np.float32:
