@@ -182,6 +182,8 @@ class CollectiveSession:
     def on_results(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
         """RESULT packets `rows[idx]` (headers `h[idx]`; idx ascending, as the engine groups a batch)."""
         idx = self._verified(idx, rows, h)
+        if self.ops and len(idx):
+            idx = self._in_bounds(idx, h)
         if not len(idx):
             return
         every = len(idx) == len(h)  # idx is all of h's rows, in order (the engine's common batch)
@@ -254,6 +256,29 @@ class CollectiveSession:
         for seq in hs["seq"][ok].tolist():
             self._failures.pop(seq, None)
         return idx[keep]
+
+    def _in_bounds(self, idx: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """The RESULTs among `idx` whose header names a chunk of its op: offset a whole chunk within
+        it, count within a packet, numel the op's. Anything else is dropped and counted
+        (`dropped.out_of_bounds`) before the window marks it received, so the resend cures it: a
+        corrupted header that passed its CRC-16 (about 2^-16 of wider errors) must never index past
+        an op's buffers (a crash of the engine loop, or of a compiled kernel). RESULTs of no op
+        here are left to `_absorb` (stale)."""
+        hs = h[idx]
+        tensors = hs["tensor"]
+        ok = np.ones(len(idx), dtype=bool)
+        for t in ([tensors[0]] if _ALL(tensors == tensors[0]) else np.unique(tensors)):
+            op = self.ops.get(int(t))
+            if op is None:
+                continue
+            mine = tensors == t
+            off = hs["offset"][mine].astype(np.int64)
+            ok[mine] = ((off % op.per == 0) & (off // op.per < op.chunks) & (hs["count"][mine] <= op.per)
+                        & (hs["numel"][mine] == op.numel))
+        if _ALL(ok):
+            return idx
+        self.stats["dropped.out_of_bounds"] = self.stats.get("dropped.out_of_bounds", 0) + int((~ok).sum())
+        return idx[ok]
 
     def _tags_ok(self, idx: np.ndarray, rows: np.ndarray, hs: np.ndarray, ok: np.ndarray) -> None:
         """Clear `ok` of the RESULTs of a tagged op (ReduceOp.tagged) whose lane tags fail. A MAX

@@ -83,3 +83,41 @@ def test_the_fast_check_is_the_reference_crc():
         assert header_check_fast(r.tobytes()) == want
     h = header_view(rows)
     assert h["hcheck"].dtype == np.dtype(">u2")
+
+
+@pytest.mark.parametrize("field", ["float sum", "int32 sum"])
+def test_a_sealed_result_whose_offset_is_out_of_bounds_is_dropped_and_resent(field):
+    """A corrupted header can pass its CRC-16 (about 2^-16 of wider errors): here a RESULT's offset
+    is moved far past its op and the header sealed again. The engine drops it before it touches the
+    window or any buffer (`dropped.out_of_bounds`), the resend is the switch's good copy, and the
+    sum is exact. Before the bounds check the engine loop indexed past the op: an IndexError."""
+    from luwu.dataplane.integrity import seal_headers
+
+    xs = _inputs(2)
+    if field == "float sum":
+        xs = [(x >> 8).astype(np.float32) for x in xs]  # exact in float32 and in their fixed-point sum
+    expected = xs[0] + xs[1]
+    with star(2, transport="udp") as (_, lsw, engines):
+        sw = lsw._sw
+        emit = sw.emit
+        budget = [2]
+
+        def corrupting_emit(b, em):
+            rows = b.rows[:, b.off:]
+            for i in np.unique(em.pkt).tolist():
+                if budget[0] and rows[i, 0] & 0xF == MsgType.RESULT and headers_ok(rows[i:i + 1, :32]).all():
+                    rows[i, 20:24] = np.frombuffer((0x7FFFFF00).to_bytes(4, "big"), np.uint8)  # offset
+                    seal_headers(rows[i:i + 1, :32])
+                    budget[0] -= 1
+            return emit(b, em)
+
+        sw.emit = corrupting_emit
+        handles = [e.allreduce(x) for e, x in zip(engines, xs)]
+        results = [h.wait(60) for h in handles]
+        stats = [e.session_stats() for e in engines]
+    assert budget == [0], "the test corrupted what it meant to"
+    dropped = sum(s.get("dropped.out_of_bounds", 0) for st in stats for s in st.values() if isinstance(s, dict))
+    assert dropped >= 2  # each corrupted row, at one worker or both (one row may leave for both)
+    for h, r in zip(handles, results):
+        assert not h.saturated
+        np.testing.assert_array_equal(r, expected)
