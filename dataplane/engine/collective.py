@@ -14,11 +14,12 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import fixed16
-from ..integrity import check_lanes
+from ..integrity import check_lanes, unpack_exponents
 from ..kernels import use_numba
 from ..protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType
 from ..quantize import as_words, fixed_point_kernels, num_chunks
 from ..session import SessionSpec
+from . import agreement
 from .packets import (
     LanesOf,
     aggregation_fill,
@@ -58,6 +59,7 @@ class ReduceOp:
         "saturated_chunks",
         "seg",
         "session",
+        "tagged",
     )
 
     def __init__(self, session: CollectiveSession, op_id: int, numel: int, dtype: Dtype, flags: int,
@@ -79,6 +81,10 @@ class ReduceOp:
         self.fixed: tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray] | None = None
         self.saturated = False
         self.saturated_chunks: list[np.ndarray] = []  # chunk indices whose RESULT carried SATURATED
+        # an agreement's self-checking lanes (docs/protocol.md 3.8), checked per RESULT in `_verified`:
+        # (fingerprint fields k, end): lanes [0, agreement.lanes(k)) a fingerprint, then exponent
+        # lanes up to `end`; None: no tagged lanes
+        self.tagged: tuple[int, int] | None = None
 
     def absorb(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, flags: np.ndarray, exps: np.ndarray) -> bool:
         if self.decode is not None:
@@ -176,6 +182,8 @@ class CollectiveSession:
     def on_results(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
         """RESULT packets `rows[idx]` (headers `h[idx]`; idx ascending, as the engine groups a batch)."""
         idx = self._verified(idx, rows, h)
+        if self.ops and len(idx):
+            idx = self._in_bounds(idx, h)
         if not len(idx):
             return
         every = len(idx) == len(h)  # idx is all of h's rows, in order (the engine's common batch)
@@ -224,6 +232,8 @@ class CollectiveSession:
                 continue
             want = check_words_of(rows, idx[mine], self.lanes, hs[mine], d, self.n)
             ok[mine] = (got[mine] == want).all(axis=1)
+        if self.ops and _ANY(hs["flags"] & int(Flag.MAX)):  # an agreement's lanes carry their own tags
+            self._tags_ok(idx, rows, hs, ok)
         if ok.all():
             if self._failures:
                 for seq in hs["seq"].tolist():
@@ -246,6 +256,48 @@ class CollectiveSession:
         for seq in hs["seq"][ok].tolist():
             self._failures.pop(seq, None)
         return idx[keep]
+
+    def _in_bounds(self, idx: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """The RESULTs among `idx` whose header names a chunk of its op: offset a whole chunk within
+        it, count within a packet, numel the op's. Anything else is dropped and counted
+        (`dropped.out_of_bounds`) before the window marks it received, so the resend cures it: a
+        corrupted header that passed its CRC-16 (about 2^-16 of wider errors) must never index past
+        an op's buffers (a crash of the engine loop, or of a compiled kernel). RESULTs of no op
+        here are left to `_absorb` (stale)."""
+        hs = h[idx]
+        tensors = hs["tensor"]
+        ok = np.ones(len(idx), dtype=bool)
+        for t in ([tensors[0]] if _ALL(tensors == tensors[0]) else np.unique(tensors)):
+            op = self.ops.get(int(t))
+            if op is None:
+                continue
+            mine = tensors == t
+            off = hs["offset"][mine].astype(np.int64)
+            ok[mine] = ((off % op.per == 0) & (off // op.per < op.chunks) & (hs["count"][mine] <= op.per)
+                        & (hs["numel"][mine] == op.numel))
+        if _ALL(ok):
+            return idx
+        self.stats["dropped.out_of_bounds"] = self.stats.get("dropped.out_of_bounds", 0) + int((~ok).sum())
+        return idx[ok]
+
+    def _tags_ok(self, idx: np.ndarray, rows: np.ndarray, hs: np.ndarray, ok: np.ndarray) -> None:
+        """Clear `ok` of the RESULTs of a tagged op (ReduceOp.tagged) whose lane tags fail. A MAX
+        packet's check words cover its header only (docs/protocol.md 3.6), so a lane corrupted after
+        the switch is caught here, per packet: dropped like a failed check and resent, rather than
+        found once the op is accepted, when only this worker would take the exact path."""
+        for j in np.flatnonzero(ok).tolist():
+            op = self.ops.get(int(hs["tensor"][j]))
+            if op is None or op.tagged is None:
+                continue
+            k, end = op.tagged
+            fp = agreement.lanes(k) if k else 0
+            off = int(hs["offset"][j])
+            vals = rows[int(idx[j]), HEADER_LEN:HEADER_LEN + 4 * self.lanes].view(">i4").astype(np.int32)
+            lo, hi = max(fp, off), min(end, off + self.lanes)
+            good = hi <= lo or bool(unpack_exponents(vals[lo - off:hi - off])[1].all())
+            if good and fp and off == 0 and fp <= self.lanes:  # a fingerprint within this one packet
+                good = bool(agreement.lanes_ok(vals[:fp], k).all())
+            ok[j] = good
 
     def _compiled_results(self, rows: np.ndarray, h: np.ndarray, now: float) -> bool:
         """`on_results` for the common batch in one compiled pass (dataplane/kernels/fixed_point.py

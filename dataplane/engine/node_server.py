@@ -206,6 +206,8 @@ class NodeServerSession:
             self.stats["unbound"] += len(idx)
             return
         idx = self._verified(idx, rows, h, self.spec.num_workers)
+        if len(idx):
+            idx = self._in_bounds(idx, h)
         new = self.grad_window.accept(h["seq"][idx])
         dups = int(len(idx) - new.sum())
         if dups:
@@ -248,6 +250,36 @@ class NodeServerSession:
             # than a quarter window otherwise waited for (`luwu demo`'s critical path: 2-5 ms "push
             # wait" per step with a 2 ms interval, 25 ms with a 12 ms one)
             self.hb.nudge()
+
+    def _in_bounds(self, idx: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """The AGGs among `idx` whose header names a chunk of its layer: offset a whole chunk below
+        numel, count within a packet, and numel and format those of the layer's assembly (or, for a
+        new one, of the batch's first packet of the layer). Anything else is dropped and counted
+        (`dropped.out_of_bounds`) before the window marks it received, so the resend cures it: a
+        corrupted header that passed its CRC-16 must never index past an assembly's buffer (a crash
+        of the loop, or of the compiled dequantiser). A layer's size and format never change in a job."""
+        hs = h[idx]
+        f16 = hs["dtype"] == int(Dtype.FIXED16)
+        per = np.full(len(idx), self.lanes, dtype=np.int64)
+        if _ANY(f16):  # (a switch too narrow for FIXED16 has no layout for it: no such packets either)
+            per[f16] = fixed16.layout(self.row_lanes)[1]
+        off = hs["offset"].astype(np.int64)
+        numel = hs["numel"].astype(np.int64)
+        ok = (off % per == 0) & (off < numel) & (hs["count"].astype(np.int64) <= per)
+        tensors = hs["tensor"]
+        for t in ([tensors[0]] if _ALL(tensors == tensors[0]) else np.unique(tensors)):
+            mine = tensors == t
+            asm = self.assemblies.get(int(t))
+            if asm is not None:
+                want, want16 = asm.numel, isinstance(asm, GradAssembly16)
+            else:
+                first = int(np.flatnonzero(mine)[0])
+                want, want16 = int(numel[first]), bool(f16[first])
+            ok[mine] &= (numel[mine] == want) & (f16[mine] == want16)
+        if _ALL(ok):
+            return idx
+        self.stats["dropped.out_of_bounds"] = self.stats.get("dropped.out_of_bounds", 0) + int((~ok).sum())
+        return idx[ok]
 
     def on_fallback(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
         if not self.bound:

@@ -138,6 +138,7 @@ class WorkerNodeSession:
                 dtype=Dtype.FIXED32, lanes_of=lanes_of, exponents=exps, row_lanes=self.row_lanes))
 
         meta_op = meta.new_op(chunks, Dtype.INT32, True, have_exps)
+        meta_op.tagged = (0, chunks)  # a lane whose tag fails is dropped and resent (collective.py `_verified`)
         meta.set_values(meta_op, local)
         self.stats["pushes"] += 1
 

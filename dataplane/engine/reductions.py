@@ -119,7 +119,9 @@ class AllreduceOp:
             k = agreement.lanes(self.check.size)
             vals = np.zeros(num_chunks(k, meta.lanes) * meta.lanes, dtype=np.int32)
             vals[:k] = self._check_lanes()
-            meta.set_values(meta.new_op(k, Dtype.INT32, True, self._checked), vals)
+            check_op = meta.new_op(k, Dtype.INT32, True, self._checked)
+            check_op.tagged = (self.check.size, k)  # its lanes' tags checked per RESULT (collective.py)
+            meta.set_values(check_op, vals)
         if self.numel == 0:
             self._result = self.x.copy() if self.dest is None else self.dest
             self._part_done()
@@ -149,6 +151,7 @@ class AllreduceOp:
                 local[:k] = self._check_lanes()
             local[k:k + chunks] = pack_exponents(self.local_exps)  # each lane self-checking (protocol.md 3.8)
             meta_op = meta.new_op(k + chunks, Dtype.INT32, True, lambda m: self._have_exps(m, data, data_op))
+            meta_op.tagged = (0 if self.check is None else self.check.size, k + chunks)  # checked per RESULT
             meta.set_values(meta_op, local)
             return
         if self.x.dtype == np.float32:
@@ -216,16 +219,29 @@ class AllreduceOp:
         local = np.zeros(num_chunks(k + blocks, meta.lanes) * meta.lanes, dtype=np.int32)
         if k:
             local[:k] = self._check_lanes()
-        local[k:k + blocks] = self.local_exps
+        local[k:k + blocks] = pack_exponents(self.local_exps)  # each lane self-checking (protocol.md 3.8)
         meta_op = meta.new_op(k + blocks, Dtype.INT32, True, lambda m: self._have_block_exps(m, data, data_op))
+        meta_op.tagged = (self.check.size, k + blocks)  # checked per RESULT (collective.py `_verified`)
         meta.set_values(meta_op, local)
 
     def _have_block_exps(self, meta_op: ReduceOp, data: CollectiveSession, data_op: ReduceOp) -> None:
         agreed = meta_op.result.reshape(-1)
         k = 0 if self.check is None else agreement.lanes(self.check.size)
-        if k and not self._agreed(agreed[:k], meta_op):
-            return
-        self.exps = agreed[k:k + num_chunks(self.numel, FIXED16_BLOCK)].copy()
+        corrupt = bool(meta_op.saturated_chunks)  # failed its check words or tags on every resend
+        if not corrupt and k and not self._agreed(agreed[:k], meta_op):
+            return  # the workers' collectives differ: their data streams no longer match
+        exps, ok = unpack_exponents(agreed[k:k + num_chunks(self.numel, FIXED16_BLOCK)])
+        if corrupt or not ok.all():
+            # as `_have_exps`: the data is sent all the same (a reserved range never filled blocks
+            # every later op: a hang), quantised with this worker's own exponents, and the whole
+            # result takes the exact path (`_done16`)
+            self.exact_only = True
+            exps = self.local_exps
+            if self.kept is not None:  # in place: the decode will overwrite every chunk of x
+                per = data_op.per
+                self.kept = {c: self.x[c * per: min((c + 1) * per, self.numel)].copy()
+                             for c in range(data_op.chunks)}
+        self.exps = exps
         self.saturated |= meta_op.saturated
         data.ready_fixed16(data_op, self.x, self.exps, self.n, live=lambda: not self.handle.done())
 
@@ -257,6 +273,8 @@ class AllreduceOp:
 
     def _done16(self, data_op: ReduceOp) -> None:
         per = data_op.per
+        if self.exact_only:  # the exponent agreement was corrupt
+            data_op.saturated_chunks.append(np.arange(data_op.chunks, dtype=np.int64))
         bad = sorted(set(self.corrupt) | set(np.concatenate(data_op.saturated_chunks).tolist()
                                             if data_op.saturated_chunks else []))
         if bad:

@@ -124,3 +124,37 @@ def test_a_push_whose_agreement_is_corrupt_is_rejected_by_the_node_and_the_next_
     exact = layers[6].astype(np.float64) - 0.5 * (grads[0][6].astype(np.float64) + grads[1][6])
     for got in pulled6:
         np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-6)
+
+
+def test_an_agreement_result_corrupted_after_the_switch_is_dropped_and_resent():
+    """An exponent lane of the agreement's RESULT flipped on the way out of the switch (a MAX
+    packet's check words cover its header only): its tag fails per packet, so the RESULT is
+    dropped, counted and resent from the switch's stored copy, and the sum is exact. Before the
+    fix the tags were checked only once the op was accepted: the whole op took the exact path."""
+    rng = np.random.default_rng(8)
+    xs = [rng.standard_normal(3 * DATA + 7).astype(np.float32) for _ in range(2)]
+    with star(2, transport="udp") as (_, lsw, engines):
+        sw = lsw._sw
+        emit = sw.emit
+        budget = [1]
+
+        def corrupting_emit(b, em):
+            rows = b.rows[:, b.off:]
+            for i in np.unique(em.pkt).tolist():
+                if (budget[0] and rows[i, 0] & 0xF == MsgType.RESULT and rows[i, 1] & Flag.MAX
+                        and int.from_bytes(bytes(rows[i, 2:4]), "big") == META_SESSION):
+                    rows[i, HEADER_LEN + 1] ^= 0x04  # an exponent bit: the tag no longer matches
+                    seal_headers(rows[i:i + 1, :HEADER_LEN])
+                    budget[0] -= 1
+            return emit(b, em)
+
+        sw.emit = corrupting_emit
+        handles = [e.allreduce(x) for e, x in zip(engines, xs)]
+        results = [h.wait(60) for h in handles]
+        stats = [e.session_stats()[f"session {META_SESSION}"] for e in engines]
+    assert budget == [0], "the test corrupted nothing"
+    assert sum(s["dropped.bad_check"] for s in stats) >= 1
+    exact = (xs[0].astype(np.float64) + xs[1]).astype(np.float32)
+    for h, r in zip(handles, results):
+        assert not h.saturated, "a corruption after the switch is cured by a resend"
+        np.testing.assert_allclose(r, exact, rtol=1e-5, atol=1e-5)

@@ -48,14 +48,14 @@ def _kernels(mode: str):
             os.environ[ENV] = old
 
 
-def _rows(seqs, tensors, offsets, flags, payload: np.ndarray) -> np.ndarray:
-    """RESULT packets as the engine's receive rows: header then big-endian lanes, then the check
-    words of a sum of N contributions."""
+def _rows(seqs, tensors, offsets, flags, payload: np.ndarray, numel: int = 0) -> np.ndarray:
+    """RESULT packets as the engine's receive rows: header (numel: the op's, which the engine
+    checks) then big-endian lanes, then the check words of a sum of N contributions."""
     k = len(seqs)
     rows = np.zeros((k, HEADER_LEN + 4 * ROW), dtype=np.uint8)
     h = header_view(rows)
     h["ver_type"] = ver_type(MsgType.RESULT)
-    h["seq"], h["tensor"], h["offset"], h["flags"] = seqs, tensors, offsets, flags
+    h["seq"], h["tensor"], h["offset"], h["flags"], h["numel"] = seqs, tensors, offsets, flags, numel
     lanes = rows[:, HEADER_LEN:].view(">i4")
     lanes[:, :LANES] = payload.reshape(k, LANES)
     lanes[:, LANES:] = check_words_rows(lanes[:, :LANES], h, 0, N).astype(np.uint32).view(np.int32)
@@ -94,7 +94,7 @@ class _Side:
             payload[:chunks] = pack_exponents(exps)  # the agreement's self-checking lanes (protocol.md 3.8)
             seqs = (start + np.arange(meta_chunks)) & 0xFFFFFFFF
             _feed(self.meta, _rows(seqs, [0] * meta_chunks, np.arange(meta_chunks) * LANES, [0] * meta_chunks,
-                                   payload), 0.0)
+                                   payload, chunks), 0.0)
         assert self.op.scale is not None, "the exponents' RESULTs completed the meta op"
         snd = self.data.send
         snd.high = snd.next_seq  # as if every chunk had been sent: some of them resent, in this order
@@ -144,7 +144,7 @@ def test_compiled_pass_matches_the_reference_state_for_state(data, numel, start)
             flags = [int(Flag.SATURATED) if data.draw(st.integers(0, 20)) == 0 else 0 for _ in offs]
             payload = rng.integers(-2**31, 2**31, size=k * LANES, dtype=np.int64).astype(np.int32)
             rows = _rows((start + np.array(offs, dtype=np.int64)) & 0xFFFFFFFF, tensors,
-                         np.array(offs) * LANES, flags, payload)
+                         np.array(offs) * LANES, flags, payload, numel)
             now += 0.001
             for side in sides:
                 side.feed(rows.copy(), now)
@@ -154,7 +154,7 @@ def test_compiled_pass_matches_the_reference_state_for_state(data, numel, start)
             offs = list(range(first, min(chunks, first + WINDOW // 2)))
             payload = rng.integers(-2**31, 2**31, size=len(offs) * LANES, dtype=np.int64).astype(np.int32)
             rows = _rows((start + np.array(offs, dtype=np.int64)) & 0xFFFFFFFF, [0] * len(offs),
-                         np.array(offs) * LANES, [0] * len(offs), payload)
+                         np.array(offs) * LANES, [0] * len(offs), payload, numel)
             now += 0.001
             for side in sides:
                 side.feed(rows.copy(), now)

@@ -131,3 +131,47 @@ def test_push_fixed16_reaches_the_node(fallback):
         bound = 0.5 * Q.error_bound16(gsum.astype(np.float32), exps, B, workers) + np.spacing(
             np.abs(exact).astype(np.float32))
         assert (np.abs(server.params[t] - exact) <= bound).all()
+
+
+def test_a_corrupt_block_exponent_agreement_with_a_fingerprint_takes_the_exact_path():
+    """With a fingerprint (check=...) the block exponents ride in int32 lanes, self-checking
+    (integrity.pack_exponents): one flipped before the switch wins the MAX and fails its tag on
+    every resend, so the whole op takes the exact path (NaN + saturated on every worker), its
+    data is still sent, and the next op completes. Before the fix the lanes were raw exponents,
+    trusted as they came."""
+    from luwu.dataplane.engine import agreement
+    from luwu.dataplane.integrity import headers_ok, seal_headers
+    from luwu.dataplane.loopback.plan import META_SESSION
+    from luwu.dataplane.protocol import HEADER_LEN, Flag, MsgType
+
+    check = np.array([7], np.int32)
+    lane = agreement.lanes(check.size)  # the first exponent lane, after the fingerprint's
+    xs = _inputs(2, 3 * fixed16.layout(LANES)[1] + 5, seed=11)
+    ys = _inputs(2, 2 * B + 3, seed=12)
+    with star(2, mode=LANES, transport="udp") as (_, lsw, engines):
+        sw = lsw._sw
+        turn = sw.handle_turn
+        budget = [1]
+
+        def corrupting_turn(rx, segments):
+            rows = rx.turn_rows(rx.filled)
+            for i in range(rx.filled):
+                h = rows[i:i + 1, :HEADER_LEN]
+                if (budget[0] and rows[i, 0] & 0xF == MsgType.ALLREDUCE and rows[i, 1] & Flag.MAX
+                        and int.from_bytes(bytes(rows[i, 2:4]), "big") == META_SESSION
+                        and rows[i, 25] == Dtype.INT32 and headers_ok(h).all()):
+                    rows[i, HEADER_LEN + 4 * lane] ^= 0x20  # up (a small exponent's top byte is 0): it wins
+                    seal_headers(h)
+                    budget[0] -= 1
+            return turn(rx, segments)
+
+        sw.handle_turn = corrupting_turn
+        first = [e.allreduce(x, check=check, grad_format="fixed16") for e, x in zip(engines, xs)]
+        second = [e.allreduce(y, check=check, grad_format="fixed16") for e, y in zip(engines, ys)]
+        r1 = [h.wait(60) for h in first]
+        r2 = [h.wait(60) for h in second]
+    assert budget == [0], "the test corrupted nothing"
+    for h, r in zip(first, r1):
+        assert h.saturated and np.isnan(r).all(), "a corrupt agreement gives the exact path for the whole op"
+    assert not any(h.saturated for h in second)
+    _check(r2, ys)

@@ -83,3 +83,93 @@ def test_the_fast_check_is_the_reference_crc():
         assert header_check_fast(r.tobytes()) == want
     h = header_view(rows)
     assert h["hcheck"].dtype == np.dtype(">u2")
+
+
+@pytest.mark.parametrize("field", ["float sum", "int32 sum"])
+def test_a_sealed_result_whose_offset_is_out_of_bounds_is_dropped_and_resent(field):
+    """A corrupted header can pass its CRC-16 (about 2^-16 of wider errors): here a RESULT's offset
+    is moved far past its op and the header sealed again. The engine drops it before it touches the
+    window or any buffer (`dropped.out_of_bounds`), the resend is the switch's good copy, and the
+    sum is exact. Before the bounds check the engine loop indexed past the op: an IndexError."""
+    from luwu.dataplane.integrity import seal_headers
+
+    xs = _inputs(2)
+    if field == "float sum":
+        xs = [(x >> 8).astype(np.float32) for x in xs]  # exact in float32 and in their fixed-point sum
+    expected = xs[0] + xs[1]
+    with star(2, transport="udp") as (_, lsw, engines):
+        sw = lsw._sw
+        emit = sw.emit
+        budget = [2]
+
+        def corrupting_emit(b, em):
+            rows = b.rows[:, b.off:]
+            for i in np.unique(em.pkt).tolist():
+                if budget[0] and rows[i, 0] & 0xF == MsgType.RESULT and headers_ok(rows[i:i + 1, :32]).all():
+                    rows[i, 20:24] = np.frombuffer((0x7FFFFF00).to_bytes(4, "big"), np.uint8)  # offset
+                    seal_headers(rows[i:i + 1, :32])
+                    budget[0] -= 1
+            return emit(b, em)
+
+        sw.emit = corrupting_emit
+        handles = [e.allreduce(x) for e, x in zip(engines, xs)]
+        results = [h.wait(60) for h in handles]
+        stats = [e.session_stats() for e in engines]
+    assert budget == [0], "the test corrupted what it meant to"
+    dropped = sum(s.get("dropped.out_of_bounds", 0) for st in stats for s in st.values() if isinstance(s, dict))
+    assert dropped >= 2  # each corrupted row, at one worker or both (one row may leave for both)
+    for h, r in zip(handles, results):
+        assert not h.saturated
+        np.testing.assert_array_equal(r, expected)
+
+
+def test_a_sealed_agg_whose_offset_is_out_of_bounds_is_dropped_by_the_node():
+    """The same for the optimizer node: an AGG whose offset is moved past its layer, sealed again,
+    is dropped before the node's window or assembly sees it, the resend is the switch's good
+    copy, and the pushed sum reaches the store exactly. Before the bounds check the node indexed
+    its assembly from the header (an IndexError, or a compiled kernel writing out of bounds)."""
+    from node_star import node_star
+
+    from luwu.dataplane.integrity import header_terms, seal_headers
+    from luwu.dataplane.loopback import StarPlan
+    from luwu.dataplane.protocol import Dtype
+    from luwu.mininet.paramstore import SgdParamStore
+
+    rng = np.random.default_rng(9)
+    layer = rng.standard_normal(3 * 62 + 4).astype(np.float32)
+    grads = [(rng.integers(-64, 64, layer.size) / 64).astype(np.float32) for _ in range(2)]  # exact sums
+    plan = StarPlan(workers=2, nodes=1, mode="tofino", node_pool=32, param_window=64, transport="udp")
+    server = SgdParamStore({5: layer}, lr=0.5)
+    sid = plan.node_session(0)
+    with node_star(plan, server) as star_:
+        sw = star_.switch._sw
+        emit = sw.emit
+        budget = [2]
+
+        def corrupting_emit(b, em):
+            rows = b.rows[:, b.off:]
+            for i in np.unique(em.pkt).tolist():
+                if budget[0] and rows[i, 0] & 0xF == MsgType.AGG and headers_ok(rows[i:i + 1, :32]).all():
+                    # offset moved, then the check words moved by n times the header term's change
+                    # and the header sealed: a corruption that passes both checks
+                    before = header_terms(header_view(rows[i:i + 1]).copy(), Dtype.FIXED32)
+                    rows[i, 20:24] = np.frombuffer((0x7FFFFF00).to_bytes(4, "big"), np.uint8)  # offset
+                    after = header_terms(header_view(rows[i:i + 1]).copy(), Dtype.FIXED32)
+                    at = 32 + 4 * (64 - 2)  # tofino mode: 64 lanes, the last 2 check words
+                    words = rows[i, at:at + 8].view(">u4").astype(np.uint64)
+                    words = (words + np.uint64(2) * (after[0] - before[0])) & np.uint64(0xFFFFFFFF)
+                    rows[i, at:at + 8] = words.astype(">u4").view(np.uint8)
+                    seal_headers(rows[i:i + 1, :32])
+                    budget[0] -= 1
+            return emit(b, em)
+
+        sw.emit = corrupting_emit
+        for h in [e.push(sid, 5, grads[r]) for r, e in enumerate(star_.engines)]:
+            h.wait(60)
+        pulled = [e.pull(sid, 5, 1).wait(60) for e in star_.engines]
+        node_stats = star_.node.session_stats()[f"session {sid}"]
+    assert budget == [0], "the test corrupted what it meant to"
+    assert node_stats.get("dropped.out_of_bounds", 0) == 2
+    exact = layer.astype(np.float64) - 0.5 * (grads[0].astype(np.float64) + grads[1])
+    for got in pulled:
+        np.testing.assert_allclose(got, exact, rtol=1e-6, atol=1e-6)
