@@ -298,6 +298,11 @@ class AllreduceOp:
 
     # -- max/min and integers -----------------------------------------------------------------
     def _decode_keys(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
+        bad = (rows[sel, _FLAGS_AT] & _SATURATED) != 0  # a corrupt stored sum (collective.py `_verified`)
+        if bad.any():  # never decoded: an in-place `out` keeps this worker's input there (`_corrupt`)
+            chunk, sel = chunk[~bad], sel[~bad]
+            if not len(sel):
+                return
         keys = payload_int32(rows[sel], self.out.shape[1]).astype(np.int32)
         if self._sent is not None and (keys < self._sent[chunk]).any():
             # the lanes of a MAX carry no check words of their data: a max below this worker's own
@@ -319,13 +324,22 @@ class AllreduceOp:
     def _corrupt(self, op: ReduceOp, what: str) -> bool:
         """Whether `op` (an exact-lane op: INT32, or ORDERED32 below) came back with chunks whose
         check words failed on every resend (collective.py `_verified` flags them SATURATED, which
-        nothing else sets on these dtypes); if so the handle fails, naming them."""
+        nothing else sets on these dtypes); if so the handle fails, naming them. The data's error
+        carries them (`chunks`, `per` elements each) and the result of every other chunk (`result`:
+        the corrupt chunks were never decoded, so an in-place one still holds this worker's input
+        there), from which a caller recomputes exactly those elements (worker/backend/fallback.py)."""
         if not op.saturated_chunks:
             return False
         bad = sorted(set(np.concatenate(op.saturated_chunks).tolist()))
+        result = None
+        if op.decode is not None and self.dest is not None:  # the data (not a fingerprint): every good chunk decoded
+            result = self.dest
+            if self.tail is not None and len(self.out) not in bad:
+                result[self.out.size:] = self.tail[0, :self.numel - self.out.size]
         self.handle.set_error(CorruptResult(
             f"{what}: the switch's sum of chunk(s) {bad[:8]} failed its check words on every resend (a "
-            f"contribution was corrupted on its way to the switch); no result is given"))
+            f"contribution was corrupted on its way to the switch); no result is given",
+            chunks=bad if result is not None else None, per=op.per, result=result))
         return True
 
     def _done(self, data_op: ReduceOp) -> None:
