@@ -1,7 +1,8 @@
 """Exact-lane (INT32) collectives whose contribution was corrupted before the switch, through torch.distributed.
 
-Rank 0's engine (embedded, so the test can reach it) writes wrong check words into the first packet
-it sends whose first lane holds SENTINEL: the switch's stored sum of that chunk then fails its check
+Rank 0's engine writes wrong check words into the first packet it sends whose first lane holds
+SENTINEL (embedded: patched in the rank; the engine daemon: patched by a sitecustomize on the
+daemon's PYTHONPATH, only in the daemon's process): the switch's stored sum of that chunk then fails its check
 words on every resend, and the engine reports the chunk corrupt (CorruptResult.chunks,
 dataplane/engine/reductions.py). The backend recomputes those elements exactly over the group's
 TCP channel (worker/backend/fallback.py `guard_exact`), so every rank gets the exact result: an int32
@@ -10,7 +11,10 @@ sum wrapping like numpy int32, and a broadcast's bytes as the root sent them.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 from backend_harness import run_ranks
@@ -60,9 +64,33 @@ def _corrupt_rank0(budget: list[int]) -> None:
     packets.check_words_of = corrupting
 
 
+# the engine daemon's patch (`_corrupt_rank0` in its process): only rank 0's data holds SENTINEL
+_DAEMON_HOOK = """
+import sys
+if "luwu.dataplane.engine.daemon" in " ".join(getattr(sys, "orig_argv", [])):
+    import numpy as np
+    from luwu.dataplane.engine import packets
+    from luwu.dataplane.protocol import HEADER_LEN, Dtype
+    _orig, _budget = packets.check_words_of, [100]  # resends included: the switch keeps the first
+
+    def _corrupting(rows, idx, lanes, h, dtype, n):
+        words = _orig(rows, idx, lanes, h, dtype, n)
+        if dtype == int(Dtype.INT32) and _budget[0]:
+            hit = np.flatnonzero(rows[idx, HEADER_LEN:HEADER_LEN + 4].view(">i4").reshape(-1) == SENTINEL)
+            if hit.size:
+                words = np.array(words, copy=True)
+                words[hit[0], 0] ^= np.uint32(0x10)
+                _budget[0] -= 1
+        return words
+
+    packets.check_words_of = _corrupting
+""".replace("SENTINEL", str(SENTINEL))
+
+
 def corrupt_on_rank(rank: int, world: int) -> dict:
     budget = [0]
-    if rank == 0:
+    embedded = os.environ.get("LUWU_ENGINE") == "embedded"
+    if rank == 0 and embedded:
         _corrupt_rank0(budget)
     out: dict = {}
     budget[0] = 1
@@ -78,13 +106,21 @@ def corrupt_on_rank(rank: int, world: int) -> dict:
     t = torch.ones(7, dtype=torch.int32)  # the group still works after both
     dist.all_reduce(t)
     out["after"] = t.numpy().copy()
+    out["embedded"] = embedded
     out["fallback"] = dict(dist.distributed_c10d._get_default_group()._sched.fallback.stats)
     return out
 
 
-def test_corrupt_int32_chunks_are_recomputed_exactly_on_every_rank(tmp_path):
+@pytest.mark.parametrize("engine", ["embedded", "process"])
+def test_corrupt_int32_chunks_are_recomputed_exactly_on_every_rank(tmp_path, engine):
     world = 2
-    results = run_ranks(corrupt_on_rank, world, tmp_path, env={"LUWU_ENGINE": "embedded"})
+    env = {"LUWU_ENGINE": engine}
+    if engine == "process":
+        hook = tmp_path / "hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(_DAEMON_HOOK)
+        env["PYTHONPATH"] = os.pathsep.join([str(hook)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    results = run_ranks(corrupt_on_rank, world, tmp_path, env=env)
     with np.errstate(over="ignore"):
         exact = _sum_input(0)
         for r in range(1, world):
@@ -92,7 +128,8 @@ def test_corrupt_int32_chunks_are_recomputed_exactly_on_every_rank(tmp_path):
     assert exact[5] == -4
     for rank, out in enumerate(results):
         where = f"rank {rank}"
-        if rank == 0:
+        assert out["embedded"] == (engine == "embedded")
+        if rank == 0 and engine == "embedded":
             assert out["sum_budget"] == 0 and out["bcast_budget"] == 0, f"nothing was corrupted on {where}"
         np.testing.assert_array_equal(out["sum"], exact, err_msg=f"int32 all_reduce, {where}")
         np.testing.assert_array_equal(out["bcast"], _bcast_input(), err_msg=f"broadcast, {where}")
