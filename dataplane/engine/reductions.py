@@ -22,7 +22,8 @@ used: every worker sends each field's 16-bit halves and their complements, each 
 checks itself (agreement.py), the switch takes the lane MAX, so every worker reads max(v) and
 min(v) of every field and sees the same disagreement. A lane whose tag fails was corrupted in
 flight: that is no disagreement; it is counted (the meta session's `agreement.corrupt`, the
-handle's info["agreement_corrupt"]) and the collective goes on, its data checked as ever. A float sum's
+handle's info["agreement_corrupt"]) and the collective goes on, its data checked as ever; so does
+a fingerprint whose stored MAX failed its check words on every resend (`_checked`). A float sum's
 fields ride in the exponent agreement it makes anyway (no extra packet; its data is not sent when
 they differ); any other reduction sends one meta packet beside its data, waited for with it. A
 disagreement fails the handle with `CollectiveMismatch`, never a result.
@@ -400,7 +401,17 @@ class AllreduceOp:
         return False
 
     def _checked(self, meta_op: ReduceOp) -> None:
-        if not self._corrupt(meta_op, "the fingerprint agreement") and self._agreed(meta_op.result.reshape(-1), meta_op):
+        if meta_op.saturated_chunks:
+            # the fingerprint's stored MAX failed its check words on every resend (a contribution
+            # corrupted before the switch; every worker reads the same): it proves nothing either
+            # way, like a lane whose tag fails, and a float sum's corrupt agreement (`_have_exps`).
+            # Counted; the data is checked as ever, so the result stands on its own check words.
+            stats = meta_op.session.stats
+            stats["agreement.corrupt"] = stats.get("agreement.corrupt", 0) + 1
+            self.handle.info["agreement_corrupt"] = True
+            self._part_done()
+            return
+        if self._agreed(meta_op.result.reshape(-1), meta_op):
             self._part_done()
 
     def _part_done(self) -> None:
