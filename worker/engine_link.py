@@ -25,6 +25,7 @@ import numpy as np
 
 from luwu.dataplane.engine import Engine, EngineConfig, EngineError, Handle
 from luwu.dataplane.engine.client import EngineClient
+from luwu.dataplane.engine.handles import CorruptResult
 from luwu.dataplane.engine.shm import ShmBuffer
 from luwu.dataplane.process import children
 from luwu.dataplane.session import EndpointPlan
@@ -221,7 +222,10 @@ class DaemonLink(EngineLink):
 
         def done(h: Handle) -> None:
             if h.error is not None:
-                res.set_error(h.error)
+                err = h.error
+                if isinstance(err, CorruptResult) and err.chunks is not None:  # the other chunks' sums (reductions.py)
+                    err = CorruptResult(str(err), err.chunks, err.per, view.copy())
+                res.set_error(err)
                 self.pool.give(buf)
                 return
             if dest is not None and not h.saturated:  # one copy, from the shared buffer into the caller's

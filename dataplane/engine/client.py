@@ -22,7 +22,7 @@ import numpy as np
 from ..net.framing import FrameError, FrameReader, send_msg
 from ..process import children
 from ..session import EndpointPlan
-from .handles import CollectiveMismatch, EngineError, Handle
+from .handles import CollectiveMismatch, CorruptResult, EngineError, Handle
 from .shm import ShmBuffer
 
 MAX_REPLY = 16 << 20  # bytes of one reply (stats are the largest)
@@ -167,8 +167,9 @@ class EngineClient:
                 if h is None:
                     continue
                 if not msg.get("ok"):
-                    m = msg.get("mismatch")
+                    m, bad = msg.get("mismatch"), msg.get("corrupt")
                     h.set_error(CollectiveMismatch(msg.get("error", ""), m["lo"], m["hi"], m["mine"]) if m
+                                else CorruptResult(msg.get("error", ""), bad["chunks"], bad["per"]) if bad
                                 else EngineError(msg.get("error", "engine error")))
                 else:
                     h.saturated = bool(msg.get("saturated"))

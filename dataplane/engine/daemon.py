@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from luwu.dataplane.engine.engine import Engine, EngineConfig
-from luwu.dataplane.engine.handles import CollectiveMismatch, Handle
+from luwu.dataplane.engine.handles import CollectiveMismatch, CorruptResult, Handle
 from luwu.dataplane.engine.shm import ShmCache
 from luwu.dataplane.kernels import load_in_background
 from luwu.dataplane.net.framing import FrameError, FrameReader, send_json_text, send_msg
@@ -239,7 +239,10 @@ class EngineServer:
             if h.error is not None:
                 err = h.error
                 mismatch = {"lo": err.lo, "hi": err.hi, "mine": err.mine} if isinstance(err, CollectiveMismatch) else None
-                reply({"id": rid, "ok": False, "error": str(err), "mismatch": mismatch})
+                msg = {"id": rid, "ok": False, "error": str(err), "mismatch": mismatch}
+                if isinstance(err, CorruptResult) and err.chunks is not None:  # the shared buffer holds the rest
+                    msg["corrupt"] = {"chunks": err.chunks, "per": err.per}
+                reply(msg)
                 return
             # the common reply, formatted directly (a client's ids are ints; anything else as JSON)
             reply_text(f'{{"id": {rid if type(rid) is int else json.dumps(rid)}, "ok": true, '

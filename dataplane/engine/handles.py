@@ -26,7 +26,17 @@ class CollectiveMismatch(EngineError):
 
 class CorruptResult(EngineError):
     """A result whose check words failed on every resend (docs/protocol.md 3.6): a contribution
-    was corrupted before the switch summed it, and the op has no exact path to take instead."""
+    was corrupted before the switch summed it, and the op has no exact path to take instead.
+
+    For an allreduce's data, `chunks` lists the corrupt chunks (sorted; `per` elements each, the
+    last one maybe short) and `result` is the result array with every other chunk's sum in it (the
+    corrupt chunks hold this worker's input when the allreduce ran in place, else anything): what an
+    exact recomputation of those elements needs (the torch backend: worker/backend/fallback.py).
+    Otherwise they are None."""
+
+    def __init__(self, message: str, chunks: list[int] | None = None, per: int = 0, result=None):
+        super().__init__(message)
+        self.chunks, self.per, self.result = chunks, per, result
 
 
 class Handle:

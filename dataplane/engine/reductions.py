@@ -22,7 +22,8 @@ used: every worker sends each field's 16-bit halves and their complements, each 
 checks itself (agreement.py), the switch takes the lane MAX, so every worker reads max(v) and
 min(v) of every field and sees the same disagreement. A lane whose tag fails was corrupted in
 flight: that is no disagreement; it is counted (the meta session's `agreement.corrupt`, the
-handle's info["agreement_corrupt"]) and the collective goes on, its data checked as ever. A float sum's
+handle's info["agreement_corrupt"]) and the collective goes on, its data checked as ever; so does
+a fingerprint whose stored MAX failed its check words on every resend (`_checked`). A float sum's
 fields ride in the exponent agreement it makes anyway (no extra packet; its data is not sent when
 they differ); any other reduction sends one meta packet beside its data, waited for with it. A
 disagreement fails the handle with `CollectiveMismatch`, never a result.
@@ -316,6 +317,11 @@ class AllreduceOp:
 
     # -- max/min and integers -----------------------------------------------------------------
     def _decode_keys(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
+        bad = (rows[sel, _FLAGS_AT] & _SATURATED) != 0  # a corrupt stored sum (collective.py `_verified`)
+        if bad.any():  # never decoded: an in-place `out` keeps this worker's input there (`_corrupt`)
+            chunk, sel = chunk[~bad], sel[~bad]
+            if not len(sel):
+                return
         keys = payload_int32(rows[sel], self.out.shape[1]).astype(np.int32)
         if self._sent is not None and (keys < self._sent[chunk]).any():
             # the lanes of a MAX carry no check words of their data: a max below this worker's own
@@ -337,13 +343,22 @@ class AllreduceOp:
     def _corrupt(self, op: ReduceOp, what: str) -> bool:
         """Whether `op` (an exact-lane op: INT32, or ORDERED32 below) came back with chunks whose
         check words failed on every resend (collective.py `_verified` flags them SATURATED, which
-        nothing else sets on these dtypes); if so the handle fails, naming them."""
+        nothing else sets on these dtypes); if so the handle fails, naming them. The data's error
+        carries them (`chunks`, `per` elements each) and the result of every other chunk (`result`:
+        the corrupt chunks were never decoded, so an in-place one still holds this worker's input
+        there), from which a caller recomputes exactly those elements (worker/backend/fallback.py)."""
         if not op.saturated_chunks:
             return False
         bad = sorted(set(np.concatenate(op.saturated_chunks).tolist()))
+        result = None
+        if op.decode is not None and self.dest is not None:  # the data (not a fingerprint): every good chunk decoded
+            result = self.dest
+            if self.tail is not None and len(self.out) not in bad:
+                result[self.out.size:] = self.tail[0, :self.numel - self.out.size]
         self.handle.set_error(CorruptResult(
             f"{what}: the switch's sum of chunk(s) {bad[:8]} failed its check words on every resend (a "
-            f"contribution was corrupted on its way to the switch); no result is given"))
+            f"contribution was corrupted on its way to the switch); no result is given",
+            chunks=bad if result is not None else None, per=op.per, result=result))
         return True
 
     def _done(self, data_op: ReduceOp) -> None:
@@ -404,7 +419,17 @@ class AllreduceOp:
         return False
 
     def _checked(self, meta_op: ReduceOp) -> None:
-        if not self._corrupt(meta_op, "the fingerprint agreement") and self._agreed(meta_op.result.reshape(-1), meta_op):
+        if meta_op.saturated_chunks:
+            # the fingerprint's stored MAX failed its check words on every resend (a contribution
+            # corrupted before the switch; every worker reads the same): it proves nothing either
+            # way, like a lane whose tag fails, and a float sum's corrupt agreement (`_have_exps`).
+            # Counted; the data is checked as ever, so the result stands on its own check words.
+            stats = meta_op.session.stats
+            stats["agreement.corrupt"] = stats.get("agreement.corrupt", 0) + 1
+            self.handle.info["agreement_corrupt"] = True
+            self._part_done()
+            return
+        if self._agreed(meta_op.result.reshape(-1), meta_op):
             self._part_done()
 
     def _part_done(self) -> None:

@@ -138,9 +138,51 @@ def test_an_int32_contribution_corrupted_before_the_switch_raises():
         sw.handle_turn = corrupting_turn
         handles = [e.allreduce(x) for e, x in zip(engines, xs)]
         for h in handles:
-            with pytest.raises(CorruptResult, match="check words"):
+            with pytest.raises(CorruptResult, match="check words") as e:
                 h.wait(60)
+            # named, with what an exact recomputation needs (the torch backend's: worker/backend/fallback.py)
+            assert len(e.value.chunks) == 1 and e.value.per == DATA, (e.value.chunks, e.value.per)
+            good = np.ones(xs[0].size, bool)
+            good[e.value.chunks[0] * DATA:(e.value.chunks[0] + 1) * DATA] = False
+            np.testing.assert_array_equal(e.value.result[good], (xs[0] + xs[1])[good])
     assert budget == [0]
+
+
+def test_a_corrupt_fingerprint_agreement_is_counted_and_the_checked_data_stands():
+    """An int32 allreduce's fingerprint rides one INT32 MAX packet on the meta session, whose check
+    words are its header terms (docs/protocol.md 3.6); one of them corrupted before the switch fails
+    on every resend: the fingerprint proves nothing either way (like a lane whose tag fails), it is
+    counted, and the data, checked by its own check words, is the result on every worker."""
+    from luwu.dataplane.loopback.plan import META_SESSION
+
+    xs = [np.arange(3 * DATA, dtype=np.int32) * (r + 2) for r in range(2)]
+    with star(2, transport="udp") as (_, lsw, engines):
+        sw = lsw._sw
+        turn = sw.handle_turn
+        budget = [1]
+
+        def corrupting_turn(rx, segments):  # the first contribution on the meta session only
+            rows = rx.turn_rows(rx.filled)
+            meta = np.flatnonzero(rows[:rx.filled, 2].astype(int) * 256 + rows[:rx.filled, 3] == META_SESSION)
+            for i in meta.tolist():  # its first check word (the lanes past DATA)
+                h = rows[i:i + 1, :HEADER_LEN]
+                if budget[0] and rows[i, 0] & 0xF == MsgType.ALLREDUCE and headers_ok(h).all():
+                    rows[i, HEADER_LEN + 4 * DATA + 3] ^= 0x10
+                    seal_headers(h)
+                    budget[0] -= 1
+            return turn(rx, segments)
+
+        sw.handle_turn = corrupting_turn
+        check = np.array([7, 3, 3 * DATA], dtype=np.int32)
+        handles = [e.allreduce(x, check=check) for e, x in zip(engines, xs)]
+        results = [h.wait(60) for h in handles]
+        corrupt = _corrupt_chunks(engines)
+        counted = sum(s.get("agreement.corrupt", 0) for e in engines for s in e.session_stats().values())
+    assert budget == [0]
+    for h, r in zip(handles, results):
+        np.testing.assert_array_equal(r, xs[0] + xs[1])
+        assert h.info.get("agreement_corrupt"), "the corrupt agreement is marked on the handle"
+    assert corrupt == 2 and counted == 2, (corrupt, counted)
 
 
 def test_header_terms_match_the_reference():

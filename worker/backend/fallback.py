@@ -22,6 +22,15 @@ The exchange runs from the engine handle's callback and the channel's threads, n
 scheduler's threads, and is matched by a tag every rank assigns in submission order, so saturated
 collectives may complete in any order without deadlock. Tags from FALLBACK_TAG_BASE up are
 reserved: user send/recv tags are non-negative.
+
+An exact-lane (INT32) allreduce, which carries int sums, max and min and the byte moves
+(broadcast, all_gather, barrier, host encodings), has no NaN to mark a chunk whose stored sum failed
+its check words on every resend (a contribution corrupted before the switch): the engine fails it
+with CorruptResult naming the chunks, with the result of every other chunk (reductions.py). Every
+rank gets the same chunks (each reads the switch's one stored sum), so each sends its input words of
+those chunks to every other rank and reduces them in rank order, int32 sums wrapping as numpy does
+(`guard_exact`, counted in `corrupt_ops` and `corrupt_chunks`): the result the switch would have
+given.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import numpy as np
 import torch
 
 from luwu.dataplane.engine import Handle
+from luwu.dataplane.engine.handles import CorruptResult
 
 from .codec import gloo_max_min, gloo_ring
 from .diagnostics import LuwuError
@@ -62,7 +72,8 @@ class ExactFallback:
         self.rank = rank
         self.world_size = world_size
         self._next = 0
-        self.stats = {"exchanges": 0, "elements": 0, "max_proofs": 0, "max_proof_lanes": 0, "max_proof_failures": 0}
+        self.stats = {"exchanges": 0, "elements": 0, "max_proofs": 0, "max_proof_lanes": 0, "max_proof_failures": 0,
+                      "corrupt_ops": 0, "corrupt_chunks": 0}
         self.verify_max = max_proof.enabled()  # LUWU_VERIFY_MAX (max_proof.py)
 
     def prove(self, ctx, x: np.ndarray, op: str, fp):
@@ -109,6 +120,40 @@ class ExactFallback:
         handle.add_done_callback(done)
         return out
 
+    def guard_exact(self, handle: Handle, x: np.ndarray, op: str) -> Handle:
+        """A handle that completes like `handle`, an INT32 allreduce of `x` (sum, max or min), with
+        the chunks the engine reports corrupt (CorruptResult.chunks) recomputed exactly from every
+        rank's input. Call on the submit thread, once per INT32 engine allreduce, in submission order."""
+        tag = self.take_tag()
+        out = Handle(handle.name)
+        out.info = handle.info
+        mine = x.reshape(-1)
+
+        def done(h: Handle) -> None:
+            err = h.error
+            if err is None:
+                out.saturated = h.saturated
+                out.set_result(h.wait())
+                return
+            if not isinstance(err, CorruptResult) or err.chunks is None or err.result is None or err.per <= 0:
+                out.set_error(err)
+                return
+            try:
+                result = np.asarray(err.result).reshape(-1)
+                per = err.per
+                idx = np.concatenate([np.arange(c * per, min((c + 1) * per, mine.size)) for c in err.chunks])
+                # in place, a corrupt chunk was never decoded: x still holds this rank's input there
+                inputs = mine[idx].copy()
+                self.stats["corrupt_ops"] += 1
+                self.stats["corrupt_chunks"] += len(err.chunks)
+                self._exchange(result, mine, op, tag, out, kept=inputs, idx=idx)
+            except Exception as e:  # noqa: BLE001 - e.g. the channel is closed: this collective fails
+                out.set_error(LuwuError(f"luwu {out.name}: the exact recomputation of corrupt chunks failed ({e}) "
+                                        f"after: {err}"))
+
+        handle.add_done_callback(done)
+        return out
+
     def take_tag(self) -> int:
         """The p2p tag of this group's next exact exchange (on the submit thread: the same on every rank)."""
         tag = FALLBACK_TAG_BASE + self._next
@@ -127,7 +172,7 @@ class ExactFallback:
         else:  # an in-place sum: x holds the result; the engine kept the inputs at its NaN elements (reductions.py)
             if kept.size != idx.size:
                 raise RuntimeError(f"the engine kept {kept.size} inputs of saturated chunks for {idx.size} NaN elements")
-            mine = np.ascontiguousarray(kept, dtype=np.float32)
+            mine = np.ascontiguousarray(kept, dtype=x.dtype)
         parts: list[np.ndarray | None] = [None] * self.world_size
         parts[self.rank] = mine
         peers = [r for r in range(self.world_size) if r != self.rank]
@@ -150,6 +195,11 @@ class ExactFallback:
             elif op in ("max", "min"):
                 owners = gloo_ring(kind, result.size, esize, self.world_size)[idx]
                 result[idx] = gloo_max_min([torch.from_numpy(np.array(p)) for p in arrived], op, owners).numpy()
+            elif result.dtype.kind == "i":  # an INT32 sum: wraps like numpy int32, in rank order
+                total = np.array(arrived[0], dtype=result.dtype)
+                for p in arrived[1:]:
+                    np.add(total, p, out=total)
+                result[idx] = total
             else:
                 result[idx] = exact_sum(arrived, op == "avg")
             out.set_result(result)
