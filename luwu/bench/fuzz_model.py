@@ -198,7 +198,8 @@ class Model:
         count = h["count"].astype(np.int64)
         agg = (mtype >= MsgType.GRAD) & (mtype <= MsgType.RESULT)
         want = np.full(n, -1, dtype=np.int64)
-        want[agg] = self.topo.packet_len
+        # FIXED16 lanes are 2 bytes (docs/protocol.md 5.2), every other aggregation dtype's 4
+        want[agg] = np.where(h["dtype"][agg] == Dtype.FIXED16, HEADER_LEN + 2 * self.topo.lanes, self.topo.packet_len)
         # header-only ZERO contributions: INT32 GRAD/ALLREDUCE only (protocol.md 3.2)
         zero = agg & ((h["flags"] & Flag.ZERO) != 0)
         zero_ok = zero & ((mtype == MsgType.GRAD) | (mtype == MsgType.ALLREDUCE)) & (h["dtype"] == Dtype.INT32)

@@ -60,9 +60,20 @@ def _values(lines: list[str], key: str) -> list[float]:
     return [float(v) for v in line.split(" ", 1)[1].strip("[]").split(",")]
 
 
+def _gloo(example: str, tmp_path, *args: str):
+    """Gloo's own run of an example: once more if a rank aborted at exit with gloo's teardown
+    "terminate called without an active exception" (SIGABRT, -6; seen once under load, in gloo)."""
+    try:
+        return run_example(example, "gloo", tmp_path, *args)
+    except AssertionError as e:
+        if "exited -6" not in str(e) or "terminate called without an active exception" not in str(e):
+            raise
+        return run_example(example, "gloo", tmp_path, *args)
+
+
 def test_dtensor_sharded_matmul_and_redistribute_match_gloo(tmp_path):
     luwu = run_example("dtensor", "luwu", tmp_path)
-    gloo = run_example("dtensor", "gloo", tmp_path)
+    gloo = _gloo("dtensor", tmp_path)
     got, want = _values(luwu, "matmul"), _values(gloo, "matmul")
     assert len(got) == len(want) == 32
     scale = max(abs(v) for v in want)

@@ -117,8 +117,9 @@ def test_ranks_name_a_dead_controller_and_train_on(tmp_path, controller_and_swit
     job, token = admin.create_job(pb.Job(name="ddp", num_workers=2, packet_mode=str(LANES), num_nodes=0))
     flags = tmp_path / "flags"
     flags.mkdir()
+    # eager start: new_group itself joins through the controller (deferred, its first operation would)
     env = {"LUWU_CONTROLLER": address, "LUWU_JOB": job.job_id, "LUWU_TOKEN": token, "LUWU_ENGINE": "embedded",
-           FLAGS_ENV: str(flags)}
+           "LUWU_EAGER_START": "1", FLAGS_ENV: str(flags)}
     out: dict = {}
 
     def run():

@@ -2,7 +2,7 @@
 not one wrong result, no hang, every corruption accounted for.
 
 The soak (integrity_soak.py) runs allreduces of 3 ranks (float32 sums whose right answer is
-bit-exact, some int32 sums) for LUWU_SOAK_SECONDS (default 90 s) while the proxy
+bit-exact, some int32 sums) for LUWU_SOAK_SECONDS (default 60 s) while the proxy
 (bitflip_proxy.py) flips 1..8 random bits in 1% of the valid luwu packets, up (ALLREDUCE, worker
 -> switch) and down (RESULT, switch -> worker), re-sending them with valid UDP checksums.
 
@@ -47,7 +47,7 @@ from integrity_soak import HEADER_DROPS, soak, soak_node  # noqa: E402
 
 from luwu.dataplane.protocol import VERSION, Dtype, MsgType, Packet  # noqa: E402
 
-SECONDS = float(os.environ.get("LUWU_SOAK_SECONDS", "90"))
+SECONDS = float(os.environ.get("LUWU_SOAK_SECONDS", "60"))
 ENDPOINT_HEADER_WORDS = ("bad_header", "rx_bad")
 
 

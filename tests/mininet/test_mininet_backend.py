@@ -8,6 +8,8 @@ import os
 import pytest
 from mininet_helpers import check_clean, counters, needs_root, run_json
 
+from luwu.dataplane.integrity import data_lanes
+from luwu.dataplane.protocol import Dtype
 from luwu.mininet import mininet_backend
 
 
@@ -26,7 +28,7 @@ def test_star_on_mininet_with_shaped_links_sums_exactly():
         assert info["backend"] == "mininet" and info["bw_mbit"] == 200
         assert info["allreduce"]["verified"] == 3
         assert all(w["mismatches"] == 0 and w["contributors"] == 3 for w in info["allreduce"]["per_worker"])
-        assert counters(info, "s1", "COMPLETED") == 8
+        assert counters(info, "s1", "COMPLETED") == -(-16384 // data_lanes(2048, Dtype.INT32))  # 9
     finally:
         check_clean(info)
 

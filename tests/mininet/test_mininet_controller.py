@@ -11,11 +11,13 @@ import time
 import pytest
 from mininet_helpers import ENV, check_clean, counters, luwu_mininet, needs_root, run_json
 
+from luwu.dataplane.integrity import data_lanes
+from luwu.dataplane.protocol import Dtype
 from luwu.mininet.mgmt import MgmtNetwork
 
 pytestmark = [needs_root, pytest.mark.netns]
-SIZE = "64KiB"  # 16384 int32 = 8 jumbo packets per worker
-CHUNKS = 8
+SIZE = "64KiB"  # 16384 int32 = 9 jumbo packets per worker (2046 data lanes each: 2 are check words)
+CHUNKS = -(-16384 // data_lanes(2048, Dtype.INT32))
 
 
 def _programmed_by_the_controller(info: dict, switches: list[str]) -> None:

@@ -15,14 +15,17 @@ from pathlib import Path
 import pytest
 from mininet_helpers import ENV, check_clean, counters, leftovers, needs_root, remove_leftovers, run_json
 
+from luwu.dataplane.integrity import data_lanes
+from luwu.dataplane.protocol import Dtype
 from luwu.mininet.netns_backend import NetnsError, NetnsNetwork
 from luwu.mininet.nsexec import popen_in, run_in
 from luwu.mininet.topologies import NAME_PREFIX, TopologyOptions, build_topology, emulate
 
 pytestmark = [needs_root, pytest.mark.netns]
 LANES = 2048
-SIZE = "64KiB"  # 16384 int32 = 8 jumbo packets per worker
-CHUNKS = 8
+SIZE = "64KiB"  # 16384 int32 = 9 jumbo packets per worker (2046 data lanes each: 2 are check words)
+NUMEL = 16384
+CHUNKS = -(-NUMEL // data_lanes(LANES, Dtype.INT32))
 ECHO_ONCE = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(20); "
              "s.bind(('10.200.0.1', 7007)); print('bound', flush=True); d, a = s.recvfrom(100); "
              "print('got', d.decode(), 'from', a[0])")
@@ -67,7 +70,7 @@ def test_rail_only_hierarchical_allreduce_over_nvlink_and_rails():
             assert w["contributors"] == 4 and w["mismatches"] == 0  # every GPU has the sum over all four
             assert w["rail_allreduce_s"] > 0
         for rail in ("rail0", "rail1"):
-            assert counters(info, rail, "COMPLETED") == CHUNKS // 2  # each rail sums its half of the tensor
+            assert counters(info, rail, "COMPLETED") == -(-(NUMEL // 2) // data_lanes(LANES, Dtype.INT32))  # its half
     finally:
         check_clean(info)
 
