@@ -24,7 +24,7 @@ def ctl(*args, address=None, token=ADMIN, env_only=False):
     if env_only:
         env.update(LUWU_CONTROLLER=address or "", LUWU_TOKEN=token)
     else:
-        argv += ["--controller", address, "--token", token]
+        argv += ["--controller", address, f"--token={token}"]
     return subprocess.run(argv + list(args), capture_output=True, text=True, env=env, timeout=60)
 
 

@@ -23,7 +23,7 @@ def ctl(address: str, *args: str, token: str = ADMIN) -> subprocess.CompletedPro
     env = dict(os.environ, COLUMNS="200")
     env.pop("LUWU_CONTROLLER", None)
     env.pop("LUWU_TOKEN", None)
-    return subprocess.run([CTL, "--controller", address, "--token", token, *args], capture_output=True, text=True,
+    return subprocess.run([CTL, "--controller", address, f"--token={token}", *args], capture_output=True, text=True,
                           env=env, timeout=60)
 
 

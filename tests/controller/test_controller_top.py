@@ -99,7 +99,7 @@ def test_top_names_the_delayed_worker(deployment):
     for t in threads:
         t.start()
     try:
-        out = subprocess.run([str(BIN / "luwu-ctl"), "--controller", address, "--token", job_token, "--json", "top",
+        out = subprocess.run([str(BIN / "luwu-ctl"), "--controller", address, f"--token={job_token}", "--json", "top",
                               created.job_id, "--once", "--interval", "3"],
                              capture_output=True, text=True, timeout=120)
     finally:
