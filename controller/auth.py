@@ -34,7 +34,12 @@ class Caller:
 
 
 def new_token() -> str:
-    return secrets.token_urlsafe(TOKEN_BYTES)
+    """A url-safe random token that never starts with '-' (one in 64 would, and `luwu-ctl --token
+    -x...` then reads it as an option); the redraw keeps every token uniform over the rest."""
+    while True:
+        token = secrets.token_urlsafe(TOKEN_BYTES)
+        if not token.startswith("-"):
+            return token
 
 
 class Authenticator:
