@@ -37,6 +37,33 @@ Decode = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
 SATURATED = np.uint8(Flag.SATURATED)
 CHECK = check_lanes(Dtype.INT32)  # check lanes of the 32-bit formats a collective session carries
 CORRUPT_TRIES = 3  # RESULTs of one chunk failing their check words in a row: the stored sum is wrong
+
+
+class FailedChecks:
+    """Packets of each sequence number that failed their check words in a row (docs/protocol.md
+    3.6): a resend that fails CORRUPT_TRIES times means the switch's stored sum is wrong. Shared
+    by the workers' RESULT receiver (below) and the node's AGG receiver (node_server.py)."""
+
+    def __init__(self) -> None:
+        self._runs: dict[int, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._runs)
+
+    def failed(self, seq: int) -> bool:
+        """Count one failure of `seq`; True (and forget it) at its CORRUPT_TRIES-th in a row."""
+        n = self._runs.get(seq, 0) + 1
+        if n < CORRUPT_TRIES:
+            self._runs[seq] = n
+            return False
+        self._runs.pop(seq, None)
+        return True
+
+    def passed(self, seqs: list[int]) -> None:
+        """Packets of `seqs` passed: their runs of failures end."""
+        if self._runs:
+            for seq in seqs:
+                self._runs.pop(seq, None)
 _ANY, _ALL = np.logical_or.reduce, np.logical_and.reduce  # without ndarray.any's Python wrapper (per batch)
 # header fields' byte offsets, for the compiled RESULT pass (the layout is protocol.py's)
 _SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT = (DATA_HEADER.fields[f][1] for f in ("seq", "tensor", "offset", "flags"))
@@ -112,7 +139,7 @@ class CollectiveSession:
             raise ValueError(f"a collective session needs more than {CHECK} lanes per packet (its last {CHECK} "
                              f"are check words), not {spec.lanes}")
         self.n = spec.num_workers  # contributors of every sum this session receives
-        self._failures: dict[int, int] = {}  # seq -> RESULTs of it that failed their check words in a row
+        self._failures = FailedChecks()  # RESULTs that failed their check words, per seq
         self.window = RecvWindow(spec.pool_size)
         # refill: an op's fill reads its source (the caller's buffer, the agreed exponents),
         # which stays as it was for every chunk whose RESULT has not arrived (a RESULT is what
@@ -235,26 +262,20 @@ class CollectiveSession:
         if self.ops and _ANY(hs["flags"] & int(Flag.MAX)):  # an agreement's lanes carry their own tags
             self._tags_ok(idx, rows, hs, ok)
         if ok.all():
-            if self._failures:
-                for seq in hs["seq"].tolist():
-                    self._failures.pop(seq, None)
+            if self._failures:  # (no list built on the hot path)
+                self._failures.passed(hs["seq"].tolist())
             return idx
         keep = ok.copy()
         for j in np.flatnonzero(~ok).tolist():
-            seq = int(hs["seq"][j])
-            n = self._failures.get(seq, 0) + 1
-            if n < CORRUPT_TRIES:
-                self._failures[seq] = n
+            if not self._failures.failed(int(hs["seq"][j])):
                 self.stats["dropped.bad_check"] += 1
                 continue
-            self._failures.pop(seq, None)
             self.stats["corrupt_chunks"] += 1
             i = int(idx[j])
             rows[i, _FLAGS_AT] |= SATURATED
             h["flags"][i] |= SATURATED
             keep[j] = True
-        for seq in hs["seq"][ok].tolist():
-            self._failures.pop(seq, None)
+        self._failures.passed(hs["seq"][ok].tolist())
         return idx[keep]
 
     def _in_bounds(self, idx: np.ndarray, h: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ from ..integrity import TRAILER_LEN, trailers_ok
 from ..protocol import HEADER_LEN, NODE, PULL_REQUEST, Dtype, Flag, MsgType, header_view, ver_type
 from ..quantize import dequantize_rows_into, fixed16_bits, num_chunks, sum_shift
 from ..session import SessionSpec
-from .collective import CHECK, CORRUPT_TRIES
+from .collective import CHECK, CORRUPT_TRIES, FailedChecks
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
 from .node_worker import WIRE_DTYPES, elems_per_param_packet
 from .packets import check_words_of, param_fill, payload_int32
@@ -173,7 +173,7 @@ class NodeServerSession:
         # elements per packet; PARAM packets fill all `row_lanes` * 4 bytes
         self.row_lanes = spec.lanes
         self.lanes = spec.lanes - CHECK
-        self._failures: dict[int, int] = {}  # seq -> AGGs of it that failed their check words in a row
+        self._failures = FailedChecks()  # AGGs that failed their check words, per seq
         self.grad_window = RecvWindow(spec.pool_size)
         self.hb = HeartbeatSender(sock, spec.session, NODE, self.grad_window, hb)
         # refill: a pull's fill reads a served copy that is never written again while the fill holds
@@ -312,22 +312,14 @@ class NodeServerSession:
             ok[f16] = fixed16.verify_rows(rows, idx[f16], self.row_lanes, n)
         ok |= (hs["dtype"] != int(Dtype.FIXED32)) & ~f16  # (anything else is counted bad_packets by on_agg)
         if _ALL(ok):
-            if self._failures and reject:
-                for seq in hs["seq"].tolist():
-                    self._failures.pop(seq, None)
+            if reject and self._failures:
+                self._failures.passed(hs["seq"].tolist())
             return idx
         keep = ok.copy()
         for j in np.flatnonzero(~ok).tolist():
-            seq = int(hs["seq"][j])
-            if not reject:
+            if not reject or not self._failures.failed(int(hs["seq"][j])):
                 self.stats["dropped.bad_check"] += 1
                 continue
-            tries = self._failures.get(seq, 0) + 1
-            if tries < CORRUPT_TRIES:
-                self._failures[seq] = tries
-                self.stats["dropped.bad_check"] += 1
-                continue
-            self._failures.pop(seq, None)
             self.stats["rejected.corrupt"] += 1
             i = int(idx[j])
             rows[i, 1] |= np.uint8(Flag.SATURATED)
@@ -337,8 +329,7 @@ class NodeServerSession:
                   "contribution): the layer's gradient is rejected", file=sys.stderr)
             keep[j] = True
         if reject:
-            for seq in hs["seq"][ok].tolist():
-                self._failures.pop(seq, None)
+            self._failures.passed(hs["seq"][ok].tolist())
         return idx[keep]
 
     # -- parameters ------------------------------------------------------------------------------
