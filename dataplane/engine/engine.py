@@ -22,7 +22,7 @@ import numpy as np
 
 from ..integrity import FIXED16_BLOCK, header_ok, headers_ok
 from ..kernels import mode as kernel_mode
-from ..net.shm_endpoint import ShmEndpoint
+from ..net.transport import Transport
 from ..protocol import DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Dtype, Flag, MsgType
 from ..quantize import FIXED16_MAX_CONTRIBUTORS, block_exponents, chunk_exponents
 from ..session import EndpointPlan, SessionSpec
@@ -30,7 +30,7 @@ from .collective import CollectiveSession
 from .config import FIXED16_MIN_LANES, EngineConfig, check_grad_format
 from .grouping import SCALAR_BATCH, groups_reference, groups_scalar
 from .handles import EngineError, Handle
-from .liveness import PeerWatch, drain_error_reports
+from .liveness import PeerWatch
 from .node_server import GradientSink, NodeServerSession, ParamProvider
 from .node_worker import WorkerNodeSession
 from .reductions import AllreduceOp, check_reduction
@@ -63,10 +63,11 @@ class Engine:
         self.rank = w.rank
         self.is_node = w.rank == NODE
         lanes = max([s.lanes for s in plan.sessions] or [64])
-        # the transport seam (transport.py): a UDP BatchSocket or shared-memory rings, same interface
-        self.sock = open_transport(w, cfg.batch, HEADER_LEN + 4 * lanes + 64, cfg.socket_buffer)
-        # the shared-memory port (w.transport == "shm"), or None on UDP: its arm() and switch_gone()
-        self._shm: ShmEndpoint | None = self.sock if isinstance(self.sock, ShmEndpoint) else None
+        # the transport seam (transport.py): a UDP BatchSocket or shared-memory rings, one interface
+        self.sock: Transport = open_transport(w, cfg.batch, HEADER_LEN + 4 * lanes + 64, cfg.socket_buffer)
+        # a transport with a doorbell (the shm rings), or None (a socket): the loop arms it before
+        # it sleeps, lets a busy turn sleep, and goes on at once after a send cut short (tx_full)
+        self._shm: Transport | None = self.sock if self.sock.doorbell else None
         now = time.monotonic()
         self.watch = PeerWatch(switch_name(w), cfg.peer_timeout, now)
         self.sessions: dict[int, Session] = {}
@@ -123,9 +124,8 @@ class Engine:
     @property
     def address(self) -> tuple[str, int]:
         """The local UDP address, or (ring prefix, 0) on a shared-memory port."""
-        if isinstance(self.sock, ShmEndpoint):
-            return (self.sock.address, 0)
-        return self.sock.sock.getsockname()
+        address = self.sock.address
+        return address if isinstance(address, tuple) else (address, 0)
 
     def start(self) -> Engine:
         from ..kernels import load_in_background
@@ -533,18 +533,15 @@ class Engine:
     def _refused(self, now: float, certain: bool = True) -> None:
         """The kernel reported an error on the socket: drain its queue (else poll spins on POLLERR)
         and note the switch's port as unreachable when it says so (a refused recv says so itself)."""
-        if isinstance(self.sock, ShmEndpoint):
-            return
-        if drain_error_reports(self.sock.sock) or certain:
+        if self.sock.drain_errors() or certain:
             self.watch.refused(now)
 
     def _check_peers(self, now: float, node_sessions: list[tuple[int, WorkerNodeSession]]) -> None:
         """Fail every pending operation with LuwuPeerDead once the switch or a node it waits on is dead."""
         self.watch.pending(bool(self._handles), now)
-        if self._shm is not None:
-            gone = self._shm.switch_gone(now)
-            if gone:
-                self.watch.refused(now, gone)
+        gone = self.sock.peer_gone(now)  # (a ring's switch process exited; sockets: drain_errors)
+        if gone:
+            self.watch.refused(now, gone)
         dead = self.watch.verdict(now, [(sid, s.node_heard, s.busy()) for sid, s in node_sessions])
         if dead is None:
             return

@@ -6,9 +6,10 @@ timeout, on either sign of death lasting `peer_timeout` seconds (EngineConfig, d
 docs/protocol.md 7.5):
 
 * the switch: no packet at all from it, and the kernel reports its port unreachable (ICMP port
-  unreachable, reported through IP_RECVERR: nothing listens there any more) or, on a
-  shared-memory port, the switch's process (its pid in the ring header) has exited. Silence alone
-  is not enough in a collective, where a slow peer also means silence;
+  unreachable, reported through IP_RECVERR: nothing listens there any more; the transport's
+  `drain_errors`) or, on a shared-memory port, the switch's process (its pid in the ring header)
+  has exited (the transport's `peer_gone`). Silence alone is not enough in a collective, where a
+  slow peer also means silence;
 * an optimizer node: no HEARTBEAT from it on a node session with pending pushes or pulls. A node
   sends one at least every keepalive (0.1 s) whatever its load, so silence is unambiguous. The
   switch carries those heartbeats: when its port is unreachable the switch is named instead (a
@@ -17,18 +18,9 @@ docs/protocol.md 7.5):
 
 from __future__ import annotations
 
-import errno
-import socket
-import struct
-
 from .handles import EngineError
 
-IP_RECVERR = getattr(socket, "IP_RECVERR", 11)  # Linux
 DEFAULT_PEER_TIMEOUT = 5.0  # s of silence before a pending operation's peer is declared dead
-
-# struct sock_extended_err { u32 ee_errno; u8 origin, type, code, pad; u32 info; u32 data; }
-_EXT_ERR = struct.Struct("=IBBBBII")
-_DEAD_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH}
 
 
 class LuwuPeerDead(EngineError):
@@ -43,39 +35,6 @@ class LuwuPeerDead(EngineError):
         self.component = component
         self.address = address
         self.silent = silent
-
-
-def enable_error_reports(sock: socket.socket) -> None:
-    """Ask the kernel to report ICMP errors (port unreachable) on this unconnected UDP socket."""
-    try:
-        sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
-    except OSError:
-        pass  # not Linux: the node heartbeat watch still works, the switch watch waits for silence only
-
-
-def drain_error_reports(sock: socket.socket) -> int:
-    """Read the socket's queued ICMP errors; returns how many said the peer is gone. Clears the
-    pending socket error too, so poll() stops reporting POLLERR."""
-    dead = 0
-    for _ in range(1024):  # bounded: the queue holds at most what the receive buffer allows
-        try:
-            _, anc, _, _ = sock.recvmsg(1, 512, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            break
-        except OSError as e:
-            if e.errno in _DEAD_ERRNOS:
-                dead += 1
-                continue
-            break
-        for level, _type, data in anc:
-            if (level == socket.IPPROTO_IP and len(data) >= _EXT_ERR.size
-                    and _EXT_ERR.unpack_from(data)[0] in _DEAD_ERRNOS):
-                dead += 1
-    try:
-        sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-    except OSError:
-        pass
-    return dead
 
 
 class PeerWatch:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..integrity import seal_rows
-from ..net.mmsg import BatchSocket
+from ..net.transport import RowFill, Transport
 from ..protocol import Flag
 
 MASK32 = 0xFFFFFFFF
@@ -136,7 +136,7 @@ class SendStream:
     """The send side of one stream (module docstring).
 
     Args:
-        sock: a `BatchSocket` or a `ShmEndpoint` (dataplane/engine/transport.py).
+        sock: the endpoint's `Transport` (a `BatchSocket` or a `ShmEndpoint`: dataplane/net/transport.py).
         window: packets in flight at most.
         rto: the stream's retransmission timeout.
         row_bytes: the largest packet a fill writes.
@@ -149,7 +149,7 @@ class SendStream:
             copy: a retransmission runs the fill again (docs/shared_memory.md "Zero-copy send").
     """
 
-    def __init__(self, sock: BatchSocket, window: int, rto: RtoEstimator, row_bytes: int, now: float = 0.0,
+    def __init__(self, sock: Transport, window: int, rto: RtoEstimator, row_bytes: int, now: float = 0.0,
                  credit: int | None = None, received: Received | None = None, refill: bool = False):
         self.sock = sock
         self.window = window
@@ -157,7 +157,7 @@ class SendStream:
         rows = _pow2_at_least(window)
         # direct: fill into the shm up ring (needs resends to be refillable; an in-place collective
         # also passes `received`, so that no chunk whose result overwrote its source is read again)
-        self.direct = refill and hasattr(sock, "send_filled") and row_bytes <= sock.tx_row_bytes
+        self.direct = refill and isinstance(sock, RowFill) and row_bytes <= sock.tx_row_bytes
         self.ring = None if self.direct else np.zeros((rows, row_bytes), dtype=np.uint8)
         self.ring_len = None if self.direct else np.zeros(rows, dtype=np.int64)
         self.sent_at = np.zeros(rows, dtype=np.float64)  # latest transmission of each row (RTT samples, hole waits)

@@ -1,13 +1,15 @@
 """The engine's transport seam: how an endpoint's packets reach its switch port.
 
-Both transports have the shape the engine and its sessions use: `recv()` fills `rx[:k]` and
-`rx_len[:k]`, valid until the next `recv()` (the shm endpoint's `rx` is the ring's own rows,
-lent until then or until `arm()`); `send_rows(buf, idx, lengths)` sends rows of a buffer; `fd` is what the engine's
-poll() waits on; `stats` counts packets; `close()`. The window, retransmission and session logic
-above never sees which one it has.
+What a transport is lives in `luwu.dataplane.net.transport` (`Transport`): `recv()` fills
+`rx[:k]` and `rx_len[:k]`, valid until the next `recv()` (the shm endpoint's `rx` is the ring's
+own rows, lent until then or until `arm()`); `send_rows(buf, idx, lengths)` sends rows of a
+buffer, `send_packet(data)` one packet; `fd` is what the engine's poll() waits on (after `arm()`
+where `doorbell` says so); `stats` counts packets; `close()`. The engine, its window,
+retransmission and session logic never see which kind they have; `open_transport` is the one
+place that chooses, from `Wiring.transport`:
 
-* `Wiring.transport` "udp" / "ip": a `BatchSocket` (recvmmsg/sendmmsg) sending to the switch's
-  address, with the kernel's ICMP reports enabled so a vanished switch port is noticed.
+* "udp" / "ip": a `BatchSocket` (recvmmsg/sendmmsg) sending to the switch's address, with the
+  kernel's ICMP reports enabled so a vanished switch port is noticed (`drain_errors`).
 * "shm": a `ShmEndpoint` on the switch port's shared-memory rings (`Wiring.switch[0]` is the
   ring pair's path prefix), for a switch on the same host.
 """
@@ -16,37 +18,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
-from ..net.mmsg import BatchSocket, udp_socket
-from ..net.shm_endpoint import ShmEndpoint
+from ..net.transport import Transport, shm_transport, udp_transport
 from ..session import Wiring
-from .liveness import enable_error_reports
 
 
-def open_transport(wiring: Wiring, batch: int, max_len: int, socket_buffer: int) -> BatchSocket | ShmEndpoint:
+def open_transport(wiring: Wiring, batch: int, max_len: int, socket_buffer: int) -> Transport:
     """The endpoint side of `wiring`: a shared-memory endpoint or a UDP socket aimed at the switch."""
     if wiring.transport == "shm":
-        return ShmEndpoint(wiring.switch[0], batch=batch)
-    sock = udp_socket(wiring.local[0], wiring.local[1], socket_buffer, socket_buffer)
-    enable_error_reports(sock)
-    out = BatchSocket(sock, batch=batch, max_len=max_len, peers=1)
-    out.set_peer(0, wiring.switch[0], wiring.switch[1])
-    out.default_peer = 0
-    return out
+        return shm_transport(wiring.switch[0], batch=batch)
+    return udp_transport(wiring.local, wiring.switch, batch=batch, max_len=max_len, socket_buffer=socket_buffer)
 
 
-def packet_sender(sock) -> Callable[[bytes], object]:
-    """How to send one packet given as bytes on `sock`: the shm endpoint's `send_packet` (no numpy
-    row, no batch bookkeeping: heartbeats and PULLs go one at a time), else `send_rows` of a row."""
-    fast = getattr(sock, "send_packet", None)
-    if fast is not None:
-        return fast
-
-    def send(data: bytes) -> object:
-        return sock.send_rows(np.frombuffer(bytearray(data), dtype=np.uint8)[None], [0], [len(data)])
-
-    return send
+def packet_sender(sock: Transport) -> Callable[[bytes], object]:
+    """How to send one packet given as bytes on `sock` (heartbeats and PULLs go one at a time)."""
+    return sock.send_packet
 
 
 def switch_name(wiring: Wiring) -> str:

@@ -3,7 +3,8 @@ by numpy so that one system call moves a whole batch and Python never loops per 
 
 Used by the software switch (one socket per switch port) and by the SmartNIC engine. Works
 for UDP sockets (optionally with per-message destinations) and AF_PACKET sockets bound to an
-interface (whole Ethernet frames).
+interface (whole Ethernet frames). `BatchSocket` is the "udp" and "raw" kinds of the endpoint
+`Transport` (transport.py, which opens them: `udp_transport`, `raw_transport`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ctypes.util
 import errno
 import os
 import socket
+import struct
 
 import numpy as np
 
@@ -70,7 +72,8 @@ def parse_sockaddr_in(b: np.ndarray) -> tuple[str, int]:
 
 
 class BatchSocket:
-    """A datagram socket with preallocated batches for recvmmsg and sendmmsg.
+    """A datagram socket with preallocated batches for recvmmsg and sendmmsg: the "udp" (an
+    AF_INET socket) and "raw" (AF_PACKET) kinds of `transport.Transport`.
 
     Receive: `recv()` fills `rx[:k]` (one datagram per row), `rx_len[:k]` and, for UDP,
     `rx_addr[:k]` (sockaddr_in bytes), and returns k.
@@ -78,6 +81,9 @@ class BatchSocket:
     `lengths[i]` to destination `dests[i]` (a row index into `self.peers`, or -1 / None for
     the connected or bound peer).
     """
+
+    tx_full = False  # a blocking sendmmsg never stops short for want of room (Transport)
+    doorbell = False  # poll() reports the socket whenever datagrams wait: no arming
 
     def __init__(self, sock: socket.socket, batch: int = 64, max_len: int = 65536, peers: int = 0):
         self.sock = sock
@@ -88,6 +94,7 @@ class BatchSocket:
         self.rx_len = np.zeros(batch, dtype=np.int64)
         self.rx_addr = np.zeros((batch, SOCKADDR_LEN), dtype=np.uint8)
         self._want_addr = sock.family == socket.AF_INET
+        self.kind = "udp" if self._want_addr else "raw"
         self._rx_iov, self._rx_hdr = recv_vectors(self.rx, self.rx_addr if self._want_addr else None)
         self._rx_hdr_addr = addr_of(self._rx_hdr)
         self._tx_iov = np.zeros(batch, dtype=IOVEC)
@@ -103,7 +110,26 @@ class BatchSocket:
         self.default_peer: int | None = None  # destination of sends that name none (unconnected sockets)
         self.stats = {"rx_packets": 0, "rx_bytes": 0, "tx_packets": 0, "tx_bytes": 0, "tx_errors": 0}
 
+    @property
+    def address(self) -> tuple[str, int] | str:
+        """The bound (host, port) of a UDP socket, the interface name of a raw one."""
+        name = self.sock.getsockname()
+        return (name[0], name[1]) if self._want_addr else name[0]
+
     # -- receive ---------------------------------------------------------------------------
+    def arm(self, drain: bool = True) -> bool:
+        """Nothing to arm: poll() reports the socket whenever datagrams wait (Transport.arm)."""
+        return True
+
+    def drain_errors(self) -> int:
+        """Take the ICMP reports queued on a UDP socket (`enable_error_reports`); returns how
+        many say the peer is gone."""
+        return drain_error_reports(self.sock) if self._want_addr else 0
+
+    def peer_gone(self, now: float) -> str | None:
+        """None: a socket's peer shows as gone through `drain_errors` and refused receives."""
+        return None
+
     def recv(self, block: bool = False) -> int:
         if self._want_addr:
             self._rx_hdr["namelen"] = SOCKADDR_LEN
@@ -127,7 +153,7 @@ class BatchSocket:
             self._peers_addr = addr_of(grown)
         self.peers[index] = sockaddr_in(host, port)
 
-    def send(self, rows: np.ndarray, lengths: np.ndarray, dests: np.ndarray | None = None, block: bool = True) -> int:
+    def send(self, rows: np.ndarray, lengths: np.ndarray | list[int], dests: np.ndarray | None = None, block: bool = True) -> int:
         """Send len(rows) datagrams; returns how many the kernel took (all of them when blocking)."""
         total = len(rows)
         done = 0
@@ -178,11 +204,16 @@ class BatchSocket:
             self.stats["tx_bytes"] += int(self.rx_len[:sent].sum())
         return max(sent, 0)
 
-    def send_rows(self, buf: np.ndarray, idx: np.ndarray, lengths: np.ndarray, dests: np.ndarray | None = None) -> int:
+    def send_rows(self, buf: np.ndarray, idx: np.ndarray | list[int], lengths: np.ndarray | list[int],
+                  dests: np.ndarray | None = None) -> int:
         """Send rows `idx` of a C-contiguous 2-D uint8 buffer."""
         base = np.uint64(addr_of(buf))
         rows = base + np.asarray(idx, dtype=np.uint64) * np.uint64(buf.strides[0])
         return self.send(rows, lengths, dests)
+
+    def send_packet(self, data: bytes) -> int:
+        """Send one datagram given as bytes to the default peer (a heartbeat, a PULL); returns 1."""
+        return self.send_rows(np.frombuffer(bytearray(data), dtype=np.uint8)[None], [0], [len(data)])
 
     def close(self) -> None:
         self.sock.close()
@@ -218,3 +249,42 @@ def raw_socket(ifname: str, rcvbuf: int = 8 << 20) -> socket.socket:
     except OSError:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     return s
+
+
+IP_RECVERR = getattr(socket, "IP_RECVERR", 11)  # Linux
+# struct sock_extended_err { u32 ee_errno; u8 origin, type, code, pad; u32 info; u32 data; }
+_EXT_ERR = struct.Struct("=IBBBBII")
+_DEAD_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH}
+
+
+def enable_error_reports(sock: socket.socket) -> None:
+    """Ask the kernel to report ICMP errors (port unreachable) on this unconnected UDP socket."""
+    try:
+        sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+    except OSError:
+        pass  # not Linux: the node heartbeat watch still works, the switch watch waits for silence only
+
+
+def drain_error_reports(sock: socket.socket) -> int:
+    """Read the socket's queued ICMP errors; returns how many said the peer is gone. Clears the
+    pending socket error too, so poll() stops reporting POLLERR."""
+    dead = 0
+    for _ in range(1024):  # bounded: the queue holds at most what the receive buffer allows
+        try:
+            _, anc, _, _ = sock.recvmsg(1, 512, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            break
+        except OSError as e:
+            if e.errno in _DEAD_ERRNOS:
+                dead += 1
+                continue
+            break
+        for level, _type, data in anc:
+            if (level == socket.IPPROTO_IP and len(data) >= _EXT_ERR.size
+                    and _EXT_ERR.unpack_from(data)[0] in _DEAD_ERRNOS):
+                dead += 1
+    try:
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    except OSError:
+        pass
+    return dead

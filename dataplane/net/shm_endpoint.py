@@ -2,7 +2,8 @@
 to instead of a UDP socket when its switch runs on the same host. The rings, pools and their
 memory ordering are `shm_ring`'s (its module docstring); this module only maps them from the
 endpoint's side: it produces on the port's up ring and consumes its down ring (and the
-multicast pools its references point into).
+multicast pools its references point into). `ShmEndpoint` is the "shm" kind of the endpoint
+`Transport` (transport.py, which opens it: `shm_transport`), and a `RowFill`.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ def check_prefix(prefix: str) -> None:
 
 
 class ShmEndpoint:
-    """The endpoint's side of a shared-memory switch port, shaped like `BatchSocket` for the
-    engine: `recv()` lends `rx[:k]`/`rx_len[:k]` (the ring's rows, until the next `recv()` or
-    `arm()`), `send_rows()` publishes rows, `fd` is what
-    poll() waits on, `stats` counts packets and bytes.
+    """The endpoint's side of a shared-memory switch port, a `transport.Transport` like
+    `BatchSocket`: `recv()` lends `rx[:k]`/`rx_len[:k]` (the ring's rows, until the next `recv()`
+    or `arm()`), `send_rows()` publishes rows, `fd` is what poll() waits on once `arm()`ed (the
+    down ring's doorbell), `stats` counts packets and bytes.
 
     Args:
         prefix: the port's ring pair (`<prefix>.up`, `<prefix>.down`), made by the switch.
@@ -38,6 +39,8 @@ class ShmEndpoint:
     """
 
     PEER_CHECK = 0.5  # s between checks of the switch's pid (each reads /proc)
+    kind = "shm"
+    doorbell = True  # the switch rings only an armed ring: arm() before every sleep
 
     def __init__(self, prefix: str, batch: int = 64):
         check_prefix(prefix)
@@ -199,7 +202,11 @@ class ShmEndpoint:
             self.stats["tx_bytes"] += nbytes
         return k
 
-    def switch_gone(self, now: float) -> str | None:
+    def drain_errors(self) -> int:
+        """No kernel error queue on a ring: 0 (its peer's death shows in `peer_gone`)."""
+        return 0
+
+    def peer_gone(self, now: float) -> str | None:
         """A line naming the switch when its process is gone (checked every PEER_CHECK s)."""
         if not self._gone and now - self._checked >= self.PEER_CHECK:
             self._checked = now

@@ -1,11 +1,12 @@
 """Raw attachment: one switch port = one network interface, whole Ethernet frames through an
 AF_PACKET socket (Mininet, veth pairs). The parser finds luwu in UDP to the configured port;
-the sender rewrites destinations from `endpoints`; other IPv4 is routed by `ipv4_lpm`.
+the sender rewrites destinations from `endpoints`; other IPv4 is routed by `ipv4_lpm`. `RawAttachment` is the "raw" kind of
+`luwu.dataplane.net.transport.SwitchPort`.
 """
 
 from __future__ import annotations
 
-import numpy as np  # noqa: F401  (frames are numpy rows)
+import numpy as np
 
 from ..net.mmsg import BatchSocket, raw_socket
 from ..protocol import ETH_IP_UDP_LEN, aggregation_packet_len
@@ -13,6 +14,8 @@ from .config import ConfigError, SwitchConfig
 
 
 class RawAttachment:
+    """A switch port on a network interface (module docstring; the `SwitchPort` interface)."""
+
     kind = "raw"
     framed = True
 
@@ -36,10 +39,22 @@ class RawAttachment:
     def fd(self) -> int:
         return self.sock.fd
 
-    def send_frames(self, frames: np.ndarray, lengths: np.ndarray) -> int:
-        if len(frames) == 0:
+    def send_rows(self, rows: np.ndarray, idx: np.ndarray, lengths: np.ndarray, off: int = 0,
+                  notify: bool = True) -> int:
+        """Send rows `idx` of `rows` as whole frames (starting at byte `off` of each); returns how
+        many the kernel took. `notify`: nothing to ring."""
+        if len(idx) == 0:
             return 0
-        return self.sock.send_rows(frames, np.arange(len(frames)), lengths)
+        if off:
+            rows = rows[:, off:]  # a view: the frames still leave from their rows
+        return self.sock.send_rows(rows, idx, lengths)
+
+    def notify(self) -> None:
+        """Nothing to ring: the kernel wakes the peer (SwitchPort.notify)."""
+
+    def arm(self, drain: bool = True) -> bool:
+        """Nothing to arm: poll() reports the socket whenever frames wait (SwitchPort.arm)."""
+        return True
 
     def close(self) -> None:
         self.sock.close()

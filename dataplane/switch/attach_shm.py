@@ -8,6 +8,8 @@ the worker id against the port). Packets keep UDP-attachment semantics: bare luw
 `endpoints` not consulted, a full ring loses packets the way a full socket buffer does (the
 protocol recovers). The event loop copies each turn's packets of all shm ports into one shared
 buffer and runs them through the pipeline as one batch, like recvmmsg on UDP ports.
+`ShmAttachment` is the "shm" kind of `luwu.dataplane.net.transport.SwitchPort` (and adds the
+ring's own sends: `send_list`, `send_results`, `send_refs`).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ def ring_prefix(port: int) -> str:
 
 
 class ShmAttachment:
+    """A switch port on a pair of rings (module docstring; the `SwitchPort` interface)."""
+
     kind = "shm"
     framed = False
 

@@ -13,14 +13,15 @@ everything else is dropped UNKNOWN_PORT (counted). The peer is, in order:
   cannot know the peer's address in advance, at the cost that whoever sends that first packet
   owns the port.
 
-Sends go to the peer straight from the rows that hold the packets.
+Sends go to the peer straight from the rows that hold the packets. `UdpAttachment` is the "udp"
+kind of `luwu.dataplane.net.transport.SwitchPort`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..net.mmsg import BatchSocket, parse_sockaddr_in, udp_socket
+from ..net.mmsg import BatchSocket, addr_of, parse_sockaddr_in, udp_socket
 from ..protocol import DropReason
 from .config import SwitchConfig
 
@@ -29,6 +30,8 @@ LEARN = "learn"  # the opt-in peer value: the first valid sender becomes the pee
 
 
 class UdpAttachment:
+    """A switch port on a UDP socket (module docstring; the `SwitchPort` interface)."""
+
     kind = "udp"
     framed = False
 
@@ -87,10 +90,21 @@ class UdpAttachment:
         other[:j + 1] = False
         drop[other & (drop == 0)] = DropReason.UNKNOWN_PORT
 
-    def send(self, addresses: np.ndarray, lengths: np.ndarray) -> int:
+    def send_rows(self, rows: np.ndarray, idx: np.ndarray, lengths: np.ndarray, off: int = 0,
+                  notify: bool = True) -> int:
+        """Send rows `idx` of `rows` (the datagram at byte `off` of each) to the peer; returns how
+        many the kernel took (0 while the port has no peer). `notify`: nothing to ring."""
         if self.peer is None:
             return 0
-        return self.sock.send(addresses, lengths)
+        base, stride = np.uint64(addr_of(rows) + off), np.uint64(rows.strides[0])
+        return self.sock.send(base + idx.astype(np.uint64) * stride, lengths)
+
+    def notify(self) -> None:
+        """Nothing to ring: the kernel wakes the peer (SwitchPort.notify)."""
+
+    def arm(self, drain: bool = True) -> bool:
+        """Nothing to arm: poll() reports the socket whenever datagrams wait (SwitchPort.arm)."""
+        return True
 
     def close(self) -> None:
         self.sock.close()

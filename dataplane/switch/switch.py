@@ -5,6 +5,8 @@ socket attachments and an event loop.
 conformance suite's entry point). `attach_udp` / `attach_raw` wire switch ports to sockets and
 `start()` runs the event loop in a background thread: poll, recvmmsg batches, pipeline,
 sendmmsg; `attach_shm` wires a port to shared-memory rings instead (endpoints on this host).
+Every attachment is a `luwu.dataplane.net.transport.SwitchPort`: `emit` sends through its
+`send_rows` whatever the kind (the shm ports' pool references and one-copy writes aside).
 Output order: the emitted copies of a call or batch come in the order of the packets that
 triggered them, replicas in multicast group order -- exactly what processing the packets
 one at a time produces (docs in pipeline.py); link impairments, when configured, then duplicate
@@ -20,7 +22,6 @@ import traceback
 
 import numpy as np
 
-from ..net.mmsg import addr_of
 from ..observe import trace
 from ..protocol import ETH_IP_UDP_LEN, DropReason, aggregation_packet_len
 from . import lone, lone_agg, runtime_json
@@ -177,10 +178,7 @@ class SoftwareSwitch:
         """
         self._check_free(port)
         att = UdpAttachment(port, listen, peer, self.config)
-        with self.lock:
-            self.ports[port] = att
-            self.ports_version += 1
-            self._peers_version = -1
+        self._add_port(att)
         return att.address
 
     def set_peer(self, port: int, peer: tuple[str, int] | None) -> None:
@@ -238,18 +236,20 @@ class SoftwareSwitch:
         """
         self._check_free(port)
         att = ShmAttachment(port, self.config, prefix, slots)
-        with self.lock:
-            self.ports[port] = att
-            self.ports_version += 1
+        self._add_port(att)
         return att.address
 
     def attach_raw(self, port: int, ifname: str) -> None:
         """Wire switch port `port` to a network interface (AF_PACKET, root only)."""
         self._check_free(port)
-        att = RawAttachment(port, ifname, self.config)
+        self._add_port(RawAttachment(port, ifname, self.config))
+
+    def _add_port(self, att: UdpAttachment | RawAttachment | ShmAttachment) -> None:
+        """Put an attachment (a `net.transport.SwitchPort`) on its port; the event loop replans."""
         with self.lock:
-            self.ports[port] = att
+            self.ports[att.port] = att
             self.ports_version += 1
+            self._peers_version = -1  # (a UDP port without a configured peer takes the tables')
 
     def _check_free(self, port: int) -> None:
         if isinstance(port, bool) or not isinstance(port, (int, np.integer)) or not 0 <= port < (1 << PORT_BITS):
@@ -329,8 +329,7 @@ class SoftwareSwitch:
         except Exception:  # a bug must not take the switch down: log it, count it, keep forwarding
             self.errors += 1
             for att in self.ports.values():  # rows an aborted emit published without ringing
-                if att.kind == "shm":
-                    att.notify()
+                att.notify()
             if self.errors <= 10:
                 traceback.print_exc(file=sys.stderr)
 
@@ -410,15 +409,11 @@ class SoftwareSwitch:
                     datas = [b.rows[pk, b.off:b.off + n].tobytes() for pk, n in zip(sub.pkt.tolist(), lengths.tolist())]
                     self._send_bytes(p, [d for _, d in link.pass_through([(p, d) for d in datas])])
                     continue
-                if att.kind == "udp":
-                    base, stride = np.uint64(addr_of(b.rows) + b.off), np.uint64(b.rows.strides[0])
-                    sent = att.send(base + sub.pkt.astype(np.uint64) * stride, lengths)
-                elif refs is not None and (refs[0] >= 0).any():
+                if refs is not None and (refs[0] >= 0).any():  # (only shm ports get pool references)
                     sent = self._send_shm_mixed(att, b, sub, lengths, refs[0], refs[1], holders)
-                    woken.append(att)
-                    self._count_port(p, "tx_ring_full", len(sub) - sent)
-                else:
+                else:  # (a UDP port's `b` is whole: `src` is b.rows, payload_rows the packets)
                     sent = att.send_rows(src, b.payload_rows(sub.pkt), lengths, b.off, notify=False)
+                if att.kind == "shm":
                     woken.append(att)
                     self._count_port(p, "tx_ring_full", len(sub) - sent)
             else:
@@ -427,7 +422,7 @@ class SoftwareSwitch:
                     datas = [frames[i, :lengths[i]].tobytes() for i in range(len(frames))]
                     self._send_bytes(p, [d for _, d in link.pass_through([(p, d) for d in datas])])
                     continue
-                sent = att.send_frames(frames, lengths)
+                sent = att.send_rows(frames, np.arange(len(frames)), lengths)
             self._count_port(p, "tx_packets", sent)
         if holders:
             self._pools.claim(holders)
@@ -498,14 +493,9 @@ class SoftwareSwitch:
         for i, d in enumerate(datas):
             rows[i, :len(d)] = np.frombuffer(d, dtype=np.uint8)
         lengths = np.array([len(d) for d in datas], dtype=np.int64)
-        if att.kind == "udp":
-            sent = att.send(np.uint64(addr_of(rows)) + np.arange(len(rows), dtype=np.uint64) * np.uint64(width),
-                            lengths)
-        elif att.kind == "shm":
-            sent = att.send_rows(rows, np.arange(len(rows)), lengths)
+        sent = att.send_rows(rows, np.arange(len(rows)), lengths)
+        if att.kind == "shm":
             self._count_port(port, "tx_ring_full", len(rows) - sent)
-        else:
-            sent = att.send_frames(rows, lengths)
         self._count_port(port, "tx_packets", sent)
 
     def _count_port(self, port: int, key: str, n: int) -> None:

@@ -496,7 +496,7 @@ def test_endpoint_and_switch_processes_are_watched(tmp_path):
     try:
         assert sw.ports[1].endpoint_alive() is None  # nobody attached yet
         code = ("from luwu.dataplane.net.shm_endpoint import ShmEndpoint\n"
-                f"print(ShmEndpoint({prefix!r}).switch_gone(0.0))")
+                f"print(ShmEndpoint({prefix!r}).peer_gone(0.0))")
         out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and out.stdout.strip() == "None", out.stderr  # it saw this (live) switch
         assert sw.ports[1].endpoint_alive() is False, "the endpoint process exited: the switch must see it"
@@ -533,12 +533,12 @@ def test_a_killed_switch_process_is_named_and_its_rings_removed():
         prefix = plan.switch_ports[1][0]
         ep = ShmEndpoint(prefix)
         try:
-            assert ep.switch_gone(0.0) is None
+            assert ep.peer_gone(0.0) is None
             pid = ls.pid
             pool = f"/dev/shm/luwu-sw-{pid}-mc999"  # as a multicast pool of the switch would be named
             open(pool, "w").close()
             ls.kill()
-            msg = ep.switch_gone(1.0)
+            msg = ep.peer_gone(1.0)
             assert msg is not None and f"pid {pid}" in msg and prefix in msg
         finally:
             ep.close()
