@@ -136,7 +136,7 @@ def _rows(r: np.ndarray):
     return r
 
 
-def _combine(total: np.ndarray, x: np.ndarray, rows: np.ndarray, is_max: np.ndarray, any_max: bool,
+def _combine(total: np.ndarray, x: np.ndarray, rows: np.ndarray | slice, is_max: np.ndarray, any_max: bool,
              all_max: bool) -> None:
     """total[rows] = total[rows] (+ or max, per group) x; x has one row per selected group."""
     if not any_max:
