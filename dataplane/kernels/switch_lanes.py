@@ -1,5 +1,5 @@
 """numba kernels for the software switch's aggregation: the compiled twins of the aggregation
-fast path (dataplane/switch/phase_groups.py `plan` + `apply`: `phase_groups`), of one round of
+fast path (dataplane/switch/fast/aggregate_groups.py `plan` + `apply`: `phase_groups`), of one round of
 dataplane/switch/controls/aggregation_lanes.py (`apply_rows`) and of its emission of stored lanes
 alone (`put_rows`: dataplane/switch/batch.py `write_results`).
 
@@ -100,14 +100,14 @@ def phase_groups(order, slot, s, other, epoch, is_max, bit, nw, exponent, satura
                  fast, remaining, out_exponent, out_saturated, last, write_out):
     """The aggregation fast path over one batch's aggregation packets (arrays indexed by their
     position; `order` sorts them by `slot`, arrival order inside a slot): every group of the
-    packets on one slot (one or more) that qualifies (phase_groups.py: same register index, epoch and
+    packets on one slot (one or more) that qualifies (fast/aggregate_groups.py: same register index, epoch and
     operation; distinct worker bits, none already in the bitmap; the countdown reaching zero at
     the last packet at the earliest) runs through the slot state machine and the lane fold, and
     its packets get fast = True, their `remaining`, and the last one its exponent and
     SATURATED (out_*, with last = True). Other groups are untouched (the caller runs them in
     rounds). Registers as in dataplane/switch/registers.py, lanes as `apply_rows`'s (`payload`,
     `stride`: `lane_rows` of the packets' lanes). `write_out` False: a completed sum stays in its lane register only (the
-    caller writes it once where the packet leaves from: a multicast pool row, phase_groups.fold).
+    caller writes it once where the packet leaves from: a multicast pool row, aggregate_groups.fold).
     Returns how many packets it handled."""
     n = order.size
     handled = 0

@@ -27,7 +27,7 @@ class Batch:
     read and write its payload; `payload()` is then the arena's, indexed by `prow`.
 
     Deferred results (split batches): `results[i]` >= 0 says packet i completed a phase whose
-    sum is still only in lane register `results[i]` of `result_lanes` (phase_groups.fold with
+    sum is still only in lane register `results[i]` of `result_lanes` (fast/aggregate_groups.py `fold` with
     `write_out` False): emission writes it once where the packet leaves from (a multicast pool
     row: `write_results`), or into its own row first (`materialize`, which `whole()` calls)
     wherever the packet's bytes are read from that row.

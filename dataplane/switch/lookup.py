@@ -122,8 +122,8 @@ class CompiledTables:
 
 
 class ScalarTables:
-    """`CompiledTables` as Python objects, for turns of a few packets (small_classify.py,
-    small_route.py), where a numpy call per lookup costs more than the lookup.
+    """`CompiledTables` as Python objects, for turns of a few packets (fast/classify_few.py,
+    fast/route_few.py), where a numpy call per lookup costs more than the lookup.
 
     `sessions[sid]`: the session's `SESSION_PARAMS` as a tuple (valid sessions only; `zeros` is
     the row a miss reads). `workers_keys` / `workers_bit` / `workers_port`: the `workers` table's
@@ -139,8 +139,8 @@ class ScalarTables:
         self.workers_port = t.workers.params["port"].tolist()
         self.child_keys = frozenset(t.child_ports.keys.tolist())
         self._pairs: dict[int, tuple[bool, int]] = {}  # pair_row's answers so far
-        self.decided: dict[tuple, tuple] = {}  # small_classify's per-header decisions so far
-        self.turns: dict[tuple, tuple] = {}  # small_classify's per-turn arrays of turns without contributions
+        self.decided: dict[tuple, tuple] = {}  # fast/classify_few.py's per-header decisions so far
+        self.turns: dict[tuple, tuple] = {}  # fast/classify_few.py's per-turn arrays of turns without contributions
         self.groups: dict[int, tuple[list[int], list[int]]] = {}
         for g in np.flatnonzero(t.g_len).tolist():
             a, n = int(t.g_start[g]), int(t.g_len[g])

@@ -86,7 +86,7 @@ class EventLoop:
             return None
         # headers only: a turn may take every port's whole backlog (share rows each) and pay the
         # pipeline's per-turn cost once for all of it; more contributions to a slot per turn
-        # also fold in one pass instead of rounds (phase_groups.py)
+        # also fold in one pass instead of rounds (fast/aggregate_groups.py)
         return ShmTurn(MAX_TURN_ROWS, self._arena, [a.rx for a in rings])
 
     def _receiver(self, kind: str, nports: int) -> GroupReceiver:

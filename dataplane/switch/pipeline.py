@@ -11,9 +11,16 @@ fancy-indexed read-modify-write is exact, and rounds run in arrival order, so a 
 same effect as processing its packets one at a time. Emitted copies come out in the order of
 the packets that triggered them (then replica order) -- the order a sequential run produces.
 
+The slot state machine (a slot's owner epoch, worker bitmap, contributor countdown, exponent and
+lanes; docs/protocol.md section 6) is `Pipeline._aggregate`: one round of controls/slot_owner.py,
+worker_bitmap.py, contributor_counter.py, exponent_max.py and aggregation_lanes.py, whose outcome
+controls/next_step_selector.py `select` routes. This module and controls/ are the reference; the
+fast paths that mirror parts of it live in fast/ (fast/__init__.py lists them and what each mirrors).
+
 Turns of up to SMALL_TURN packets (most shared-memory turns) take the same stages on Python ints
-where that is cheaper: the classifier (small_classify.py), the stages after the slot registers
-(small_route.py); the slot registers are always this module's fold and rounds.
+where that is cheaper: the classifier (fast/classify_few.py), the stages after the slot registers
+(fast/route_few.py); the slot registers are always this module's fold (fast/aggregate_groups.py)
+and rounds (`_aggregate`).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import numpy as np
 from ..integrity import seal_rows
 from ..kernels import use_numba
 from ..protocol import HEADER_LEN, DropReason, Dtype, Flag, MsgType
-from . import phase_groups, small_route, stragglers
+from . import stragglers
 from .batch import Batch, Emission
 from .config import SwitchConfig
 from .controls import (
@@ -45,8 +52,9 @@ from .controls.next_step_selector import AggregationResult, HeartbeatResult, Rou
 from .controls.parser import parse
 from .controls.sender import FrameTemplate, deparse_frames, expand
 from .counters import Counters
+from .fast import aggregate_groups, route_few
+from .fast.classify_few import classify_rows
 from .registers import Registers
-from .small_classify import classify_rows
 from .stragglers import Stragglers
 from .tables import Tables
 
@@ -54,7 +62,7 @@ INGRESS, EGRESS, LINK_IN, LINK_OUT = range(4)  # random streams spawned from the
 SET, SATURATED, MAX = int(Flag.SET), int(Flag.SATURATED), int(Flag.MAX)
 HEARTBEAT = int(MsgType.HEARTBEAT)
 FIXED16 = int(Dtype.FIXED16)
-# turns of up to this many packets are classified one packet at a time (small_classify.py: the
+# turns of up to this many packets are classified one packet at a time (fast/classify_few.py: the
 # vectorised classifier's numpy calls cost the same for one packet as for hundreds); 0: never
 SMALL_TURN = 16
 
@@ -193,7 +201,7 @@ class Pipeline:
             c, srows = classify_rows(b, t, self.lanes, cnt)
             if not b.framed and not t.any_egress_drop:
                 paths = c.path.tolist()
-                if small_route.eligible(paths):  # the stages after the slot registers on Python ints
+                if route_few.eligible(paths):  # the stages after the slot registers on Python ints
                     agg = None
                     if PATH_AGGREGATE in paths:
                         zero_lanes.apply(b, c, self.lanes)
@@ -201,7 +209,7 @@ class Pipeline:
                         agg = AggregationResult(len(paths))
                         self._aggregation(b, c, agg)
                         self._observe_small(c, agg, paths)
-                    em = small_route.route(b, c, paths, srows, t, self.registers, cnt, agg)
+                    em = route_few.route(b, c, paths, srows, t, self.registers, cnt, agg)
                     reseal(b, em.pkt)
                     return em
         else:
@@ -313,7 +321,7 @@ class Pipeline:
         return kept[1], kept[2]
 
     def _aggregation(self, b: Batch, c: Classified, agg: AggregationResult) -> None:
-        """The slot registers (phase_groups' fold, the rest in rounds) for the aggregation packets."""
+        """The slot registers (fast/aggregate_groups.py's fold, the rest in rounds) for the aggregation packets."""
         ai = np.flatnonzero(c.path == PATH_AGGREGATE)
         if len(ai) and (f16 := c.h["dtype"][ai] == FIXED16).any():
             self._aggregation16(b, c, ai[f16], agg)
@@ -328,7 +336,7 @@ class Pipeline:
             # shared-memory turns (split batches) leave the fast path's sums in the registers:
             # emission writes each once where it leaves from, a multicast pool row (Batch.results)
             split = b.prow is not None
-            fast = phase_groups.fold(slot, a, self.registers, payload, agg, write_out=not split, flat=flat)
+            fast = aggregate_groups.fold(slot, a, self.registers, payload, agg, write_out=not split, flat=flat)
             if fast is not None:
                 if split:
                     done = np.flatnonzero(fast & (agg.remaining[ai] == 0))
@@ -354,7 +362,7 @@ class Pipeline:
         lanes sign-extended into a big-endian int32 copy, the slot state machine in rounds on it (the
         same registers as every dtype), and the lanes of what leaves (completions, resends) written
         back truncated to int16 -- exact while the senders leave headroom, wrapping otherwise, as
-        the P4 programs do. The fast paths (phase_groups' fold, lone_agg) take 32-bit lanes only.
+        the P4 programs do. The fast paths (fast/aggregate_groups.py's fold, fast/aggregate_one.py) take 32-bit lanes only.
         A batch that mixes FIXED16 and 32-bit packets of one slot (a protocol misuse) has its FIXED16
         packets applied first."""
         slot = c.h["slot"][ai].astype(np.int64)
@@ -372,7 +380,8 @@ class Pipeline:
             p16[prows[out]] = wide[out].astype(np.int16)
 
     def _aggregate(self, a: _AggInputs, sel, payload: np.ndarray, agg: AggregationResult) -> None:
-        """One round of the slot state machine over aggregation packets `sel` (None: all)."""
+        """One round of the slot state machine over aggregation packets `sel` (None: all): the reference
+        that fast/aggregate_groups.py and fast/aggregate_one.py mirror."""
         regs = self.registers
         if sel is None:
             (s, other, rows), bit, nw = a.slices(), a.bit, a.nw

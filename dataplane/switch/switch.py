@@ -24,7 +24,7 @@ import numpy as np
 
 from ..observe import trace
 from ..protocol import ETH_IP_UDP_LEN, DropReason, aggregation_packet_len
-from . import lone, lone_agg, runtime_json
+from . import runtime_json
 from .attach_raw import RawAttachment
 from .attach_shm import MulticastPools, ShmAttachment, shm_row_bytes
 from .attach_udp import UdpAttachment
@@ -32,12 +32,13 @@ from .batch import Batch, Emission
 from .config import ConfigError, SwitchConfig
 from .controls.drop_simulator import threshold_for
 from .counters import Counters
+from .fast import aggregate_one, forward_one
+from .fast.emit_shm import emit_small
 from .impairments import Link
 from .loop import EventLoop
 from .peers import peers_from_tables
 from .pipeline import LINK_IN, LINK_OUT, Pipeline
 from .registers import Registers
-from .shm_emit import emit_small
 from .table_schema import PORT_BITS, TableError
 from .tables import Tables
 
@@ -58,7 +59,7 @@ class SoftwareSwitch:
         self._loop: EventLoop | None = None
         self._peers_version = -1  # the tables version the UDP ports' peers were derived from (peers.py)
         self.errors = 0  # batches whose processing raised (logged, never fatal)
-        self.lone_scratch: lone_agg.Scratch | None = None  # lone_agg's kernel arguments (made on first use)
+        self.aggregate_one_scratch: aggregate_one.Scratch | None = None  # fast/aggregate_one.py's kernel arguments (made on first use)
 
     @property
     def lanes(self) -> int:
@@ -294,9 +295,9 @@ class SoftwareSwitch:
             n = rx.filled
             framed = segments[0][0].framed
             self.sync_peers()
-            if n == 1 and lone.eligible(self, rx, segments[0][0]) and (lone.turn(self, rx, segments[0][0])
-                                                                       or lone_agg.turn(self, rx, segments[0][0])):
-                return  # a lone heartbeat, PULL or multicast (lone.py), or contribution (lone_agg.py)
+            if n == 1 and forward_one.eligible(self, rx, segments[0][0]) and (
+                    forward_one.turn(self, rx, segments[0][0]) or aggregate_one.turn(self, rx, segments[0][0])):
+                return  # one heartbeat, PULL or multicast (fast/forward_one.py), or contribution (fast/aggregate_one.py)
             drop = np.zeros(n, dtype=np.int64)
             learning = []
             for att, a, z in segments:
@@ -362,7 +363,7 @@ class SoftwareSwitch:
                 self._send_bytes(port, [d for _, d in items])
 
     def emit(self, b: Batch, em: Emission) -> None:
-        if not len(em) or emit_small(self, b, em):  # (a shm turn's few copies to shm ports: shm_emit.py)
+        if not len(em) or emit_small(self, b, em):  # (a shm turn's few copies to shm ports: fast/emit_shm.py)
             return
         ports = em.port
         # a few copies (most turns): np.unique's sort costs more than a set's

@@ -33,14 +33,14 @@ def _corrupt_first(rows: np.ndarray, idx: np.ndarray, mtype: int, budget: list[i
 @pytest.mark.parametrize("where", ["into the switch", "out of the switch"])
 def test_a_corrupted_header_is_dropped_counted_and_recovered(where, transport):
     if where == "out of the switch" and transport == "shm":
-        pytest.skip("shm results may leave by the lone paths, which emit() does not see: corrupted over UDP")
+        pytest.skip("shm results may leave by the one-packet fast paths (dataplane/switch/fast/), which emit() does not see: corrupted over UDP")
     xs = _inputs(2)
     expected = xs[0] + xs[1]
     with star(2, transport=transport) as (_, lsw, engines):
         sw = lsw._sw
         assert sw is not None, "the loopback switch runs in this process"
         budget = [3]
-        if where == "into the switch":  # before every path of a turn (shm: the lone ones too)
+        if where == "into the switch":  # before every path of a turn (shm: the one-packet fast paths too)
             turn = sw.handle_turn
 
             def corrupting_turn(rx, segments):

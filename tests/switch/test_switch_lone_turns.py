@@ -1,5 +1,5 @@
-"""A shared-memory turn of one packet takes dataplane/switch/lone.py's path (a packet that
-aggregates nothing) or lone_agg.py's (a contribution): on random one- and two-packet turns of
+"""A shared-memory turn of one packet takes dataplane/switch/fast/forward_one.py's path (a packet that
+aggregates nothing) or fast/aggregate_one.py's (a contribution): on random one- and two-packet turns of
 every kind (ranks' and the node's heartbeats, PULLs, PARAMs, malformed, spoofed and misrouted
 packets; ranks' GRADs and ALLREDUCEs in and out of the pool, FALLBACK, MAX, ZERO, SATURATED,
 duplicates, at a root and through an UPSTREAM switch), a switch taking it gives exactly what a
@@ -20,8 +20,8 @@ from test_switch_small_turns import REGISTERS, routed
 
 from luwu.dataplane.net.shm_ring import H_HEAD, supported
 from luwu.dataplane.protocol import Flag, MsgType
-from luwu.dataplane.switch import lone, lone_agg
 from luwu.dataplane.switch.attach_shm import MulticastPools, shm_row_bytes
+from luwu.dataplane.switch.fast import aggregate_one, forward_one
 from luwu.dataplane.switch.stragglers import Stragglers
 
 pytestmark = pytest.mark.skipif(not supported(), reason="shared-memory rings need Linux on x86-64 with /dev/shm")
@@ -95,19 +95,19 @@ def test_lone_contributions_equal_the_general_path(turns):
 
 def test_lone_contributions_are_taken():
     """Every rank's ALLREDUCE to a slot (the last one's sum to every worker through the pool), a
-    GRAD (its sum to the node), an UPSTREAM switch's (to the parent) take lone_agg's path; a
+    GRAD (its sum to the node), an UPSTREAM switch's (to the parent) take aggregate_one's path; a
     duplicate and a FALLBACK GRAD do not."""
     from switch_setup import NODE_PORT, PARENT_PORT
 
     rig = small_pool_rig()
-    real = lone_agg.turn
+    real = aggregate_one.turn
     taken = []
 
     def counted(*a):
         taken.append(real(*a))
         return taken[-1]
 
-    lone_agg.turn = counted
+    aggregate_one.turn = counted
     try:
         for rank in (0, 1):
             out = rig.run_turn([(worker_port(rank), agg_packet(5, rank, 1, [rank + 1] * LANES, dtype=0))])
@@ -121,7 +121,7 @@ def test_lone_contributions_are_taken():
             out = rig.run_turn([(worker_port(rank), agg_packet(3, rank, 0, [5] * LANES, dtype=0))])
         assert len(out[PARENT_PORT]) == 1
     finally:
-        lone_agg.turn = real
+        aggregate_one.turn = real
         rig.close()
     assert taken == [True, True, False, True, True, True, False, True, True]
 
@@ -175,31 +175,31 @@ def side_by_side(turns: list[tuple[list, bool]]) -> list[bool]:
     turns and one never, checking that they stay alike (outputs, pools and rings every turn; then
     what is left unread, counters, registers, errors). Returns what each lone turn said."""
     fast, general = small_pool_rig(), small_pool_rig()
-    real_eligible, real_turn, real_agg = lone.eligible, lone.turn, lone_agg.turn
-    taken: list[bool] = []  # per turn that asked: whether lone.py or lone_agg.py took it
+    real_eligible, real_turn, real_agg = forward_one.eligible, forward_one.turn, aggregate_one.turn
+    taken: list[bool] = []  # per turn that asked: whether forward_one.py or aggregate_one.py took it
 
     def counted(*a):
         ok = real_turn(*a)
         taken.append(ok)
         return ok
 
-    def counted_agg(*a):  # (asked after lone.turn said False)
+    def counted_agg(*a):  # (asked after forward_one.turn said False)
         taken[-1] = real_agg(*a)
         return taken[-1]
 
-    lone_agg.turn = counted_agg
+    aggregate_one.turn = counted_agg
     try:
         for items, read in turns:  # (not read: the endpoints fall behind, a later turn reads it all)
-            lone.eligible, lone.turn = real_eligible, counted
+            forward_one.eligible, forward_one.turn = real_eligible, counted
             got = fast.run_turn(items, read=read)
-            lone.eligible = lambda *a: False
+            forward_one.eligible = lambda *a: False
             want = general.run_turn(items, read=read)
             assert got == want, items
             assert pools(fast) == pools(general), items  # the same copies by reference, the same freed
             assert rings(fast) == rings(general), items  # the same entries: references or inline, lengths
         assert drain(fast) == drain(general)
     finally:
-        lone.eligible, lone.turn, lone_agg.turn = real_eligible, real_turn, real_agg
+        forward_one.eligible, forward_one.turn, aggregate_one.turn = real_eligible, real_turn, real_agg
         fast_counters, general_counters = fast.sw.counters(), general.sw.counters()
         regs = [(getattr(fast.sw.pipeline.registers, n), getattr(general.sw.pipeline.registers, n)) for n in REGISTERS]
         errors = (fast.sw.errors, general.sw.errors)
@@ -221,14 +221,14 @@ def test_lone_turns_are_taken_for_heartbeats_and_pulls():
     from luwu.dataplane.protocol import NODE, DropReason, Packet
 
     rig = ShmRig()
-    real_turn = lone.turn
+    real_turn = forward_one.turn
     taken = []
 
     def counted(*a):
         taken.append(real_turn(*a))
         return taken[-1]
 
-    lone.turn = counted
+    forward_one.turn = counted
     try:
         assert len(rig.run_turn([(worker_port(0), pull(2, 0))])[4]) == 1  # session 2's up port: the node's
         for rank in (0, 1):
@@ -241,7 +241,7 @@ def test_lone_turns_are_taken_for_heartbeats_and_pulls():
         assert [Packet.unpack(d).worker for d in up] == [UP_WORKER]
         assert not any(rig.run_turn([(NODE_PORT, param(4, worker=NODE))]).values())  # group 4: no replicas
     finally:
-        lone.turn = real_turn
+        forward_one.turn = real_turn
         counters = rig.sw.counters()
         rig.close()
     assert taken == [True, True, True, True, True, True, True, False]

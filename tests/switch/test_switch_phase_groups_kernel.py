@@ -1,6 +1,6 @@
 """Property test: the compiled aggregation fast path (dataplane/kernels/switch_lanes.py
 `phase_groups`) leaves registers, lanes, packet rows and per-packet outcome bit for bit as its
-numpy reference (dataplane/switch/phase_groups.py `plan` + `apply`) does, on random register
+numpy reference (dataplane/switch/fast/aggregate_groups.py `plan` + `apply`) does, on random register
 states and batches: groups that qualify, and groups that must be left to the rounds (mixed sets,
 epochs or operations, repeated worker bits, bits already in the bitmap, countdowns too short)."""
 
@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from luwu.dataplane.kernels import numba_available
 from luwu.dataplane.protocol import HEADER_LEN
-from luwu.dataplane.switch import phase_groups
 from luwu.dataplane.switch.batch import write_results
 from luwu.dataplane.switch.controls.next_step_selector import AggregationResult
+from luwu.dataplane.switch.fast import aggregate_groups
 from luwu.dataplane.switch.registers import Registers
 
 pytestmark = pytest.mark.skipif(not numba_available(), reason="numba is not installed (the reference runs alone)")
@@ -76,7 +76,7 @@ def _run(monkeypatch, mode: str, slot, a, regs: Registers, rows: np.ndarray, wri
     rows = rows.copy()
     agg = AggregationResult(len(a.ai) + 2)
     payload = rows[:, HEADER_LEN:HEADER_LEN + 4 * LANES].view(">i4")
-    fast = phase_groups.fold(slot, a, regs, payload, agg, write_out=write_out)
+    fast = aggregate_groups.fold(slot, a, regs, payload, agg, write_out=write_out)
     return fast, regs, rows, agg
 
 
@@ -196,5 +196,5 @@ def test_rows_not_a_whole_number_of_words_apart_run_the_reference(monkeypatch):
                               exponent=np.zeros(3, np.int8), saturated=np.zeros(3, bool), rows=np.arange(3))
     regs, agg = Registers(SLOTS, LANES), AggregationResult(3)
     payload = odd[:, HEADER_LEN:HEADER_LEN + 4 * LANES].view(">i4")
-    assert phase_groups.fold(z + 1, a, regs, payload, agg) is not None
+    assert aggregate_groups.fold(z + 1, a, regs, payload, agg) is not None
     assert payload[2].tolist() == lanes.sum(axis=0).tolist() == regs.lanes[1].tolist()

@@ -1,9 +1,9 @@
-"""Turns of a few packets take the switch's small-turn path (dataplane/switch/small_classify.py,
+"""Turns of a few packets take the switch's small-turn path (dataplane/switch/fast/classify_few.py,
 picked by `pipeline.SMALL_TURN`): on random small batches of every packet type, malformed ones
 included, it must give exactly what the vectorised path gives -- the classifier's every field
 (values and dtypes), drop reasons and session counters, and a whole switch's outputs (bytes and
 order), registers and counters turn after turn; turns that aggregate nothing (heartbeats,
-PULLs, PARAMs, drops) also go through small_route.py after the classifier, checked the same way."""
+PULLs, PARAMs, drops) also go through fast/route_few.py after the classifier, checked the same way."""
 
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ from test_switch_vectorised_equivalence import WRAP, packets
 
 from luwu.dataplane.integrity import sealed
 from luwu.dataplane.protocol import NODE, VERSION, DropReason, Flag, MsgType, aggregation_packet_len
-from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig, pipeline, small_route
+from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig, pipeline
 from luwu.dataplane.switch.batch import Batch
 from luwu.dataplane.switch.controls import parser
 from luwu.dataplane.switch.controls.classifier import Classified, classify
 from luwu.dataplane.switch.controls.parser import parse
 from luwu.dataplane.switch.counters import Counters
-from luwu.dataplane.switch.small_classify import classify_small
+from luwu.dataplane.switch.fast import route_few
+from luwu.dataplane.switch.fast.classify_few import classify_small
 
 REGISTERS = ("slot_owner", "bitmap", "contributors", "exponents", "slot_flags", "lanes", "hb_owner", "hb_bitmap",
              "hb_ack", "hb_credit")
@@ -140,9 +141,9 @@ def routed(draw):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(routed(), min_size=1, max_size=12), min_size=1, max_size=12))
 def test_small_routes_equal_vectorised_turns(turns):
-    """Turns of heartbeats, PULLs, PARAMs and drops: small_route.py's stages equal the vectorised
+    """Turns of heartbeats, PULLs, PARAMs and drops: fast/route_few.py's stages equal the vectorised
     select + expand + counters (outputs, heartbeat registers, counters), and every such turn takes them."""
-    with _counted(small_route, "route") as calls:
+    with _counted(route_few, "route") as calls:
         _small_equals_vectorised(turns, tick=0.002)
     assert len(calls) == len(turns)
 

@@ -94,7 +94,7 @@ def core(c: dict) -> dict:
 
 @pytest.fixture(scope="module", params=["numba", "reference"])
 def kernels(request):
-    """Both lane paths of the fold (phase_groups.py): the numba kernel and the numpy reference."""
+    """Both lane paths of the fold (fast/aggregate_groups.py): the numba kernel and the numpy reference."""
     mp = pytest.MonkeyPatch()
     mp.setenv("LUWU_KERNELS", request.param)
     yield request.param

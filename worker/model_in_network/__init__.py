@@ -4,7 +4,7 @@ parameters live on in-network optimizer nodes, gradients are summed by the switc
     from luwu.train import ModelInNetwork
     mnn = ModelInNetwork(model, optimizer=luwu.AdamW(lr=3e-4), network=job_network)
 
-See model.py for the mechanics, units.py for how a model is cut, schedule.py for the pull policy.
+See model.py for the mechanics (hooks.py for the hooks around each unit), units.py for how a model is cut, schedule.py for the pull policy.
 """
 
 from .job import JoinError

@@ -1,4 +1,9 @@
-"""Emission of a shared-memory turn's few copies, all to shared-memory ports, on Python ints.
+"""Mirrors: dataplane/switch/switch.py `SoftwareSwitch.emit`, for a shared-memory turn's few copies
+(up to SMALL_EMIT) that all go to shared-memory ports without impairments, on Python ints.
+
+Declines: `emit_small` returns False, having done nothing observable, for a batch that is not a
+split shm batch, more than SMALL_EMIT copies, a copy to a port that is not shared memory or has
+impairments, or two replicas of a packet on one port; `SoftwareSwitch.emit` then emits the turn.
 
 `SoftwareSwitch.emit` handles every kind of port, impairments, routed frames and any number of
 copies with whole-array operations (a mask and a selection per port, np.unique, the multicast
@@ -18,9 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..protocol import HEADER_LEN
-from .attach_shm import MulticastPools, shm_row_bytes
-from .batch import Batch, Emission
+from ...protocol import HEADER_LEN
+from ..attach_shm import MulticastPools, shm_row_bytes
+from ..batch import Batch, Emission
 
 SMALL_EMIT = 32  # copies: turns with more take SoftwareSwitch.emit's vectorised path
 

@@ -1,16 +1,23 @@
-"""A shared-memory turn of one aggregation packet (a rank's ALLREDUCE or GRAD) on Python ints and
-one call of the compiled slot kernel.
+"""Mirrors: dataplane/switch/pipeline.py `Pipeline.run` and dataplane/switch/switch.py
+`SoftwareSwitch.emit` for a shared-memory turn of one aggregation packet (a rank's ALLREDUCE or
+GRAD): the slot state machine of dataplane/switch/pipeline.py `Pipeline._aggregate` through the
+compiled kernel `aggregate_groups.py` runs, on Python ints and one call of that kernel.
+
+Declines: `turn` returns False with no state changed, and the turn takes `Pipeline.run`, for
+kernels off, loss simulated, a ZERO or FIXED16 packet, a drop, a packet off the aggregation path,
+a completion that would leave for a port that is not shared memory, a duplicate or a countdown
+past zero (details below).
 
 The workers' exponent-agreement rows and many gradient packets arrive one to a turn. Through
 `Pipeline.run` and `SoftwareSwitch.emit` such a packet costs some hundred microseconds of per-turn
 machinery (a `Batch`, the classifier's arrays, `_AggInputs`, `AggregationResult`, the route's
 lists, an `Emission`, the emission's grouping) around the work itself: the slot registers and one
 pass over the lanes. This path reads the header once (`struct`), classifies it with the small
-classifier's own decision (`small_classify.decision`, `contribution_path`), runs the slot state
+classifier's own decision (`classify_few.decision`, `contribution_path`), runs the slot state
 machine and the lane fold through the very kernel the general path runs for a one-packet group
 (`kernels.switch_lanes.phase_groups`, on one-element arrays), and, when the packet completes its
-phase, rewrites its header as `small_route.route` does and sends the sum from its lane register
-as `shm_emit.emit_small` does (one copy up: straight into the ring's row; several: one pool row
+phase, rewrites its header as `route_few.route` does and sends the sum from its lane register
+as `emit_shm.emit_small` does (one copy up: straight into the ring's row; several: one pool row
 the rings reference, or inline copies when the pool is full) -- with the same counters, registers,
 straggler records, ring entries and pool rows as the general path.
 
@@ -28,17 +35,17 @@ import struct
 
 import numpy as np
 
-from ..integrity import header_ok, seal_header
-from ..kernels import use_numba
-from ..observe import trace
-from ..protocol import HEADER_LEN, NODE, Dtype, Event, Flag, MsgType, NextStep, aggregation_packet_len
-from .controls.classifier import PATH_AGGREGATE
-from .controls.next_step_selector import KEEP_FLAGS
-from .lone import count_rx, to_ports
-from .lookup import SESSION_PARAMS
-from .shm_emit import SMALL_EMIT
-from .small_classify import contribution_path, decision
-from .small_route import EPOCH, MCAST_GRP, NEXT_STEP, UP_PORT, UP_WORKER
+from ...integrity import header_ok, seal_header
+from ...kernels import use_numba
+from ...observe import trace
+from ...protocol import HEADER_LEN, NODE, Dtype, Event, Flag, MsgType, NextStep, aggregation_packet_len
+from ..controls.classifier import PATH_AGGREGATE
+from ..controls.next_step_selector import KEEP_FLAGS
+from ..lookup import SESSION_PARAMS
+from .classify_few import contribution_path, decision
+from .emit_shm import SMALL_EMIT
+from .forward_one import count_rx, to_ports
+from .route_few import EPOCH, MCAST_GRP, NEXT_STEP, UP_PORT, UP_WORKER
 
 _HEAD = struct.Struct("!BBHHHIIIIbBHI")  # the data header (protocol._DATA)
 _REWRITE = struct.Struct("!BB")  # ver_type, flags at offset 0
@@ -70,7 +77,7 @@ class Scratch:
 
 
 def turn(sw, rx, att) -> bool:
-    """Handle the one packet of shm turn `rx` (from attachment `att`, lone.eligible) when it is an
+    """Handle the one packet of shm turn `rx` (from attachment `att`, forward_one.eligible) when it is an
     aggregation packet this path takes; False (nothing done) otherwise."""
     pipe = sw.pipeline
     t = pipe.tables.compiled()
@@ -106,16 +113,16 @@ def turn(sw, rx, att) -> bool:
         return False
     r = int(rx.prow[0])
     regs = pipe.registers
-    k = sw.lone_scratch
+    k = sw.aggregate_one_scratch
     if k is None:
-        k = sw.lone_scratch = Scratch()
+        k = sw.aggregate_one_scratch = Scratch()
     base = regs.slots if flags & SET else 0  # the slot's register index: set * slots + slot
     index = base + head[6]
     k.slot[0], k.s[0], k.other[0], k.rows[0] = head[6], index, regs.slots - base + head[6], r
     k.epoch[0], k.bit[0], k.nw[0] = row[EPOCH], bit, row[NUM_WORKERS]
     k.is_max[0], k.saturated[0], k.exponent[0] = flags & MAX, flags & SATURATED, head[9]
     k.fast[0] = k.last[0] = False
-    from ..kernels.switch_lanes import phase_groups
+    from ...kernels.switch_lanes import phase_groups
 
     if not phase_groups(k.order, k.slot, k.s, k.other, k.epoch, k.is_max, k.bit, k.nw, k.exponent, k.saturated,
                         k.rows, regs.slot_owner, regs.bitmap, regs.contributors, regs.exponents, regs.slot_flags,
@@ -152,7 +159,7 @@ def _count(sw, att, n: int, head: tuple, counted: bool, row: tuple, bit: int, in
 
 def _rewrite(dst: np.ndarray, vt: int, flags: int, root: bool, grad: bool, row: tuple, exponent: int,
              sat: bool) -> None:
-    """The emitted header (small_route.route's rewrite of a completed, not duplicate, packet) into `dst`."""
+    """The emitted header (route_few.route's rewrite of a completed, not duplicate, packet) into `dst`."""
     mtype = (AGG if grad else RESULT) if root else vt & 0xF
     buf = dst.data  # (a C-contiguous row: its memoryview)
     _REWRITE.pack_into(buf, 0, (vt & 0xF0) | mtype, (flags & KEEP_FLAGS) | (SATURATED if sat else 0))
@@ -163,7 +170,7 @@ def _rewrite(dst: np.ndarray, vt: int, flags: int, root: bool, grad: bool, row: 
 
 def _emit(sw, arena: np.ndarray, r: int, n: int, reg: int, outs: list, sat: bool, multicast: bool,
           head: np.ndarray) -> None:
-    """The completed sum (lane register `reg`) to ports `outs` (lone.to_ports) with its events: a
+    """The completed sum (lane register `reg`) to ports `outs` (forward_one.to_ports) with its events: a
     multicast under the header in arena row `r`, a unicast under `head`."""
     cnt = sw.pipeline.counters
     if sat:

@@ -1,6 +1,10 @@
-"""The stages after the slot registers for turns of a few packets: the heartbeat table, the
-next step selector, the sender's multicast expansion and the counters, one packet at a time on
-Python ints.
+"""Mirrors: dataplane/switch/pipeline.py `Pipeline.run` after the slot registers:
+dataplane/switch/controls/heartbeat_table.py `apply`, dataplane/switch/controls/next_step_selector.py
+`select`, dataplane/switch/controls/sender.py `expand` and the drop and event counters, one packet
+at a time on Python ints, for turns of up to `pipeline.SMALL_TURN` packets.
+
+Declines: `eligible(paths)` is False for a turn with a packet on the fallback path, and
+`Pipeline.run` keeps Ethernet frames and turns with egress loss simulated on the reference stages.
 
 Most shared-memory turns hold one to sixteen packets: heartbeats, PULLs, the node's PARAMs, one
 worker's burst of GRADs. The vectorised stages after the classifier (`pipeline.Pipeline.run`:
@@ -19,12 +23,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..protocol import NODE, DropReason, Event, Flag, MsgType, NextStep
-from .batch import Emission
-from .controls import heartbeat_table
-from .controls.classifier import PATH_AGGREGATE, PATH_HEARTBEAT, PATH_MULTICAST, PATH_NONE, PATH_PULL, Classified
-from .controls.next_step_selector import KEEP_FLAGS, AggregationResult
-from .lookup import SESSION_PARAMS, CompiledTables
+from ...protocol import NODE, DropReason, Event, Flag, MsgType, NextStep
+from ..batch import Emission
+from ..controls import heartbeat_table
+from ..controls.classifier import PATH_AGGREGATE, PATH_HEARTBEAT, PATH_MULTICAST, PATH_NONE, PATH_PULL, Classified
+from ..controls.next_step_selector import KEEP_FLAGS, AggregationResult
+from ..lookup import SESSION_PARAMS, CompiledTables
 
 ROOT = int(NextStep.ROOT)
 NO_ROUTE, DUPLICATE = int(DropReason.NO_ROUTE), int(DropReason.DUPLICATE)
@@ -53,7 +57,7 @@ def route(b, c: Classified, paths: list[int], srows: list[tuple], t: CompiledTab
           agg: AggregationResult | None = None) -> Emission:
     """Heartbeat rounds, routes, multicast expansion and counters of a classified small turn
     whose packets are on `ROUTED` paths only (`paths`: c.path as a list; `srows`: each packet's
-    session row, small_classify.classify_rows; `agg`: the slot registers' outcome, needed when a
+    session row, classify_few.classify_rows; `agg`: the slot registers' outcome, needed when a
     packet is on the aggregation path); returns the emission `select` + `expand` give, in the
     same order (packet order, then replica order)."""
     pkt: list[int] = []

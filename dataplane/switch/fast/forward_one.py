@@ -1,16 +1,23 @@
-"""A shared-memory turn of one packet that aggregates nothing: a rank's heartbeat or PULL, straight
-from its ring header to the up port's ring, or the node's heartbeat or PARAM to every worker (one pool
-row the workers' rings reference), on Python ints.
+"""Mirrors: dataplane/switch/pipeline.py `Pipeline.run` and dataplane/switch/switch.py
+`SoftwareSwitch.emit` for a shared-memory turn of one packet that aggregates nothing: a rank's
+heartbeat (dataplane/switch/controls/heartbeat_table.py `apply`) or PULL to the up port, or the
+node's heartbeat or PARAM to every worker (dataplane/switch/controls/sender.py `expand`), on
+Python ints.
+
+Declines: `eligible` is False unless the turn is one whole shm packet on a switch simulating no
+link impairment; `turn` returns False, before touching any state, for drops, aggregation packets
+(aggregate_one.py's), a missing or non-shm port, a group without replicas or loss simulated
+(details below); the turn then takes `Pipeline.run`.
 
 Most event-loop turns of a training step carry one packet, most of them a heartbeat or a PULL.
 Through `Pipeline.run` and `SoftwareSwitch.emit` such a packet costs some twenty microseconds of
 per-turn machinery (a `Batch`, the parser's masks, a `Classified` and its arrays, an `Emission`)
 for a few dozen bytes moved. This path reads the header once (`struct`), classifies it with the
-small classifier's own decision (`small_classify.decision`), runs the heartbeat table on ints
+few-packet classifier's own decision (`classify_few.decision`), runs the heartbeat table on ints
 (`heartbeat_table.apply_ints`), rewrites the header fields in the packet's ring row and publishes
 that row on the up port's ring -- with the same counters (rx/tx per port, types, sessions,
 events), register updates, header rewrites and ring contents as the general path. A multicast
-(the node's heartbeat or PARAM) leaves unchanged as `shm_emit.emit_small` sends one packet: to a
+(the node's heartbeat or PARAM) leaves unchanged as `emit_shm.emit_small` sends one packet: to a
 group of one port, its row onto that ring; to several, one row of their multicast pool
 (`MulticastPools.fill_list`) that each ring references (inline copies when the pool is full).
 
@@ -28,16 +35,16 @@ import struct
 
 import numpy as np
 
-from ..integrity import header_ok, seal_header
-from ..observe import trace
-from ..protocol import HEADER_LEN, NODE, Event, NextStep, aggregation_packet_len
-from .attach_shm import MulticastPools, shm_row_bytes
-from .batch import write_results
-from .controls import heartbeat_table
-from .controls.classifier import PATH_HEARTBEAT, PATH_MULTICAST, PATH_PULL
-from .shm_emit import SMALL_EMIT
-from .small_classify import decision
-from .small_route import EPOCH, MCAST_GRP, NEXT_STEP, UP_PORT, UP_WORKER, WORKER_MASK
+from ...integrity import header_ok, seal_header
+from ...observe import trace
+from ...protocol import HEADER_LEN, NODE, Event, NextStep, aggregation_packet_len
+from ..attach_shm import MulticastPools, shm_row_bytes
+from ..batch import write_results
+from ..controls import heartbeat_table
+from ..controls.classifier import PATH_HEARTBEAT, PATH_MULTICAST, PATH_PULL
+from .classify_few import decision
+from .emit_shm import SMALL_EMIT
+from .route_few import EPOCH, MCAST_GRP, NEXT_STEP, UP_PORT, UP_WORKER, WORKER_MASK
 
 # the data header's fields (protocol._DATA); a heartbeat's ack and credit lie where slot and tensor do
 _HEAD = struct.Struct("!BBHHHIIIIbBHI")
@@ -150,7 +157,7 @@ def _multicast(sw, rx, att, n: int, head: tuple, row: tuple, counted: bool, grou
 
 def to_ports(sw, arena: np.ndarray, r: int, n: int, outs: list, reg: int = -1, head: np.ndarray | None = None) -> None:
     """The packet in `arena` row r (n bytes; `reg` >= 0: its lanes are the sum in that lane register)
-    to shared-memory ports `outs` as shm_emit.emit_small sends a packet's copies: to one port, its
+    to shared-memory ports `outs` as emit_shm.emit_small sends a packet's copies: to one port, its
     row (a sum straight from its register, under `head` when given); to several, one row of their
     multicast pool that each ring references, or, when the pool has no free row, the row itself
     (the sum written into it first: Batch.materialize). Counted per port; the rings are rung."""

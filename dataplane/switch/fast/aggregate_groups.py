@@ -1,4 +1,12 @@
-"""The aggregation fast path: the contributions to each slot in one batch, as one group.
+"""Mirrors: dataplane/switch/pipeline.py `Pipeline._aggregate` (one round of the slot state machine:
+dataplane/switch/controls/slot_owner.py `apply`, dataplane/switch/controls/worker_bitmap.py `apply`,
+dataplane/switch/controls/contributor_counter.py `apply`, dataplane/switch/controls/exponent_max.py
+`apply`, dataplane/switch/controls/aggregation_lanes.py `apply`), for all the contributions to a
+slot in one batch at once: the aggregation fast path.
+
+Declines: a group that does not qualify (below) is left untouched and marked not fast, and
+`Pipeline._aggregation` runs it through `Pipeline._aggregate` in rounds; `fold` returns None,
+having changed nothing, when no group qualifies.
 
 In an allreduce every slot of a batch is usually hit by several workers' packets. Run as
 rounds, that costs one pass of the register controls per contribution. A group may also be one
@@ -20,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import use_numba
+from ...kernels import use_numba
 
 
 class GroupPlan:
@@ -59,7 +67,7 @@ def fold(slot: np.ndarray, a, regs, payload: np.ndarray, agg, write_out: bool = 
     group, same registers, outcome and bits); `plan` + `apply` are its numpy reference.
     """
     if use_numba():
-        from ..kernels.switch_lanes import lane_rows, phase_groups
+        from ...kernels.switch_lanes import lane_rows, phase_groups
 
         flat = flat or lane_rows(payload.view(np.uint32))
     else:
@@ -128,7 +136,7 @@ def _rows(r: np.ndarray):
     return r
 
 
-def _combine(total: np.ndarray, x: np.ndarray, rows: np.ndarray, is_max: np.ndarray, any_max: bool,
+def _combine(total: np.ndarray, x: np.ndarray, rows: np.ndarray | slice, is_max: np.ndarray, any_max: bool,
              all_max: bool) -> None:
     """total[rows] = total[rows] (+ or max, per group) x; x has one row per selected group."""
     if not any_max:

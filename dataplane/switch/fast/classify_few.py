@@ -1,4 +1,9 @@
-"""The classifier for turns of a few packets: `controls/classifier.py`'s checks, one packet at a time.
+"""Mirrors: dataplane/switch/controls/classifier.py `classify` (its checks, in its order, with its
+`Classified`, drop reasons and session counters), one packet at a time on Python ints, for turns
+of up to `pipeline.SMALL_TURN` packets.
+
+Declines: nothing it is given: `Pipeline.run` (dataplane/switch/pipeline.py) picks it by the turn's
+size alone and it classifies every packet, malformed ones included; larger turns take `classify`.
 
 On shared-memory ports most event-loop turns hold one to four packets (heartbeats, PULLs, one
 endpoint's GRADs), and the vectorised classifier's sixty-odd numpy calls (1-2 us each, whatever
@@ -17,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..protocol import DATA_HEADER, HEADER_LEN, NODE, PULL_REQUEST, TRAILER_LEN, VERSION, aggregation_packet_len
-from .controls.classifier import (
+from ...protocol import DATA_HEADER, HEADER_LEN, NODE, PULL_REQUEST, TRAILER_LEN, VERSION, aggregation_packet_len
+from ..controls.classifier import (
     _ITEMSIZE,
     AGG,
     ALLREDUCE,
@@ -50,7 +55,7 @@ from .controls.classifier import (
     Classified,
     take_session_fields,
 )
-from .lookup import SESSION_PARAMS, CompiledTables, ScalarTables
+from ..lookup import SESSION_PARAMS, CompiledTables, ScalarTables
 
 DECIDED = 4096  # classifications kept per tables version (ScalarTables.decided)
 TURNS = 1024  # turns' arrays kept per tables version (ScalarTables.turns)
@@ -80,7 +85,7 @@ def classify_small(b, t: CompiledTables, lanes: int, counters) -> Classified:
 
 def classify_rows(b, t: CompiledTables, lanes: int, counters) -> tuple[Classified, list[tuple]]:
     """`classify_small`, and each classified packet's session row (`ScalarTables.sessions`, the
-    zeros row for a miss) for the later small-turn stages (small_route.py)."""
+    zeros row for a miss) for the later small-turn stages (route_few.py)."""
     sc = t.scalar()
     c = Classified()
     c.idx, c.h = idx, h = _alive_headers(b)
