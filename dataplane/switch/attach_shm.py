@@ -142,7 +142,7 @@ class ShmAttachment:
     def send_list(self, src: np.ndarray, rows: list[int], lengths: list[int]) -> int:
         """`send_rows` for a few packets given as Python ints (the datagram of packet i is
         `src[rows[i], :lengths[i]]`): one slice copy per packet instead of `push_rows`' array
-        calls (shm_emit.py's turns of one to a few copies). Not rung: `notify()`."""
+        calls (fast/emit_shm.py's turns of one to a few copies). Not rung: `notify()`."""
         if max(lengths) > self.row_bytes:  # (never from the pipeline) counted as send_rows counts it
             return self.send_rows(src, np.array(rows, dtype=np.int64), np.array(lengths, dtype=np.int64), 0,
                                   notify=False)
