@@ -20,8 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from . import integrity
@@ -109,15 +107,6 @@ def _weights(nv: int) -> np.ndarray:
     return w
 
 
-@functools.lru_cache(maxsize=8)
-def _weights32(lanes: int) -> np.ndarray:
-    """The kernels' weights: rows j = 1..3 of `_weights(lanes)` as uint32 (3, lanes), made once."""
-    w = np.zeros((CHECKS - 1, lanes), dtype=np.uint32)
-    w[:, :lanes - CHECKS] = _weights(lanes - CHECKS)[1:]
-    w.setflags(write=False)
-    return w
-
-
 def _check_sums(lanes: np.ndarray) -> np.ndarray:
     """sum_k (k+1)^j * v_k mod 2^16 of each row of (K, nv) lanes (any signed ints): (K, 4) int64."""
     v = np.asarray(lanes, dtype=np.int64) & _MASK16
@@ -156,8 +145,7 @@ def encode_rows(x: np.ndarray, exps: np.ndarray, n: int, lanes: int, rows: np.nd
             sat = np.zeros(k, dtype=np.bool_)
             _kernels().quantize16_rows(x, np.ascontiguousarray(exps, dtype=np.int32), s1, s2,
                                        np.float32(2 ** (15 - c)), np.float32(2 ** (15 - c) - 1), words,
-                                       rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK, i0, terms,
-                                       _weights32(lanes), sat)
+                                       rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK, i0, terms, sat)
             return sat
     blocks = exps.size
     b0, b1 = i0 * nb, (i0 + k) * nb
@@ -206,7 +194,7 @@ def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.n
         words = _as_words16(rows)
         if words is not None and out.flags.c_contiguous and out.dtype == np.float32:
             return _kernels().dequantize16_rows(words, rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK,
-                                                n, sel, terms, _weights32(lanes), pow2, -EXP_MIN, out.reshape(-1),
+                                                n, sel, terms, pow2, -EXP_MIN, out.reshape(-1),
                                                 starts, ok)
     lane = rows[sel, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2").astype(np.int64)
     esum = lane[:, :nb]
