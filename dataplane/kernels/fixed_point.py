@@ -428,9 +428,9 @@ def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, po
     """Verify and decode FIXED16 sums of `n` contributions (dataplane/fixed16.py `decode_rows` is the
     reference): row sel[i]'s exponent lanes must be multiples of n (e = lane / n), its check words
     `sum_k (k+1)^j v_k + n * (terms[i, j] + G_j(e))` mod 2^16; ok[i] says so. A row that passes has
-    its data lanes decoded, lane * 2^(e + c - 15) exactly in float64 (pow2[e + pow2_at] = 2^(e + c - 15);
-    an exponent outside the table fails the row) rounded once to float32, into out[starts[i]:], up
-    to the end of `out`."""
+    its data lanes decoded, lane * 2^(e + c - 15) rounded once to float32 (pow2[e + pow2_at] =
+    2^(e + c - 15); an exponent outside the table fails the row), into out[starts[i]:], up to the
+    end of `out`."""
     nv = lanes - 4
     m = out.size
     eb = np.zeros(nb, dtype=np.int64)
@@ -457,13 +457,15 @@ def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, po
             continue
         o = starts[i]
         for b in range(nb):
-            sc = pow2[eb[b] + pow2_at]
+            # a power of two within float32's range (subnormals included): the float32 product of the
+            # lane (|v| <= 2^15, exact) and it is the exact product rounded once, as in float64
+            sc = np.float32(pow2[eb[b] + pow2_at])
             lo = o + b * block
             hi = min(lo + block, m)
             dst = out[lo:hi] if hi > lo else out[0:0]
             v = vals[nb + b * block:nb + b * block + (hi - lo if hi > lo else 0)]
             for j in range(dst.size):
-                dst[j] = np.float32(np.float64(np.int32(v[j])) * sc)
+                dst[j] = np.float32(np.int32(v[j])) * sc
     return ok
 
 
