@@ -333,9 +333,10 @@ def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb,
     blocks' `exps`, 0 past the buffer), nb * block data lanes quantised with each block's factors
     s1 * s2 (rint, clipped to +-lim, NaN -> 0; saturated[r] where a value was non-finite or not
     below `top` after scaling), zero padding, then the 4 check words with `terms[r]` (the header's
-    T_j) and the exponents' G_j added. A row's lanes are built in a scratch of uint32 (a loop per
-    block, its factor a scalar), then swapped into the row and summed in one loop over the whole
-    row (`_store_sums`); the loops vectorise."""
+    T_j) and the exponents' G_j added. A whole row whose values all scale below `top` is
+    quantised, stored and summed in one pass (a loop per block, its factor a scalar); any other
+    row is built in a scratch of uint32 (its bad values redone carefully), then swapped into the
+    row and summed in one loop (`_store_sums`). The loops vectorise."""
     n = x.size
     data = nb * block
     blocks = exps.size
@@ -352,7 +353,50 @@ def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb,
         if full:  # a whole row of unsplit factors (s2 = 1): one long loop over the row's elements
             for b in range(nb):
                 full &= s2[b0 + b] == 1
-        if full:
+        if full:  # quantise, store and sum in one pass (the scratch only if the row needs its redo)
+            flag = False
+            c0 = np.uint32(0)
+            c1 = np.uint32(0)
+            c2 = np.uint32(0)
+            c3 = np.uint32(0)
+            for b in range(nb):
+                eb[b] = exps[b0 + b]
+                u = np.uint32(np.int32(exps[b0 + b]))
+                dst[b] = np.uint16(((u & np.uint32(0xFF)) << np.uint32(8)) | ((u >> np.uint32(8)) & np.uint32(0xFF)))
+                k1 = np.uint32(b + 1)
+                k2 = np.uint32(k1 * k1)
+                c0 = np.uint32(c0 + u)
+                c1 = np.uint32(c1 + np.uint32(k1 * u))
+                c2 = np.uint32(c2 + np.uint32(k2 * u))
+                c3 = np.uint32(c3 + np.uint32(np.uint32(k2 * k1) * u))
+            for b in range(nb):
+                a = s1[b0 + b]
+                src = x[e0 + b * block:e0 + (b + 1) * block]
+                base = nb + b * block
+                out = dst[base:base + block]
+                for j in range(block):
+                    v = src[j] * a
+                    flag |= not (abs(v) < top)
+                    q = np.rint(v)
+                    q = q if q < lim else lim
+                    q = q if q > -lim else -lim
+                    u = np.uint32(np.int32(q))
+                    out[j] = np.uint16(((u & np.uint32(0xFF)) << np.uint32(8)) | ((u >> np.uint32(8)) & np.uint32(0xFF)))
+                    k1 = np.uint32(base + j + 1)
+                    k2 = np.uint32(k1 * k1)
+                    c0 = np.uint32(c0 + u)
+                    c1 = np.uint32(c1 + np.uint32(k1 * u))
+                    c2 = np.uint32(c2 + np.uint32(k2 * u))
+                    c3 = np.uint32(c3 + np.uint32(np.uint32(k2 * k1) * u))
+            if not flag:
+                for k in range(nb + data, nv):  # zero padding (adds nothing to the sums)
+                    dst[k] = 0
+                g0, g1, g2, g3 = _exponent_terms(eb, nb)
+                saturated[r] = False
+                _put_checks(dst, nv, np.uint64(c0) + np.uint64(terms[r, 0]) + g0,
+                            np.uint64(c1) + np.uint64(terms[r, 1]) + g1,
+                            np.uint64(c2) + np.uint64(terms[r, 2]) + g2, np.uint64(c3) + np.uint64(terms[r, 3]) + g3)
+                continue
             flag = False
             for b in range(nb):
                 eb[b] = exps[b0 + b]
