@@ -119,6 +119,8 @@ def breakdown(reports: dict[int, dict], steps: int, units: list[int], lanes: int
     measured = (tx + WIRE * pk) / per
     resent_bytes = resent * row / per
     out: dict = {"lanes": lanes, "grad_format": grad_format, "units": len(units), "params": params,
+                 "note": "the structure is one push per unit; a unit sliced over several nodes pushes per "
+                         "slice, and its extra packets count in `other`",
                  "per_step_bytes": {}, "per_param": {}}
     for name in ("data", "agreement"):
         out[f"{name}_packets_per_step"] = s[name]["packets"]
