@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 from luwu.dataplane import fixed16
-from luwu.dataplane.integrity import FIXED16_BLOCK, check_lanes
+from luwu.dataplane.integrity import FIXED16_BLOCK, check_lanes, fixed16_blocks
 from luwu.dataplane.protocol import HEADER_LEN, Dtype
 
 WIRE = 42  # UDP (8), IPv4 (20) and Ethernet (14) headers per packet, as report.WIRE_OVERHEAD
@@ -102,6 +102,8 @@ def breakdown(reports: dict[int, dict], steps: int, units: list[int], lanes: int
     per parameter, then what the engines counted beyond it: `resent` (packets resent, each a
     whole aggregation packet) and `other` (the rest of what they sent: heartbeats, PULL
     requests), from the same socket counters as push_bytes_per_param."""
+    if grad_format == "fixed16" and fixed16_blocks(lanes) < 1:
+        grad_format = "fixed32"  # packets too small for a block: the engine sends fixed32 (engine.push)
     s = structure(units, lanes, grad_format)
     params = max(1, sum(int(u) for u in units))
     row = (fixed16.row_len(lanes) if grad_format == "fixed16" else HEADER_LEN + 4 * lanes) + WIRE

@@ -69,3 +69,14 @@ def test_breakdown_sets_the_engines_counters_beside_the_structure():
     total = sum(per_step.values())
     assert total / sum(units) == pytest.approx(b["measured_bytes_per_param"])
     assert b["streams_all_workers"] == {"session 1 send_stream": {"packets": 18, "retransmitted": 2}}
+
+
+def test_a_switch_too_small_for_a_block_is_counted_as_fixed32():
+    """Tofino packets (64 lanes) hold no FIXED16 block: the engine pushes fixed32, and so does the count."""
+    units = [1000]
+    s = push_bytes.structure(units, 64, "fixed32")
+    reports = {0: {"mnn": {"engine": {"socket": {"tx_bytes": s["bytes"], "tx_packets": 0}}}}}
+    b = push_bytes.breakdown(reports, 1, units, 64, "fixed16")
+    assert b["grad_format"] == "fixed32" and b["structural_bytes_per_param"] == s["bytes_per_param"]
+    with pytest.raises(ValueError):
+        push_bytes.structure(units, 64, "fixed16")
