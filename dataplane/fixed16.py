@@ -20,8 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from . import integrity
@@ -71,6 +69,8 @@ def header_terms(hrows: np.ndarray) -> np.ndarray:
     """`integrity.header_term(h, FIXED16)` of each (K, >=32) uint8 header row: (K, 4) uint32."""
     h = hrows[:, :HEADER_LEN].copy().view(DATA_HEADER).reshape(-1)
     k = len(h)
+    if k <= integrity.SCALAR_TERMS:  # a few rows (a small push, most received batches): on Python ints, ~3x faster
+        return integrity.header_terms(h, Dtype.FIXED16).astype(np.uint32)
     fields = np.empty((k, 11), dtype=np.uint64)
     for i, name in enumerate(_FIELDS):
         fields[:, i] = h[name]
@@ -106,15 +106,6 @@ def _weights(nv: int) -> np.ndarray:
     w[0] = 1
     for j in range(1, CHECKS):
         w[j] = (w[j - 1] * k) & _MASK16
-    return w
-
-
-@functools.lru_cache(maxsize=8)
-def _weights32(lanes: int) -> np.ndarray:
-    """The kernels' weights: rows j = 1..3 of `_weights(lanes)` as uint32 (3, lanes), made once."""
-    w = np.zeros((CHECKS - 1, lanes), dtype=np.uint32)
-    w[:, :lanes - CHECKS] = _weights(lanes - CHECKS)[1:]
-    w.setflags(write=False)
     return w
 
 
@@ -156,8 +147,7 @@ def encode_rows(x: np.ndarray, exps: np.ndarray, n: int, lanes: int, rows: np.nd
             sat = np.zeros(k, dtype=np.bool_)
             _kernels().quantize16_rows(x, np.ascontiguousarray(exps, dtype=np.int32), s1, s2,
                                        np.float32(2 ** (15 - c)), np.float32(2 ** (15 - c) - 1), words,
-                                       rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK, i0, terms,
-                                       _weights32(lanes), sat)
+                                       rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK, i0, terms, sat)
             return sat
     blocks = exps.size
     b0, b1 = i0 * nb, (i0 + k) * nb
@@ -206,7 +196,7 @@ def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.n
         words = _as_words16(rows)
         if words is not None and out.flags.c_contiguous and out.dtype == np.float32:
             return _kernels().dequantize16_rows(words, rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK,
-                                                n, sel, terms, _weights32(lanes), pow2, -EXP_MIN, out.reshape(-1),
+                                                n, sel, terms, pow2, -EXP_MIN, out.reshape(-1),
                                                 starts, ok)
     lane = rows[sel, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2").astype(np.int64)
     esum = lane[:, :nb]

@@ -240,10 +240,11 @@ def widen_bf16(half, out):
 
 
 # --- FIXED16 (dataplane/fixed16.py is the reference of both kernels) -------------------------
-# The check words are sums mod 2^16 of lane * weight, weight = (k+1)^j mod 2^16 (`weights`: rows
-# j = 1..3, uint32). Lanes and weights are below 2^16 in magnitude, so each product and the running
-# sums are taken mod 2^32 in uint32 (which vectorises; 64-bit multiplies do not on AVX2) and reduced
-# mod 2^16 at the end: the same residues.
+# The check words are sums mod 2^16 of lane * weight, weight = (k+1)^j. Each product and the
+# running sums are taken mod 2^32 in uint32 (which vectorises; 64-bit multiplies do not on AVX2) and
+# reduced mod 2^16 at the end: the same residues. The weights are computed in the loop ((k+1),
+# (k+1)^2, (k+1)^3 mod 2^32: two multiplies) rather than loaded from three tables, in the same pass
+# that moves the lanes between the uint32 scratch and the big-endian row.
 
 @njit(cache=True, inline="always")
 def _bswap16(v):
@@ -278,18 +279,42 @@ def _exponent_terms(exps, nb):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _sums(vals, w1, w2, w3):
-    """(sum v, sum w1*v, sum w2*v, sum w3*v) mod 2^32 of uint32 lane values (two's complement)."""
+def _store_sums(vals, dst):
+    """dst[k] = vals[k]'s low 16 bits big-endian, and (sum v, sum (k+1) v, sum (k+1)^2 v,
+    sum (k+1)^3 v) mod 2^32 of the uint32 lane values vals (two's complement), in one pass."""
     s0 = np.uint32(0)
     s1 = np.uint32(0)
     s2 = np.uint32(0)
     s3 = np.uint32(0)
     for k in range(vals.size):
         v = vals[k]
+        dst[k] = np.uint16(((v & np.uint32(0xFF)) << np.uint32(8)) | ((v >> np.uint32(8)) & np.uint32(0xFF)))
+        a = np.uint32(k + 1)
+        b = np.uint32(a * a)
         s0 = np.uint32(s0 + v)
-        s1 = np.uint32(s1 + np.uint32(w1[k] * v))
-        s2 = np.uint32(s2 + np.uint32(w2[k] * v))
-        s3 = np.uint32(s3 + np.uint32(w3[k] * v))
+        s1 = np.uint32(s1 + np.uint32(a * v))
+        s2 = np.uint32(s2 + np.uint32(b * v))
+        s3 = np.uint32(s3 + np.uint32(np.uint32(b * a) * v))
+    return s0, s1, s2, s3
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _load_sums(src, vals):
+    """vals[k] = the big-endian int16 src[k] sign-extended to uint32, and `_store_sums`' sums."""
+    s0 = np.uint32(0)
+    s1 = np.uint32(0)
+    s2 = np.uint32(0)
+    s3 = np.uint32(0)
+    for k in range(vals.size):
+        u = src[k]
+        v = np.uint32(np.int32(np.int16(np.uint16(((u & 0xFF) << 8) | ((u >> 8) & 0xFF)))))
+        vals[k] = v
+        a = np.uint32(k + 1)
+        b = np.uint32(a * a)
+        s0 = np.uint32(s0 + v)
+        s1 = np.uint32(s1 + np.uint32(a * v))
+        s2 = np.uint32(s2 + np.uint32(b * v))
+        s3 = np.uint32(s3 + np.uint32(np.uint32(b * a) * v))
     return s0, s1, s2, s3
 
 
@@ -302,26 +327,22 @@ def _put_checks(dst, nv, c0, c1, c2, c3):
 
 
 @njit(cache=True, nogil=True)
-def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb, block, i0, terms, weights,
-                    saturated):
+def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb, block, i0, terms, saturated):
     """FIXED16 packets i0.. into rows (flat big-endian uint16 `words`, `row_words` apart, lanes from
     word `col`) (dataplane/fixed16.py `encode_rows` is the reference): nb exponent lanes (the
     blocks' `exps`, 0 past the buffer), nb * block data lanes quantised with each block's factors
     s1 * s2 (rint, clipped to +-lim, NaN -> 0; saturated[r] where a value was non-finite or not
     below `top` after scaling), zero padding, then the 4 check words with `terms[r]` (the header's
-    T_j) and the exponents' G_j added. `weights`: (3, lanes) uint32, (k+1)^j mod 2^16. A row's
-    lanes are built in a scratch of uint32 (short loops per block), then swapped into the row and
-    summed in two loops over the whole row, which vectorise."""
+    T_j) and the exponents' G_j added. A whole row whose values all scale below `top` is
+    quantised, stored and summed in one pass (a loop per block, its factor a scalar); any other
+    row is built in a scratch of uint32 (its bad values redone carefully), then swapped into the
+    row and summed in one loop (`_store_sums`). The loops vectorise."""
     n = x.size
     data = nb * block
     blocks = exps.size
     nv = lanes - 4
-    w1 = weights[0]
-    w2 = weights[1]
-    w3 = weights[2]
     vals = np.zeros(nv, dtype=np.uint32)  # padding lanes stay 0
     eb = np.zeros(nb, dtype=np.int64)
-    scale = np.empty(data, dtype=np.float32)
     for r in range(saturated.size):
         p = i0 + r
         dst = words[r * row_words + col:r * row_words + col + lanes]
@@ -332,28 +353,70 @@ def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb,
         if full:  # a whole row of unsplit factors (s2 = 1): one long loop over the row's elements
             for b in range(nb):
                 full &= s2[b0 + b] == 1
-        if full:
+        if full:  # quantise, store and sum in one pass (the scratch only if the row needs its redo)
+            flag = False
+            c0 = np.uint32(0)
+            c1 = np.uint32(0)
+            c2 = np.uint32(0)
+            c3 = np.uint32(0)
+            for b in range(nb):
+                eb[b] = exps[b0 + b]
+                u = np.uint32(np.int32(exps[b0 + b]))
+                dst[b] = np.uint16(((u & np.uint32(0xFF)) << np.uint32(8)) | ((u >> np.uint32(8)) & np.uint32(0xFF)))
+                k1 = np.uint32(b + 1)
+                k2 = np.uint32(k1 * k1)
+                c0 = np.uint32(c0 + u)
+                c1 = np.uint32(c1 + np.uint32(k1 * u))
+                c2 = np.uint32(c2 + np.uint32(k2 * u))
+                c3 = np.uint32(c3 + np.uint32(np.uint32(k2 * k1) * u))
+            for b in range(nb):
+                a = s1[b0 + b]
+                src = x[e0 + b * block:e0 + (b + 1) * block]
+                base = nb + b * block
+                out = dst[base:base + block]
+                for j in range(block):
+                    v = src[j] * a
+                    flag |= not (abs(v) < top)
+                    q = np.rint(v)
+                    q = q if q < lim else lim
+                    q = q if q > -lim else -lim
+                    u = np.uint32(np.int32(q))
+                    out[j] = np.uint16(((u & np.uint32(0xFF)) << np.uint32(8)) | ((u >> np.uint32(8)) & np.uint32(0xFF)))
+                    k1 = np.uint32(base + j + 1)
+                    k2 = np.uint32(k1 * k1)
+                    c0 = np.uint32(c0 + u)
+                    c1 = np.uint32(c1 + np.uint32(k1 * u))
+                    c2 = np.uint32(c2 + np.uint32(k2 * u))
+                    c3 = np.uint32(c3 + np.uint32(np.uint32(k2 * k1) * u))
+            if not flag:
+                for k in range(nb + data, nv):  # zero padding (adds nothing to the sums)
+                    dst[k] = 0
+                g0, g1, g2, g3 = _exponent_terms(eb, nb)
+                saturated[r] = False
+                _put_checks(dst, nv, np.uint64(c0) + np.uint64(terms[r, 0]) + g0,
+                            np.uint64(c1) + np.uint64(terms[r, 1]) + g1,
+                            np.uint64(c2) + np.uint64(terms[r, 2]) + g2, np.uint64(c3) + np.uint64(terms[r, 3]) + g3)
+                continue
+            flag = False
             for b in range(nb):
                 eb[b] = exps[b0 + b]
                 vals[b] = np.uint32(np.int32(exps[b0 + b]))
-                sc = scale[b * block:(b + 1) * block]
                 a = s1[b0 + b]
+                src = x[e0 + b * block:e0 + (b + 1) * block]
+                out = vals[nb + b * block:nb + (b + 1) * block]
                 for j in range(block):
-                    sc[j] = a
-            src = x[e0:e0 + data]
-            out = vals[nb:nb + data]
-            flag = False
-            for j in range(data):
-                v = src[j] * scale[j]
-                flag |= not (abs(v) < top)
-                q = np.rint(v)
-                q = q if q < lim else lim
-                q = q if q > -lim else -lim
-                out[j] = np.uint32(np.int32(q))
+                    v = src[j] * a
+                    flag |= not (abs(v) < top)
+                    q = np.rint(v)
+                    q = q if q < lim else lim
+                    q = q if q > -lim else -lim
+                    out[j] = np.uint32(np.int32(q))
             if flag:  # redo the row's bad values carefully (NaN -> 0)
                 bad = True
+                src = x[e0:e0 + data]
+                out = vals[nb:nb + data]
                 for j in range(data):
-                    q = np.rint(src[j] * scale[j])
+                    q = np.rint(src[j] * s1[b0 + j // block])
                     if q != q:
                         out[j] = 0
                     elif not (abs(q) <= lim):
@@ -396,10 +459,7 @@ def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb,
                     out[j] = np.uint32(np.int32(q))
             for j in range(cnt, block):
                 out[j] = 0
-        for k in range(nv):
-            v = vals[k]
-            dst[k] = np.uint16(((v & np.uint32(0xFF)) << np.uint32(8)) | ((v >> np.uint32(8)) & np.uint32(0xFF)))
-        c0, c1, c2, c3 = _sums(vals, w1, w2, w3)
+        c0, c1, c2, c3 = _store_sums(vals, dst[:nv])
         g0, g1, g2, g3 = _exponent_terms(eb, nb)
         saturated[r] = bad
         _put_checks(dst, nv, np.uint64(c0) + np.uint64(terms[r, 0]) + g0, np.uint64(c1) + np.uint64(terms[r, 1]) + g1,
@@ -408,19 +468,15 @@ def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb,
 
 
 @njit(cache=True, nogil=True)
-def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, weights, pow2, pow2_at, out, starts,
-                      ok):
+def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, pow2, pow2_at, out, starts, ok):
     """Verify and decode FIXED16 sums of `n` contributions (dataplane/fixed16.py `decode_rows` is the
     reference): row sel[i]'s exponent lanes must be multiples of n (e = lane / n), its check words
     `sum_k (k+1)^j v_k + n * (terms[i, j] + G_j(e))` mod 2^16; ok[i] says so. A row that passes has
-    its data lanes decoded, lane * 2^(e + c - 15) exactly in float64 (pow2[e + pow2_at] = 2^(e + c - 15);
-    an exponent outside the table fails the row) rounded once to float32, into out[starts[i]:], up
-    to the end of `out`."""
+    its data lanes decoded, lane * 2^(e + c - 15) rounded once to float32 (pow2[e + pow2_at] =
+    2^(e + c - 15); an exponent outside the table fails the row), into out[starts[i]:], up to the
+    end of `out`."""
     nv = lanes - 4
     m = out.size
-    w1 = weights[0]
-    w2 = weights[1]
-    w3 = weights[2]
     eb = np.zeros(nb, dtype=np.int64)
     vals = np.empty(nv, dtype=np.uint32)
     msk = np.uint64(0xFFFF)
@@ -434,9 +490,7 @@ def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, we
                 good = False  # not n equal exponents, or one outside the protocol's range
             eb[b] = s // n
         if good:
-            for k in range(nv):
-                vals[k] = np.uint32(np.int32(np.int16(_bswap16(src[k]))))
-            c0, c1, c2, c3 = _sums(vals, w1, w2, w3)
+            c0, c1, c2, c3 = _load_sums(src[:nv], vals)
             g0, g1, g2, g3 = _exponent_terms(eb, nb)
             good = ((np.uint64(c0) + nn * (np.uint64(terms[i, 0]) + g0)) & msk) == np.uint64(_bswap16(src[nv])) \
                 and ((np.uint64(c1) + nn * (np.uint64(terms[i, 1]) + g1)) & msk) == np.uint64(_bswap16(src[nv + 1])) \
@@ -447,13 +501,15 @@ def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, we
             continue
         o = starts[i]
         for b in range(nb):
-            sc = pow2[eb[b] + pow2_at]
+            # a power of two within float32's range (subnormals included): the float32 product of the
+            # lane (|v| <= 2^15, exact) and it is the exact product rounded once, as in float64
+            sc = np.float32(pow2[eb[b] + pow2_at])
             lo = o + b * block
             hi = min(lo + block, m)
             dst = out[lo:hi] if hi > lo else out[0:0]
             v = vals[nb + b * block:nb + b * block + (hi - lo if hi > lo else 0)]
             for j in range(dst.size):
-                dst[j] = np.float32(np.float64(np.int32(v[j])) * sc)
+                dst[j] = np.float32(np.int32(v[j])) * sc
     return ok
 
 

@@ -16,6 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from luwu.dataplane.protocol import lanes_for_mode
+
+from . import push_bytes
+
 
 def mean_losses(reports: dict[int, dict]) -> list[float]:
     """The global batch's loss per step: the mean of the ranks' losses (equal shards)."""
@@ -77,6 +81,10 @@ def build(args: dict, fabric: dict, mnn: dict[int, dict], ddp: dict[int, dict] |
                     "saturated_sums": int((switch_counters.get("events", {}).get("SATURATED") or [0])[0])},
            "traffic": traffic(mnn, steps, len(mnn), model_info["bytes_fp32"], model_info["served_itemsize"]),
            "switch_counters": switch_counters, "optimizer_nodes": node_stats}
+    if args.get("packet_mode") and model_info.get("units"):  # where the push bytes go (push_bytes.py)
+        out["traffic"]["push_breakdown"] = push_bytes.breakdown(
+            mnn, steps, [int(u["numel"]) for u in model_info["units"]], lanes_for_mode(args["packet_mode"]),
+            args.get("grad_format") or "fixed32")
     if ddp:
         out["ddp"] = {"losses": mean_losses(ddp), "tokens_per_second": step_throughput(ddp, tokens_per_step),
                       "final_loss": mean_losses(ddp)[-1],

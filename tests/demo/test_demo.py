@@ -66,6 +66,12 @@ def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     assert report["settings"]["grad_format"] == "fixed32"
     assert t["push_bytes_per_param"] >= 4 and t["pull_bytes_per_param"] >= 2, t
     assert "bytes per parameter, pull / push (fixed32)" in " ".join(proc.stdout.split()), proc.stdout
+    # where the push bytes go (luwu/demo/push_bytes.py): whole packets by part, then resends and the rest
+    b = t["push_breakdown"]
+    assert b["grad_format"] == "fixed32" and b["units"] == len(report["model"]["units"]), b
+    assert b["measured_bytes_per_param"] == pytest.approx(t["push_bytes_per_param"])
+    assert b["per_step_bytes"]["other"] >= 0 and b["per_step_bytes"]["resent"] >= 0, b
+    assert sum(b["per_param"].values()) == pytest.approx(b["measured_bytes_per_param"])
     assert report["switch_counters"]["events"]["COMPLETED"][0] > 0
     # nothing skipped or saturated, and the summary would have said so in red (luwu/demo/command.py _anomalies)
     assert report["luwu"]["skipped_steps"] == {} and report["luwu"]["saturated_sums"] == 0

@@ -175,3 +175,35 @@ def test_a_corrupt_block_exponent_agreement_with_a_fingerprint_takes_the_exact_p
         assert h.saturated and np.isnan(r).all(), "a corrupt agreement gives the exact path for the whole op"
     assert not any(h.saturated for h in second)
     _check(r2, ys)
+
+
+def test_a_push_sends_the_bytes_push_bytes_counts():
+    """A FIXED16 push is its agreement packets and its data packets, each of 32 + 2L bytes, and
+    nothing else but heartbeats (32 bytes) and resends: luwu/demo/push_bytes.structure, which the
+    demo's report.json traffic.push_breakdown uses, counts what an engine really sends."""
+    from luwu.demo import push_bytes
+
+    workers = 2
+    plan = StarPlan(workers=workers, nodes=1, mode=LANES, node_pool=32, param_window=64)
+    rng = np.random.default_rng(11)
+    layers = {1: rng.standard_normal(5000).astype(np.float32), 2: rng.standard_normal(70).astype(np.float32)}
+    server = SgdParamStore(layers, lr=0.1)
+    sid = plan.node_session(0)
+    with node_star(plan, server) as st:
+        for e in st.engines:
+            e.config.grad_format = "fixed16"
+        for t, p in layers.items():
+            for h in [e.push(sid, t, (rng.standard_normal(p.size) * 0.01).astype(np.float32)) for e in st.engines]:
+                h.wait(60)
+        stats = [e.session_stats() for e in st.engines]
+    s = push_bytes.structure([p.size for p in layers.values()], LANES, "fixed16")
+    packets = s["data"]["packets"] + s["agreement"]["packets"]
+    assert s["data"]["packets"] == sum(fixed16.packets(p.size, LANES) for p in layers.values())
+    row = fixed16.row_len(LANES)
+    for st_ in stats:
+        sock = st_["socket"]
+        resent = sum(v.get(k, {}).get("retransmitted", 0) for v in st_.values() if isinstance(v, dict)
+                     for k in ("send_stream", "grad_stream"))
+        heartbeats = sock["tx_packets"] - packets - resent
+        assert heartbeats >= 0, (sock, packets, resent)
+        assert sock["tx_bytes"] == (packets + resent) * row + 32 * heartbeats, (sock, packets, resent)
