@@ -189,7 +189,7 @@ def _leave_group():
     DDP first and the group last, from Python, whose holder releases the GIL before destroying it,
     so the gloo thread takes the GIL, ends, and the join returns. Seen as a rare
     hang of the demo's DDP baseline at exit (issue 26: 2 runs in 14 of the OPT baseline alone on the
-    loaded 2-core machine; py-spy: `~Reducer -> ~ProcessGroupGloo -> thread::join` in the main thread,
+    loaded 2-core machine, 1 in 24 without activation checkpointing; py-spy: `~Reducer -> ~ProcessGroupGloo -> thread::join` in the main thread,
     `runLoop -> ~AsyncWork -> ~ThreadLocalState -> gil_scoped_acquire` in gloo's)."""
     import torch.distributed as dist
 
