@@ -9,7 +9,7 @@ limit, so that one failing or hanging still lets the others run:
                --no-index: nothing can be fetched
   cuda_tests   the test suite's CUDA tests (pytest -k cuda on the test files that check for CUDA)
   mnn          ModelInNetwork trains a tiny Llama (transformers, from a config) in bf16 on the GPU,
-               2 workers on loopback, against a one-process reference (scripts/gpu_checks.py)
+               2 worker processes on loopback, against a one-process reference (scripts/gpu_checks.py)
   ddp          DDP over init_process_group("luwu") with CUDA tensors against Gloo (and NCCL
                where there is one GPU per rank), 2 ranks
   staging      luwu's pinned host staging copies against a plain pinned copy of the same size

@@ -6,7 +6,7 @@ CUDA checks; `--device cpu` runs mnn and ddp on the CPU, to try their code witho
 
   cuda_tests  pytest -k cuda over the test files that check torch.cuda.is_available(); counts from its JUnit XML
   mnn         a tiny LlamaForCausalLM (transformers, from a config, untied embeddings) in bf16 trained
-              by ModelInNetwork, 2 workers (threads, embedded engines) on a LocalNetwork, against the
+              by ModelInNetwork, 2 workers (processes, embedded engines) on a LocalNetwork, against the
               one-process reference of tests/model_in_network/mnn_reference.py (fp32 masters stepped
               by torch AdamW, cast to bf16 each step, the same data); the bounds of
               tests/model_in_network/test_dtypes_and_devices.py
@@ -157,6 +157,49 @@ def _reference(dtype, device) -> dict:
     return {"losses": losses, "cast": {n: m.detach().to(dtype) for n, (m, _) in zip(names, pairs)}}
 
 
+def _mnn_rank(rank: int, network_json: str, dev: str, wait: float, out) -> None:
+    """One ModelInNetwork rank in a process of its own (as users run: two ranks on one GPU in one
+    process are refused, worker/model_in_network/devices.py); its result goes back pickled by value
+    (torch.save), tensors on the CPU, and the gathered tensors' dtypes and devices beside them."""
+    import io
+
+    import torch
+
+    from luwu.train import AdamW, ModelInNetwork
+    from luwu.worker.model_in_network.network import JobNetwork
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    mnn = None
+    try:
+        model, cfg = _llama(torch.bfloat16, dev)
+        mnn = ModelInNetwork(model, AdamW(lr=MNN["lr"], weight_decay=MNN["weight_decay"]),
+                             JobNetwork.from_json(network_json), units=_units(cfg), served_dtype="bf16",
+                             engine="embedded", timeout=wait)
+        losses, step_s = [], []
+        for step in range(MNN["steps"]):
+            s0 = time.monotonic()
+            x = _batch(step).chunk(MNN["workers"])[rank].to(dev)
+            loss = _loss(mnn, x)
+            loss.backward()
+            mnn.step()
+            losses.append(loss.item())
+            step_s.append(time.monotonic() - s0)
+        devices = sorted({str(p.device) for p in model.parameters()})
+        report = mnn.report()
+        gathered = mnn.gather()
+        where = {k: (v.dtype, str(v.device)) for k, v in gathered.items()}
+        buf = io.BytesIO()
+        torch.save((losses, {k: v.cpu() for k, v in gathered.items()}, devices, step_s, report.get("memory"), where),
+                   buf)
+        out.put((rank, buf.getvalue()))
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        out.put((rank, traceback.format_exc()))
+    finally:
+        if mnn is not None:
+            mnn.close()
+
+
 def check_mnn(device: str, scratch: Path) -> dict:
     if device == "none":
         return _skip("no CUDA device (torch.cuda.is_available() is False)")
@@ -164,11 +207,13 @@ def check_mnn(device: str, scratch: Path) -> dict:
         import transformers
     except ImportError as e:
         return _skip(f"transformers is not installed ({e})")
-    import threading
+    import io
+    import multiprocessing as mp
+    import queue
 
     import torch
 
-    from luwu.train import AdamW, LocalNetwork, ModelInNetwork
+    from luwu.train import LocalNetwork
 
     dtype, dev = torch.bfloat16, ("cuda:0" if device == "cuda" else "cpu")
     torch.set_num_threads(1)
@@ -177,37 +222,25 @@ def check_mnn(device: str, scratch: Path) -> dict:
     results: dict = {}
     t0 = time.monotonic()
     with LocalNetwork(workers, 1, mode="tofino", state_dir=scratch, switch_process=False) as net:
-        models = [_llama(dtype, dev) for _ in range(workers)]
-
-        def work(rank: int) -> None:
-            mnn = None
-            try:
-                model, cfg = models[rank]
-                mnn = ModelInNetwork(model, AdamW(lr=MNN["lr"], weight_decay=MNN["weight_decay"]), net.network(rank),
-                                     units=_units(cfg), served_dtype="bf16", engine="embedded", timeout=wait)
-                losses, step_s = [], []
-                for step in range(MNN["steps"]):
-                    s0 = time.monotonic()
-                    x = _batch(step).chunk(workers)[rank].to(dev)
-                    loss = _loss(mnn, x)
-                    loss.backward()
-                    mnn.step()
-                    losses.append(loss.item())
-                    step_s.append(time.monotonic() - s0)
-                devices = sorted({str(p.device) for p in model.parameters()})
-                report = mnn.report()
-                results[rank] = (losses, mnn.gather(), devices, step_s, report.get("memory"))
-            except BaseException:  # noqa: BLE001 - reported below
-                results[rank] = traceback.format_exc()
-            finally:
-                if mnn is not None:
-                    mnn.close()
-
-        threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(wait + 30)
+        ctx = mp.get_context("spawn")  # one process per rank, as users run
+        out = ctx.Queue()
+        procs = [ctx.Process(target=_mnn_rank, args=(r, net.network(r).to_json(), dev, wait, out), daemon=True)
+                 for r in range(workers)]
+        for p in procs:
+            p.start()
+        try:
+            for _ in range(workers):
+                try:
+                    rank, got = out.get(timeout=wait + 30)
+                except queue.Empty:
+                    break  # the ranks missing are named below
+                results[rank] = got if isinstance(got, str) else torch.load(io.BytesIO(got))
+        finally:
+            for p in procs:
+                p.join(30)
+                if p.is_alive():
+                    p.kill()
+                    p.join(10)
     train_s = time.monotonic() - t0
     for r in range(workers):
         if r not in results:
@@ -218,7 +251,7 @@ def check_mnn(device: str, scratch: Path) -> dict:
     ref = _reference(dtype, dev)
     problems, worst_param, worst_loss, identical, total = [], 0.0, 0.0, 0, 0
     for r in range(workers):
-        losses, params, devices, _, _ = results[r]
+        losses, params, devices, _, _, where = results[r]
         if devices != [str(torch.device(dev))]:
             problems.append(f"rank {r}'s parameters are on {devices}, not {dev}")
         if not losses[-1] < losses[0] - 0.3:
@@ -228,9 +261,9 @@ def check_mnn(device: str, scratch: Path) -> dict:
             problems.append(f"gathered names differ from the model's: {sorted(set(params) ^ set(ref['cast']))[:4]}")
             continue
         for name, want in ref["cast"].items():
-            got = params[name]
-            if got.dtype != dtype or got.device != torch.device(dev):
-                problems.append(f"{name}: {got.dtype} on {got.device}")
+            got = params[name]  # on the CPU: where the rank had it is in `where`
+            if where[name] != (dtype, str(torch.device(dev))):
+                problems.append(f"{name}: {where[name][0]} on {where[name][1]}")
             err = (got.cpu().float() - want.float()).abs()
             ulp = want.abs().float() * torch.finfo(dtype).eps + torch.finfo(dtype).tiny
             worst_param = max(worst_param, float(err.max()))

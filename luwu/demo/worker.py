@@ -14,6 +14,7 @@ for a Prometheus endpoint, `{"event": "step", ...}` per step, then `{"event": "d
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import signal
@@ -171,10 +172,30 @@ def train(spec: dict, rank: int) -> dict:
         if mnn is not None:
             mnn.close()
         else:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
+            group = _leave_group()  # held here until DDP is gone (_leave_group says why)
+            del runner  # DDP, and with it its reducer's hold on the group
+            gc.collect()  # whatever of DDP a reference cycle kept: its reducer would free the group later
+            del group  # the last holder, from Python: torch releases the GIL before destroying the group
     return report
+
+
+def _leave_group():
+    """`destroy_process_group()`, handing back the default (gloo) group for the caller to free once
+    DDP is gone.
+
+    torch destroys a gloo group by joining its worker threads. Freed with DDP's reducer (its last
+    holder once DDP goes) that happens with the GIL held, while a gloo thread may still be freeing
+    its last work, whose saved thread-local state needs the GIL: both wait for ever. The caller frees
+    DDP first and the group last, from Python, whose holder releases the GIL before destroying it,
+    so the gloo thread takes the GIL, ends, and the join returns. Seen as a rare
+    hang of the demo's DDP baseline at exit (issue 26: 2 runs in 14 of the OPT baseline alone on the
+    loaded 2-core machine, 1 in 24 without activation checkpointing; py-spy: `~Reducer -> ~ProcessGroupGloo -> thread::join` in the main thread,
+    `runLoop -> ~AsyncWork -> ~ThreadLocalState -> gil_scoped_acquire` in gloo's)."""
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    dist.destroy_process_group()
+    return group
 
 
 def _network(spec: dict, rank: int):

@@ -1,5 +1,7 @@
 """ModelInNetwork with bf16, fp16 and fp32 parameters on the model's device, on a real network (a
-software switch and an optimizer node on loopback, embedded engines, workers as threads).
+software switch and an optimizer node on loopback, embedded engines, workers as threads; on CUDA as
+processes, one per rank, as users run them: two ranks of a job on one GPU in one process are refused,
+since torch runs their backward on one autograd thread where a gradient hook waits for the other rank).
 
 What is exact: a bf16 model served bf16 (and a fp16 model served fp16) pulls its parameters
 bit-identical to the node's copy; its gradients widen to fp32 exactly.
@@ -22,6 +24,11 @@ bf16 CPU reductions round differently when split over threads.
 
 from __future__ import annotations
 
+import io
+import multiprocessing as mp
+import queue
+import traceback
+
 import numpy as np
 import pytest
 import torch
@@ -32,9 +39,12 @@ from luwu.demo.model import GPTConfig, build, loss_fn
 from luwu.worker.engine_link import DaemonLink, EmbeddedLink
 from luwu.worker.model_in_network import AdamW, ModelInNetwork
 from luwu.worker.model_in_network import model as model_module
+from luwu.worker.model_in_network.devices import SharedDeviceError, claim_devices
 from luwu.worker.model_in_network.flat import FlatParams
+from luwu.worker.model_in_network.job import JoinError
 from luwu.worker.model_in_network.local import LocalNetwork
 from luwu.worker.model_in_network.memory import MemoryTracker
+from luwu.worker.model_in_network.network import JobNetwork
 from luwu.worker.model_in_network.units import UnitError, split_units
 
 CORPUS = CharCorpus.load()
@@ -47,45 +57,94 @@ LOSS_BOUND = 0.05
 SERVED = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
-def _train(tmp_path, dtype, workers=2, steps=SPEC["steps"], device="cpu", served=None):
-    """Losses per rank, gathered parameters, and what the model held in its first forward."""
+def _rank(rank, model, network, dtype, device, served, steps, workers):
+    """Rank `rank`'s training: losses, gathered parameters, what it held in its first forward, the
+    devices of its parameters, whether they were freed at the end, where the gathered ones were."""
+    mnn = None
+    try:
+        mnn = ModelInNetwork(model, AdamW(lr=SPEC["lr"], weight_decay=SPEC["weight_decay"]), network,
+                             served_dtype=served or SERVED[dtype], engine="embedded", timeout=WAIT)
+        seen = {}
+
+        def look(module, args):  # runs after ModelInNetwork's pull (its hook was registered first)
+            seen.setdefault("head", module.weight.detach().clone())
+
+        hook = model.head.register_forward_pre_hook(look)
+        losses = []
+        for step in range(steps):
+            x, y = shard(*CORPUS.batch(step, SPEC["batch"], CFG.context, SPEC["seed"]), rank, workers)
+            loss = loss_fn(mnn(x.to(device)), y.to(device))
+            loss.backward()
+            mnn.step()
+            losses.append(loss.item())
+            if step == 0:
+                hook.remove()
+        devices = {str(p.device) for p in model.parameters()}
+        freed = all(p.untyped_storage().nbytes() == 0 for p in model.parameters())
+        gathered = mnn.gather()
+        return losses, gathered, seen, devices, freed, {(str(t.dtype), str(t.device)) for t in gathered.values()}
+    finally:
+        if mnn is not None:
+            mnn.close()
+
+
+def _rank_process(rank, network_json, dtype, device, served, steps, workers, out):
+    """One rank in a process of its own, as real jobs run (a CUDA rank must: devices.py
+    claim_devices); its result goes back pickled by value (torch.save), with tensors on the CPU."""
+    torch.set_num_threads(1)
+    try:
+        model = build(CFG, SPEC["seed"]).to(device=device, dtype=dtype)
+        losses, gathered, seen, devices, freed, where = _rank(rank, model, JobNetwork.from_json(network_json), dtype,
+                                                              device, served, steps, workers)
+        buf = io.BytesIO()
+        torch.save((losses, {k: v.cpu() for k, v in gathered.items()}, {k: v.cpu() for k, v in seen.items()},
+                    devices, freed, where), buf)
+        out.put((rank, buf.getvalue()))
+    except BaseException:  # noqa: BLE001 - raised in the parent
+        out.put((rank, traceback.format_exc()))
+
+
+def _train(tmp_path, dtype, workers=2, steps=SPEC["steps"], device="cpu", served=None, processes=False):
+    """Losses per rank, gathered parameters (on the CPU with processes=True), what the model held in
+    its first forward, its devices, whether it was freed, where the gathered parameters were.
+    `processes`: each rank in a spawned process (the CUDA tests: one process per rank, as users
+    run), else threads with embedded engines."""
     results: dict = {}
     threads_before = torch.get_num_threads()
     torch.set_num_threads(1)  # as the reference: the same reduction order in every matmul
     with LocalNetwork(workers, 1, mode="tofino", state_dir=tmp_path, switch_process=False) as net:
-        models = [build(CFG, SPEC["seed"]).to(device=device, dtype=dtype) for _ in range(workers)]
-
-        def work(rank):
-            mnn = None
+        if processes:
+            ctx = mp.get_context("spawn")
+            out = ctx.Queue()
+            procs = [ctx.Process(target=_rank_process, daemon=True,
+                                 args=(r, net.network(r).to_json(), dtype, device, served, steps, workers, out))
+                     for r in range(workers)]
+            for p in procs:
+                p.start()
             try:
-                mnn = ModelInNetwork(models[rank], AdamW(lr=SPEC["lr"], weight_decay=SPEC["weight_decay"]),
-                                     net.network(rank), served_dtype=served or SERVED[dtype], engine="embedded",
-                                     timeout=WAIT)
-                seen = {}
-
-                def look(module, args):  # runs after ModelInNetwork's pull (its hook was registered first)
-                    seen.setdefault("head", module.weight.detach().clone())
-
-                hook = models[rank].head.register_forward_pre_hook(look)
-                losses = []
-                for step in range(steps):
-                    x, y = shard(*CORPUS.batch(step, SPEC["batch"], CFG.context, SPEC["seed"]), rank, workers)
-                    loss = loss_fn(mnn(x.to(device)), y.to(device))
-                    loss.backward()
-                    mnn.step()
-                    losses.append(loss.item())
-                    if step == 0:
-                        hook.remove()
-                devices = {str(p.device) for p in models[rank].parameters()}
-                freed = all(p.untyped_storage().nbytes() == 0 for p in models[rank].parameters())
-                results[rank] = (losses, mnn.gather(), seen, devices, freed)
-            except BaseException as e:  # noqa: BLE001 - surfaced below
-                results[rank] = e
+                for _ in range(workers):
+                    try:
+                        rank, got = out.get(timeout=WAIT)
+                    except queue.Empty:
+                        break  # named below: the ranks missing
+                    results[rank] = (RuntimeError(f"rank {rank} failed in its process:\n{got}") if isinstance(got, str)
+                                     else torch.load(io.BytesIO(got)))
             finally:
-                if mnn is not None:
-                    mnn.close()
+                for p in procs:
+                    p.join(30)
+                    if p.is_alive():
+                        p.kill()
+                        p.join(10)
+        else:
+            models = [build(CFG, SPEC["seed"]).to(device=device, dtype=dtype) for _ in range(workers)]
 
-        run_ranks_in_threads(work, workers, WAIT)
+            def work(rank):
+                try:
+                    results[rank] = _rank(rank, models[rank], net.network(rank), dtype, device, served, steps, workers)
+                except BaseException as e:  # noqa: BLE001 - surfaced below
+                    results[rank] = e
+
+            run_ranks_in_threads(work, workers, WAIT)
     torch.set_num_threads(threads_before)
     for r in range(workers):
         assert not isinstance(results.get(r), BaseException), results.get(r)
@@ -96,14 +155,15 @@ def _train(tmp_path, dtype, workers=2, steps=SPEC["steps"], device="cpu", served
 def _check_against_reference(results, dtype, workers, device="cpu"):
     ref = mixed_precision(dict(SPEC), dtype, workers, device)
     for r in range(workers):
-        losses, params, _, devices, freed = results[r]
+        losses, params, _, devices, freed, where = results[r]
         assert devices == {str(torch.device(device))} and freed
+        assert where == {(str(dtype), str(torch.device(device)))}, where
         assert losses[-1] < losses[0] - 0.3, losses  # it learns
         np.testing.assert_allclose(losses, ref["losses"][r], rtol=0, atol=LOSS_BOUND)
         assert set(params) == set(ref["cast"])
         for name, want in ref["cast"].items():
-            got = params[name]
-            assert got.dtype == dtype and got.device == torch.device(device), (name, got.dtype, got.device)
+            got = params[name]  # on the CPU when the ranks ran in processes: where they were is checked above
+            assert got.dtype == dtype, (name, got.dtype)
             ulp = want.abs().float() * torch.finfo(dtype).eps + torch.finfo(dtype).tiny
             err = (got.cpu().float() - want.float()).abs()
             assert bool((err <= PARAM_BOUND + ulp).all()), (name, float(err.max()))
@@ -122,7 +182,7 @@ def test_a_half_precision_model_trains_like_fp32_masters_cast_to_its_dtype(tmp_p
 def test_parameters_served_in_the_models_dtype_arrive_bit_identical(tmp_path, dtype):
     initial = dict(build(CFG, SPEC["seed"]).to(dtype).named_parameters())
     results = _train(tmp_path, dtype, workers=1, steps=1)
-    _, _, seen, _, _ = results[0]
+    _, _, seen, _, _, _ = results[0]
     # the first forward computes with the node's copy of the initial values: bit-identical
     assert seen["head"].dtype == dtype and torch.equal(seen["head"], initial["head.weight"].detach())
 
@@ -140,8 +200,67 @@ def test_a_fp16_model_served_bf16_computes_with_bf16_rounded_weights(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.is_available() is False)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_a_model_on_a_cuda_device_trains_there(tmp_path, dtype):
-    results = _train(tmp_path, dtype, device="cuda:0")
+    results = _train(tmp_path, dtype, device="cuda:0", processes=True)  # one process per rank, as users run
     _check_against_reference(results, dtype, workers=2, device="cuda:0")
+
+
+def test_ranks_in_processes_train_like_the_reference(tmp_path):
+    """The CUDA tests' way of running ranks (one spawned process each, as users run), tried on the CPU."""
+    results = _train(tmp_path, torch.bfloat16, processes=True)
+    _check_against_reference(results, torch.bfloat16, workers=2)
+
+
+def test_two_ranks_of_a_job_on_one_gpu_in_one_process_are_refused():
+    """torch runs every CUDA tensor's backward on one autograd thread per device and process: two ranks
+    as threads on one GPU would deadlock in the gradient hooks, so the second rank to claim the device
+    is refused, naming the fix. Other jobs, other devices, the CPU and released claims are not."""
+    cuda0, cuda1, cpu = torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cpu")
+    release0 = claim_devices("j", 0, {cuda0, cpu})
+    with pytest.raises(SharedDeviceError, match=r"rank 1 of job j computes on cuda:0, and rank 0 of the same job does "
+                                                r"too in this process.*one process per rank"):
+        claim_devices("j", 1, {cuda0})
+    releases = [claim_devices("j", 1, {cuda1, cpu}), claim_devices("other", 1, {cuda0}), claim_devices("j", 2, {cpu})]
+    with pytest.raises(SharedDeviceError, match="rank 2 of job j computes on cuda:1, and rank 1"):
+        claim_devices("j", 2, {cuda1})
+    release0()
+    release0()  # once only: the claim of a second instance of rank 0 stays
+    releases.append(claim_devices("j", 0, {cuda0}))
+    releases.append(claim_devices("j", 0, {cuda0}))  # the same rank twice (a model re-made): not two ranks
+    releases.pop()()
+    with pytest.raises(SharedDeviceError, match="rank 3 of job j computes on cuda:0, and rank 0"):
+        claim_devices("j", 3, {cuda0})
+    for release in releases:
+        release()
+    claim_devices("j", 3, {cuda0})()  # nothing left
+
+
+def test_a_second_rank_on_the_same_gpu_fails_at_start_and_the_first_names_it(tmp_path, monkeypatch):
+    """Two ranks as threads, their device claimed as cuda:0 (the CPU stands in for it here): the second
+    rank to start raises SharedDeviceError and the other rank's JoinError names it, within seconds,
+    instead of both hanging in their first backward. The claims are released at close."""
+    real = model_module.claim_devices
+    monkeypatch.setattr(model_module, "claim_devices",
+                        lambda job, rank, devices: real(job, rank, {torch.device("cuda", 0) for _ in devices}))
+    results: dict = {}
+    with LocalNetwork(2, 1, mode="tofino", state_dir=tmp_path, switch_process=False) as net:
+        models = [build(CFG, SPEC["seed"]) for _ in range(2)]
+
+        def work(rank):
+            try:
+                ModelInNetwork(models[rank], AdamW(), net.network(rank), engine="embedded", timeout=60.0).close()
+                results[rank] = None
+            except BaseException as e:  # noqa: BLE001 - checked below
+                results[rank] = e
+
+        run_ranks_in_threads(work, 2, 120.0)
+    assert set(results) == {0, 1}, results
+    refused = [r for r in (0, 1) if isinstance(results[r], SharedDeviceError)]
+    assert len(refused) == 1, results
+    other = results[1 - refused[0]]
+    assert isinstance(other, JoinError) and f"rank {refused[0]}" in str(other) and "one process per rank" in str(other), \
+        other
+    claim_devices("mnn", 0, {torch.device("cuda", 0)})()  # both released: rank 0 claims the device alone
+    claim_devices("mnn", 1, {torch.device("cuda", 0)})()
 
 
 def test_pulled_values_beyond_fp16_are_an_error_not_inf():

@@ -7,10 +7,12 @@ parameters live on in-network optimizer nodes, gradients are summed by the switc
 See model.py for the mechanics (hooks.py for the hooks around each unit), units.py for how a model is cut, schedule.py for the pull policy.
 """
 
+from .devices import SharedDeviceError
 from .job import JoinError
 from .model import ModelInNetwork
 from .network import JobNetwork
 from .optimizers import SGD, Adam, AdamW
 from .units import Unit, UnitError, split_units
 
-__all__ = ["SGD", "Adam", "AdamW", "JobNetwork", "JoinError", "ModelInNetwork", "Unit", "UnitError", "split_units"]
+__all__ = ["SGD", "Adam", "AdamW", "JobNetwork", "JoinError", "ModelInNetwork", "SharedDeviceError", "Unit",
+           "UnitError", "split_units"]

@@ -42,7 +42,7 @@ from luwu.worker.engine_link import Staging, open_engine
 
 from .checkpoint_io import meta_model_from_pretrained, pull_unit
 from .checkpoint_io import save_pretrained as save_units
-from .devices import HostStage
+from .devices import HostStage, claim_devices
 from .flat import FlatParams, pull_bits
 from .hierarchy import ServerSteps
 from .hooks import UnitHooks
@@ -149,6 +149,8 @@ class ModelInNetwork(UnitHooks, nn.Module):
         self._pull_stage, self._push_stage = HostStage(self.memory), HostStage(self.memory)  # non-CPU devices
         self.flats = (self.init.flats(self.units, self.memory, self._pull_stage) if self.init is not None else
                       [FlatParams(u, self.memory, self._pull_stage) for u in self.units])
+        # SharedDeviceError: another rank of this job computes on the same GPU in this process (devices.py)
+        self._release_devices = claim_devices(self.network.job_id, self.rank, {f.flat.device for f in self.flats})
         self.local_size = self.network.local_size  # > 1: rail-only, hierarchical push/pull
         self.routes: dict[int, Route] = plan_routes(self.units, self.network)  # PlanError: cannot be honoured
         if self.local_size > 1 and store is None:
@@ -350,6 +352,9 @@ class ModelInNetwork(UnitHooks, nn.Module):
         if self.closed:
             return
         self.closed = True
+        release = getattr(self, "_release_devices", None)
+        if release is not None:
+            release()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
