@@ -13,6 +13,7 @@ per-rank synthetic data; rank 0 prints the loss and can write the final paramete
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -75,6 +76,8 @@ def main(argv=None) -> int:
                 json.dump({"backend": args.backend, "world_size": world, "losses": losses, "digests": digests,
                            "params": params}, f)
     dist.barrier()  # nobody tears the group down while a peer still talks to it (Gloo aborts on that)
+    del model, opt  # DDP before its group: freed last by DDP's reducer, Gloo's group can hang at exit
+    gc.collect()
     dist.destroy_process_group()
     return 0
 

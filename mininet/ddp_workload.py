@@ -26,6 +26,7 @@ about the learning rate times a gradient, >1e-3).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -197,6 +198,7 @@ def run(cfg: dict, say, wait_line) -> int:
         link = getattr(dist.distributed_c10d._get_default_group(), "_link", None)  # the luwu group's engine
         stats = link.stats() if link is not None else None
     finally:
+        gc.collect()  # DDP (train's, in a reference cycle) before its group: see luwu/demo/worker.py _leave_group
         dist.destroy_process_group()
     ref_model, ref_loss = reference(seed, steps, world)
     diff = max(float((p - q).abs().max()) for p, q in zip(model.parameters(), ref_model.parameters()))

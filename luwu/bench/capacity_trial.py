@@ -17,6 +17,7 @@ Every message is one JSON line on stdout; tracebacks go to stderr (the trial's l
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -119,6 +120,8 @@ def _train(spec: dict, role: str, rank: int) -> dict:
         if opt is None:
             report["mnn_memory"] = mnn.report().get("memory")
     finally:
+        del train_model, opt, model  # DDP/FSDP before their group (luwu/demo/worker.py _leave_group says why)
+        gc.collect()
         for fn in close:
             fn()
     return report
