@@ -26,6 +26,7 @@ from .packets import (
     check_words_of,
     exponent16_fill,
     fixed16_fill,
+    in_bounds,
     payload_int32,
     slice_lanes,
 )
@@ -210,7 +211,7 @@ class CollectiveSession:
         """RESULT packets `rows[idx]` (headers `h[idx]`; idx ascending, as the engine groups a batch)."""
         idx = self._verified(idx, rows, h)
         if self.ops and len(idx):
-            idx = self._in_bounds(idx, h)
+            idx = in_bounds(idx, h, self.stats, self._chunk_of)
         if not len(idx):
             return
         every = len(idx) == len(h)  # idx is all of h's rows, in order (the engine's common batch)
@@ -278,28 +279,11 @@ class CollectiveSession:
         self._failures.passed(hs["seq"][ok].tolist())
         return idx[keep]
 
-    def _in_bounds(self, idx: np.ndarray, h: np.ndarray) -> np.ndarray:
-        """The RESULTs among `idx` whose header names a chunk of its op: offset a whole chunk within
-        it, count within a packet, numel the op's. Anything else is dropped and counted
-        (`dropped.out_of_bounds`) before the window marks it received, so the resend cures it: a
-        corrupted header that passed its CRC-16 (about 2^-16 of wider errors) must never index past
-        an op's buffers (a crash of the engine loop, or of a compiled kernel). RESULTs of no op
-        here are left to `_absorb` (stale)."""
-        hs = h[idx]
-        tensors = hs["tensor"]
-        ok = np.ones(len(idx), dtype=bool)
-        for t in ([tensors[0]] if _ALL(tensors == tensors[0]) else np.unique(tensors)):
-            op = self.ops.get(int(t))
-            if op is None:
-                continue
-            mine = tensors == t
-            off = hs["offset"][mine].astype(np.int64)
-            ok[mine] = ((off % op.per == 0) & (off // op.per < op.chunks) & (hs["count"][mine] <= op.per)
-                        & (hs["numel"][mine] == op.numel))
-        if _ALL(ok):
-            return idx
-        self.stats["dropped.out_of_bounds"] = self.stats.get("dropped.out_of_bounds", 0) + int((~ok).sum())
-        return idx[ok]
+    def _chunk_of(self, t: int, hs: np.ndarray, mine: np.ndarray) -> tuple[int, int, None] | None:
+        """What a RESULT of op `t` must name (packets.in_bounds): a chunk of it, a whole chunk of
+        `per` elements within its numel. RESULTs of no op here are left to `_absorb` (stale)."""
+        op = self.ops.get(t)
+        return None if op is None else (op.per, op.numel, None)
 
     def _tags_ok(self, idx: np.ndarray, rows: np.ndarray, hs: np.ndarray, ok: np.ndarray) -> None:
         """Clear `ok` of the RESULTs of a tagged op (ReduceOp.tagged) whose lane tags fail. A MAX

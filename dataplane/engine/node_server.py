@@ -22,7 +22,7 @@ from ..session import SessionSpec
 from .collective import CHECK, CORRUPT_TRIES, FailedChecks
 from .heartbeats import HeartbeatPolicy, HeartbeatSender
 from .node_worker import WIRE_DTYPES, elems_per_param_packet
-from .packets import check_words_of, param_fill, payload_int32
+from .packets import check_words_of, in_bounds, param_fill, payload_int32
 from .send_stream import RtoEstimator, SendStream, sdiff
 from .window import RecvWindow
 
@@ -207,7 +207,7 @@ class NodeServerSession:
             return
         idx = self._verified(idx, rows, h, self.spec.num_workers)
         if len(idx):
-            idx = self._in_bounds(idx, h)
+            idx = in_bounds(idx, h, self.stats, self._chunk_of)
         new = self.grad_window.accept(h["seq"][idx])
         dups = int(len(idx) - new.sum())
         if dups:
@@ -251,35 +251,18 @@ class NodeServerSession:
             # wait" per step with a 2 ms interval, 25 ms with a 12 ms one)
             self.hb.nudge()
 
-    def _in_bounds(self, idx: np.ndarray, h: np.ndarray) -> np.ndarray:
-        """The AGGs among `idx` whose header names a chunk of its layer: offset a whole chunk below
-        numel, count within a packet, and numel and format those of the layer's assembly (or, for a
-        new one, of the batch's first packet of the layer). Anything else is dropped and counted
-        (`dropped.out_of_bounds`) before the window marks it received, so the resend cures it: a
-        corrupted header that passed its CRC-16 must never index past an assembly's buffer (a crash
-        of the loop, or of the compiled dequantiser). A layer's size and format never change in a job."""
-        hs = h[idx]
-        f16 = hs["dtype"] == int(Dtype.FIXED16)
-        per = np.full(len(idx), self.lanes, dtype=np.int64)
-        if _ANY(f16):  # (a switch too narrow for FIXED16 has no layout for it: no such packets either)
-            per[f16] = fixed16.layout(self.row_lanes)[1]
-        off = hs["offset"].astype(np.int64)
-        numel = hs["numel"].astype(np.int64)
-        ok = (off % per == 0) & (off < numel) & (hs["count"].astype(np.int64) <= per)
-        tensors = hs["tensor"]
-        for t in ([tensors[0]] if _ALL(tensors == tensors[0]) else np.unique(tensors)):
-            mine = tensors == t
-            asm = self.assemblies.get(int(t))
-            if asm is not None:
-                want, want16 = asm.numel, isinstance(asm, GradAssembly16)
-            else:
-                first = int(np.flatnonzero(mine)[0])
-                want, want16 = int(numel[first]), bool(f16[first])
-            ok[mine] &= (numel[mine] == want) & (f16[mine] == want16)
-        if _ALL(ok):
-            return idx
-        self.stats["dropped.out_of_bounds"] = self.stats.get("dropped.out_of_bounds", 0) + int((~ok).sum())
-        return idx[ok]
+    def _chunk_of(self, t: int, hs: np.ndarray, mine: np.ndarray) -> tuple[int, int, bool]:
+        """What an AGG of layer `t` must name (packets.in_bounds): a chunk of its assembly, in its
+        numel and format (or, for a new one, those of the batch's first packet of the layer), a
+        packet's elements per chunk. A layer's size and format never change in a job."""
+        asm = self.assemblies.get(t)
+        if asm is not None:
+            want, want16 = asm.numel, isinstance(asm, GradAssembly16)
+        else:
+            first = int(np.flatnonzero(mine)[0])
+            want, want16 = int(hs["numel"][first]), int(hs["dtype"][first]) == int(Dtype.FIXED16)
+        # (a switch too narrow for FIXED16 has no layout for it: no such packets either)
+        return (fixed16.layout(self.row_lanes)[1] if want16 else self.lanes), want, want16
 
     def on_fallback(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
         if not self.bound:

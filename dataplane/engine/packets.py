@@ -3,6 +3,7 @@
 An operation describes its packets once (`aggregation_fill`, `param_fill`); the send stream
 asks it for rows [i0, i1) just before their first transmission, so a large buffer is
 quantised and packetised a block at a time, overlapping with sending, with no full-size copy.
+Also the one bounds check of received data packets, `in_bounds` (a worker's RESULTs, a node's AGGs).
 """
 
 from __future__ import annotations
@@ -370,3 +371,45 @@ def pull_request(session: int, worker: int, requests: list[tuple[int, int, int]]
 def payload_int32(rows: np.ndarray, lanes: int) -> np.ndarray:
     """The lanes of aggregation packets (K rows) as a (K, lanes) big-endian int32 view."""
     return rows[:, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4")
+
+
+# what a receiver expects of the chunks of tensor t (`in_bounds`): (elements per packet, numel,
+# FIXED16 or not, or None: either format), or None for a tensor it does not know (left to it)
+ChunkOf = Callable[[int, np.ndarray, np.ndarray], tuple[int, int, bool | None] | None]
+_ALL = np.logical_and.reduce  # without ndarray.all's Python wrapper (per batch)
+
+
+def in_bounds(idx: np.ndarray, h: np.ndarray, stats: dict, chunk_of: ChunkOf) -> np.ndarray:
+    """The received data packets among `idx` whose header names a chunk of its tensor.
+
+    `chunk_of(tensor, hs, mine)` (hs: the headers `h[idx]`, mine: the mask of that tensor's) says
+    what the receiver expects: a packet's offset must be a whole chunk (a multiple of the elements
+    per packet) below numel, its count at most a packet, its numel the tensor's (and, where given,
+    its format FIXED16 or not). Anything else is dropped and counted (`stats`
+    `dropped.out_of_bounds`) before the window marks it received, so the resend cures it: a
+    corrupted header that passed its CRC-16 (about 2^-16 of wider errors) must never index past a
+    receiver's buffers (a crash of the engine loop, or of a compiled kernel). Used by
+    `CollectiveSession.on_results` (RESULTs of its ops) and `NodeServerSession.on_agg` (AGGs of a
+    layer's assembly).
+
+    Returns:
+        np.ndarray: `idx` itself when every packet passes, else the passing ones (in order).
+    """
+    hs = h[idx]
+    tensors = hs["tensor"]
+    ok = np.ones(len(idx), dtype=bool)
+    for t in ([tensors[0]] if _ALL(tensors == tensors[0]) else np.unique(tensors)):
+        mine = tensors == t
+        want = chunk_of(int(t), hs, mine)
+        if want is None:
+            continue
+        per, numel, f16 = want
+        off = hs["offset"][mine].astype(np.int64)
+        good = (off % per == 0) & (off < numel) & (hs["count"][mine] <= per) & (hs["numel"][mine] == numel)
+        if f16 is not None:
+            good &= (hs["dtype"][mine] == int(Dtype.FIXED16)) == f16
+        ok[mine] = good
+    if _ALL(ok):
+        return idx
+    stats["dropped.out_of_bounds"] = stats.get("dropped.out_of_bounds", 0) + int((~ok).sum())
+    return idx[ok]

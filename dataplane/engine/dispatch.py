@@ -1,0 +1,128 @@
+"""The engine's receive dispatch (a mixin of Engine, engine.py): a received batch to its sessions.
+
+`_dispatch` is what the engine's loop (loop.py) calls for every batch the transport received: it
+drops packets whose header check fails (`dropped.bad_header`), then hands the common batch (one
+session's packets of one type) to `_handle` whole, or a mixed batch one group per (session,
+type); `_handle` drops wrong-sized data packets (`rx_bad`) and calls the session's `on_*` method.
+Also `Session`, what an endpoint's session id names (engine.py and loop.py use it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..integrity import header_ok, headers_ok
+from ..protocol import DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Dtype, Flag, MsgType
+from .collective import CollectiveSession
+from .grouping import SCALAR_BATCH, groups_reference, groups_scalar
+from .node_server import NodeServerSession
+from .node_worker import WorkerNodeSession
+
+if TYPE_CHECKING:
+    from ..net.transport import Transport
+
+Session = CollectiveSession | NodeServerSession | WorkerNodeSession  # what an endpoint's session id names
+_ALL, _MIN = np.logical_and.reduce, np.minimum.reduce  # without the ndarray methods' wrappers (per batch)
+# a header's first 32-bit word less its flags byte (ver_type, flags, session: bytes 0-3), in either byte order
+_SAME_BATCH = np.frombuffer(bytes([0xFF, 0x00, 0xFF, 0xFF]), dtype=np.uint32)[0]
+
+
+def _bad_headers(hb: np.ndarray, k: int) -> np.ndarray | None:
+    """None when every one of the k (k, 32) headers `hb` passes its header check, else which do."""
+    if k <= 4:
+        if all(map(header_ok, [x.tobytes() for x in hb])):
+            return None
+        return np.array([header_ok(x.tobytes()) for x in hb], dtype=bool)
+    ok = headers_ok(hb)
+    return None if _ALL(ok) else ok
+
+
+class DispatchMixin:
+    if TYPE_CHECKING:  # what the mixin uses of Engine (engine.py), declared for the type checker
+        sock: Transport
+        sessions: dict[int, Session]
+        stats: dict[str, int]
+
+    def _dispatch(self, k: int, now: float) -> None:
+        rows = self.sock.rx[:k]
+        lens = self.sock.rx_len[:k]
+        # the headers gathered once into 32-byte rows: the sessions read a dozen fields, and each
+        # read of the packet rows themselves (64 KiB apart, a page each) missed cache and TLB per row
+        hb = np.ascontiguousarray(rows[:, :HEADER_LEN])
+        # the header check first (docs/protocol.md 3.5): a corrupted header is dropped, counted and
+        # never read further; the sender's timeout and resend recover it like a lost packet
+        ok = _bad_headers(hb, k)
+        if ok is not None:
+            keep = np.flatnonzero(ok)
+            self.stats["dropped.bad_header"] += k - len(keep)
+            if not len(keep):
+                return
+            rows, lens, hb = rows[keep], lens[keep], hb[keep]
+            k = len(keep)
+        h = hb.view(DATA_HEADER)[:, 0]  # header_view's checks hold: hb is (k, 32) uint8
+        # the common batch, one session's packets of one type: every header's first word (ver_type,
+        # flags, session) the same but for the flags, checked in a few calls before any grouping
+        # (a lone packet, a third of all batches, is one by itself)
+        vt, _flags, s_hi, s_lo = hb[0, :4].tolist()
+        if k == 1:
+            same = True
+        else:
+            word = hb.view(np.uint32)[:, 0] & _SAME_BATCH
+            same = _ALL(word == word[0])
+        if same and vt >> 4 == VERSION and _MIN(lens) >= HEADER_LEN:
+            s = self.sessions.get((s_hi << 8) | s_lo)
+            if s is None or not self._handle(s, vt & 0xF, np.arange(k), rows, lens, h, now):
+                self.stats["rx_unexpected"] += k
+            return
+        # a mixed batch (a PARAM and a HEARTBEAT...): one group per (session, type), in that order
+        groups, bad = groups_scalar(hb, lens) if k <= SCALAR_BATCH else groups_reference(h, lens)
+        self.stats["rx_bad"] += bad
+        for sid, t, idx in groups:
+            s = self.sessions.get(sid)
+            if s is None or not self._handle(s, t, idx, rows, lens, h, now):
+                self.stats["rx_unexpected"] += len(idx)
+
+    def _handle(self, s: Session, t: int, idx: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray,
+                now: float) -> bool:
+        if t in (MsgType.RESULT, MsgType.AGG, MsgType.GRAD):
+            row_lanes = getattr(s, "row_lanes", s.lanes)  # (collective: with check lanes)
+            good = lens[idx] == HEADER_LEN + 4 * row_lanes
+            if not _ALL(good):  # FIXED16 packets have 2-byte lanes
+                good |= (lens[idx] == HEADER_LEN + 2 * row_lanes) & (h["dtype"][idx] == int(Dtype.FIXED16))
+            if not _ALL(good):
+                self.stats["rx_bad"] += int((~good).sum())
+                idx = idx[good]
+        if isinstance(s, CollectiveSession):
+            if t == MsgType.RESULT:
+                s.on_results(idx, rows, h, now)
+                return True
+            return False
+        if isinstance(s, WorkerNodeSession):
+            if t == MsgType.PARAM:
+                s.on_params(idx, rows, lens, h, now)
+                return True
+            if t == MsgType.HEARTBEAT:
+                # the gathered headers seen as heartbeats (rows[idx] copied whole rows of up to 64 KiB)
+                # one tolist() of the records: four field views and their lists cost more than a few packets
+                for _vt, flags, _s, worker, _c, _seq, ack, credit, *_r in h.view(HEARTBEAT_HEADER)[idx].tolist():
+                    if worker == NODE:
+                        s.on_node_heartbeat(ack, credit, now, bool(flags & int(Flag.GAP)))
+                return True
+            return False
+        if t == MsgType.AGG:
+            s.on_agg(idx, rows, h, now)
+        elif t == MsgType.GRAD:
+            fb = (h["flags"][idx] & int(Flag.FALLBACK)) != 0
+            s.on_fallback(idx[fb], rows, h, now)
+            if not fb.all():
+                return False
+        elif t == MsgType.HEARTBEAT:
+            for _vt, _f, _s, _w, _c, _seq, ack, credit, *_r in h.view(HEARTBEAT_HEADER)[idx].tolist():
+                s.on_workers_heartbeat(ack, credit, now)
+        elif t == MsgType.PULL:
+            s.on_pull(idx, rows, lens, h, now)
+        else:
+            return False
+        return True
