@@ -263,6 +263,8 @@ def verify_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int) -> np.nda
     ok = np.ones(sel.size, dtype=bool)
     if not sel.size:
         return ok
+    if fixed16_blocks(lanes) < 1:  # a switch too narrow for a block: no FIXED16 row is a real sum
+        return ~ok
     agree = (rows[sel, 1] & np.uint8(Flag.MAX)) != 0  # the flags byte
     if agree.any():
         s = sel[agree]

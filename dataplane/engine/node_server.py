@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from .. import fixed16
-from ..integrity import TRAILER_LEN, trailers_ok
+from ..integrity import TRAILER_LEN, fixed16_blocks, trailers_ok
 from ..protocol import HEADER_LEN, NODE, PULL_REQUEST, Dtype, Flag, MsgType, header_view, ver_type
 from ..quantize import dequantize_rows_into, fixed16_bits, num_chunks, sum_shift
 from ..session import SessionSpec
@@ -261,7 +261,9 @@ class NodeServerSession:
         else:
             first = int(np.flatnonzero(mine)[0])
             want, want16 = int(hs["numel"][first]), int(hs["dtype"][first]) == int(Dtype.FIXED16)
-        # (a switch too narrow for FIXED16 has no layout for it: no such packets either)
+        if want16 and fixed16_blocks(self.row_lanes) < 1:
+            # a switch too narrow for FIXED16 has no FIXED16 layer: every such packet is out of bounds
+            return self.lanes, want, False
         return (fixed16.layout(self.row_lanes)[1] if want16 else self.lanes), want, want16
 
     def on_fallback(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:

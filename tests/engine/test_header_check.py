@@ -123,11 +123,14 @@ def test_a_sealed_result_whose_offset_is_out_of_bounds_is_dropped_and_resent(fie
         np.testing.assert_array_equal(r, expected)
 
 
-def test_a_sealed_agg_whose_offset_is_out_of_bounds_is_dropped_by_the_node():
-    """The same for the optimizer node: an AGG whose offset is moved past its layer, sealed again,
-    is dropped before the node's window or assembly sees it, the resend is the switch's good
-    copy, and the pushed sum reaches the store exactly. Before the bounds check the node indexed
-    its assembly from the header (an IndexError, or a compiled kernel writing out of bounds)."""
+@pytest.mark.parametrize("field", ["offset", "dtype"])
+def test_a_sealed_agg_whose_offset_is_out_of_bounds_is_dropped_by_the_node(field):
+    """The same for the optimizer node: an AGG whose offset is moved past its layer (or whose
+    format becomes FIXED16, which a 64-lane switch has no layout for), sealed again, is dropped
+    before the node's window or assembly sees it, the resend is the switch's good copy, and the
+    pushed sum reaches the store exactly. Before the bounds check the node indexed its assembly
+    from the header (an IndexError, or a compiled kernel writing out of bounds); before the
+    FIXED16 case was checked, `fixed16.layout` raised in the node's engine loop."""
     from node_star import node_star
 
     from luwu.dataplane.integrity import header_terms, seal_headers
@@ -153,7 +156,10 @@ def test_a_sealed_agg_whose_offset_is_out_of_bounds_is_dropped_by_the_node():
                     # offset moved, then the check words moved by n times the header term's change
                     # and the header sealed: a corruption that passes both checks
                     before = header_terms(header_view(rows[i:i + 1]).copy(), Dtype.FIXED32)
-                    rows[i, 20:24] = np.frombuffer((0x7FFFFF00).to_bytes(4, "big"), np.uint8)  # offset
+                    if field == "offset":
+                        rows[i, 20:24] = np.frombuffer((0x7FFFFF00).to_bytes(4, "big"), np.uint8)
+                    else:
+                        rows[i, 25] = int(Dtype.FIXED16)
                     after = header_terms(header_view(rows[i:i + 1]).copy(), Dtype.FIXED32)
                     at = 32 + 4 * (64 - 2)  # tofino mode: 64 lanes, the last 2 check words
                     words = rows[i, at:at + 8].view(">u4").astype(np.uint64)
@@ -169,7 +175,8 @@ def test_a_sealed_agg_whose_offset_is_out_of_bounds_is_dropped_by_the_node():
         pulled = [e.pull(sid, 5, 1).wait(60) for e in star_.engines]
         node_stats = star_.node.session_stats()[f"session {sid}"]
     assert budget == [0], "the test corrupted what it meant to"
-    assert node_stats.get("dropped.out_of_bounds", 0) == 2
+    # a moved offset fails the bounds check; a FIXED16 claim has no layout here, so its check words fail
+    assert node_stats.get("dropped.out_of_bounds" if field == "offset" else "dropped.bad_check", 0) == 2, node_stats
     exact = layer.astype(np.float64) - 0.5 * (grads[0].astype(np.float64) + grads[1])
     for got in pulled:
         np.testing.assert_allclose(got, exact, rtol=1e-6, atol=1e-6)
