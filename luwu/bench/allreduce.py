@@ -53,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from luwu.bench import allreduce_check
+from luwu.bench import allreduce_check, rendezvous
 from luwu.bench.sizes import format_size, parse_size
 from luwu.bench.udp_ceiling import measure as measure_ceiling
 from luwu.dataplane.integrity import data_lanes
@@ -211,13 +211,13 @@ def run_luwu(workers: int, numel: int, dtype: str, mode: str, iters: int, verify
     return out
 
 
-def _gloo_worker(rank, workers, port, numel, iters, barrier, out_q) -> None:
+def _gloo_worker(rank, workers, store, numel, iters, barrier, out_q) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=workers)
+    rendezvous.init_group("gloo", store, rank, workers)
     t = torch.from_numpy(allreduce_check.inputs(rank, numel, "float32"))
     times = []
     for i in range(iters + 1):
@@ -235,19 +235,19 @@ def _gloo_worker(rank, workers, port, numel, iters, barrier, out_q) -> None:
 
 
 def run_gloo(workers: int, numel: int, iters: int) -> dict:
-    from luwu.dataplane.loopback import free_udp_port
+    from luwu.bench.rendezvous import host_store
 
     ctx = mp.get_context("spawn")
     out_q = ctx.Queue()
-    port = free_udp_port()
-    procs = [ctx.Process(target=_gloo_worker, args=(r, workers, port, numel, iters, None, out_q))
-             for r in range(workers)]
-    for p in procs:
-        p.start()
-    got = [out_q.get(timeout=900) for _ in procs]
-    times = np.max([t for t, _ in got], axis=0)
-    for p in procs:
-        p.join(30)
+    with host_store() as store:  # rendezvous.py: the store binds port 0, no race
+        procs = [ctx.Process(target=_gloo_worker, args=(r, workers, store, numel, iters, None, out_q))
+                 for r in range(workers)]
+        for p in procs:
+            p.start()
+        got = [out_q.get(timeout=900) for _ in procs]
+        times = np.max([t for t, _ in got], axis=0)
+        for p in procs:
+            p.join(30)
     cpu = sum(c for _, c in got)
     return {"seconds": times.tolist(), "best_s": float(times.min()), "median_s": float(np.median(times)),
             "cpu_s": cpu, "cpu_s_per_gb": cpu / (iters * numel * 4 / 1e9), "cores_busy": cpu / float(times.sum())}

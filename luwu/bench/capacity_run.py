@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -36,12 +35,6 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _child(name: str, argv: list[str], log: Path, on_message: Callable[[dict], None] | None,
            stdin: bool = False) -> LineChild:
     with open(log, "ab") as err:
@@ -60,11 +53,19 @@ def _env() -> dict:
 def trial(system: str, layers: int, params: int, base: dict, cap: MemoryCap, workdir: Path, timeout: float,
           on_event: Callable[[str], None] = lambda s: None) -> dict:
     """Run `system` on the model of `layers` layers; returns the trial's record (see the module's docstring)."""
+    from luwu.bench.rendezvous import host_store
+
+    with host_store(timeout_s=max(timeout, 300.0)) as store:  # the DDP/FSDP ranks' c10d store
+        return _trial(system, layers, params, base, cap, workdir, timeout, on_event, store)
+
+
+def _trial(system: str, layers: int, params: int, base: dict, cap: MemoryCap, workdir: Path, timeout: float,
+           on_event: Callable[[str], None], store: str) -> dict:
     name = f"{system}-L{layers}"
     d = workdir / name
     d.mkdir(parents=True, exist_ok=True)
     model = dict(base["model"], layers=layers)
-    spec = dict(base, model=model, port=_free_tcp_port(), networks=str(d / "networks.json"), state_dir=str(d / "state"))
+    spec = dict(base, model=model, store=store, networks=str(d / "networks.json"), state_dir=str(d / "state"))
     spec_path = d / "spec.json"
     spec_path.write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "luwu.bench.capacity_trial", str(spec_path)]

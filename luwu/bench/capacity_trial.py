@@ -78,7 +78,9 @@ def _train(spec: dict, role: str, rank: int) -> dict:
     else:
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank, world_size=world)
+        from luwu.bench.rendezvous import init_group
+
+        init_group("gloo", spec["store"], rank, world)
         close.append(dist.destroy_process_group)
         meta = role == "fsdp" and spec.get("fsdp_init", "meta") == "meta"  # built sharded: never whole here
         model, init = build(cfg, meta=meta), ("meta" if meta else "eager")

@@ -17,16 +17,17 @@ import time
 SETUP_TIMEOUT = 300.0  # s for a whole measurement (bounded; the machine is shared)
 
 
-def _rank(rank: int, workers: int, port: int, backend: str, out_q, ready) -> None:
+def _rank(rank: int, workers: int, store: str, backend: str, out_q, ready) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
 
     import luwu  # noqa: F401 - registers the luwu backend
+    from luwu.bench import rendezvous
 
     ready.wait(SETUP_TIMEOUT)  # every rank has imported: the clock measures the backend, not import skew
     t0 = time.perf_counter()
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=workers)
+    rendezvous.init_group(backend, store, rank, workers)
     t1 = time.perf_counter()
     w = torch.ones(1)
     dist.all_reduce(w)
@@ -42,24 +43,24 @@ def _rank(rank: int, workers: int, port: int, backend: str, out_q, ready) -> Non
 def measure(workers: int, backend: str) -> dict:
     """{"init_s", "first_allreduce_s", "new_group_s"} (the slowest rank's) for `workers` ranks of
     `backend` on loopback."""
-    from luwu.dataplane.loopback import free_udp_port
+    from luwu.bench.rendezvous import host_store
 
     ctx = mp.get_context("spawn")
     out_q = ctx.Queue()
     ready = ctx.Barrier(workers)
-    port = free_udp_port()  # the TCP store's port: free for UDP is a good enough guess on loopback
-    procs = [ctx.Process(target=_rank, args=(r, workers, port, backend, out_q, ready), daemon=True)
-             for r in range(workers)]
-    for p in procs:
-        p.start()
-    try:
-        got = [out_q.get(timeout=SETUP_TIMEOUT) for _ in procs]
-    finally:
+    with host_store() as store:  # rendezvous.py: the store binds port 0, no race
+        procs = [ctx.Process(target=_rank, args=(r, workers, store, backend, out_q, ready), daemon=True)
+                 for r in range(workers)]
         for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join(10)
+            p.start()
+        try:
+            got = [out_q.get(timeout=SETUP_TIMEOUT) for _ in procs]
+        finally:
+            for p in procs:
+                p.join(30)
+                if p.is_alive():
+                    p.kill()
+                    p.join(10)
     bad = [g[0] for g in got if g[3] != workers]
     if bad:
         raise RuntimeError(f"{backend}: the first or the new group's allreduce gave a wrong sum on ranks {bad}")

@@ -57,7 +57,7 @@ def _warm_up(rank: int, seconds: float) -> None:
             return
 
 
-def _rank(rank: int, workers: int, port: int, backend: str, sizes: list[int], iters: int, dtype: str,
+def _rank(rank: int, workers: int, store: str, backend: str, sizes: list[int], iters: int, dtype: str,
           verify: bool, warmup: float, out_q) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -65,10 +65,10 @@ def _rank(rank: int, workers: int, port: int, backend: str, sizes: list[int], it
         import torch.distributed as dist
 
         import luwu  # noqa: F401 - registers the luwu backend
-        from luwu.bench import allreduce_check
+        from luwu.bench import allreduce_check, rendezvous
 
         torch.set_num_threads(1)
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=workers)
+        rendezvous.init_group(backend, store, rank, workers)
         out: dict = {}
         try:
             _warm_up(rank, warmup)
@@ -115,32 +115,32 @@ def run_backend(backend: str, workers: int, sizes: list[int], iters: int, dtype:
         >>> run_backend("gloo", 2, [1024], 3)[1024]["median_s"] > 0
         True
     """
-    from luwu.dataplane.loopback import free_udp_port
+    from luwu.bench.rendezvous import host_store
 
     ctx = mp.get_context("spawn")
     out_q = ctx.Queue()
-    port = free_udp_port()  # the TCP store's port: free for UDP is a good enough guess on loopback
-    procs = [ctx.Process(target=_rank, args=(r, workers, port, backend, sizes, iters, dtype, verify, warmup, out_q),
-                         daemon=True) for r in range(workers)]
-    for p in procs:
-        p.start()
-    got: dict[int, dict] = {}
-    try:
-        for _ in procs:
-            try:
-                rank, status, value = out_q.get(timeout=SWEEP_TIMEOUT)
-            except queue.Empty:
-                raise RuntimeError(f"{backend}: ranks {sorted(set(range(workers)) - set(got))} did not finish "
-                                   f"the sweep within {SWEEP_TIMEOUT:.0f} s") from None
-            if status != "ok":
-                raise RuntimeError(f"{backend}: rank {rank} failed:\n{value}")
-            got[rank] = value
-    finally:
+    with host_store() as store:  # rendezvous.py: the store binds port 0, no race
+        procs = [ctx.Process(target=_rank, args=(r, workers, store, backend, sizes, iters, dtype, verify, warmup, out_q),
+                             daemon=True) for r in range(workers)]
         for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join(10)
+            p.start()
+        got: dict[int, dict] = {}
+        try:
+            for _ in procs:
+                try:
+                    rank, status, value = out_q.get(timeout=SWEEP_TIMEOUT)
+                except queue.Empty:
+                    raise RuntimeError(f"{backend}: ranks {sorted(set(range(workers)) - set(got))} did not finish "
+                                       f"the sweep within {SWEEP_TIMEOUT:.0f} s") from None
+                if status != "ok":
+                    raise RuntimeError(f"{backend}: rank {rank} failed:\n{value}")
+                got[rank] = value
+        finally:
+            for p in procs:
+                p.join(30)
+                if p.is_alive():
+                    p.kill()
+                    p.join(10)
     res: dict = {}
     for nbytes in sizes:
         per_iter = np.max([got[r][nbytes]["seconds"] for r in range(workers)], axis=0)
