@@ -55,13 +55,19 @@ def test_an_error_line_is_raised_as_the_childs_error(tmp_path):
         child.stop(grace=1)
 
 
-def test_a_child_dies_with_its_parent_even_by_sigkill(tmp_path):
+SLEEPER = {"command": "[sys.executable, '-c', 'import time; time.sleep(60)']",
+           # a python_module child runs in the prelude's own interpreter (no exec)
+           "module": "children.python_module('timeit', '-n', '1', '-r', '1', 'import time; time.sleep(60)')"}
+
+
+@pytest.mark.parametrize("kind", sorted(SLEEPER))
+def test_a_child_dies_with_its_parent_even_by_sigkill(tmp_path, kind):
     pid_file = tmp_path / "grandchild.pid"
     # the parent starts a long sleeper with die_with_parent, writes its pid, then waits forever
     parent_code = (
         "import subprocess, sys\n"
         "from luwu.dataplane.process import children\n"
-        "p = subprocess.Popen(children.die_with_parent([sys.executable, '-c', 'import time; time.sleep(60)']))\n"
+        f"p = subprocess.Popen(children.die_with_parent({SLEEPER[kind]}))\n"
         f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
         "p.wait()\n")
     parent = subprocess.Popen([sys.executable, "-c", parent_code])
@@ -133,3 +139,14 @@ def test_python_module_ignores_a_luwu_folder_in_the_current_directory(tmp_path, 
     out = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "decoy" not in out.stdout and out.stdout.strip().startswith("luwu ")
+
+
+@pytest.mark.parametrize("args", [("--version",), ("no-such-command",)])
+def test_a_module_under_die_with_parent_runs_as_python_m_runs_it(args):
+    """Same output, errors and exit status as `python -P -m` (the runpy prelude, one interpreter)."""
+    plain = subprocess.run(children.python_module("luwu.cli", *args), capture_output=True, text=True, timeout=120)
+    argv = children.die_with_parent(children.python_module("luwu.cli", *args))
+    assert argv[:3] == [sys.executable, "-P", "-c"]
+    wrapped = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert (wrapped.returncode, wrapped.stdout, wrapped.stderr) == (plain.returncode, plain.stdout, plain.stderr)
+    assert plain.returncode == (0 if args == ("--version",) else 2)

@@ -11,6 +11,12 @@ a worker (the engine, the loopback switch) loads them with `load_in_background`:
 thread, and until it is done `use_numba()` says False in "auto" mode, so the datapath runs the
 reference path (the same bits) instead of waiting, and init_process_group does not pay for it.
 
+With numba's cache cold (the kernels' source changed, a fresh checkout) every process of a job
+would compile the same kernels at once (~4 s of CPU each: four engine processes, ~16 s on a 2-core
+machine). A background load of one `name` is therefore one process's at a time per machine
+(`_first_compiles`): the first takes an exclusive file lock in the kernels' `__pycache__` and
+fills the cache, the others wait for it with a shared lock and then load what it cached, together.
+
 Example:
     >>> from luwu.dataplane import kernels
     >>> fast = kernels.use_numba()   # False under LUWU_KERNELS=reference or without numba
@@ -18,16 +24,20 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 from ..process.usage import UserError
 
 ENV = "LUWU_KERNELS"
 MODES = ("auto", "numba", "reference")
 BACKGROUND_NICE = 10  # niceness of a background load's thread: it takes mostly idle CPU, start-up goes first
+COMPILE_WAIT = 120.0  # s a background load waits for another process's (`_first_compiles`), then loads anyway
+LOCK_POLL = 0.02  # s between looks at that lock (a wait of seconds, on a background thread)
 
 _background_lock = threading.Condition()
 _background = 0  # `load_in_background` threads still running in this process
@@ -96,7 +106,8 @@ def load_in_background(load: Callable[[], None], name: str = "luwu-kernels-load"
     Args:
         load: the loading function; nothing when kernels are off (a bad LUWU_KERNELS is left for
             the first `use_numba()` on the datapath to report).
-        name: the thread's name.
+        name: the thread's name, and the machine-wide lock's (`_first_compiles`): loads of one
+            name run in one process at a time until the first is done, then together.
 
     Example:
         >>> from luwu.dataplane.kernels import load_in_background
@@ -120,7 +131,8 @@ def load_in_background(load: Callable[[], None], name: str = "luwu-kernels-load"
             except (AttributeError, OSError):
                 pass
             _loader.active = True
-            load()
+            with _first_compiles(name):
+                load()
         except Exception:  # noqa: BLE001 - the datapath's own use of the kernels reports a broken numba
             pass
         finally:
@@ -129,6 +141,40 @@ def load_in_background(load: Callable[[], None], name: str = "luwu-kernels-load"
                 _background_lock.notify_all()
 
     threading.Thread(target=run, name=name, daemon=True).start()
+
+
+@contextlib.contextmanager
+def _first_compiles(name: str) -> Iterator[None]:
+    """Hold the machine-wide lock of background loads called `name` (a file in the kernels'
+    `__pycache__`, numba's cache directory): exclusively when no other process holds it (this one
+    may compile into a cold cache), else shared once the exclusive holder is done (its kernels are
+    in the cache, to be loaded). Without a writable cache directory, or after COMPILE_WAIT, no lock
+    (numba then compiles or loads as it would alone). The lock goes with the process if it dies."""
+    import fcntl
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__", f"{name}.lock")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            deadline = time.monotonic() + COMPILE_WAIT
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(LOCK_POLL)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def wait_loaded(timeout: float) -> bool:

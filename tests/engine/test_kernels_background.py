@@ -17,6 +17,17 @@ DEADLINE = 30.0  # s, an upper bound for a thread to report (never an assertion 
 pytestmark = pytest.mark.skipif(not kernels.numba_available(), reason="numba is not installed")
 
 
+@pytest.fixture(autouse=True)
+def _no_lock_files_left():
+    """The tests' loads leave no lock file (`_first_compiles`) in the kernels' __pycache__."""
+    yield
+    import glob
+    import os
+
+    for path in glob.glob(os.path.join(os.path.dirname(kernels.__file__), "__pycache__", "test-*.lock")):
+        os.unlink(path)
+
+
 def _until_loaded() -> None:
     if not kernels.wait_loaded(DEADLINE):
         raise AssertionError("the background load never finished")
@@ -76,3 +87,66 @@ def test_a_loopback_switch_process_answers_once_its_kernels_are_in(monkeypatch):
     monkeypatch.setenv("LUWU_KERNELS", "auto")
     with LoopbackSwitch(StarPlan(workers=2, transport="udp"), process=True) as sw:
         assert sw.wait_kernels(DEADLINE) is True
+
+
+# a fresh interpreter: after the engine's warm_up, the fixed32 datapath's kernels (quantise, exponents,
+# the RESULT pass, check words, decode) run with no new compilation or cache load on the packet thread
+_WARM_PROBE = """
+import numpy as np
+from luwu.dataplane import quantize
+from luwu.dataplane.engine.packets import check_words_of
+from luwu.dataplane.kernels import fixed_point as fp
+from luwu.dataplane.protocol import HEADER_LEN, Dtype, MsgType, header_view
+
+quantize.warm_up()
+names = ("quantize_rows", "dequantize_rows", "chunk_exponents", "absorb_fixed_results", "lane_sums")
+before = {n: len(getattr(fp, n).signatures) for n in names}
+lanes = 300
+rows = np.zeros((4, HEADER_LEN + 4 * (lanes + 2)), dtype=np.uint8)
+rows[:, 0] = (2 << 4) | MsgType.RESULT
+h = header_view(np.ascontiguousarray(rows[:, :HEADER_LEN]))
+idx = np.array([0, 2])
+check_words_of(rows, idx, lanes, h[idx], int(Dtype.FIXED32), 3)  # the engine's check of every RESULT
+after = {n: len(getattr(fp, n).signatures) for n in names}
+print("LOADED", sorted(n for n in names if before[n]), "NEW", sorted(n for n in names if after[n] != before[n]))
+"""
+
+
+def test_the_engines_warm_up_loads_the_kernels_of_its_datapath():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, LUWU_KERNELS="numba")
+    out = subprocess.run([sys.executable, "-c", _WARM_PROBE], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("LOADED"))
+    assert line == ("LOADED ['absorb_fixed_results', 'chunk_exponents', 'dequantize_rows', 'lane_sums', "
+                    "'quantize_rows'] NEW []"), line
+
+
+def test_a_load_waits_for_another_processs_load_of_the_same_kernels(monkeypatch):
+    """While another open file (another process's, in real use) holds the load's lock exclusively,
+    as the first of a job's processes does while it fills a cold cache, the load does not start;
+    once it is released the load runs (and the reference path serves meanwhile)."""
+    import fcntl
+    import os
+
+    monkeypatch.setenv("LUWU_KERNELS", "auto")
+    name = f"test-first-compiles-{os.getpid()}"
+    path = os.path.join(os.path.dirname(kernels.__file__), "__pycache__", f"{name}.lock")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    ran: list[int] = []
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # "the other process" compiling
+        kernels.load_in_background(lambda: ran.append(1), name)
+        assert not kernels.wait_loaded(0.3)  # bounded: still waiting for the lock
+        assert ran == [] and not kernels.use_numba()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        _until_loaded()
+        assert ran == [1] and kernels.use_numba()
+    finally:
+        os.close(fd)
+        os.unlink(path)
