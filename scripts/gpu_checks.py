@@ -213,6 +213,7 @@ def check_mnn(device: str, scratch: Path) -> dict:
 
     import torch
 
+    from luwu.dataplane.process.children import join_or_kill
     from luwu.train import LocalNetwork
 
     dtype, dev = torch.bfloat16, ("cuda:0" if device == "cuda" else "cpu")
@@ -236,11 +237,7 @@ def check_mnn(device: str, scratch: Path) -> dict:
                     break  # the ranks missing are named below
                 results[rank] = got if isinstance(got, str) else torch.load(io.BytesIO(got))
         finally:
-            for p in procs:
-                p.join(30)
-                if p.is_alive():
-                    p.kill()
-                    p.join(10)
+            join_or_kill(procs)
     train_s = time.monotonic() - t0
     for r in range(workers):
         if r not in results:
@@ -380,6 +377,7 @@ def check_ddp(device: str, scratch: Path) -> dict:
 
     import numpy as np
 
+    from luwu.dataplane.process.children import join_or_kill
     from luwu.dataplane.quantize import contributor_bits
 
     scratch.mkdir(parents=True, exist_ok=True)
@@ -401,11 +399,7 @@ def check_ddp(device: str, scratch: Path) -> dict:
                         "details": {"errors": errors}}
             (results if status == "ok" else errors)[rank] = value
     finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join(10)
+        join_or_kill(procs)
     if errors:
         for r, tb in sorted(errors.items()):
             print(f"rank {r} failed:\n{tb}", flush=True)

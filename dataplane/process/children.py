@@ -29,8 +29,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 STOP_GRACE = 5.0  # s a child gets between SIGTERM and SIGKILL
 KILL_WAIT = 10.0  # s to reap a child after SIGKILL
@@ -139,6 +140,16 @@ def stop(proc: subprocess.Popen, grace: float = STOP_GRACE, group: bool = False)
                 break
             time.sleep(0.01)
     return code
+
+
+def join_or_kill(procs: Sequence[Any], timeout: float = 30.0) -> None:
+    """Wait up to `timeout` s for each multiprocessing process of `procs`, then kill what is left
+    (and wait 10 s more for it): spawned ranks never outlive the run that started them."""
+    for p in procs:
+        p.join(timeout)
+        if p.is_alive():
+            p.kill()
+            p.join(10)
 
 
 def close_pipes(proc: subprocess.Popen) -> None:

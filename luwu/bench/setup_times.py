@@ -44,6 +44,7 @@ def measure(workers: int, backend: str) -> dict:
     """{"init_s", "first_allreduce_s", "new_group_s"} (the slowest rank's) for `workers` ranks of
     `backend` on loopback."""
     from luwu.bench.rendezvous import host_store
+    from luwu.dataplane.process.children import join_or_kill
 
     ctx = mp.get_context("spawn")
     out_q = ctx.Queue()
@@ -56,11 +57,7 @@ def measure(workers: int, backend: str) -> dict:
         try:
             got = [out_q.get(timeout=SETUP_TIMEOUT) for _ in procs]
         finally:
-            for p in procs:
-                p.join(30)
-                if p.is_alive():
-                    p.kill()
-                    p.join(10)
+            join_or_kill(procs)
     bad = [g[0] for g in got if g[3] != workers]
     if bad:
         raise RuntimeError(f"{backend}: the first or the new group's allreduce gave a wrong sum on ranks {bad}")

@@ -116,6 +116,7 @@ def run_backend(backend: str, workers: int, sizes: list[int], iters: int, dtype:
         True
     """
     from luwu.bench.rendezvous import host_store
+    from luwu.dataplane.process.children import join_or_kill
 
     ctx = mp.get_context("spawn")
     out_q = ctx.Queue()
@@ -136,11 +137,7 @@ def run_backend(backend: str, workers: int, sizes: list[int], iters: int, dtype:
                     raise RuntimeError(f"{backend}: rank {rank} failed:\n{value}")
                 got[rank] = value
         finally:
-            for p in procs:
-                p.join(30)
-                if p.is_alive():
-                    p.kill()
-                    p.join(10)
+            join_or_kill(procs)
     res: dict = {}
     for nbytes in sizes:
         per_iter = np.max([got[r][nbytes]["seconds"] for r in range(workers)], axis=0)

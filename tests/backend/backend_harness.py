@@ -10,6 +10,8 @@ import queue
 import traceback
 from datetime import timedelta
 
+from luwu.dataplane.process.children import join_or_kill
+
 RUN_TIMEOUT = 150.0  # s for a whole multi-rank run (bounded; the machine is shared)
 
 
@@ -58,11 +60,7 @@ def run_ranks(fn, world: int, tmp_path, backend: str = "luwu", env: dict | None 
                 raise AssertionError(f"ranks {missing} did not finish within {timeout} s; errors so far: {errors}") from None
             (results if status == "ok" else errors)[rank] = value
     finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join(10)
+        join_or_kill(procs)
     if errors:
         raise AssertionError("\n".join(f"rank {r} failed:\n{tb}" for r, tb in sorted(errors.items())))
     return [results[r] for r in range(world)]

@@ -34,6 +34,7 @@ import pytest
 import torch
 from mnn_reference import mixed_precision, run_ranks_in_threads
 
+from luwu.dataplane.process.children import join_or_kill
 from luwu.demo.data import CharCorpus, shard
 from luwu.demo.model import GPTConfig, build, loss_fn
 from luwu.worker.engine_link import DaemonLink, EmbeddedLink
@@ -130,11 +131,7 @@ def _train(tmp_path, dtype, workers=2, steps=SPEC["steps"], device="cpu", served
                     results[rank] = (RuntimeError(f"rank {rank} failed in its process:\n{got}") if isinstance(got, str)
                                      else torch.load(io.BytesIO(got)))
             finally:
-                for p in procs:
-                    p.join(30)
-                    if p.is_alive():
-                        p.kill()
-                        p.join(10)
+                join_or_kill(procs)
         else:
             models = [build(CFG, SPEC["seed"]).to(device=device, dtype=dtype) for _ in range(workers)]
 
