@@ -72,6 +72,8 @@ def test_allreduce_bench_through_torch_sweeps_sizes_against_gloo(tmp_path):
         assert luwu_cpu["rank"] > 0 and luwu_cpu["switch"] > 0 and gloo_cpu["rank"] > 0
         if res["engine"] == "process":
             assert luwu_cpu["engine"] > 0
+        else:  # embedded (the default): the engine is a thread of the rank, counted as the rank's
+            assert luwu_cpu["engine"] == 0.0
         assert gloo_cpu["engine"] == gloo_cpu["switch"] == 0.0  # Gloo starts no process
         assert row["cpu_ratio_to_gloo"] == row["luwu_cpu_s"] / row["gloo_cpu_s"]
     assert (tmp_path / "allreduce.png").stat().st_size > 1000
