@@ -3,8 +3,8 @@
     torchrun --standalone --nproc-per-node 2 examples/ddp_luwu.py                  # luwu (in-network allreduce)
     torchrun --standalone --nproc-per-node 2 examples/ddp_luwu.py --backend gloo   # the Gloo baseline
 
-No `import luwu`: installing luwu registers the backend with torch. With nothing configured, rank 0 starts a software switch on loopback and every rank an engine
-daemon (LUWU_ENGINE=embedded keeps the engine in the rank; LUWU_CONTROLLER uses a controller's
+No `import luwu`: installing luwu registers the backend with torch. With nothing configured, rank 0 starts a software switch on loopback and every rank
+runs its engine in a thread (LUWU_ENGINE=process runs it as a daemon beside the rank; LUWU_CONTROLLER uses a controller's
 plan; see luwu/worker/backend/config.py). A small MLP learns a fixed random linear map from
 per-rank synthetic data; rank 0 prints the loss and can write the final parameters as JSON
 (--out) so that two runs can be compared.

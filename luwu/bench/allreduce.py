@@ -347,6 +347,7 @@ def run(args) -> int:
 def run_torch(args) -> int:
     """The default: `dist.all_reduce` through the luwu backend against Gloo (torch_sweep.py)."""
     from luwu.bench import torch_sweep
+    from luwu.worker.backend.config import BackendConfig
 
     if args.drop or args.no_ceiling:
         raise UserError("--drop and --no-ceiling are for --engine (the sweep through torch has no simulated loss "
@@ -367,7 +368,7 @@ def run_torch(args) -> int:
     res: dict = {"workers": args.workers, "cores": len(os.sched_getaffinity(0)), "dtype": args.dtype,
                  "iters": args.iters, "warmup_s": args.warmup, "mode": args.mode, "through": "torch.distributed",
                  "transport": os.environ.get("LUWU_TRANSPORT", "default"),
-                 "engine": os.environ.get("LUWU_ENGINE", "process")}
+                 "engine": os.environ.get("LUWU_ENGINE", BackendConfig.engine)}
     with console.status(f"dist.all_reduce, luwu and Gloo, {len(sizes)} sizes, {args.workers} ranks") as status:
         res.update(torch_sweep.sweep(args.workers, sizes, args.iters, args.dtype, args.verify,
                                      gloo=not args.no_gloo and args.dtype == "float32", warmup=args.warmup))

@@ -10,6 +10,12 @@ rank 0's clock, at most WARMUP_CALLS): the engine and switch processes load thei
 in the background after start-up and run the numpy reference until then, which is not the steady
 state a training job sees. An iteration's time is its slowest rank's; a size's figure is the median over
 the iterations. `ratio_to_gloo` is Gloo's time over luwu's (above 1: luwu is faster).
+CPU per call (`luwu_cpu_s`, `gloo_cpu_s`, `cpu_ratio_to_gloo`; by role in `cpu_s_per_call_by_role`)
+is the CPU seconds of every process of the job -- the ranks (all their threads: an embedded engine,
+Gloo's), the engine daemons and rank 0's loopback switch, which are the ranks' descendants -- from
+the end of a call's barrier to the start of the next one's, less the main thread's restoring of the
+input, summed over the ranks and averaged over the timed calls (JobClock). On a machine with fewer
+cores than processes it is what decides the wall time.
 `--verify` checks every element of luwu's last result on rank 0 (int32: bit-exact; float32:
 within the fixed-point bound of the backend's packet mode, as the engine bench does).
 """
@@ -41,6 +47,51 @@ def _lanes() -> int:
     from luwu.worker.backend.config import BackendConfig
 
     return lanes_for_mode(BackendConfig.from_env().packet_mode)
+
+
+ROLES = (("engine", "luwu.dataplane.engine.daemon"), ("switch", "luwu.dataplane.loopback.daemon"))
+
+
+class JobClock:
+    """CPU seconds, over windows `start()` .. `stop()`, of this rank's process (every thread: an
+    embedded engine, Gloo's) and of every process it started (its engine daemon; rank 0's loopback
+    switch), as {"rank", "engine", "switch", "other"}. The processes are found once, when the clock
+    is made (one walk of /proc), and read through their CPU-time clocks (a system call each), so a
+    window costs microseconds; a process that exits mid-window counts what it had used before."""
+
+    def __init__(self) -> None:
+        from luwu.dataplane.process.children import descendants
+
+        self.roles: dict[int, str] = {}
+        for pid, cmd in descendants(os.getpid()).items():
+            self.roles[pid] = next((role for role, module in ROLES if module in cmd), "other")
+        self.sums = {"rank": 0.0, "engine": 0.0, "switch": 0.0, "other": 0.0}
+        self._at: tuple[float, dict[int, float]] | None = None
+
+    def _read(self) -> tuple[float, dict[int, float]]:
+        from luwu.dataplane.process.children import cpu_seconds
+
+        return time.process_time(), {pid: cpu_seconds(pid) for pid in self.roles}
+
+    def start(self) -> None:
+        self._at = self._read()
+
+    def stop(self) -> None:
+        if self._at is None:
+            return
+        (own0, kids0), (own1, kids1) = self._at, self._read()
+        self._at = None
+        self.sums["rank"] += own1 - own0
+        for pid, role in self.roles.items():
+            self.sums[role] += max(0.0, kids1[pid] - kids0[pid])  # gone: its clock reads 0
+
+    def exclude(self, seconds: float) -> None:
+        """Leave out `seconds` of this thread's work done inside the open window (none open: no-op)."""
+        if self._at is not None:
+            self.sums["rank"] -= seconds
+
+    def totals(self) -> dict[str, float]:
+        return dict(self.sums)
 
 
 def _warm_up(rank: int, seconds: float) -> None:
@@ -77,14 +128,23 @@ def _rank(rank: int, workers: int, store: str, backend: str, sizes: list[int], i
                 x = torch.from_numpy(allreduce_check.inputs(rank, numel, dtype))
                 t = torch.empty_like(x)
                 times = []
+                clock = JobClock()
                 for i in range(iters + 1):
+                    c0 = time.thread_time()
                     t.copy_(x)
+                    clock.exclude(time.thread_time() - c0)  # restoring the input is not the call's work
+                    if i > 1:
+                        clock.stop()  # call i - 1's window ends where the next barrier starts
                     dist.barrier()
+                    if i:
+                        clock.start()
                     t0 = time.perf_counter()
                     dist.all_reduce(t)
                     if i:
                         times.append(time.perf_counter() - t0)
-                out[nbytes] = {"seconds": times}
+                dist.barrier()  # every rank is done: what the daemons did for the last call is in
+                clock.stop()
+                out[nbytes] = {"seconds": times, "cpu_s": clock.totals()}
                 if verify and rank == 0 and backend == "luwu":
                     out[nbytes]["verify"] = allreduce_check.verify(t.numpy(), workers, numel, dtype, _lanes())
         finally:
@@ -97,7 +157,8 @@ def _rank(rank: int, workers: int, store: str, backend: str, sizes: list[int], i
 def run_backend(backend: str, workers: int, sizes: list[int], iters: int, dtype: str = "float32",
                 verify: bool = False, warmup: float = 0.0) -> dict:
     """The sweep on `workers` spawned ranks of `backend`: {bytes: {"seconds" (slowest rank per
-    iteration), "median_s", "verify"?}}.
+    iteration), "median_s", "cpu_s_per_call" (every process of the job), "cpu_s_per_call_by_role"
+    (rank, engine, switch, other), "verify"?}}.
 
     Args:
         backend (str): "luwu" or "gloo" (any registered torch.distributed backend).
@@ -109,7 +170,7 @@ def run_backend(backend: str, workers: int, sizes: list[int], iters: int, dtype:
         warmup (float): seconds of all_reduce calls before the sweep.
 
     Returns:
-        dict: per size, the per-iteration times and their median.
+        dict: per size, the per-iteration times, their median and the CPU seconds per call.
 
     Example:
         >>> run_backend("gloo", 2, [1024], 3)[1024]["median_s"] > 0
@@ -141,7 +202,10 @@ def run_backend(backend: str, workers: int, sizes: list[int], iters: int, dtype:
     res: dict = {}
     for nbytes in sizes:
         per_iter = np.max([got[r][nbytes]["seconds"] for r in range(workers)], axis=0)
-        res[nbytes] = {"seconds": per_iter.tolist(), "median_s": float(np.median(per_iter))}
+        cpu = {role: sum(got[r][nbytes]["cpu_s"][role] for r in range(workers)) / iters
+               for role in got[0][nbytes]["cpu_s"]}
+        res[nbytes] = {"seconds": per_iter.tolist(), "median_s": float(np.median(per_iter)),
+                       "cpu_s_per_call": sum(cpu.values()), "cpu_s_per_call_by_role": cpu}
         if "verify" in got[0][nbytes]:
             res[nbytes]["verify"] = got[0][nbytes]["verify"]
     return res
@@ -157,11 +221,14 @@ def sweep(workers: int, sizes: list[int], iters: int, dtype: str, verify: bool, 
     rows = []
     for nbytes in sizes:
         row = {"bytes": nbytes, "luwu_s": res["luwu"][nbytes]["median_s"],
-               "luwu_gbps": nbytes / res["luwu"][nbytes]["median_s"] / 1e9}
+               "luwu_gbps": nbytes / res["luwu"][nbytes]["median_s"] / 1e9,
+               "luwu_cpu_s": res["luwu"][nbytes]["cpu_s_per_call"]}
         if gloo:
             row["gloo_s"] = res["gloo"][nbytes]["median_s"]
             row["gloo_gbps"] = nbytes / row["gloo_s"] / 1e9
             row["ratio_to_gloo"] = row["gloo_s"] / row["luwu_s"]
+            row["gloo_cpu_s"] = res["gloo"][nbytes]["cpu_s_per_call"]
+            row["cpu_ratio_to_gloo"] = row["luwu_cpu_s"] / row["gloo_cpu_s"]
         if "verify" in res["luwu"][nbytes]:
             row["verify"] = res["luwu"][nbytes]["verify"]
         rows.append(row)
@@ -170,13 +237,17 @@ def sweep(workers: int, sizes: list[int], iters: int, dtype: str, verify: bool, 
 
 
 def print_lines(res: dict) -> None:
-    """Per size `allreduce_<size>_luwu_ms`, `_gloo_ms`, `_ratio_to_gloo` (grep-able `key: value`)."""
+    """Per size `allreduce_<size>_luwu_ms`, `_gloo_ms`, `_ratio_to_gloo`, `_luwu_cpu_ms`, `_gloo_cpu_ms`,
+    `_cpu_ratio_to_gloo` (grep-able `key: value`)."""
     for row in res["sweep"]:
         label = size_label(row["bytes"])
         print(f"allreduce_{label}_luwu_ms: {row['luwu_s'] * 1e3:.4f}")
+        print(f"allreduce_{label}_luwu_cpu_ms: {row['luwu_cpu_s'] * 1e3:.4f}")
         if "gloo_s" in row:
             print(f"allreduce_{label}_gloo_ms: {row['gloo_s'] * 1e3:.4f}")
+            print(f"allreduce_{label}_gloo_cpu_ms: {row['gloo_cpu_s'] * 1e3:.4f}")
             print(f"allreduce_{label}_ratio_to_gloo: {row['ratio_to_gloo']:.4f}")
+            print(f"allreduce_{label}_cpu_ratio_to_gloo: {row['cpu_ratio_to_gloo']:.4f}")
         if "verify" in row:
             print(f"allreduce_{label}_verify_mismatches: {row['verify']['mismatches']}")
 

@@ -45,7 +45,7 @@ CHECKPOINT_EVERY = 50  # steps between the optimizer node's lazy checkpoints
 DEFAULT_PACKET_MODE = {"shm": "loopback", "udp": "jumbo"}
 # where each worker's engine (its SmartNIC role) runs: a thread of the worker saves two processes' wake-ups and the
 # control socket's round trips per pull and push (README "Measured here": ~11 ms of CPU per step, 8% more tokens/s
-# on 2 cores); "process" keeps the engine daemon beside each worker, the torch backend's default
+# on 2 cores), as in the torch backend's default; "process" keeps an engine daemon beside each worker
 ENGINES = ("embedded", "process")
 MODELS = ("tiny", *SIZES, "custom")  # the demo's GPT; OPT-shaped transformers models (hf_model.py)
 TINY_DIMS = {"d_model": 128, "layers": 4, "heads": 4}  # --d-model, --layers, --heads when not given

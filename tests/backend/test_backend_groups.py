@@ -2,7 +2,7 @@
 group's switch and its engines in each rank's existing engine process (no new process), the groups'
 sums stay apart, and destroying a subgroup leaves the world group working.
 
-Real rank processes, the default engine processes and the embedded switch; timings are not asserted
+Real rank processes, engine processes (LUWU_ENGINE=process: the embedded default has none) and the embedded switch; timings are not asserted
 (`luwu bench allreduce` prints them)."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def groups_on_rank(rank: int, world: int) -> dict:
 
 def test_subgroups_share_the_processes_and_stay_apart(tmp_path):
     world = 4
-    results = run_ranks(groups_on_rank, world, tmp_path)
+    results = run_ranks(groups_on_rank, world, tmp_path, env={"LUWU_ENGINE": "process"})
     for rank, res in enumerate(results):
         partner = rank ^ 2  # 0-2, 1-3
         for step in range(3):

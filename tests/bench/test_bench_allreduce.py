@@ -1,6 +1,7 @@
 """`luwu bench allreduce` as a user runs it, tiny. By default through torch: `dist.all_reduce` on
 the luwu backend and on Gloo for each size of the sweep, every element of luwu's results verified,
-the ratio per size derived from the two times, JSON and PNG written. `--engine` (the engine-only
+the ratio per size derived from the two times, CPU per call of every process of each job there and
+positive, JSON and PNG written. `--engine` (the engine-only
 diagnostic): both luwu transports and the relay ceiling run, every element is verified, and each
 CPU-per-GB figure the issue asks for (luwu, the relay) is there and positive, with the ratios
 derived from them and the cores each run kept busy. Figures are printed, never asserted on."""
@@ -51,6 +52,9 @@ def test_allreduce_bench_through_torch_sweeps_sizes_against_gloo(tmp_path):
         luwu, gloo = float(lines[f"allreduce_{label}_luwu_ms"]), float(lines[f"allreduce_{label}_gloo_ms"])
         assert luwu > 0 and gloo > 0
         assert float(lines[f"allreduce_{label}_ratio_to_gloo"]) == pytest.approx(gloo / luwu, rel=1e-2, abs=1e-4)
+        luwu_cpu, gloo_cpu = float(lines[f"allreduce_{label}_luwu_cpu_ms"]), float(lines[f"allreduce_{label}_gloo_cpu_ms"])
+        assert luwu_cpu > 0 and gloo_cpu > 0
+        assert float(lines[f"allreduce_{label}_cpu_ratio_to_gloo"]) == pytest.approx(luwu_cpu / gloo_cpu, rel=1e-2)
         assert lines[f"allreduce_{label}_verify_mismatches"] == "0"
     assert lines["verified"] == "True"
     res = json.loads((tmp_path / "allreduce.json").read_text())
@@ -60,5 +64,17 @@ def test_allreduce_bench_through_torch_sweeps_sizes_against_gloo(tmp_path):
         assert len(res["luwu"][str(row["bytes"])]["seconds"]) == len(res["gloo"][str(row["bytes"])]["seconds"]) == 2
         assert row["verify"]["checked"] == row["bytes"] // 4 and row["verify"]["mismatches"] == 0
         assert row["ratio_to_gloo"] == row["gloo_s"] / row["luwu_s"]
+        # CPU per call: every process of the job -- the ranks, and for luwu the engine daemons and
+        # the loopback switch, which the ranks started -- summed by role
+        luwu_cpu = res["luwu"][str(row["bytes"])]["cpu_s_per_call_by_role"]
+        gloo_cpu = res["gloo"][str(row["bytes"])]["cpu_s_per_call_by_role"]
+        assert row["luwu_cpu_s"] == pytest.approx(sum(luwu_cpu.values())) and row["gloo_cpu_s"] == pytest.approx(sum(gloo_cpu.values()))
+        assert luwu_cpu["rank"] > 0 and luwu_cpu["switch"] > 0 and gloo_cpu["rank"] > 0
+        if res["engine"] == "process":
+            assert luwu_cpu["engine"] > 0
+        else:  # embedded (the default): the engine is a thread of the rank, counted as the rank's
+            assert luwu_cpu["engine"] == 0.0
+        assert gloo_cpu["engine"] == gloo_cpu["switch"] == 0.0  # Gloo starts no process
+        assert row["cpu_ratio_to_gloo"] == row["luwu_cpu_s"] / row["gloo_cpu_s"]
     assert (tmp_path / "allreduce.png").stat().st_size > 1000
     print(out.stdout)

@@ -2,7 +2,7 @@
 
 | variable | default | meaning |
 |---|---|---|
-| `LUWU_ENGINE` | `process` | `process`: the SmartNIC engine runs as its own process beside each rank (`luwu engine`); `embedded`: in a thread of the rank |
+| `LUWU_ENGINE` | `embedded` | `embedded`: the SmartNIC engine runs in a thread of the rank; `process`: as its own process beside each rank (`luwu engine`), with one copy of each tensor into a shared buffer and one back (docs/backend.md "Engine: embedded or process") |
 | `LUWU_CONTROLLER` | unset | `host:port` of `luwu controller`: the plan comes from its JoinJob (needs `LUWU_JOB`, `LUWU_TOKEN`) |
 | `LUWU_JOB` | unset | the controller's job id (controller mode) |
 | `LUWU_ENDPOINT_HOST` | `127.0.0.1` | address this rank's engine binds (controller mode; the controller programs the switch with it) |
@@ -33,7 +33,7 @@ ENGINE_MODES = ("process", "embedded")
 
 @dataclass
 class BackendConfig:
-    engine: str = "process"
+    engine: str = "embedded"  # less CPU per call than an engine process: docs/backend.md "Engine: embedded or process"
     controller: str = ""
     job: str = ""
     endpoint_host: str = "127.0.0.1"
