@@ -172,10 +172,15 @@ def encode_rows(x: np.ndarray, exps: np.ndarray, n: int, lanes: int, rows: np.nd
 
 # --- verify and decode (receivers of a sum) -------------------------------------------------------
 
-def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.ndarray) -> np.ndarray:
+def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.ndarray,
+                checked: bool = False) -> np.ndarray:
     """Verify the FIXED16 sums of `n` contributions in rows[sel] and decode those that pass into
     the flat float32 `out` (the whole buffer: packet p's elements at out[p * D:], as far as `out`
     reaches; the packet index is the header's offset / D).
+
+    `checked`: `verify_rows` passed these very rows already, so the compiled path checks only
+    their exponent lanes and decodes in one pass (the verdict and bits are the same; the numpy
+    path verifies again).
 
     Returns:
         bool per selected row: its exponent lanes are n equal exponents in the protocol's range and
@@ -188,16 +193,15 @@ def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.n
     if not sel.size:
         return ok
     hrows = rows[sel, :HEADER_LEN]
-    terms = header_terms(hrows)
     starts = hrows[:, _OFFSET_AT:_OFFSET_AT + 4].copy().view(">u4").reshape(-1).astype(np.int64)  # element offsets
     c = fixed16_bits(n)
-    pow2 = np.ldexp(1.0, np.arange(EXP_MIN, EXP_MAX + 1) + c - 15)  # 2^(e + c - 15), exact in float64
-    if use_numba():
-        words = _as_words16(rows)
-        if words is not None and out.flags.c_contiguous and out.dtype == np.float32:
-            return _kernels().dequantize16_rows(words, rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK,
-                                                n, sel, terms, pow2, -EXP_MIN, out.reshape(-1),
-                                                starts, ok)
+    pow2 = pow2_table(c)
+    words = _as_words16(rows) if use_numba() else None
+    if words is not None and out.flags.c_contiguous and out.dtype == np.float32:
+        terms = _NO_TERMS if checked else header_terms(hrows)
+        return _kernels().dequantize16_rows(words, rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK,
+                                            n, sel, terms, pow2, -EXP_MIN, out.reshape(-1), starts, ok, checked)
+    terms = header_terms(hrows)
     lane = rows[sel, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2").astype(np.int64)
     esum = lane[:, :nb]
     e = esum // n
@@ -214,6 +218,18 @@ def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.n
         m = max(0, min(data, flat.size - s))
         flat[s:s + m] = vals[:m]
     return ok
+
+
+_NO_TERMS = np.zeros((0, CHECKS), dtype=np.uint32)  # `decode_rows(checked=True)`: the kernel reads no header term
+_POW2: dict[int, np.ndarray] = {}
+
+
+def pow2_table(c: int) -> np.ndarray:
+    """2^(e + c - 15) for e in [EXP_MIN, EXP_MAX], exact in float64 (made once per c: never write it)."""
+    t = _POW2.get(c)
+    if t is None:
+        t = _POW2[c] = np.ldexp(1.0, np.arange(EXP_MIN, EXP_MAX + 1) + c - 15)
+    return t
 
 
 # --- the exponent agreement in 16-bit lanes (a FIXED16 MAX round on the meta session) -----------

@@ -468,13 +468,18 @@ def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb,
 
 
 @njit(cache=True, nogil=True)
-def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, pow2, pow2_at, out, starts, ok):
+def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, pow2, pow2_at, out, starts, ok,
+                      checked=False):
     """Verify and decode FIXED16 sums of `n` contributions (dataplane/fixed16.py `decode_rows` is the
     reference): row sel[i]'s exponent lanes must be multiples of n (e = lane / n), its check words
     `sum_k (k+1)^j v_k + n * (terms[i, j] + G_j(e))` mod 2^16; ok[i] says so. A row that passes has
     its data lanes decoded, lane * 2^(e + c - 15) rounded once to float32 (pow2[e + pow2_at] =
     2^(e + c - 15); an exponent outside the table fails the row), into out[starts[i]:], up to the
-    end of `out`."""
+    end of `out`. `checked`: the rows' check words were verified already (`fixed16.verify_rows` on
+    these very rows): only the exponent lanes are checked, and the data lanes are decoded straight
+    from the row in one pass (`terms` unused)."""
+    if checked:
+        return _decode16_checked(words, row_words, col, lanes, nb, block, n, sel, pow2, pow2_at, out, starts, ok)
     nv = lanes - 4
     m = out.size
     eb = np.zeros(nb, dtype=np.int64)
@@ -511,6 +516,117 @@ def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, po
             for j in range(dst.size):
                 dst[j] = np.float32(np.int32(v[j])) * sc
     return ok
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _exps16(src, nb, n, pow2_size, pow2_at, eb):
+    """eb[b] = the exponent of block b of a FIXED16 sum of n (its lane / n); False when a lane is no
+    multiple of n or an exponent is outside the table (pow2_size entries from -pow2_at)."""
+    good = True
+    for b in range(nb):
+        s = np.int64(np.int16(_bswap16(src[b])))
+        if s % n != 0 or s // n < -pow2_at or s // n >= pow2_size - pow2_at:
+            good = False
+        eb[b] = s // n
+    return good
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _decode16_row(src, nb, block, eb, pow2, pow2_at, out, o):
+    """The data lanes of one FIXED16 row (block b scaled by pow2[eb[b] + pow2_at]) into out[o:],
+    up to the end of `out`: each lane read big-endian, sign-extended and scaled in one pass."""
+    m = out.size
+    for b in range(nb):
+        sc = np.float32(pow2[eb[b] + pow2_at])
+        lo = o + b * block
+        hi = min(lo + block, m)
+        if hi <= lo:
+            break
+        dst = out[lo:hi]
+        v = src[nb + b * block:nb + b * block + (hi - lo)]
+        for j in range(dst.size):
+            u = v[j]
+            dst[j] = np.float32(np.int32(np.int16(np.uint16(((u & 0xFF) << 8) | ((u >> 8) & 0xFF))))) * sc
+
+
+@njit(cache=True, nogil=True)
+def _decode16_checked(words, row_words, col, lanes, nb, block, n, sel, pow2, pow2_at, out, starts, ok):
+    """`dequantize16_rows` of rows whose check words were verified: the exponent lanes checked as
+    there, each data lane read big-endian, sign-extended and scaled in one pass (the same bits)."""
+    eb = np.zeros(nb, dtype=np.int64)
+    for i in range(sel.size):
+        src = words[sel[i] * row_words + col:sel[i] * row_words + col + lanes]
+        ok[i] = _exps16(src, nb, n, pow2.size, pow2_at, eb)
+        if ok[i]:
+            _decode16_row(src, nb, block, eb, pow2, pow2_at, out, starts[i])
+    return ok
+
+
+@njit(cache=True, nogil=True)
+def absorb_fixed16_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_at, dtype_at, skip_flags, fixed16,
+                           bits, ack, op_id, per, chunks, words, row_words, col, lanes, nb, block, n, pow2, pow2_at,
+                           out, retx, xmit_no, sack_high, fresh_seqs, info):
+    """`absorb_fixed_results` for a FIXED16 sum (dataplane/engine/collective.py `on_results` with
+    dataplane/engine/reductions.py `_decode16` is the reference) of rows whose check words
+    collective.py `_verified` has verified: the same checks first, changing nothing (every row
+    in the window, ascending, op `op_id`'s, a chunk below `chunks` of `per` elements), and also
+    none flagged `skip_flags` (SATURATED, MAX), each of dtype `fixed16` with exponent lanes that
+    are n equal exponents in range: otherwise -1 (the caller runs the reference). Then the same
+    window and delivery bookkeeping, each fresh row decoded (as `dequantize16_rows`) into the flat
+    `out` from its header's element offset. Rows are flat uint16 `words`, `row_words` apart."""
+    size = bits.size
+    prev = np.int64(-1)
+    eb = np.zeros(nb, dtype=np.int64)
+    for i in range(k):
+        b = i * hstride
+        d = (_be32(hb, b + seq_at) - ack) & 0xFFFFFFFF
+        if d >= size or d <= prev:
+            return -1
+        prev = d
+        if _be32(hb, b + tensor_at) != op_id or hb[b + flags_at] & skip_flags or hb[b + dtype_at] != fixed16:
+            return -1
+        if _be32(hb, b + offset_at) // per >= chunks:
+            return -1
+        if not _exps16(words[i * row_words + col:i * row_words + col + lanes], nb, n, pow2.size, pow2_at, eb):
+            return -1
+    fresh = 0
+    mask = size - 1
+    smask = retx.size - 1
+    in_order = 1
+    newest = np.int64(-1)
+    newest_d = np.int64(-1)
+    rack = np.int64(-1)
+    for i in range(k):
+        b = i * hstride
+        seq = _be32(hb, b + seq_at)
+        j = seq & mask
+        if bits[j]:
+            continue  # a duplicate
+        bits[j] = True
+        src = words[i * row_words + col:i * row_words + col + lanes]
+        _exps16(src, nb, n, pow2.size, pow2_at, eb)
+        _decode16_row(src, nb, block, eb, pow2, pow2_at, out, _be32(hb, b + offset_at))
+        fresh_seqs[fresh] = seq
+        fresh += 1
+        d = (seq - sack_high) & 0xFFFFFFFF
+        if d >= 0x80000000 or retx[seq & smask]:
+            in_order = 0
+        elif d > newest_d:
+            newest_d = d
+            newest = seq
+        x = xmit_no[seq & smask]
+        rack = x if x > rack else rack
+    pos = ack & mask
+    m = 0
+    while m < size and bits[(pos + m) & mask]:
+        m += 1
+    for q in range(m):
+        bits[(pos + q) & mask] = False
+    info[0] = m
+    info[1] = in_order
+    info[2] = newest
+    info[3] = rack
+    return fresh
 
 
 @njit(cache=True, nogil=True)

@@ -200,7 +200,8 @@ def kernel_costs(fmt: str, nbytes: int = 16 << 20, lanes: int = 16000, seconds: 
 
     def decode() -> None:
         if fmt == "fixed16":
-            if not (fixed16.verify_rows(rows, sel, lanes, 1).all() and fixed16.decode_rows(rows, sel, lanes, 1, out).all()):
+            if not (fixed16.verify_rows(rows, sel, lanes, 1).all()  # as the engine: verified, then decoded
+                    and fixed16.decode_rows(rows, sel, lanes, 1, out, checked=True).all()):
                 raise RuntimeError("fixed16 rows failed their check")
             return
         from luwu.dataplane.protocol import DATA_HEADER

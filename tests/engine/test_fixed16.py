@@ -198,6 +198,16 @@ def test_sum_of_packets_verifies_and_decodes(n, numel, data):
             ok = fixed16.decode_rows(rows, np.arange(k), LANES, n, out)
             assert ok.all()
             results[mode] = out
+            # rows verified already (collective.py `_verified`): decoded in one pass, the same bits
+            assert fixed16.verify_rows(rows, np.arange(k), LANES, n).all()
+            once = np.full(numel, np.nan, dtype=np.float32)
+            assert fixed16.decode_rows(rows, np.arange(k), LANES, n, once, checked=True).all()
+            assert np.array_equal(once.view(np.uint32), out.view(np.uint32))
+            if n > 1:  # an exponent lane that is no multiple of n still fails a checked row
+                odd = rows.copy()
+                odd[0, HEADER_LEN:HEADER_LEN + 2].view(">i2")[0] += 1
+                assert fixed16.decode_rows(odd, np.arange(k), LANES, n, once, checked=True).tolist() == \
+                    [False] + [True] * (k - 1)
             # any one lane changed (a data, exponent, padding or check lane) fails that row only
             lane = int(data.draw(st.integers(0, LANES - 1)))
             bad = rows.copy()
