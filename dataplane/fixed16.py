@@ -245,17 +245,31 @@ def agreement_lanes(lanes: int) -> int:
     return lanes - CHECKS
 
 
-def pack_exponents16(e: np.ndarray) -> np.ndarray:
-    """int16 lanes `e << 8 | tag8(e)` of exponents e in [-128, 127]."""
+def _pack16(e: np.ndarray) -> np.ndarray:
+    """`pack_exponents16` computed lane by lane (the reference of its table)."""
     e64 = np.asarray(e, dtype=np.int64)
     return ((e64 << 8) | (integrity.exp_tag(e64).astype(np.int64) & 0xFF)).astype(np.int16)
 
 
+# the 256 valid lanes, indexed by e itself (numpy's negative indices: e = -128..-1 at 128..255)
+_LANE16 = _pack16(np.arange(256, dtype=np.int64).astype(np.int8))
+
+
+def pack_exponents16(e: np.ndarray) -> np.ndarray:
+    """int16 lanes `e << 8 | tag8(e)` of exponents e in [-128, 127] (a lookup in the 256 valid
+    lanes; the same bits as computing each)."""
+    e = np.asarray(e)
+    if e.size and (int(e.min()) < EXP_MIN or int(e.max()) > EXP_MAX):
+        return _pack16(e)
+    return _LANE16[e.astype(np.intp, copy=False)]
+
+
 def unpack_exponents16(lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(exponents, ok): ok is False where a lane's tag does not match its exponent."""
-    v = np.asarray(lanes, dtype=np.int16).astype(np.int64)
+    """(exponents, ok): ok is False where a lane's tag does not match its exponent. A lane's high
+    byte is e, so it is valid exactly when it equals the packed lane of e."""
+    v = np.asarray(lanes, dtype=np.int16)
     e = v >> 8
-    return e.astype(np.int32), (v & 0xFF) == (integrity.exp_tag(e).astype(np.int64) & 0xFF)
+    return e.astype(np.int32), _LANE16[e.astype(np.intp)] == v
 
 
 def encode_agreement_rows(exps: np.ndarray, lanes: int, rows: np.ndarray, i0: int) -> None:
@@ -263,13 +277,11 @@ def encode_agreement_rows(exps: np.ndarray, lanes: int, rows: np.ndarray, i0: in
     exponents of blocks [p * A, (p + 1) * A), A = lanes - 4, zeros past the end, then T_j."""
     per = agreement_lanes(lanes)
     k = rows.shape[0]
-    lane = np.zeros((k, lanes), dtype=np.int64)
-    flat = lane[:, :per].reshape(-1)
+    flat = np.zeros(k * per, dtype=np.int16)
     part = np.asarray(exps)[i0 * per:(i0 + k) * per]
     flat[:part.size] = pack_exponents16(part)
-    lane[:, :per] = flat.reshape(k, per)
-    lane[:, per:] = header_terms(rows)
-    rows[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">u2")[...] = lane & _MASK16
+    rows[:, HEADER_LEN:HEADER_LEN + 2 * per].view(">i2")[...] = flat.reshape(k, per)
+    rows[:, HEADER_LEN + 2 * per:HEADER_LEN + 2 * lanes].view(">u2")[...] = header_terms(rows)
 
 
 def verify_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int) -> np.ndarray:
@@ -295,11 +307,20 @@ def verify_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int) -> np.nda
     return ok
 
 
-def decode_agreement_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, chunk: np.ndarray, out: np.ndarray) -> bool:
+def decode_agreement_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, chunk: np.ndarray, out: np.ndarray,
+                          checked: bool = False) -> bool:
     """The agreed exponents of RESULT rows[sel] (packet indices `chunk`) into `out` (one per block).
-    False, writing nothing, when a check lane or a lane's tag is wrong (the agreement is corrupt)."""
+    False, writing nothing, when a check lane or a lane's tag is wrong (the agreement is corrupt).
+    `checked`: `verify_rows` passed these very rows already (check lanes and every tag), so only
+    the exponents are read off (the same values)."""
     per = agreement_lanes(lanes)
     lane = rows[sel, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2")
+    if checked:
+        e = (lane[:, :per] >> 8).astype(np.int32)
+        for i, c in enumerate(np.asarray(chunk).tolist()):
+            m = max(0, min(per, out.size - c * per))
+            out[c * per:c * per + m] = e[i, :m]
+        return True
     if not ((lane[:, per:].astype(np.int64) & _MASK16) == header_terms(rows[sel])).all():
         return False
     e, ok = unpack_exponents16(lane[:, :per])

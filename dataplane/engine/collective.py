@@ -69,6 +69,7 @@ _ANY, _ALL = np.logical_or.reduce, np.logical_and.reduce  # without ndarray.any'
 # header fields' byte offsets, for the compiled RESULT pass (the layout is protocol.py's)
 _SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT = (DATA_HEADER.fields[f][1] for f in ("seq", "tensor", "offset", "flags"))
 _DTYPE_AT = DATA_HEADER.fields["dtype"][1]
+_MAX16 = np.uint8(Flag.MAX)
 _SKIP16 = np.uint8(Flag.SATURATED | Flag.MAX)  # FIXED16 RESULTs the compiled pass leaves to the reference
 
 
@@ -196,7 +197,12 @@ class CollectiveSession:
         corrupt = [False]
 
         def decode(chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _e: np.ndarray) -> None:
-            if not fixed16.decode_agreement_rows(rows, sel, self.row_lanes, chunk, agreed):
+            # `_verified` checked these rows (fixed16.verify_rows: check lanes, every tag) unless one
+            # was let through SATURATED after failing that, or is not a FIXED16 MAX: then again here
+            f = rows[sel, _FLAGS_AT]
+            checked = not ((f & SATURATED).any() or ((f & _MAX16) == 0).any()
+                           or (rows[sel, _DTYPE_AT] != int(Dtype.FIXED16)).any())
+            if not fixed16.decode_agreement_rows(rows, sel, self.row_lanes, chunk, agreed, checked):
                 corrupt[0] = True
 
         op = self.new_op(len(exps), Dtype.FIXED16, True, lambda o: on_agreed(None if corrupt[0] else agreed,

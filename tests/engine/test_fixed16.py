@@ -301,3 +301,28 @@ def test_verify_rows_accepts_sums_and_agreements_and_rejects_corruption():
         want = [True] * (k + 1)
         want[row] = False
         assert fixed16.verify_rows(bad, np.arange(k + 1), LANES, 2).tolist() == want
+
+
+def test_exponent_lane_tables_give_the_computed_bits():
+    """The agreement lanes are looked up in tables of the 256 valid lanes (16-bit: fixed16.py,
+    32-bit: integrity.py); packing and unpacking (with its tag verdict) give exactly the bits of
+    computing each lane with exp_tag, for every exponent, any lane value, and out-of-range input."""
+    rng = np.random.default_rng(5)
+    e = np.concatenate([np.arange(-128, 128), rng.integers(-128, 128, 5000)])
+    for dtype in (np.int8, np.int32, np.int64):
+        assert np.array_equal(fixed16.pack_exponents16(e.astype(dtype)), fixed16._pack16(e))
+        assert np.array_equal(integrity.pack_exponents(e.astype(dtype)), integrity._pack32(e))
+    wide = rng.integers(-40000, 40000, 500)  # outside the table: computed
+    assert np.array_equal(integrity.pack_exponents(wide), integrity._pack32(wide))
+    v16 = np.concatenate([rng.integers(-2**15, 2**15, 20000), fixed16._pack16(e)]).astype(np.int16)
+    got_e, got_ok = fixed16.unpack_exponents16(v16)
+    want_e = v16.astype(np.int64) >> 8
+    assert np.array_equal(got_e, want_e) and got_e.dtype == np.int32
+    assert np.array_equal(got_ok, (v16.astype(np.int64) & 0xFF) == (integrity.exp_tag(want_e).astype(np.int64) & 0xFF))
+    assert got_ok[-e.size:].all() and not got_ok[:20000].all()
+    for v32 in (np.concatenate([rng.integers(-2**31, 2**31, 20000), integrity._pack32(e)]).astype(np.int32),
+                integrity._pack32(e) ^ 1):  # lanes of exponents past the table, and tags off by a bit
+        got_e, got_ok = integrity.unpack_exponents(v32)
+        want_e = v32.astype(np.int64) >> 16
+        assert np.array_equal(got_e, want_e) and got_e.dtype == np.int32
+        assert np.array_equal(got_ok, (v32.astype(np.int64) & 0xFFFF).astype(np.uint32) == integrity.exp_tag(want_e))
