@@ -25,6 +25,7 @@ import os
 import queue
 import time
 import traceback
+from typing import Any
 
 import numpy as np
 
@@ -173,7 +174,7 @@ def kernel_costs(fmt: str, nbytes: int = 16 << 20, lanes: int = 16000, seconds: 
 
     x = np.random.default_rng(7).standard_normal(nbytes // 4, dtype=np.float32)
     out = np.empty_like(x)
-    common = {"seg_start": 0, "msg_type": MsgType.ALLREDUCE, "session": 1, "worker": 0, "pool_base": 0,
+    common: dict[str, Any] = {"seg_start": 0, "msg_type": MsgType.ALLREDUCE, "session": 1, "worker": 0, "pool_base": 0,
               "pool_size": 1024, "tensor": 0}
     if fmt == "fixed16":
         per = fixed16.layout(lanes)[1]
