@@ -68,7 +68,7 @@ class FailedChecks:
 _ANY, _ALL = np.logical_or.reduce, np.logical_and.reduce  # without ndarray.any's Python wrapper (per batch)
 # header fields' byte offsets, for the compiled RESULT pass (the layout is protocol.py's)
 _SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT = (DATA_HEADER.fields[f][1] for f in ("seq", "tensor", "offset", "flags"))
-_DTYPE_AT = DATA_HEADER.fields["dtype"][1]
+_DTYPE_AT, _COUNT_AT, _NUMEL_AT = (DATA_HEADER.fields[f][1] for f in ("dtype", "count", "numel"))
 _MAX16 = np.uint8(Flag.MAX)
 _SKIP16 = np.uint8(Flag.SATURATED | Flag.MAX)  # FIXED16 RESULTs the compiled pass leaves to the reference
 
@@ -221,6 +221,10 @@ class CollectiveSession:
     # -- packets (engine thread) --------------------------------------------------------------------
     def on_results(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
         """RESULT packets `rows[idx]` (headers `h[idx]`; idx ascending, as the engine groups a batch)."""
+        if self.ops and len(idx) == len(h) and not self._failures:  # a FIXED16 sum's common batch: one compiled pass
+            op = next(iter(self.ops.values()))
+            if op.fixed16 is not None and self._compiled_results16(op, rows, h, now):
+                return
         idx = self._verified(idx, rows, h)
         if self.ops and len(idx):
             idx = in_bounds(idx, h, self.stats, self._chunk_of)
@@ -322,7 +326,7 @@ class CollectiveSession:
         oldest op, a float sum, none SATURATED. False, with nothing changed, for anything else
         (the numpy code below is the reference: tests/engine/test_compiled_results.py)."""
         op = next(iter(self.ops.values()))  # the oldest op: the one whose RESULTs come first
-        if op.fixed16 is not None:
+        if op.fixed16 is not None:  # (checked again after `_verified`: a batch a failed check had made wait)
             return self._compiled_results16(op, rows, h, now)
         fixed = op.fixed
         if fixed is None or not use_numba() or not h.flags.c_contiguous:
@@ -343,23 +347,27 @@ class CollectiveSession:
         return True
 
     def _compiled_results16(self, op: ReduceOp, rows: np.ndarray, h: np.ndarray, now: float) -> bool:
-        """`_compiled_results` for a FIXED16 sum (kernels/fixed_point.py `absorb_fixed16_results`), on
-        rows `_verified` has verified: the reference is `on_results`' numpy code with the op's
-        `decode` (reductions.py `_decode16`). False, with nothing changed, for anything else (a
-        SATURATED or MAX row, another dtype, an exponent lane that is no multiple of n)."""
+        """`on_results` for a FIXED16 sum's common batch in one compiled pass, check words included
+        (kernels/fixed_point.py `absorb_fixed16_results`): every row `_verified` and `in_bounds`
+        would pass, new or a duplicate within the window, ascending, of the oldest op, a plain sum
+        (not SATURATED, not MAX). The reference is `on_results`' numpy code with the op's `decode`
+        (reductions.py `_decode16`). False, with nothing changed, for anything else."""
         if not use_numba() or not h.flags.c_contiguous or rows.ndim != 2 or rows.dtype != np.uint8 \
-                or rows.shape[1] % 2 or not rows.flags.c_contiguous:
+                or rows.shape[1] % 2 or not rows.flags.c_contiguous or rows.shape[0] < len(h):
             return False
         words = rows.reshape(-1).view(np.uint16)
+        if not words.flags.aligned:
+            return False
         out, pow2 = op.fixed16
         nb = fixed16.layout(self.row_lanes)[0]
         w = self.window
         k = len(h)
+        hb = h.view(np.uint8).reshape(k, HEADER_LEN)
         fresh = fixed_point_kernels().absorb_fixed16_results(
-            h.view(np.uint8), HEADER_LEN, k, _SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT, _DTYPE_AT, _SKIP16,
-            int(Dtype.FIXED16), w.bits, w.ack, op.op_id, op.per, op.chunks, words, rows.shape[1] // 2, HEADER_LEN // 2,
-            self.row_lanes, nb, FIXED16_BLOCK, self.n, pow2, -EXP_MIN, out, self.send.retx, self.send.xmit_no,
-            self.send.sack_high, self._fresh, self._info)
+            hb.reshape(-1), HEADER_LEN, k, _SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT, _DTYPE_AT, _COUNT_AT, _NUMEL_AT,
+            _SKIP16, int(Dtype.FIXED16), w.bits, w.ack, op.op_id, op.numel, op.per, op.chunks, words,
+            rows.shape[1] // 2, HEADER_LEN // 2, self.row_lanes, nb, FIXED16_BLOCK, self.n, fixed16.header_terms(hb),
+            pow2, -EXP_MIN, out, self.send.retx, self.send.xmit_no, self.send.sack_high, self._fresh, self._info)
         if fresh < 0:
             return False
         self._absorbed(op, k, fresh, now)

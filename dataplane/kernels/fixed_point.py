@@ -562,21 +562,46 @@ def _decode16_checked(words, row_words, col, lanes, nb, block, n, sel, pow2, pow
     return ok
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _row_sums16(src):
+    """`_load_sums` of big-endian int16 lanes `src` without storing them: (sum v, sum (k+1) v,
+    sum (k+1)^2 v, sum (k+1)^3 v) mod 2^32, v sign-extended."""
+    s0 = np.uint32(0)
+    s1 = np.uint32(0)
+    s2 = np.uint32(0)
+    s3 = np.uint32(0)
+    for k in range(src.size):
+        u = src[k]
+        v = np.uint32(np.int32(np.int16(np.uint16(((u & 0xFF) << 8) | ((u >> 8) & 0xFF)))))
+        a = np.uint32(k + 1)
+        b = np.uint32(a * a)
+        s0 = np.uint32(s0 + v)
+        s1 = np.uint32(s1 + np.uint32(a * v))
+        s2 = np.uint32(s2 + np.uint32(b * v))
+        s3 = np.uint32(s3 + np.uint32(np.uint32(b * a) * v))
+    return s0, s1, s2, s3
+
+
 @njit(cache=True, nogil=True)
-def absorb_fixed16_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_at, dtype_at, skip_flags, fixed16,
-                           bits, ack, op_id, per, chunks, words, row_words, col, lanes, nb, block, n, pow2, pow2_at,
-                           out, retx, xmit_no, sack_high, fresh_seqs, info):
-    """`absorb_fixed_results` for a FIXED16 sum (dataplane/engine/collective.py `on_results` with
-    dataplane/engine/reductions.py `_decode16` is the reference) of rows whose check words
-    collective.py `_verified` has verified: the same checks first, changing nothing (every row
-    in the window, ascending, op `op_id`'s, a chunk below `chunks` of `per` elements), and also
-    none flagged `skip_flags` (SATURATED, MAX), each of dtype `fixed16` with exponent lanes that
-    are n equal exponents in range: otherwise -1 (the caller runs the reference). Then the same
-    window and delivery bookkeeping, each fresh row decoded (as `dequantize16_rows`) into the flat
-    `out` from its header's element offset. Rows are flat uint16 `words`, `row_words` apart."""
+def absorb_fixed16_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_at, dtype_at, count_at, numel_at,
+                           skip_flags, fixed16, bits, ack, op_id, numel, per, chunks, words, row_words, col, lanes, nb,
+                           block, n, terms, pow2, pow2_at, out, retx, xmit_no, sack_high, fresh_seqs, info):
+    """`absorb_fixed_results` for a FIXED16 sum, verification included (dataplane/engine/collective.py
+    `on_results`: `_verified` with fixed16.verify_rows, `in_bounds`, the window, reductions.py
+    `_decode16`, is the reference). First, changing nothing, every row must be in the window,
+    ascending, op `op_id`'s, flagged none of `skip_flags` (SATURATED, MAX), of dtype `fixed16`,
+    a whole chunk of `per` elements below `chunks` (offset a multiple of per, count at most per,
+    numel the op's), its exponent lanes n equal exponents in range and its check words those of
+    a sum of n (`dequantize16_rows`' verdict; `terms[i]`: row i's header term T_j): otherwise -1,
+    and the caller runs the reference. Then the window and delivery bookkeeping of
+    `absorb_fixed_results`, each fresh row decoded (as `dequantize16_rows`) into the flat `out`
+    from its header's element offset. Rows are flat uint16 `words`, `row_words` apart."""
     size = bits.size
     prev = np.int64(-1)
     eb = np.zeros(nb, dtype=np.int64)
+    nv = lanes - 4
+    msk = np.uint64(0xFFFF)
+    nn = np.uint64(n)
     for i in range(k):
         b = i * hstride
         d = (_be32(hb, b + seq_at) - ack) & 0xFFFFFFFF
@@ -585,9 +610,19 @@ def absorb_fixed16_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_a
         prev = d
         if _be32(hb, b + tensor_at) != op_id or hb[b + flags_at] & skip_flags or hb[b + dtype_at] != fixed16:
             return -1
-        if _be32(hb, b + offset_at) // per >= chunks:
+        off = _be32(hb, b + offset_at)
+        count = (np.int64(hb[b + count_at]) << 8) | np.int64(hb[b + count_at + 1])
+        if off % per != 0 or off // per >= chunks or count > per or _be32(hb, b + numel_at) != numel:
             return -1
-        if not _exps16(words[i * row_words + col:i * row_words + col + lanes], nb, n, pow2.size, pow2_at, eb):
+        src = words[i * row_words + col:i * row_words + col + lanes]
+        if not _exps16(src, nb, n, pow2.size, pow2_at, eb):
+            return -1
+        c0, c1, c2, c3 = _row_sums16(src[:nv])
+        g0, g1, g2, g3 = _exponent_terms(eb, nb)
+        if ((np.uint64(c0) + nn * (np.uint64(terms[i, 0]) + g0)) & msk) != np.uint64(_bswap16(src[nv])) \
+                or ((np.uint64(c1) + nn * (np.uint64(terms[i, 1]) + g1)) & msk) != np.uint64(_bswap16(src[nv + 1])) \
+                or ((np.uint64(c2) + nn * (np.uint64(terms[i, 2]) + g2)) & msk) != np.uint64(_bswap16(src[nv + 2])) \
+                or ((np.uint64(c3) + nn * (np.uint64(terms[i, 3]) + g3)) & msk) != np.uint64(_bswap16(src[nv + 3])):
             return -1
     fresh = 0
     mask = size - 1

@@ -170,6 +170,18 @@ def test_the_common_fixed16_batch_takes_the_compiled_pass():
             with _kernels("numba"):
                 assert side.data._compiled_results(rows, header_view(hb), 0.001) == taken
         assert side.data.window.ack == 3 and side.data.ops[0].got == 3
+        # valid check words, but a header in_bounds refuses (another numel, a count past a packet,
+        # an offset off a chunk): left to the reference, nothing changed
+        bad = [_sums(xs, exps, np.array([3]), [0], [3], [0], numel + 1)]
+        bad.append(_sums(xs, exps, np.array([3]), [0], [3], [0], numel))
+        header_view(bad[-1])["count"] = PER + 1
+        bad.append(_sums(xs, exps, np.array([3]), [0], [3], [0], numel))
+        header_view(bad[-1])["offset"] = 3 * PER + 1
+        for rows in bad:
+            with _kernels("numba"):
+                assert not side.data._compiled_results16(side.data.ops[0], rows, header_view(
+                    np.ascontiguousarray(rows[:, :HEADER_LEN])), 0.003)
+        assert side.data.window.ack == 3 and side.data.ops[0].got == 3
         got = side.op.dest[:3 * PER].astype(np.float64)
         exact = np.sum([x[:3 * PER].astype(np.float64) for x in xs], axis=0)
         assert (np.abs(got - exact) <= Q.error_bound16(side.op.dest[:3 * PER], exps[:3 * PER // B], B, N)).all()
