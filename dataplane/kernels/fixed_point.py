@@ -299,26 +299,6 @@ def _store_sums(vals, dst):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _load_sums(src, vals):
-    """vals[k] = the big-endian int16 src[k] sign-extended to uint32, and `_store_sums`' sums."""
-    s0 = np.uint32(0)
-    s1 = np.uint32(0)
-    s2 = np.uint32(0)
-    s3 = np.uint32(0)
-    for k in range(vals.size):
-        u = src[k]
-        v = np.uint32(np.int32(np.int16(np.uint16(((u & 0xFF) << 8) | ((u >> 8) & 0xFF)))))
-        vals[k] = v
-        a = np.uint32(k + 1)
-        b = np.uint32(a * a)
-        s0 = np.uint32(s0 + v)
-        s1 = np.uint32(s1 + np.uint32(a * v))
-        s2 = np.uint32(s2 + np.uint32(b * v))
-        s3 = np.uint32(s3 + np.uint32(np.uint32(b * a) * v))
-    return s0, s1, s2, s3
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _put_checks(dst, nv, c0, c1, c2, c3):
     dst[nv] = _bswap16(np.uint16(c0 & np.uint64(0xFFFF)))
     dst[nv + 1] = _bswap16(np.uint16(c1 & np.uint64(0xFFFF)))
@@ -481,53 +461,43 @@ def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, po
     if checked:
         return _decode16_checked(words, row_words, col, lanes, nb, block, n, sel, pow2, pow2_at, out, starts, ok)
     nv = lanes - 4
-    m = out.size
     eb = np.zeros(nb, dtype=np.int64)
-    vals = np.empty(nv, dtype=np.uint32)
     msk = np.uint64(0xFFFF)
     nn = np.uint64(n)
     for i in range(sel.size):
         src = words[sel[i] * row_words + col:sel[i] * row_words + col + lanes]
-        good = True
-        for b in range(nb):
-            s = np.int64(np.int16(_bswap16(src[b])))
-            if s % n != 0 or s // n < -pow2_at or s // n >= pow2.size - pow2_at:
-                good = False  # not n equal exponents, or one outside the protocol's range
-            eb[b] = s // n
+        good = _exps16(src, nb, n, pow2.size, pow2_at, eb)  # n equal exponents, each in the protocol's range
         if good:
-            c0, c1, c2, c3 = _load_sums(src[:nv], vals)
+            c0, c1, c2, c3 = _row_sums16(src[:nv])
             g0, g1, g2, g3 = _exponent_terms(eb, nb)
             good = ((np.uint64(c0) + nn * (np.uint64(terms[i, 0]) + g0)) & msk) == np.uint64(_bswap16(src[nv])) \
                 and ((np.uint64(c1) + nn * (np.uint64(terms[i, 1]) + g1)) & msk) == np.uint64(_bswap16(src[nv + 1])) \
                 and ((np.uint64(c2) + nn * (np.uint64(terms[i, 2]) + g2)) & msk) == np.uint64(_bswap16(src[nv + 2])) \
                 and ((np.uint64(c3) + nn * (np.uint64(terms[i, 3]) + g3)) & msk) == np.uint64(_bswap16(src[nv + 3]))
         ok[i] = good
-        if not good:
-            continue
-        o = starts[i]
-        for b in range(nb):
-            # a power of two within float32's range (subnormals included): the float32 product of the
-            # lane (|v| <= 2^15, exact) and it is the exact product rounded once, as in float64
-            sc = np.float32(pow2[eb[b] + pow2_at])
-            lo = o + b * block
-            hi = min(lo + block, m)
-            dst = out[lo:hi] if hi > lo else out[0:0]
-            v = vals[nb + b * block:nb + b * block + (hi - lo if hi > lo else 0)]
-            for j in range(dst.size):
-                dst[j] = np.float32(np.int32(v[j])) * sc
+        if good:  # the row again, from cache: each lane * 2^(e + c - 15), a power of two within float32's range
+            # (subnormals included), so the float32 product of the lane (|v| <= 2^15, exact) and it is
+            # the exact product rounded once, as in float64
+            _decode16_row(src, nb, block, eb, pow2, pow2_at, out, starts[i])
     return ok
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _exps16(src, nb, n, pow2_size, pow2_at, eb):
     """eb[b] = the exponent of block b of a FIXED16 sum of n (its lane / n); False when a lane is no
-    multiple of n or an exponent is outside the table (pow2_size entries from -pow2_at)."""
+    multiple of n or an exponent is outside the table (pow2_size entries from -pow2_at). The
+    quotient is the lane times 1/n rounded (|lane| < 2^15, n < 2^8: within 2^-30 of it when the
+    lane is a multiple of n, which q * n == lane then confirms exactly): an integer division per
+    block cost more than the row's check sums."""
     good = True
+    inv = 1.0 / n
+    lo = -pow2_at
+    hi = pow2_size - pow2_at
     for b in range(nb):
         s = np.int64(np.int16(_bswap16(src[b])))
-        if s % n != 0 or s // n < -pow2_at or s // n >= pow2_size - pow2_at:
-            good = False
-        eb[b] = s // n
+        q = np.int64(np.rint(np.float64(s) * inv))
+        good &= (q * n == s) & (q >= lo) & (q < hi)
+        eb[b] = q
     return good
 
 
@@ -564,8 +534,8 @@ def _decode16_checked(words, row_words, col, lanes, nb, block, n, sel, pow2, pow
 
 @njit(cache=True, nogil=True, inline="always")
 def _row_sums16(src):
-    """`_load_sums` of big-endian int16 lanes `src` without storing them: (sum v, sum (k+1) v,
-    sum (k+1)^2 v, sum (k+1)^3 v) mod 2^32, v sign-extended."""
+    """`_store_sums`' sums of big-endian int16 lanes `src` (the check words' lane part, read
+    side): (sum v, sum (k+1) v, sum (k+1)^2 v, sum (k+1)^3 v) mod 2^32, v sign-extended."""
     s0 = np.uint32(0)
     s1 = np.uint32(0)
     s2 = np.uint32(0)
