@@ -65,8 +65,22 @@ def packets(numel: int, lanes: int) -> int:
 _FIELDS = ("session", "seq", "slot", "tensor", "offset", "count", "numel")
 
 
+# header_terms16's field layout: byte offsets, widths (flags: the mask) and multipliers, from DATA_HEADER
+_TERM_AT = np.array([int(_HEADER_FIELDS[f][1]) for f in ("session", "seq", "slot", "tensor", "offset", "count",
+                                                          "numel", "dtype", "flags", "exponent", "ver_type")],
+                    dtype=np.int64)
+_TERM_WIDTH = np.array([int(_HEADER_FIELDS[f][0].itemsize) for f in ("session", "seq", "slot", "tensor", "offset",
+                                                                     "count", "numel")]
+                       + [1, int(Flag.SET | Flag.MAX), 1, 1], dtype=np.int64)
+_TERM_MULT = (integrity._T_MULT[:CHECKS] & 0xFFFFFFFF).astype(np.uint32)
+
+
 def header_terms(hrows: np.ndarray) -> np.ndarray:
-    """`integrity.header_term(h, FIXED16)` of each (K, >=32) uint8 header row: (K, 4) uint32."""
+    """`integrity.header_term(h, FIXED16)` of each (K, >=32) uint8 header row: (K, 4) uint32
+    (compiled when kernels are on: kernels/fixed_point.py `header_terms16`, the same values)."""
+    if use_numba() and hrows.dtype == _U8 and hrows.ndim == 2 and hrows.shape[1] >= HEADER_LEN:
+        return _kernels().header_terms16(hrows, _TERM_AT, _TERM_WIDTH, _TERM_MULT, int(Dtype.FIXED16), int(MsgType.GRAD),
+                                         int(MsgType.AGG), np.empty((hrows.shape[0], CHECKS), dtype=np.uint32))
     h = hrows[:, :HEADER_LEN].copy().view(DATA_HEADER).reshape(-1)
     k = len(h)
     if k <= integrity.SCALAR_TERMS:  # a few rows (a small push, most received batches): on Python ints, ~3x faster

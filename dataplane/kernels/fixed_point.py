@@ -307,6 +307,47 @@ def _put_checks(dst, nv, c0, c1, c2, c3):
 
 
 @njit(cache=True, nogil=True)
+def header_terms16(hrows, at, width, mult, dtype, grad, agg, out):
+    """dataplane/fixed16.py `header_terms` (integrity.header_terms with FIXED16, the reference):
+    out[r, j] = sum_f mult[j, f] * field_f mod 2^32, then mod 2^16, of the uint8 header rows
+    `hrows` (K, >= 32). Fields 0..6 are big-endian of `width[f]` bytes at `at[f]` (session, seq,
+    slot, tensor, offset, count, numel), then `dtype` (the format's code, not the row's byte),
+    flags & (SET | MAX) (at[8], the mask in width[8]), the exponent byte (at[9]) and the stream (1
+    when the type at[10] is `grad` or `agg`, else 3). uint32 products and sums wrap mod 2^32, as
+    the reference's are reduced."""
+    for r in range(hrows.shape[0]):
+        row = hrows[r]
+        t0 = np.uint32(0)
+        t1 = np.uint32(0)
+        t2 = np.uint32(0)
+        t3 = np.uint32(0)
+        for f in range(11):
+            if f < 7:
+                v = np.uint32(0)
+                for q in range(width[f]):
+                    v = np.uint32((v << np.uint32(8)) | np.uint32(row[at[f] + q]))
+            elif f == 7:
+                v = np.uint32(dtype)
+            elif f == 9:
+                v = np.uint32(row[at[f]])
+            elif f == 8:
+                v = np.uint32(row[at[f]]) & np.uint32(width[f])
+            else:
+                ty = row[at[f]] & 0xF
+                v = np.uint32(1) if ty in (grad, agg) else np.uint32(3)
+            t0 = np.uint32(t0 + np.uint32(mult[0, f] * v))
+            t1 = np.uint32(t1 + np.uint32(mult[1, f] * v))
+            t2 = np.uint32(t2 + np.uint32(mult[2, f] * v))
+            t3 = np.uint32(t3 + np.uint32(mult[3, f] * v))
+        m = np.uint32(0xFFFF)
+        out[r, 0] = t0 & m
+        out[r, 1] = t1 & m
+        out[r, 2] = t2 & m
+        out[r, 3] = t3 & m
+    return out
+
+
+@njit(cache=True, nogil=True)
 def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb, block, i0, terms, saturated):
     """FIXED16 packets i0.. into rows (flat big-endian uint16 `words`, `row_words` apart, lanes from
     word `col`) (dataplane/fixed16.py `encode_rows` is the reference): nb exponent lanes (the

@@ -110,13 +110,21 @@ def test_too_many_contributors_is_a_named_error():
         Q.quantize16(np.ones(3, np.float32), np.array([1]), B, 256)
 
 
-def test_header_and_exponent_terms_match_integrity():
+def test_header_and_exponent_terms_match_integrity(kernels):
     rows = _headers(3, 4, 500, flags=int(Flag.SET) | int(Flag.SATURATED))
     rows[1, 0] = ver_type(MsgType.RESULT)
     rows[2, 0] = ver_type(MsgType.GRAD)
     got = fixed16.header_terms(rows)
     for r in range(3):
         assert got[r].tolist() == integrity.header_term(_hdict(rows[r]), Dtype.FIXED16).tolist()
+    # any header bytes (every type, flag and exponent), a few rows and many, whole packet rows or
+    # just their headers: what integrity.header_terms gives for FIXED16
+    rng = np.random.default_rng(11)
+    wide = rng.integers(0, 256, (40, HEADER_LEN + 8), dtype=np.uint8)
+    wide[:16, 0] = (wide[:16, 0] & 0xF0) | np.arange(16)
+    for part in (wide, wide[:5], wide[:, :HEADER_LEN], wide[7:8]):
+        h = np.ascontiguousarray(part[:, :HEADER_LEN]).view(DATA_HEADER).reshape(-1)
+        assert fixed16.header_terms(part).tolist() == integrity.header_terms(h, Dtype.FIXED16).tolist()
     e = np.array([[-128, 0, 5, 127], [3, -7, 0, 0]])
     terms = fixed16.exponent_terms(e)
     for r in range(2):
