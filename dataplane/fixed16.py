@@ -7,7 +7,7 @@ Packet p of a buffer carries elements [p*D, (p+1)*D), D = nb * BLOCK, and blocks
 of the buffer's per-block exponents. The switch sums every lane, exponent lanes included, so the
 receiver of a sum of n contributions reads n * e_b, divides by n and verifies the check words.
 
-`encode_rows` and `decode_rows` run the compiled kernels (dataplane/kernels/fixed_point.py
+`encode_rows` and `decode_rows` run the compiled kernels (dataplane/kernels/fixed16_rows.py
 `quantize16_rows`, `dequantize16_rows`) when kernels are on, else the numpy reference here; both
 give the same bytes and bits (tests/engine/test_fixed16.py), and agree with integrity.py's
 `check_words`.
@@ -77,9 +77,9 @@ _TERM_MULT = (integrity._T_MULT[:CHECKS] & 0xFFFFFFFF).astype(np.uint32)
 
 def header_terms(hrows: np.ndarray) -> np.ndarray:
     """`integrity.header_term(h, FIXED16)` of each (K, >=32) uint8 header row: (K, 4) uint32
-    (compiled when kernels are on: kernels/fixed_point.py `header_terms16`, the same values)."""
+    (compiled when kernels are on: kernels/fixed16_rows.py `header_terms16`, the same values)."""
     if use_numba() and hrows.dtype == _U8 and hrows.ndim == 2 and hrows.shape[1] >= HEADER_LEN:
-        return _kernels().header_terms16(hrows, _TERM_AT, _TERM_WIDTH, _TERM_MULT, int(Dtype.FIXED16), int(MsgType.GRAD),
+        return kernels().header_terms16(hrows, _TERM_AT, _TERM_WIDTH, _TERM_MULT, int(Dtype.FIXED16), int(MsgType.GRAD),
                                          int(MsgType.AGG), np.empty((hrows.shape[0], CHECKS), dtype=np.uint32))
     h = hrows[:, :HEADER_LEN].copy().view(DATA_HEADER).reshape(-1)
     k = len(h)
@@ -159,7 +159,7 @@ def encode_rows(x: np.ndarray, exps: np.ndarray, n: int, lanes: int, rows: np.nd
         if words is not None:
             s1, s2 = factors if factors is not None else quantize16_factors(exps, n)
             sat = np.zeros(k, dtype=np.bool_)
-            _kernels().quantize16_rows(x, np.ascontiguousarray(exps, dtype=np.int32), s1, s2,
+            kernels().quantize16_rows(x, np.ascontiguousarray(exps, dtype=np.int32), s1, s2,
                                        np.float32(2 ** (15 - c)), np.float32(2 ** (15 - c) - 1), words,
                                        rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK, i0, terms, sat)
             return sat
@@ -213,7 +213,7 @@ def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.n
     words = _as_words16(rows) if use_numba() else None
     if words is not None and out.flags.c_contiguous and out.dtype == np.float32:
         terms = _NO_TERMS if checked else header_terms(hrows)
-        return _kernels().dequantize16_rows(words, rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK,
+        return kernels().dequantize16_rows(words, rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK,
                                             n, sel, terms, pow2, -EXP_MIN, out.reshape(-1), starts, ok, checked)
     terms = header_terms(hrows)
     lane = rows[sel, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2").astype(np.int64)
@@ -354,8 +354,9 @@ def _as_words16(rows: np.ndarray) -> np.ndarray | None:
     return words if words.flags.aligned else None
 
 
-def _kernels():
-    from .kernels import fixed_point
+def kernels():
+    """dataplane/kernels/fixed16_rows.py (the compiled twins; it imports numba): call only with kernels on."""
+    from .kernels import fixed16_rows
 
-    return fixed_point
+    return fixed16_rows
 

@@ -348,7 +348,7 @@ class CollectiveSession:
 
     def _compiled_results16(self, op: ReduceOp, rows: np.ndarray, h: np.ndarray, now: float) -> bool:
         """`on_results` for a FIXED16 sum's common batch in one compiled pass, check words included
-        (kernels/fixed_point.py `absorb_fixed16_results`): every row `_verified` and `in_bounds`
+        (kernels/fixed16_rows.py `absorb_fixed16_results`): every row `_verified` and `in_bounds`
         would pass, new or a duplicate within the window, ascending, of the oldest op, a plain sum
         (not SATURATED, not MAX). The reference is `on_results`' numpy code with the op's `decode`
         (reductions.py `_decode16`). False, with nothing changed, for anything else."""
@@ -363,7 +363,7 @@ class CollectiveSession:
         w = self.window
         k = len(h)
         hb = h.view(np.uint8).reshape(k, HEADER_LEN)
-        fresh = fixed_point_kernels().absorb_fixed16_results(
+        fresh = fixed16.kernels().absorb_fixed16_results(
             hb.reshape(-1), HEADER_LEN, k, _SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT, _DTYPE_AT, _COUNT_AT, _NUMEL_AT,
             _SKIP16, int(Dtype.FIXED16), w.bits, w.ack, op.op_id, op.numel, op.per, op.chunks, words,
             rows.shape[1] // 2, HEADER_LEN // 2, self.row_lanes, nb, FIXED16_BLOCK, self.n, fixed16.header_terms(hb),

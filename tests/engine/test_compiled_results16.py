@@ -1,4 +1,4 @@
-"""The compiled RESULT pass of a FIXED16 sum (dataplane/kernels/fixed_point.py
+"""The compiled RESULT pass of a FIXED16 sum (dataplane/kernels/fixed16_rows.py
 `absorb_fixed16_results`, run by dataplane/engine/collective.py `_compiled_results16`) against the
 numpy code it shortcuts (`on_results` with reductions.py `_decode16`).
 
