@@ -23,15 +23,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from luwu.dataplane.engine import Engine, EngineConfig, EngineError, Handle
 from luwu.dataplane.engine.client import EngineClient
-from luwu.dataplane.engine.handles import CorruptResult
+from luwu.dataplane.engine.handles import CorruptResult, EngineError, Handle
 from luwu.dataplane.engine.shm import ShmBuffer
 from luwu.dataplane.process import children
 from luwu.dataplane.session import EndpointPlan
 
 if TYPE_CHECKING:  # annotations only: the engine link itself does not need torch
     import torch
+
+    # the engine itself is imported where an embedded one starts: a worker whose engine runs in the
+    # engine daemon never loads it (~30 ms of CPU on init_process_group's path)
+    from luwu.dataplane.engine.engine import Engine, EngineConfig
 
 MIN_SHM_BUFFER = 1 << 16  # bytes; smaller requests share this size class
 
@@ -118,6 +121,8 @@ class EmbeddedLink(EngineLink):
         if engine is None:
             if plan is None:
                 raise ValueError("EmbeddedLink needs a plan or a running engine")
+            from luwu.dataplane.engine.engine import Engine
+
             engine = Engine(plan, config).start()
         self.engine = engine
 
@@ -349,12 +354,15 @@ def open_engine(kind: str | Engine | EngineClient, plan: EndpointPlan, workdir: 
     Returns:
         An EngineLink; close it when done.
     """
-    if isinstance(kind, Engine):
-        return EmbeddedLink(engine=kind)
     if isinstance(kind, EngineClient):
         return DaemonLink(None, workdir, connect_timeout, client=kind)
     if kind == "embedded":
         return EmbeddedLink(plan)
     if kind == "process":
         return DaemonLink(plan, workdir, connect_timeout)
+    if not isinstance(kind, str):
+        from luwu.dataplane.engine.engine import Engine
+
+        if isinstance(kind, Engine):
+            return EmbeddedLink(engine=kind)
     raise ValueError(f"engine={kind!r}: use 'process', 'embedded', or a running Engine / EngineClient")

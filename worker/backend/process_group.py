@@ -23,6 +23,7 @@ import os
 import threading
 import weakref
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,13 +40,15 @@ from .diagnostics import LuwuError
 from .direct import DirectMoves
 from .fallback import ExactFallback
 from .fingerprint import Fingerprint, detail
-from .hierarchy import RailHierarchy, check_rails
 from .plan_source import default_workdir, discard_prestarted_switch, obtain_plan, prestart_switch, release_plan
 from .scheduler import Scheduler
 from .sparse import sparse_allreduce
 from .staging import staged
 from .torch_view import TorchView
 from .work import LuwuWork
+
+if TYPE_CHECKING:
+    from .hierarchy import RailHierarchy
 
 BACKEND_NAME = "luwu"
 _GROUP_IDS = itertools.count()  # names the process's groups in its metrics
@@ -217,6 +220,8 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         k = lease.local_size
         if k <= 1:
             return None
+        from .hierarchy import RailHierarchy, check_rails  # rail-only plans only (its rails module: ~5 ms of CPU)
+
         check_rails(store, rank, world_size, k, [s.session for s in lease.plan.sessions if s.kind == "collective"],
                     self._timeout.total_seconds())
         return RailHierarchy(p2p, rank, world_size, k, self._timeout.total_seconds())
