@@ -126,8 +126,8 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         self._kernels_wait: tuple | None = None  # (lease, link) until the first operation (_work)
         self._workdir = workdir or default_workdir(cfg, rank)  # given: startup.prestart_children launched them
         cleanup.track(self._workdir, temporary=not cfg.workdir)  # removed when the last group closes, or on exit
-        # both child processes start now (unless already launched: idempotent for this workdir) and
-        # load while the plan is worked out (docs/backend.md "Start-up")
+        # both child processes start now (the switch already did: startup.prestart_children; idempotent
+        # for this workdir) and load while the plan is worked out (docs/backend.md "Start-up")
         prestart_switch(rank, cfg, self._workdir)
         try:
             if cfg.engine == "process":
