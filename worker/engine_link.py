@@ -23,15 +23,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from luwu.dataplane.engine import Engine, EngineConfig, EngineError, Handle
 from luwu.dataplane.engine.client import EngineClient
-from luwu.dataplane.engine.handles import CorruptResult
+from luwu.dataplane.engine.handles import CorruptResult, EngineError, Handle
 from luwu.dataplane.engine.shm import ShmBuffer
 from luwu.dataplane.process import children
 from luwu.dataplane.session import EndpointPlan
 
 if TYPE_CHECKING:  # annotations only: the engine link itself does not need torch
     import torch
+
+    # the engine itself is imported where an embedded one starts: a worker whose engine runs in the
+    # engine daemon never loads it (~30 ms of CPU on init_process_group's path)
+    from luwu.dataplane.engine.engine import Engine, EngineConfig
 
 MIN_SHM_BUFFER = 1 << 16  # bytes; smaller requests share this size class
 
@@ -108,18 +111,29 @@ class EngineLink:
     def close(self) -> None:
         raise NotImplementedError
 
+    def startup_over(self) -> None:
+        """The user's start-up is over (the torch backend's start barrier passed): an engine that
+        deferred loading its compiled kernels (`open_engine(defer_kernels=True)`) loads them now.
+        The engine daemon decides this itself (after its first completed operation)."""
+
 
 class EmbeddedLink(EngineLink):
     kind = "embedded"
 
     def __init__(self, plan: EndpointPlan | None = None, engine: Engine | None = None,
-                 config: EngineConfig | None = None):
+                 config: EngineConfig | None = None, defer_kernels: bool = False):
         self.owned = engine is None  # a running engine handed in stays the caller's to close
+        self._kernels_go = threading.Event()  # set by startup_over (defer_kernels)
         if engine is None:
             if plan is None:
                 raise ValueError("EmbeddedLink needs a plan or a running engine")
-            engine = Engine(plan, config).start()
+            from luwu.dataplane.engine.engine import Engine
+
+            engine = Engine(plan, config).start(self._kernels_go if defer_kernels else None)
         self.engine = engine
+
+    def startup_over(self) -> None:
+        self._kernels_go.set()
 
     def allreduce(self, x: np.ndarray, op: str = "sum", check: np.ndarray | None = None,
                   out: np.ndarray | None = None) -> Handle:
@@ -335,7 +349,7 @@ class EngineHost:
 
 
 def open_engine(kind: str | Engine | EngineClient, plan: EndpointPlan, workdir: str,
-                connect_timeout: float = 30.0) -> EngineLink:
+                connect_timeout: float = 30.0, defer_kernels: bool = False) -> EngineLink:
     """This worker's engine for `plan`.
 
     Args:
@@ -345,16 +359,23 @@ def open_engine(kind: str | Engine | EngineClient, plan: EndpointPlan, workdir: 
         plan: the endpoint plan the engine serves.
         workdir: where the daemon's socket and log go.
         connect_timeout: seconds to wait for the daemon to listen.
+        defer_kernels: an embedded engine loads its compiled kernels once `startup_over()` is
+            called (or after a few seconds) rather than at once: numba's import holds this
+            process's GIL for most of ~0.5 s of CPU (the torch backend's start-up and first
+            collective would wait). Results are the same bits either way.
 
     Returns:
         An EngineLink; close it when done.
     """
-    if isinstance(kind, Engine):
-        return EmbeddedLink(engine=kind)
     if isinstance(kind, EngineClient):
         return DaemonLink(None, workdir, connect_timeout, client=kind)
     if kind == "embedded":
-        return EmbeddedLink(plan)
+        return EmbeddedLink(plan, defer_kernels=defer_kernels)
     if kind == "process":
         return DaemonLink(plan, workdir, connect_timeout)
+    if not isinstance(kind, str):
+        from luwu.dataplane.engine.engine import Engine
+
+        if isinstance(kind, Engine):
+            return EmbeddedLink(engine=kind)
     raise ValueError(f"engine={kind!r}: use 'process', 'embedded', or a running Engine / EngineClient")

@@ -26,6 +26,8 @@ from .handles import CollectiveMismatch, CorruptResult, EngineError, Handle
 from .shm import ShmBuffer
 
 MAX_REPLY = 16 << 20  # bytes of one reply (stats are the largest)
+CONNECT_POLL = 0.005  # s between tries to reach a daemon that is still starting (its socket not yet bound):
+# the first collective waits for this connection, and a try costs a failed connect() (microseconds)
 _NAMES = {np.dtype(np.float32): "float32", np.dtype(np.int32): "int32", np.dtype(np.float16): "float16",
           np.dtype(np.uint16): "bfloat16"}
 
@@ -45,7 +47,7 @@ class EngineClient:
                     raise EngineError(f"the engine daemon exited with code {process.returncode} before listening") from None
                 if time.monotonic() > deadline:
                     raise EngineError(f"no engine daemon listening at {control_path} after {connect_timeout} s") from None
-                time.sleep(0.02)
+                time.sleep(CONNECT_POLL)
         self._ids = itertools.count()
         self._pending: dict[int, Handle] = {}
         self._lock = threading.Lock()

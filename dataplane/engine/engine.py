@@ -42,6 +42,8 @@ from .reductions import AllreduceOp, check_reduction
 from .send_stream import RtoEstimator
 from .transport import open_transport, switch_name
 
+KERNELS_DEFER = 5.0  # s a start(kernels_after=) engine waits for its event before loading its compiled kernels
+
 
 class Engine(EngineLoop, DispatchMixin):
     def __init__(self, plan: EndpointPlan, config: EngineConfig | None = None,
@@ -117,13 +119,23 @@ class Engine(EngineLoop, DispatchMixin):
         address = self.sock.address
         return address if isinstance(address, tuple) else (address, 0)
 
-    def start(self) -> Engine:
+    def start(self, kernels_after: threading.Event | None = None) -> Engine:
+        """Start the engine's loop. Its compiled kernels load in the background meanwhile, and the
+        first sums run the numpy reference (the same bits) instead of waiting ~0.5 s for numba;
+        `kernels_after`: the loading waits until it is set (or `KERNELS_DEFER` s have passed), as
+        the engine daemon's does, so that numba's import (which holds this process's GIL) stays
+        off a start-up that waits for this engine (the torch backend's, embedded: its start barrier)."""
         from ..kernels import load_in_background
         from ..quantize import warm_up
 
-        # compiled kernels load beside startup; the first sums run the numpy reference (the same
-        # bits) instead of waiting ~0.5 s for numba
-        load_in_background(warm_up)
+        if kernels_after is None:
+            load_in_background(warm_up)
+        else:
+            def load() -> None:
+                kernels_after.wait(KERNELS_DEFER)
+                warm_up()
+
+            load_in_background(load)
         self._thread = threading.Thread(target=self._run, name=f"luwu-engine-{self.rank}", daemon=True)
         self._thread.start()
         return self

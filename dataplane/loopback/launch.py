@@ -16,10 +16,13 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..process import children
-from .plan import StarPlan, build_switch, plan_to_json
 
 if TYPE_CHECKING:
     from ..switch import SoftwareSwitch
+    from .plan import StarPlan
+
+# plan.py (the star's table entries) is imported where a switch starts, not here: `prestart`, the
+# first thing the torch backend's rank 0 does in init_process_group, needs this module alone
 
 _spare_lock = threading.Lock()
 _spare: dict[str, subprocess.Popen] = {}  # log path -> a switch process `prestart` launched, not yet given a plan
@@ -75,6 +78,8 @@ class LoopbackSwitch:
         self._lock = threading.Lock()
 
     def start(self) -> LoopbackSwitch:
+        from .plan import build_switch, plan_to_json
+
         self.plan.assign_endpoints()  # here, so the parent's plan holds them when the switch is a child
         if not self.process:
             self._sw = build_switch(self.plan, self.drop, self.seed, self.runtime)
@@ -125,6 +130,8 @@ class LoopbackSwitch:
         return proc
 
     def _start_hosted(self, host: LoopbackSwitch) -> LoopbackSwitch:
+        from .plan import plan_to_json
+
         request = {"op": "add", "plan": json.loads(plan_to_json(self.plan)), "drop": self.drop, "seed": self.seed,
                    "runtime": self.runtime}
         reply = host._ask(json.dumps(request), self.READY_TIMEOUT) if host.alive() else None
@@ -262,6 +269,7 @@ def local_star(workers: int, nodes: int = 0, mode: str | int = "tofino", drop: d
     import contextlib
 
     from ..engine import Engine
+    from .plan import StarPlan
 
     @contextlib.contextmanager
     def _cm():

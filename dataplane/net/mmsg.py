@@ -10,7 +10,6 @@ interface (whole Ethernet frames). `BatchSocket` is the "udp" and "raw" kinds of
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import socket
@@ -18,7 +17,9 @@ import struct
 
 import numpy as np
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# the C library through the process's own symbols (dlopen(NULL)): ctypes.util.find_library("c") runs
+# `ldconfig -p` in a child process, once per module per daemon, on init_process_group's path
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.recvmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
 _libc.sendmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
 

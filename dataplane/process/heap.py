@@ -22,7 +22,6 @@ they are in (`refreeze`), only in a process that froze.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 
 # mallopt() parameters (glibc's malloc.h)
@@ -47,11 +46,8 @@ def retain_freed_memory() -> bool:
         >>> retain_freed_memory()   # first thing in a datapath daemon
         True
     """
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(None)  # the process's own symbols, libc's among them (no `ldconfig -p` child)
         mallopt = libc.mallopt
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False

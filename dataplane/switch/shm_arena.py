@@ -24,7 +24,6 @@ into a receive buffer as before (`ShmRing.pop_into`): the same packets, the same
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import math
 import mmap
 import os
@@ -38,7 +37,7 @@ MAP_FIXED = 0x10  # Linux's value (shared-memory ports exist on Linux x86-64 onl
 MAP_NORESERVE = 0x4000
 PROT_NONE = 0
 _MAP_FAILED = ctypes.c_void_p(-1).value
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)  # its own prototypes
+_libc = ctypes.CDLL(None, use_errno=True)  # its own prototypes; dlopen(NULL), no `ldconfig -p` child (net/mmsg.py)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]

@@ -3,7 +3,8 @@ its pid, its engine daemon's and (rank 0) its switch's to `<dir>/pids-<rank>.jso
 `MODE` says: `clean` (destroy_process_group, return), `error` (an exception escapes the script),
 `sigterm` (all-reduces until the test sends SIGTERM), `sigterm-user` (the same, with the script's own
 SIGTERM handler set before init: it exits with status 7, and must still be called), `sigkill` (the
-same loop, until the test sends SIGKILL)."""
+same loop, until the test sends SIGKILL). `clean` and `error` wait for the test's `<dir>/go` first, so
+that the test sees the rank's files before the rank removes them."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def main() -> None:
     with open(os.path.join(where, f"pids-{rank}.json.tmp"), "w") as f:
         json.dump(pids, f)
     os.rename(os.path.join(where, f"pids-{rank}.json.tmp"), os.path.join(where, f"pids-{rank}.json"))
+    if mode in ("clean", "error"):  # the test has seen this rank's files first (else they may be gone already)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(where, "go")) and time.monotonic() < deadline:
+            time.sleep(0.01)
     if mode == "clean":
         dist.barrier()
         dist.destroy_process_group()

@@ -56,6 +56,7 @@ def test_a_rank_leaves_no_files_behind(tmp_path, mode):
         pids = [json.loads((tmp_path / f"pids-{r}.json").read_text()) for r in range(2)]
         assert all(os.path.dirname(p["workdir"]) == str(tmp) for p in pids), pids
         assert _leftovers(str(tmp), pids), "the ranks made no files: the test proves nothing"
+        (tmp_path / "go").write_text("")  # clean, error: the ranks exit now (not before the check above)
         if mode.startswith("sig"):
             for p in procs:
                 p.send_signal(signal.SIGKILL if mode == "sigkill" else signal.SIGTERM)

@@ -64,3 +64,32 @@ def test_the_engine_daemon_loads_its_kernels_after_its_first_operation(tmp_path,
         finally:
             client.close()
             proc.wait(DEADLINE)
+
+
+def test_an_embedded_engine_started_with_an_event_loads_its_kernels_once_it_is_set(monkeypatch):
+    """The torch backend's embedded engine (open_engine(defer_kernels=True)): numba's import would hold
+    the rank's own GIL during the group's start-up and first collective, so the load waits for
+    `startup_over()` (the first collective done); the engine works meanwhile, on the reference."""
+    import threading
+
+    from luwu.dataplane import quantize
+    from luwu.dataplane.engine.engine import KERNELS_DEFER as EMBEDDED_KERNELS_DEFER
+    from luwu.worker.engine_link import open_engine
+
+    monkeypatch.setenv("LUWU_KERNELS", "auto")
+    loaded = threading.Event()
+    monkeypatch.setattr(quantize, "warm_up", loaded.set)  # what Engine.start loads, recorded instead
+    plan = StarPlan(workers=1)
+    started = time.monotonic()
+    with LoopbackSwitch(plan):
+        link = open_engine("embedded", plan.worker_plan(0), "", defer_kernels=True)
+        try:
+            x = np.array([1, 2, 3, 4], dtype=np.float32)
+            out = link.allreduce(x).wait(DEADLINE)
+            assert list(out) == [1, 2, 3, 4]
+            if time.monotonic() - started < EMBEDDED_KERNELS_DEFER:
+                assert not loaded.is_set(), "the embedded engine loaded its kernels before startup_over()"
+            link.startup_over()
+            assert loaded.wait(DEADLINE), "the embedded engine never loaded its kernels after startup_over()"
+        finally:
+            link.close()

@@ -55,8 +55,9 @@ def autoload() -> None:
 
 
 def _create_process_group(store, rank, world_size, timeout):
-    # the child processes first: rank 0's switch process start is init's critical path, and the
-    # process group's modules (~0.08 s of CPU) import while it starts (docs/backend.md "Start-up")
+    # rank 0's switch process first: its start is the critical path of the group's first collective,
+    # and the process group's modules (~15 ms of CPU) import while it starts; the group launches the
+    # engine process after them (docs/backend.md "Start-up")
     from .config import BackendConfig
     from .startup import discard_children, prestart_children
 

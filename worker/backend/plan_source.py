@@ -22,13 +22,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from luwu.dataplane.loopback import LoopbackSwitch, StarPlan, free_udp_port, plan_from_json, plan_to_json
+from luwu.dataplane.loopback.launch import LoopbackSwitch
 from luwu.dataplane.session import EndpointPlan
 
 from .config import BackendConfig
 
 if TYPE_CHECKING:  # imported where used: the controller's client (grpc) is needed only in controller mode
     from luwu.controller.watch import ControllerWatch
+# the star's plan (dataplane/loopback/plan.py: table entries, ~10 ms of CPU) too: init_process_group
+# only launches the switch process (prestart_switch) before returning
 
 PLAN_KEY = "luwu/plan"
 CLOSED_KEY = "luwu/closed/{rank}"
@@ -99,6 +101,8 @@ def discard_prestarted_switch(workdir: str) -> None:
 
 def embedded_plan(store, rank: int, world_size: int, timeout: timedelta, cfg: BackendConfig,
                   workdir: str) -> PlanLease:
+    from luwu.dataplane.loopback.plan import StarPlan, plan_from_json, plan_to_json
+
     if rank == 0:
         global _switch_process
         try:
@@ -161,6 +165,8 @@ def plan_from_file(rank: int, world_size: int, path: str, local_world_size: int 
     """LUWU_PLAN: a StarPlan (every rank's plan, of a loopback switch), or this rank's own
     EndpointPlan (e.g. from a planner, for a switch on a real or emulated network); a `{rank}` in the
     path is replaced by the rank, so each rank can have its own file."""
+    from luwu.dataplane.loopback.plan import plan_from_json
+
     path = path.replace("{rank}", str(rank))
     try:
         with open(path) as f:
@@ -213,6 +219,8 @@ def plan_from_controller(rank: int, world_size: int, cfg: BackendConfig) -> Plan
     lost = lost_controller(cfg.controller)
     if lost is not None:  # a group of this process already found it dead: say so now, not after an RPC timeout
         raise lost.error(f"joining job {cfg.job} (a new luwu process group)")
+    from luwu.dataplane.loopback.plan import free_udp_port
+
     port = free_udp_port(cfg.endpoint_host)
     endpoint = f"{cfg.endpoint_host}:{port}"
     with ControllerClient(cfg.controller) as client:

@@ -23,6 +23,7 @@ import os
 import threading
 import weakref
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,13 +40,15 @@ from .diagnostics import LuwuError
 from .direct import DirectMoves
 from .fallback import ExactFallback
 from .fingerprint import Fingerprint, detail
-from .hierarchy import RailHierarchy, check_rails
 from .plan_source import default_workdir, discard_prestarted_switch, obtain_plan, prestart_switch, release_plan
 from .scheduler import Scheduler
 from .sparse import sparse_allreduce
 from .staging import staged
 from .torch_view import TorchView
 from .work import LuwuWork
+
+if TYPE_CHECKING:
+    from .hierarchy import RailHierarchy
 
 BACKEND_NAME = "luwu"
 _GROUP_IDS = itertools.count()  # names the process's groups in its metrics
@@ -120,10 +123,11 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._start_thread: threading.Thread | None = None
+        self._kernels_wait: tuple | None = None  # (lease, link) until the first operation (_work)
         self._workdir = workdir or default_workdir(cfg, rank)  # given: startup.prestart_children launched them
         cleanup.track(self._workdir, temporary=not cfg.workdir)  # removed when the last group closes, or on exit
-        # both child processes start now (unless already launched: idempotent for this workdir) and
-        # load while the plan is worked out (docs/backend.md "Start-up")
+        # both child processes start now (the switch already did: startup.prestart_children; idempotent
+        # for this workdir) and load while the plan is worked out (docs/backend.md "Start-up")
         prestart_switch(rank, cfg, self._workdir)
         try:
             if cfg.engine == "process":
@@ -163,7 +167,8 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         try:
             if self._closed:
                 raise LuwuError("the process group was shut down during its start-up")
-            self._parts["link"] = link = open_engine(cfg.engine, lease.plan, self._workdir, cfg.connect_timeout)
+            self._parts["link"] = link = open_engine(cfg.engine, lease.plan, self._workdir, cfg.connect_timeout,
+                                                     defer_kernels=True)
             from luwu.worker.p2p import P2PChannel
 
             self._parts["p2p"] = p2p = P2PChannel(store, rank, world_size, cfg.p2p_host, self._timeout)
@@ -173,7 +178,7 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
                                                      self._rail_hierarchy(store, lease, p2p, rank, world_size))
             sched.mismatch, sched.shapes = (store, rank, world_size), detail()  # fingerprint.py
             self._probe(sched)
-            self._after_startup(lease)
+            self._kernels_wait = (lease, link)  # until the user's first operation has completed (_work)
             self._metrics_name = f"rank{rank}-group{next(_GROUP_IDS)}"
             worker_metrics.track(self._metrics_name, link, rank)  # LUWU_METRICS: serve its engine's stats
         except ConnectionRefusedError as e:  # a shared-memory switch port whose rings are gone (UDP: the probe)
@@ -217,6 +222,8 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         k = lease.local_size
         if k <= 1:
             return None
+        from .hierarchy import RailHierarchy, check_rails  # rail-only plans only (its rails module: ~5 ms of CPU)
+
         check_rails(store, rank, world_size, k, [s.session for s in lease.plan.sessions if s.kind == "collective"],
                     self._timeout.total_seconds())
         return RailHierarchy(p2p, rank, world_size, k, self._timeout.total_seconds())
@@ -257,6 +264,9 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         work = LuwuWork(name, outputs, self._timeout.total_seconds())
         work.fingerprint = fp  # every rank's must agree (fingerprint.py)
         work.small = small and SMALL_BYTES >= 0  # the scheduler's latency path (scheduler.py)
+        kernels, self._kernels_wait = self._kernels_wait, None
+        if kernels is not None:  # the first: the compiled kernels load once it is done
+            work._done_future.add_done_callback(lambda _: self._after_startup(*kernels))
         return sched.run(work, start)
 
     def _probe(self, sched: Scheduler) -> None:
@@ -268,10 +278,12 @@ class LuwuProcessGroup(TorchView, dist.ProcessGroup):  # TorchView: the device t
         sched._seq = 0  # the user's first collective is #0, as torch's wrapper numbers them
         work.wait()
 
-    def _after_startup(self, lease) -> None:
-        """The start barrier passed: the switch process rank 0 started may load its compiled kernels
-        now (it defers them so as not to compete with the group's start-up; docs/backend.md
-        "Start-up"). In a thread: the start-up does not wait for the switch's answer."""
+    def _after_startup(self, lease, link) -> None:
+        """The start-up and the user's first operation are over: the switch process rank 0 started
+        and an embedded engine may load their compiled kernels now (they defer them, at most a few
+        seconds, so that numba's import, which holds the GIL of their process, competes with neither:
+        docs/backend.md "Start-up"). The switch's in a thread: nothing waits for its answer."""
+        link.startup_over()
         switch = lease.switch
         if switch is not None:
             threading.Thread(target=switch.load_kernels, name="luwu-switch-kernels", daemon=True).start()

@@ -1,12 +1,12 @@
 """What `init_process_group("luwu")` launches before anything else: rank 0's switch process (embedded
-plan) and every rank's engine process.
+plan).
 
 Rank 0's switch process start is the critical path of a group's start-up (docs/backend.md
-"Start-up"), so it is launched before the process group's own modules are imported (~0.08 s of CPU
-in the rank, which would otherwise come first), and the engine process right after. Both are then
-taken by `LuwuProcessGroup` (its own prestart calls are idempotent for the same workdir), whose
-start-up is deferred to a thread (`chain` orders the groups of a process, `own_client` gives it a
-store connection of its own) unless LUWU_EAGER_START=1.
+"Start-up"), so it is launched before the process group's own modules are imported (~15 ms of CPU
+in the rank, which would otherwise come first). `LuwuProcessGroup` takes it (its own prestart call
+is idempotent for the same workdir) and launches the rank's engine process; its start-up is
+deferred to a thread (`chain` orders the groups of a process, `own_client` gives it a store
+connection of its own) unless LUWU_EAGER_START=1.
 """
 
 from __future__ import annotations
@@ -18,7 +18,11 @@ from .plan_source import default_workdir, discard_prestarted_switch, prestart_sw
 
 
 def prestart_children(rank: int, cfg: BackendConfig) -> str:
-    """Launch rank 0's switch process and this rank's engine process without waiting for either.
+    """Launch rank 0's switch process without waiting for it (its start-up is what every rank's
+    first collective waits for); this rank's engine process is launched by `LuwuProcessGroup` once
+    the process group's modules are imported (~15 ms of CPU), so that the rank's own part of
+    `init_process_group` does not compete with four more interpreters starting on a small host
+    (the engine processes are needed only after the switch has answered its plan).
 
     Args:
         rank (int): this rank in the group being created.
@@ -32,14 +36,6 @@ def prestart_children(rank: int, cfg: BackendConfig) -> str:
     """
     workdir = default_workdir(cfg, rank)
     prestart_switch(rank, cfg, workdir)  # first: its start-up is what every rank waits for
-    if cfg.engine == "process":
-        try:
-            from luwu.worker.engine_link import EngineHost
-
-            EngineHost.prestart(workdir)
-        except BaseException:
-            discard_prestarted_switch(workdir)
-            raise
     return workdir
 
 
