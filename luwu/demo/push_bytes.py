@@ -102,20 +102,21 @@ def _streams(engine_stats: dict | None) -> dict[str, dict[str, int]]:
                 st = entry.get(stream)
                 if st:
                     out[f"{key} {stream}"] = {k: int(st.get(k, 0)) for k in ("packets", "retransmitted")}
+                    if "retransmitted_bytes" in st:  # (engines before issue 29's short packets: absent)
+                        out[f"{key} {stream}"]["retransmitted_bytes"] = int(st["retransmitted_bytes"])
     return out
 
 
 def breakdown(reports: dict[int, dict], steps: int, units: list[int], lanes: int, grad_format: str) -> dict:
     """report.json's traffic.push_breakdown: `structure` per worker and step, in bytes and bytes
-    per parameter, then what the engines counted beyond it: `resent` (packets resent, each counted
-    at the step's mean packet length) and `other` (the rest of what they sent: heartbeats, PULL
+    per parameter, then what the engines counted beyond it: `resent` (the bytes of the packets
+    resent, `retransmitted_bytes`; from an engine that does not count them, each resend at the
+    step's mean packet length) and `other` (the rest of what they sent: heartbeats, PULL
     requests), from the same socket counters as push_bytes_per_param."""
     if grad_format == "fixed16" and fixed16_blocks(lanes) < 1:
         grad_format = "fixed32"  # packets too small for a block: the engine sends fixed32 (engine.push)
     s = structure(units, lanes, grad_format)
     params = max(1, sum(int(u) for u in units))
-    # a resent packet counted at the mean length of the step's packets (the counters give no lengths)
-    row = s["bytes"] / max(1, s["data"]["packets"] + s["agreement"]["packets"])
     ranks = sorted(reports)
     tx = sum(int(reports[r]["mnn"]["engine"]["socket"]["tx_bytes"]) for r in ranks)
     pk = sum(int(reports[r]["mnn"]["engine"]["socket"]["tx_packets"]) for r in ranks)
@@ -128,7 +129,10 @@ def breakdown(reports: dict[int, dict], steps: int, units: list[int], lanes: int
     resent = sum(st["retransmitted"] for st in streams.values())
     per = max(1, len(ranks) * steps)
     measured = (tx + WIRE * pk) / per
-    resent_bytes = resent * row / per
+    if all("retransmitted_bytes" in st for st in streams.values()):
+        resent_bytes = (sum(st["retransmitted_bytes"] for st in streams.values()) + WIRE * resent) / per
+    else:  # counters without lengths: each resend at the mean length of the step's packets
+        resent_bytes = resent * s["bytes"] / max(1, s["data"]["packets"] + s["agreement"]["packets"]) / per
     out: dict = {"lanes": lanes, "grad_format": grad_format, "units": len(units), "params": params,
                  "note": "the structure is one push per unit; a unit sliced over several nodes pushes per "
                          "slice, and its extra packets count in `other`",

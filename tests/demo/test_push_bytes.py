@@ -67,21 +67,31 @@ def test_breakdown_sets_the_engines_counters_beside_the_structure():
     luwu_bytes = s["bytes"] - push_bytes.WIRE * packets
     steps, heartbeats = 3, 10
 
-    def engine(resent):  # one worker's engine stats after `steps` steps
-        return {"socket": {"tx_bytes": steps * luwu_bytes + (resent * row) + heartbeats * 32,
-                           "tx_packets": steps * packets + resent + heartbeats},
-                "session 1": {"send_stream": {"packets": 9, "retransmitted": resent}}}
+    def engine(resent, nbytes=None):  # one worker's engine stats after `steps` steps
+        stream = {"packets": 9, "retransmitted": resent}
+        if nbytes is not None:
+            stream["retransmitted_bytes"] = nbytes
+        return {"socket": {"tx_bytes": steps * luwu_bytes + (nbytes if nbytes is not None else resent * row)
+                           + heartbeats * 32, "tx_packets": steps * packets + resent + heartbeats},
+                "session 1": {"send_stream": stream}}
 
-    reports = {0: {"mnn": {"engine": engine(2)}}, 1: {"mnn": {"engine": engine(0)}}}
+    # engines that count their resends' bytes (two packets of 160 and 632 bytes resent)
+    reports = {0: {"mnn": {"engine": engine(2, 792)}}, 1: {"mnn": {"engine": engine(0, 0)}}}
     b = push_bytes.breakdown(reports, steps, units, 300, "fixed16")
     assert b["structural_bytes_per_param"] == s["bytes_per_param"]
     per_step = b["per_step_bytes"]
+    assert per_step["resent"] == pytest.approx((792 + 2 * push_bytes.WIRE) / (2 * steps))
+    assert per_step["other"] == pytest.approx(heartbeats * (32 + push_bytes.WIRE) / steps)
+    total = sum(per_step.values())
+    assert total / sum(units) == pytest.approx(b["measured_bytes_per_param"])
+    assert b["streams_all_workers"] == {"session 1 send_stream": {"packets": 18, "retransmitted": 2,
+                                                                  "retransmitted_bytes": 792}}
+    # engines that do not: each resend at the mean packet length
+    reports = {0: {"mnn": {"engine": engine(2)}}, 1: {"mnn": {"engine": engine(0)}}}
+    per_step = push_bytes.breakdown(reports, steps, units, 300, "fixed16")["per_step_bytes"]
     assert per_step["resent"] == pytest.approx(2 * (row + push_bytes.WIRE) / (2 * steps))
     # (the counters are whole bytes; the mean length of a resend is not: within a byte)
     assert per_step["other"] == pytest.approx(heartbeats * (32 + push_bytes.WIRE) / steps, abs=1)
-    total = sum(per_step.values())
-    assert total / sum(units) == pytest.approx(b["measured_bytes_per_param"])
-    assert b["streams_all_workers"] == {"session 1 send_stream": {"packets": 18, "retransmitted": 2}}
 
 
 def test_a_switch_too_small_for_a_block_is_counted_as_fixed32():
