@@ -6,6 +6,10 @@ b*BLOCK..(b+1)*BLOCK-1), zero padding, then 4 check words mod 2^16 (dataplane/in
 Packet p of a buffer carries elements [p*D, (p+1)*D), D = nb * BLOCK, and blocks [p*nb, (p+1)*nb)
 of the buffer's per-block exponents. The switch sums every lane, exponent lanes included, so the
 receiver of a sum of n contributions reads n * e_b, divides by n and verifies the check words.
+On the wire a packet with less to carry (a buffer's last, an agreement's) is cut to the whole
+chunks its count needs, check lanes last (docs/protocol.md 3.3): the sender cuts the rows encoded
+here (engine/packets.py `shorten_rows`) and a receiver widens them back in a copy
+(engine/dispatch.py `widened`), so every function here sees the whole packet's layout.
 
 `encode_rows` and `decode_rows` run the compiled kernels (dataplane/kernels/fixed16_rows.py
 `quantize16_rows`, `dequantize16_rows`) when kernels are on, else the numpy reference here; both

@@ -23,6 +23,7 @@ Summary (protocol version 2):
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from .protocol import (
     HCHECK_OFFSET,
     HCHECK_TABLES,
     HEADER_LEN,
+    LANE_CHUNK,
     TRAILER_LEN,
     Dtype,
     Flag,
@@ -173,6 +175,34 @@ def fixed16_blocks(lanes: int) -> int:
     """Exponent blocks in one FIXED16 packet of `lanes` lanes: nb exponent lanes, then nb blocks of
     FIXED16_BLOCK data lanes, then the check lanes, (nb * (BLOCK + 1) + 4 <= lanes)."""
     return max(0, (lanes - check_lanes(Dtype.FIXED16)) // (FIXED16_BLOCK + 1))
+
+
+_FIXED16, _MAX = int(Dtype.FIXED16), int(Flag.MAX)  # plain ints: numpy arithmetic with enum members is slow
+_CHECKS16, _CHECKS32 = CHECK_BITS // 16, CHECK_BITS // 32
+
+
+def wire_lanes(count: Any, dtype: Any, flags: Any, lanes: int) -> Any:
+    """Lanes an aggregation packet of `count` elements carries (docs/protocol.md 3.3): the fewest
+    whole chunks of LANE_CHUNK lanes that hold its data, exponent and check lanes, at most the
+    switch's `lanes` (a packet of as many lanes as the switch has is whole whatever its count).
+    Data lanes: `count` (FIXED16 sums: the `fixed16_blocks(lanes)` exponent lanes first; a FIXED16
+    MAX, the exponent agreement, has none); then `check_lanes(dtype)`. Every contributor of a slot
+    computes the same from the same header; the switch checks each packet's length against it.
+    Works on ints and on numpy arrays alike (the switch's classifier)."""
+    f16 = dtype == _FIXED16
+    max_ = (flags & _MAX) != 0
+    nb = fixed16_blocks(lanes)
+    need = count + np.where(f16, _CHECKS16 + np.where(max_, 0, nb), _CHECKS32)
+    out = np.minimum(lanes, -(-need // LANE_CHUNK) * LANE_CHUNK)
+    return int(out) if np.ndim(out) == 0 else out
+
+
+def wire_len(count: Any, dtype: Any, flags: Any, lanes: int) -> Any:
+    """Bytes (header + payload) of an aggregation packet of `count` elements: 32 + lane bytes *
+    `wire_lanes` (ZERO packets aside: 32). Ints or numpy arrays, as `wire_lanes`."""
+    width = np.where(dtype == _FIXED16, 2, 4)
+    out = HEADER_LEN + width * wire_lanes(count, dtype, flags, lanes)
+    return int(out) if np.ndim(out) == 0 else out
 
 
 def data_lanes(lanes: int, dtype: int) -> int:

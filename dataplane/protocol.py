@@ -101,6 +101,12 @@ class Event(enum.IntEnum):
 COUNTER_SIZE = 16  # entries of the drops / events / rx_types counters
 
 PACKET_MODES = {"tofino": 64, "jumbo": 2048, "loopback": 16000}
+# An aggregation packet carries its lanes in whole chunks of LANE_CHUNK lanes: the fewest that hold
+# its count, exponent and check lanes, or all of the switch's lanes (docs/protocol.md 3.3;
+# `integrity.wire_lanes`). 64 divides every packet mode's lane count (64, 2048 = 32 * 64,
+# 16000 = 250 * 64), is a power of two (a shift in P4), and is the whole tofino packet, so a
+# 64-lane switch (BMv2, Tofino) has one length per dtype as before.
+LANE_CHUNK = 64
 
 
 def lanes_for_mode(mode: str | int) -> int:
@@ -116,7 +122,8 @@ def lanes_for_mode(mode: str | int) -> int:
 
 
 def aggregation_packet_len(lanes: int) -> int:
-    """Bytes of a GRAD/AGG/ALLREDUCE/RESULT packet (luwu header + payload, no L2-L4)."""
+    """Bytes of a whole (the longest) 32-bit GRAD/AGG/ALLREDUCE/RESULT packet (luwu header +
+    payload, no L2-L4); a packet with fewer lanes to carry is shorter (`integrity.wire_len`)."""
     return HEADER_LEN + 4 * lanes
 
 
@@ -177,8 +184,8 @@ def header_view(rows: np.ndarray, layout: np.dtype = DATA_HEADER) -> np.ndarray:
 def looks_like_luwu(data: bytes | memoryview) -> bool:
     """The header's own signature, for tools that meet luwu on any UDP port (loopback captures
     use ephemeral ports): this version, a known type, and a length the type implies (the switch's
-    own length rules, docs/protocol.md 3; aggregation packets carry 4-byte lanes, at least
-    `count` of them). A UDP payload that passes is almost surely luwu; one that fails is not a
+    own length rules, docs/protocol.md 3; aggregation packets carry whole 4-byte lanes, 2-byte
+    for FIXED16, at least `count` of them). A UDP payload that passes is almost surely luwu; one that fails is not a
     packet any luwu component would accept."""
     n = len(data)
     if n < HEADER_LEN or data[0] >> 4 != VERSION:
@@ -187,7 +194,8 @@ def looks_like_luwu(data: bytes | memoryview) -> bool:
     if mtype in AGGREGATION_TYPES:
         if data[1] & Flag.ZERO:  # header-only contribution (docs/protocol.md 3.2)
             return n == HEADER_LEN and mtype in ZERO_TYPES and data[25] == Dtype.INT32
-        return (n - HEADER_LEN) % 4 == 0 and count <= (n - HEADER_LEN) // 4
+        width = 2 if data[25] == Dtype.FIXED16 else 4  # the dtype byte of DATA_HEADER
+        return (n - HEADER_LEN) % width == 0 and count <= (n - HEADER_LEN) // width
     if mtype == MsgType.PARAM:  # values, then the trailer (3.7)
         item = _ITEMSIZE_BY_CODE.get(data[25])  # the dtype byte of DATA_HEADER
         return item is not None and n == HEADER_LEN + count * item + TRAILER_LEN

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..integrity import header_ok, headers_ok
+from ..integrity import check_lanes, header_ok, headers_ok, wire_len
 from ..protocol import DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Dtype, Flag, MsgType
 from .collective import CollectiveSession
 from .grouping import SCALAR_BATCH, groups_reference, groups_scalar
@@ -37,6 +37,27 @@ def _bad_headers(hb: np.ndarray, k: int) -> np.ndarray | None:
         return np.array([header_ok(x.tobytes()) for x in hb], dtype=bool)
     ok = headers_ok(hb)
     return None if _ALL(ok) else ok
+
+
+def lane_bytes_of(dtypes: np.ndarray) -> np.ndarray:
+    """Bytes per lane of aggregation packets of header dtypes `dtypes` (2 for FIXED16, else 4)."""
+    return np.where(dtypes == int(Dtype.FIXED16), 2, 4)
+
+
+def widened(rows: np.ndarray, idx: np.ndarray, lens: np.ndarray, dtypes: np.ndarray, lanes: int) -> np.ndarray:
+    """Private copies of received aggregation packets `rows[idx]` shorter than `lanes` lanes
+    (lengths `lens`, docs/protocol.md 3.3), each made the whole packet a switch of `lanes` lanes
+    carries with the same check words: check lanes moved to the end of `lanes` lanes, the lanes
+    between zero (the words weigh the lanes before them, and the added ones are zero). Readers of
+    received packets then see one layout. Copies, not in place: a multicast row of shared memory
+    is read by every worker on the host."""
+    out = np.zeros((len(idx), rows.shape[1]), dtype=np.uint8)
+    for j, (i, n, d) in enumerate(zip(idx.tolist(), lens.tolist(), dtypes.tolist())):
+        w = 2 if d == int(Dtype.FIXED16) else 4
+        ck, full = w * check_lanes(d), HEADER_LEN + w * lanes
+        out[j, :n - ck] = rows[i, :n - ck]
+        out[j, full - ck:full] = rows[i, n - ck:n]
+    return out
 
 
 class DispatchMixin:
@@ -88,12 +109,24 @@ class DispatchMixin:
                 now: float) -> bool:
         if t in (MsgType.RESULT, MsgType.AGG, MsgType.GRAD):
             row_lanes = getattr(s, "row_lanes", s.lanes)  # (collective: with check lanes)
-            good = lens[idx] == HEADER_LEN + 4 * row_lanes
-            if not _ALL(good):  # FIXED16 packets have 2-byte lanes
-                good |= (lens[idx] == HEADER_LEN + 2 * row_lanes) & (h["dtype"][idx] == int(Dtype.FIXED16))
+            hs = h[idx]
+            n = lens[idx]
+            want = wire_len(hs["count"].astype(np.int64), hs["dtype"], hs["flags"], row_lanes)
+            good = n == want
             if not _ALL(good):
                 self.stats["rx_bad"] += int((~good).sum())
-                idx = idx[good]
+                idx, n, hs = idx[good], n[good], hs[good]
+            short = n < HEADER_LEN + lane_bytes_of(hs["dtype"]) * row_lanes
+            if short.any():  # shorter than the switch's lanes (docs/protocol.md 3.3): made whole, in copies
+                wide = widened(rows, idx[short], n[short], hs["dtype"][short], row_lanes)
+                done = short.all() or self._deliver(s, t, idx[~short], rows, lens, h, now)
+                return self._deliver(s, t, np.arange(len(wide)), wide, lens[idx[short]], hs[short], now) and done
+        return self._deliver(s, t, idx, rows, lens, h, now)
+
+    def _deliver(self, s: Session, t: int, idx: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray,
+                 now: float) -> bool:
+        """Hand packets `idx` (of one type, lengths checked) to session `s`'s `on_*` method; False
+        when `s` takes no packets of type `t`."""
         if isinstance(s, CollectiveSession):
             if t == MsgType.RESULT:
                 s.on_results(idx, rows, h, now)

@@ -14,7 +14,17 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import fixed16
-from ..integrity import TRAILER_LEN, check_lanes, check_words_rows, header_terms, seal_headers, sealed, trailer
+from ..integrity import (
+    TRAILER_LEN,
+    check_lanes,
+    check_words_rows,
+    header_terms,
+    lane_bytes,
+    seal_headers,
+    sealed,
+    trailer,
+    wire_lanes,
+)
 from ..kernels import use_numba
 from ..protocol import (
     DATA_HEADER,
@@ -85,6 +95,7 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
         if row_lanes is not None:  # the check words, over the lanes as they go (docs/protocol.md 3.6)
             words = check_words_of(rows, np.arange(i1 - i0), lanes, h, int(dtype), 1)
             rows[:, HEADER_LEN + 4 * lanes:row_len].view(">u4")[...] = words
+            shorten_rows(rows, lens, h["count"], int(dtype), h["flags"], row_lanes)
         seal_headers(hrows)  # the header check (docs/protocol.md 3.5), over the final headers
         rows[:, :HEADER_LEN] = hrows
 
@@ -123,6 +134,8 @@ def fixed16_fill(*, seg_start: int, msg_type: MsgType, session: int, worker: int
             rows[:, 1] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))  # the flags byte
             if on_saturated is not None and not dead:
                 on_saturated()
+        h = header_view(rows)
+        shorten_rows(rows, lens, h["count"], int(Dtype.FIXED16), h["flags"], lanes)
         seal_headers(rows)  # the header check (docs/protocol.md 3.5), over the final headers
 
     return fill
@@ -148,9 +161,37 @@ def exponent16_fill(*, seg_start: int, session: int, worker: int, pool_base: int
         rows[:, :HEADER_LEN] = hrows
         lens[:] = row_len
         fixed16.encode_agreement_rows(exps, lanes, rows, i0)
+        h = header_view(rows)
+        shorten_rows(rows, lens, h["count"], int(Dtype.FIXED16), h["flags"], lanes)
         seal_headers(rows)
 
     return fill
+
+
+def shorten_rows(rows: np.ndarray, lens: np.ndarray, counts: np.ndarray, dtype: int, flags: np.ndarray,
+                 lanes: int) -> None:
+    """Cut whole aggregation packets (check lanes last, as encoded on a switch of `lanes` lanes)
+    to the length their counts give (docs/protocol.md 3.3, `integrity.wire_lanes`): a row whose
+    packet needs fewer whole chunks than the switch's lanes has its check lanes moved to the end
+    of those chunks and its length `lens` set to match. The check words are unchanged by the move:
+    they weigh the lanes before them, and every lane cut was padding (zero; checked, a bug
+    otherwise). Header-only rows (ZERO, length 32) stay as they are."""
+    n = wire_lanes(counts.astype(np.int64), dtype, flags, lanes)
+    short = np.flatnonzero((n < lanes) & (lens != HEADER_LEN))
+    if not len(short):
+        return
+    w = lane_bytes(dtype)
+    ck = w * check_lanes(dtype)
+    full = HEADER_LEN + w * lanes
+    for i, m in zip(short.tolist(), n[short].tolist()):
+        end = HEADER_LEN + w * m
+        row = rows[i]
+        if row[end - ck:full - ck].any():
+            raise RuntimeError(f"luwu bug: an aggregation packet of count {int(counts[i])} has non-zero lanes past "
+                               f"its {m} lanes (docs/protocol.md 3.3)")
+        row[end - ck:end] = row[full - ck:full]
+        row[full - ck:full] = 0
+        lens[i] = end
 
 
 def check_words_of(rows: np.ndarray, idx: np.ndarray, lanes: int, h: np.ndarray, dtype: int,

@@ -188,8 +188,9 @@ class SendStream:
         # mean wait, which includes the slowest worker's lag where the ack waits for every worker)
         # fast_retransmits: times delivery news (holes) or a GAP started a resend; holes: packets it
         # marked; probes: resent holes resent again after a probe timeout with no news
-        self.stats = {"packets": 0, "retransmitted": 0, "timeouts": 0, "fast_retransmits": 0, "holes": 0,
-                      "probes": 0, "rtt_samples": 0, "rtt_seconds": 0.0}
+        # retransmitted_bytes: what the resends took (aggregation packets differ in length: protocol.md 3.3)
+        self.stats = {"packets": 0, "retransmitted": 0, "retransmitted_bytes": 0, "timeouts": 0,
+                      "fast_retransmits": 0, "holes": 0, "probes": 0, "rtt_samples": 0, "rtt_seconds": 0.0}
 
     # -- reservation ---------------------------------------------------------------------------
     def reserve(self, count: int, on_acked: Callable[[], None] | None = None) -> Segment:
@@ -274,6 +275,7 @@ class SendStream:
                 self.retx[head] = True
                 idx = np.concatenate((head, idx[resend:]))
                 self.stats["retransmitted"] += len(head)
+                self.stats["retransmitted_bytes"] += int(self.ring_len[head].sum())
                 if len(head):
                     self._arm_probe(now)
             if len(idx):
@@ -337,6 +339,7 @@ class SendStream:
         total = len(chunks)
         cuts = np.flatnonzero(np.diff(chunks) != 1) + 1 if nres and total > 1 else ()
         runs = [0, *[int(c) for c in cuts], total]
+        resent_lens = np.zeros(nres, dtype=np.int64)  # the resends' lengths, as `write` fills them
 
         def write(j0: int, j1: int, rows: np.ndarray, lens: np.ndarray) -> None:
             # one fill per run of consecutive chunks (one run unless some resends were skipped)
@@ -348,6 +351,7 @@ class SendStream:
             if j0 < nres:
                 rows[:min(nres, j1) - j0, 1] |= np.uint8(Flag.RETX)
                 seal_rows(rows, np.arange(min(nres, j1) - j0))
+                resent_lens[j0:min(nres, j1)] = lens[:min(nres, j1) - j0]
 
         published = self.sock.send_filled(total, write) if total else 0
         done = stop - rel if published == total else int(chunks[published]) - rel
@@ -357,6 +361,7 @@ class SendStream:
         self.retx[out] = np.arange(published) < nres
         self._sent(out, now)
         self.stats["retransmitted"] += min(nres, published)
+        self.stats["retransmitted_bytes"] += int(resent_lens[:min(nres, published)].sum())
         if nres and published:
             self._arm_probe(now)
         return done, published

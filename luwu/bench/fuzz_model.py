@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from luwu.dataplane.integrity import TRAILER_LEN, headers_ok, seal_headers
+from luwu.dataplane.integrity import TRAILER_LEN, headers_ok, seal_headers, wire_len
 from luwu.dataplane.protocol import (
     DATA_HEADER,
     DTYPE_ITEMSIZE,
@@ -198,8 +198,8 @@ class Model:
         count = h["count"].astype(np.int64)
         agg = (mtype >= MsgType.GRAD) & (mtype <= MsgType.RESULT)
         want = np.full(n, -1, dtype=np.int64)
-        # FIXED16 lanes are 2 bytes (docs/protocol.md 5.2), every other aggregation dtype's 4
-        want[agg] = np.where(h["dtype"][agg] == Dtype.FIXED16, HEADER_LEN + 2 * self.topo.lanes, self.topo.packet_len)
+        # the whole chunks the count needs (docs/protocol.md 3.3); FIXED16 lanes are 2 bytes (5.2), others 4
+        want[agg] = wire_len(count[agg], h["dtype"][agg], h["flags"][agg], self.topo.lanes)
         # header-only ZERO contributions: INT32 GRAD/ALLREDUCE only (protocol.md 3.2)
         zero = agg & ((h["flags"] & Flag.ZERO) != 0)
         zero_ok = zero & ((mtype == MsgType.GRAD) | (mtype == MsgType.ALLREDUCE)) & (h["dtype"] == Dtype.INT32)
@@ -295,7 +295,7 @@ class Attack:
         pc = rng.integers(1, 9, n)
         h["count"] = np.where(mtype == MsgType.PARAM, pc * 4, np.where(mtype == MsgType.PULL, pc, h["count"]))
         length = np.select([agg, mtype == MsgType.HEARTBEAT, mtype == MsgType.PARAM],
-                           [topo.packet_len, HEADER_LEN, HEADER_LEN + 16 * pc + TRAILER_LEN],
+                           [wire_len(h["count"].astype(np.int64), int(Dtype.INT32), 0, topo.lanes), HEADER_LEN, HEADER_LEN + 16 * pc + TRAILER_LEN],
                            HEADER_LEN + 12 * pc + TRAILER_LEN)  # (the trailer's value is the switch's no concern)
         seal_headers(hb)
         rows[idx, :HEADER_LEN] = hb

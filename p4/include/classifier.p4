@@ -12,7 +12,9 @@
  *   type not 1..7 ........................................ BAD_TYPE
  *   parse failure, or a length that is not the type's ... MALFORMED
  *     (GRAD/AGG/ALLREDUCE/RESULT: 32 + 4 * LANES bytes (32 + 2 * LANES for FIXED16) and
- *      count <= LANES, or 32 bytes with FLAG_ZERO for an INT32 GRAD/ALLREDUCE; HEARTBEAT: 32;
+ *      count <= LANES: the whole chunks a count needs (docs/protocol.md 3.3), one chunk in a
+ *      program of LANES <= LUWU_LANE_CHUNK (payload.p4),
+ *      or 32 bytes with FLAG_ZERO for an INT32 GRAD/ALLREDUCE; HEARTBEAT: 32;
  *      PARAM: 32 + count * itemsize(dtype) + 4 (trailer), known dtype; PULL: 32 + 12 * count + 4)
  *   no `sessions` entry .................................. UNKNOWN_SESSION
  *   sender is a rank (not NODE) without a `workers` entry  UNKNOWN_WORKER

@@ -15,6 +15,8 @@
 /* Sizes (plain numbers so that extern and table sizes can use them). */
 #define COUNTER_SIZE 16
 #define MAX_CONTRIBUTORS 32
+/* Aggregation packets carry whole chunks of this many lanes (docs/protocol.md 3.3). */
+#define LUWU_LANE_CHUNK 64
 
 const bit<4>  LUWU_VERSION = 2;
 const bit<16> LUWU_HEADER_LEN = 32;

@@ -1,12 +1,22 @@
 /* The aggregation payload: `lanes` int32 values in one header (docs/protocol.md 3.3, 3.4).
- * GRAD, AGG, ALLREDUCE and RESULT always carry exactly LANES of them: int32 lanes, or int16
- * lanes for dtype FIXED16 (`lanes16`, 2 * LANES bytes), which the switch sign-extends into the
- * same 32-bit lane registers and emits truncated to 16 bits (exact: the sender leaves headroom
- * for the contributor count, docs/protocol.md 5.2). */
+ * GRAD, AGG, ALLREDUCE and RESULT carry LANES of them: int32 lanes, or int16 lanes for dtype
+ * FIXED16 (`lanes16`, 2 * LANES bytes), which the switch sign-extends into the same 32-bit lane
+ * registers and emits truncated to 16 bits (exact: the sender leaves headroom for the
+ * contributor count, docs/protocol.md 5.2).
+ *
+ * Aggregation packets carry their lanes in whole chunks of LUWU_LANE_CHUNK lanes, the fewest
+ * their count needs (docs/protocol.md 3.3). A program of at most one chunk (the 64-lane build:
+ * BMv2, Tofino) has exactly one length per dtype, the whole packet, which is what this header
+ * and the classifier's length check implement. A wider program would have to parse a stack of
+ * chunks up to the count's and sum only those; this one has a single header, so it refuses to
+ * build rather than drop every short packet as MALFORMED. */
 #ifndef LUWU_PAYLOAD_P4
 #define LUWU_PAYLOAD_P4
 
 #define LANES @@LANES
+#if LANES > LUWU_LANE_CHUNK
+#error "LANES is more than one chunk of LUWU_LANE_CHUNK lanes: short aggregation packets (docs/protocol.md 3.3) need a chunk stack this program does not have; build with --lanes 64 or fewer"
+#endif
 
 header luwu_lanes_t {
 @@LANE_BEGIN

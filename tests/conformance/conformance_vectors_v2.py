@@ -13,6 +13,9 @@
   exponent lanes), and a contribution corrupted in one lane (header intact) still aggregates but
   fails the receiver's check (asserted while the vector is built).
 * PARAM/PULL with the 4-byte trailer: the length rules (a payload one byte short: MALFORMED).
+* Chunks (3.3): on the 64-lane build a packet of any count is one whole chunk (a short FIXED16
+  agreement included); half a chunk or two chunks is MALFORMED. Packets shorter than the switch's
+  lanes need a wider switch: tests/switch/test_switch_short_packets.py.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from conformance_vectors_messages import hb
 from conformance_vectors_slots import total, values
 
 from luwu.dataplane import integrity
-from luwu.dataplane.protocol import NODE, DropReason, Dtype, Event, Flag, MsgType
+from luwu.dataplane.protocol import LANE_CHUNK, NODE, DropReason, Dtype, Event, Flag, MsgType
 
 W0, W1, W2, W3 = WORKERS
 SEQ_BYTE = 8  # first byte of `seq` in the 32-byte header
@@ -258,5 +261,36 @@ def trailer_lengths() -> Vector:
                   session_packets={NODE_S.id: 2})
 
 
+def chunk_lengths() -> Vector:
+    """Aggregation packets carry whole chunks of LANE_CHUNK lanes, the fewest their count needs
+    (3.3). A 64-lane switch has one chunk, so a packet of any count is the whole packet: a FIXED16
+    exponent agreement of 5 blocks (MAX, then 4 check lanes) is 32 + 2 * 64 bytes, and so is its
+    RESULT. Half a chunk or two chunks, 32-bit or FIXED16, is MALFORMED, counted, and changes no
+    slot (the phase then completes with the four right packets)."""
+    assert LANES == LANE_CHUNK, "the BMv2 build has one chunk"
+    s = Script()
+    seq, count = 67, 5
+    pk = []
+    for h in WORKERS:
+        v = values16(h.rank, 5)
+        v[count:LANES - 4] = [0] * (LANES - 4 - count)  # padding between the exponents and the check lanes
+        pk.append(agg16(MsgType.ALLREDUCE, DATA, h, seq, v, flags=Flag.MAX, count=count))
+    half = agg(MsgType.ALLREDUCE, DATA, W0, seq, [1] * LANES, flags=Flag.MAX, count=count)
+    ones = lanes_bytes([1] * LANES)
+    s.send(W0, half.layer, ones[:len(ones) // 2], note="32-bit, half a chunk: MALFORMED")
+    s.send(W0, half.layer, ones * 2, note="32-bit, two chunks: MALFORMED")
+    s.send(W0, pk[0].layer, pk[0].payload[:len(pk[0].payload) // 2], note="FIXED16, half a chunk: MALFORMED")
+    s.send(W0, pk[0].layer, pk[0].payload * 2, note="FIXED16, two chunks: MALFORMED")
+    for p in pk[:3]:
+        s.send(p.src, p.layer, p.payload, note="FIXED16 agreement of 5 blocks: one whole chunk")
+    expect = [int(x) for x in np.max(np.asarray([p.values for p in pk], dtype=np.int64), axis=0)]
+    out = result(pk[3], mtype=MsgType.RESULT, worker=NODE, exponent=0, flags=int(Flag.MAX))
+    s.send(W3, pk[3].layer, pk[3].payload, to_group(DATA, W3, out, lanes16_bytes(expect)),
+           note="RESULT: the one chunk, 32 + 2 * 64 bytes")
+    return Vector("chunk_lengths", "3.3, 5.2, 6.7", ("chunk_lengths", "malformed_chunks"), s.steps,
+                  drops={DropReason.MALFORMED: 4}, session_packets={DATA.id: 4},
+                  events={Event.ABSORBED: 3, Event.COMPLETED: 1, Event.MULTICAST: 1})
+
+
 VECTORS = [bad_header_check, fixed16_allreduce, fixed16_max, fixed16_grad, check_words_fixed32, check_words_fixed16,
-           trailer_lengths]
+           trailer_lengths, chunk_lengths]

@@ -62,11 +62,11 @@ def test_demo_trains_through_the_network_and_writes_its_report(tmp_path):
     assert t["luwu_measured_per_step"]["out"] >= t["model_bytes_fp32"]  # every gradient, once
     assert t["luwu_measured_per_step"]["in"] >= t["luwu_ideal_per_step"]["in"] / 2
     # bytes per parameter each way, headers included: the default fixed32 pushes 4 B lanes, pulls bf16
-    # (a model this small pays far more: every push's exponent agreement is one whole packet)
+    # (a model this small pays a little more: every push's exponent agreement is a packet of its own)
     assert report["settings"]["grad_format"] == "fixed32"
     assert t["push_bytes_per_param"] >= 4 and t["pull_bytes_per_param"] >= 2, t
     assert "bytes per parameter, pull / push (fixed32)" in " ".join(proc.stdout.split()), proc.stdout
-    # where the push bytes go (luwu/demo/push_bytes.py): whole packets by part, then resends and the rest
+    # where the push bytes go (luwu/demo/push_bytes.py): the packets by part, then resends and the rest
     b = t["push_breakdown"]
     assert b["grad_format"] == "fixed32" and b["units"] == len(report["model"]["units"]), b
     assert b["measured_bytes_per_param"] == pytest.approx(t["push_bytes_per_param"])

@@ -16,7 +16,7 @@ from luwu.dataplane import quantize as Q
 from luwu.dataplane.integrity import FIXED16_BLOCK as B
 from luwu.dataplane.loopback import StarPlan
 from luwu.dataplane.loopback import local_star as star
-from luwu.dataplane.protocol import Dtype
+from luwu.dataplane.protocol import LANE_CHUNK, Dtype
 from luwu.dataplane.switch.controls import classifier
 from luwu.mininet.paramstore import SgdParamStore
 
@@ -178,8 +178,8 @@ def test_a_corrupt_block_exponent_agreement_with_a_fingerprint_takes_the_exact_p
 
 
 def test_a_push_sends_the_bytes_push_bytes_counts():
-    """A FIXED16 push is its agreement packets and its data packets, each of 32 + 2L bytes, and
-    nothing else but heartbeats (32 bytes) and resends: luwu/demo/push_bytes.structure, which the
+    """A FIXED16 push is its agreement packets and its data packets, each cut to the whole chunks
+    its count needs, and nothing else but heartbeats (32 bytes) and resends: luwu/demo/push_bytes.structure, which the
     demo's report.json traffic.push_breakdown uses, counts what an engine really sends."""
     from luwu.demo import push_bytes
 
@@ -199,11 +199,15 @@ def test_a_push_sends_the_bytes_push_bytes_counts():
     s = push_bytes.structure([p.size for p in layers.values()], LANES, "fixed16")
     packets = s["data"]["packets"] + s["agreement"]["packets"]
     assert s["data"]["packets"] == sum(fixed16.packets(p.size, LANES) for p in layers.values())
-    row = fixed16.row_len(LANES)
+    row = fixed16.row_len(LANES)  # the longest packet
+    luwu_bytes = s["bytes"] - push_bytes.WIRE * packets
+    assert luwu_bytes < packets * row  # the last data packets and the agreement packets are cut short
     for st_ in stats:
         sock = st_["socket"]
-        resent = sum(v.get(k, {}).get("retransmitted", 0) for v in st_.values() if isinstance(v, dict)
-                     for k in ("send_stream", "grad_stream"))
+        streams = [v[k] for v in st_.values() if isinstance(v, dict) for k in ("send_stream", "grad_stream") if k in v]
+        resent = sum(x["retransmitted"] for x in streams)
+        resent_bytes = sum(x["retransmitted_bytes"] for x in streams)
         heartbeats = sock["tx_packets"] - packets - resent
         assert heartbeats >= 0, (sock, packets, resent)
-        assert sock["tx_bytes"] == (packets + resent) * row + 32 * heartbeats, (sock, packets, resent)
+        assert resent * (32 + 2 * LANE_CHUNK) <= resent_bytes <= resent * row
+        assert sock["tx_bytes"] == luwu_bytes + resent_bytes + 32 * heartbeats, (sock, packets, resent)

@@ -48,6 +48,15 @@ def test_other_lane_counts(lanes):
         assert tna.count("Register<lane_pair_t") == lanes // 2
 
 
+def test_a_program_wider_than_one_chunk_refuses_to_build():
+    """Short aggregation packets (docs/protocol.md 3.3) need a stack of chunks a wider program does
+    not parse: its payload.p4 stops the build instead of dropping every short packet as MALFORMED."""
+    assert protocol.PACKET_MODES["tofino"] == protocol.LANE_CHUNK  # the BMv2/Tofino build: one chunk
+    assert f"#define LUWU_LANE_CHUNK {protocol.LANE_CHUNK}" in constants_p4()
+    payload = render_sources(2 * protocol.LANE_CHUNK)[P4_DIR / "include" / "payload.p4"]
+    assert "#if LANES > LUWU_LANE_CHUNK\n#error" in payload
+
+
 def test_default_lane_count_is_tofino_mode():
     assert DEFAULT_LANES == protocol.PACKET_MODES["tofino"] == 64
 

@@ -2,9 +2,9 @@
 
 Checks, in this order, each failure dropping the packet with its reason: version
 (BAD_VERSION), type (BAD_TYPE), length for the type (MALFORMED: aggregation packets are exactly
-32 + 4 * lanes bytes (32 + 2 * lanes for dtype FIXED16) with count <= lanes, or 32 bytes with the
-ZERO flag for an INT32 GRAD or ALLREDUCE; PARAM 32 + count * itemsize(dtype) + 4; PULL 32 + 12 *
-count + 4, the 4 being the CRC-32 trailer; HEARTBEAT 32), `sessions` hit (UNKNOWN_SESSION), `workers` hit for every packet whose
+32 + 4 * the whole chunks of lanes their count needs (2-byte lanes for dtype FIXED16;
+integrity.wire_len, docs/protocol.md 3.3) with count <= lanes, or 32 bytes with the ZERO flag
+for an INT32 GRAD or ALLREDUCE; PARAM 32 + count * itemsize(dtype) + 4; PULL 32 + 12 * count + 4, the 4 being the CRC-32 trailer; HEARTBEAT 32), `sessions` hit (UNKNOWN_SESSION), `workers` hit for every packet whose
 worker is not NODE (UNKNOWN_WORKER; a GRAD marked FALLBACK passes through, from a `child_ports`
 port only), the sender's port (SPOOFED: a rank off its entry's port, NODE off the session's
 up_port, a passing GRAD off a child switch's port), then direction (BAD_DIRECTION) and pool
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...integrity import wire_len
 from ...protocol import (
     DTYPE_ITEMSIZE,
     HEADER_LEN,
@@ -31,7 +32,6 @@ from ...protocol import (
     Flag,
     MsgType,
     NextStep,
-    aggregation_packet_len,
 )
 from ..lookup import CompiledTables
 
@@ -151,14 +151,14 @@ def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
     f16 = (h["dtype"] == FIXED16) if n_agg else None
     if f16 is not None and not f16.any():
         f16 = None
-    if n_agg == n_pk and zero is None and f16 is None:
-        bad_len = (n != aggregation_packet_len(lanes)) | (count > lanes)
+    if n_agg == n_pk and zero is None and f16 is None:  # 32-bit lanes: the length is the count's alone
+        bad_len = (n != wire_len(count.astype(np.int64), INT32, 0, lanes)) | (count > lanes)
     else:
         expect = np.full(n_pk, -1, dtype=np.int64)
         agg_type = (mtype >= GRAD) & (mtype <= RESULT)
-        expect[agg_type] = aggregation_packet_len(lanes)
-        if f16 is not None:  # FIXED16: int16 lanes (docs/protocol.md 5.2)
-            expect[agg_type & f16] = HEADER_LEN + 2 * lanes
+        if n_agg:  # whole chunks for the count (docs/protocol.md 3.3); FIXED16: int16 lanes (5.2)
+            expect[agg_type] = wire_len(count[agg_type].astype(np.int64), h["dtype"][agg_type], c.flags[agg_type],
+                                        lanes)
         if zero is not None:
             # header-only ZERO contribution: GRAD/ALLREDUCE with an exact (INT32) sum only
             # (docs/protocol.md 3.2); any other ZERO packet has no valid length

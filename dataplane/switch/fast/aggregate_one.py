@@ -4,7 +4,7 @@ GRAD): the slot state machine of dataplane/switch/pipeline.py `Pipeline._aggrega
 compiled kernel `aggregate_groups.py` runs, on Python ints and one call of that kernel.
 
 Declines: `turn` returns False with no state changed, and the turn takes `Pipeline.run`, for
-kernels off, loss simulated, a ZERO or FIXED16 packet, a drop, a packet off the aggregation path,
+kernels off, loss simulated, a ZERO, FIXED16 or short (3.3) packet, a drop, a packet off the aggregation path,
 a completion that would leave for a port that is not shared memory, a duplicate or a countdown
 past zero (details below).
 
@@ -84,7 +84,7 @@ def turn(sw, rx, att) -> bool:
     if t.any_ingress_drop or t.any_egress_drop or not use_numba():
         return False
     n = int(rx.length[0])
-    if n < HEADER_LEN:
+    if n != aggregation_packet_len(pipe.lanes):  # (a short packet, 3.3: the general path pads it; or not a contribution)
         return False
     if not header_ok(rx.rows[0, :HEADER_LEN].tobytes()):
         return False  # a corrupted header: the general path drops and counts it (BAD_CHECKSUM)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...integrity import wire_len
 from ...protocol import DATA_HEADER, HEADER_LEN, NODE, PULL_REQUEST, TRAILER_LEN, VERSION, aggregation_packet_len
 from ..controls.classifier import (
     _ITEMSIZE,
@@ -36,7 +37,6 @@ from ..controls.classifier import (
     D_UNKNOWN_SESSION,
     D_UNKNOWN_WORKER,
     FALLBACK,
-    FIXED16,
     GRAD,
     HEARTBEAT,
     INT32,
@@ -206,7 +206,7 @@ def _decide(sc: ScalarTables, vt: int, flags: int, session: int, worker: int, co
         drop = D_BAD_TYPE
     agg_type = GRAD <= mtype <= RESULT
     if agg_type:
-        expect = agg_len if dtype != FIXED16 else HEADER_LEN + 2 * lanes  # FIXED16: int16 lanes
+        expect = wire_len(count, dtype, flags, lanes)  # whole chunks for the count (3.3); FIXED16: int16 lanes
         if flags & ZERO:  # header-only ZERO contribution: INT32 GRAD/ALLREDUCE only (protocol.md 3.2)
             expect = HEADER_LEN if mtype in (GRAD, ALLREDUCE) and dtype == INT32 else -1
     elif mtype == PARAM:
