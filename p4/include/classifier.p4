@@ -102,6 +102,9 @@ control Classifier(inout headers_t hdr, inout metadata_t meta, in bool parsed, i
         } else if (aggregation) {
             payload = hdr.data.dtype == DTYPE_FIXED16 ? (bit<32>)(2 * LANES) : (bit<32>)(4 * LANES);
             length_ok = count <= LANES;
+#ifdef LUWU_NO_FIXED16
+            length_ok = length_ok && hdr.data.dtype != DTYPE_FIXED16;  /* no `lanes16` here (headers.p4) */
+#endif
         } else if (t == TYPE_PARAM) {
             payload = param_payload_bytes(hdr.data.dtype, count) + TRAILER_LEN;
             length_ok = dtype_known(hdr.data.dtype);

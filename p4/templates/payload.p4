@@ -39,7 +39,9 @@ header luwu_lanes16_t {
 @@LANE_END
 }
 
-/* FIXED16: the int16 lanes sign-extended into the int32 lanes the aggregation controls use. */
+/* FIXED16: the int16 lanes sign-extended into the int32 lanes the aggregation controls use.
+ * (Unused by a TNA build too narrow for FIXED16: include/headers.p4 LUWU_NO_FIXED16.) */
+@noWarn("unused")
 void widen_lanes16(in luwu_lanes16_t l16, inout luwu_lanes_t lanes) {
     lanes.setValid();
 @@LANE_BEGIN
@@ -49,6 +51,7 @@ void widen_lanes16(in luwu_lanes16_t l16, inout luwu_lanes_t lanes) {
 
 /* FIXED16: the stored int32 sums back into the int16 lanes (low 16 bits), `lanes` invalid again,
  * so the packet leaves with its own 2 * LANES-byte payload. */
+@noWarn("unused")
 void narrow_lanes16(inout luwu_lanes16_t l16, inout luwu_lanes_t lanes) {
     l16.setValid();
 @@LANE_BEGIN

@@ -71,7 +71,11 @@ parser LuwuIngressParser(packet_in pkt, out headers_t hdr, out metadata_t meta,
          * makes them valid with zeros once the classifier accepted it (zero_lanes.p4) */
         transition select(hdr.luwu.flags, hdr.data.dtype) {
             (FLAG_ZERO &&& FLAG_ZERO, _): accept;
+#ifndef LUWU_NO_FIXED16
             (_, DTYPE_FIXED16): parse_lanes16;   /* int16 lanes (docs/protocol.md 5.2), both passes */
+#else
+            (_, DTYPE_FIXED16): accept;          /* too narrow for FIXED16: the classifier drops it */
+#endif
             default: parse_lanes;
         }
     }
@@ -81,10 +85,12 @@ parser LuwuIngressParser(packet_in pkt, out headers_t hdr, out metadata_t meta,
         transition accept;
     }
 
+#ifndef LUWU_NO_FIXED16
     state parse_lanes16 {
         pkt.extract(hdr.lanes16);
         transition accept;
     }
+#endif
 
     state parse_data {
         pkt.extract(hdr.data);
@@ -109,7 +115,9 @@ control LuwuIngressDeparser(packet_out pkt, inout headers_t hdr, in metadata_t m
         pkt.emit(hdr.data);
         pkt.emit(hdr.hb);
         pkt.emit(hdr.lanes);
+#ifndef LUWU_NO_FIXED16
         pkt.emit(hdr.lanes16);
+#endif
     }
 }
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 
 import pytest
 from finsy.proto import p4i
@@ -102,3 +103,28 @@ def test_tna_program_passes_p4test(tofino):
     for w in warnings:
         assert re.match(r"p4/tna/(aggregation_lanes|exponent_max)\.p4\(\d+\): \[--Wwarn=(invalid-header|"
                         r"uninitialized-use)\]", w), w
+
+
+@pytest.mark.bmv2
+@needs_p4test
+def test_tna_build_too_narrow_for_fixed16_leaves_lanes16_out(tmp_path):
+    """At 64 lanes no FIXED16 block fits (docs/protocol.md 5.2), so the TNA program has no `lanes16`
+    header (its PHV stays the 32-bit program's, p4/README.md) and its classifier refuses FIXED16
+    lanes; the v1model build keeps `lanes16`, which the conformance vectors sum at 64 lanes."""
+    from luwu.dataplane.integrity import FIXED16_BLOCK, check_lanes
+    from luwu.p4.codegen import FIXED16_MIN_LANES
+
+    assert FIXED16_BLOCK + 1 + check_lanes(protocol.Dtype.FIXED16) == FIXED16_MIN_LANES
+    assert DEFAULT_LANES < FIXED16_MIN_LANES
+    assert f"#define LUWU_FIXED16_MIN_LANES {FIXED16_MIN_LANES}" in constants_p4()
+    pp = tmp_path / "tna.p4"  # p4test --pp: the program after the preprocessor, as p4test read it
+    *cmd, program_path = compiler.tna_check_command(1)
+    subprocess.run([*cmd, "--pp", str(pp), program_path], cwd=compiler.REPO_DIR, capture_output=True, check=True,
+                   timeout=compiler.COMPILE_TIMEOUT)
+    program = pp.read_text()
+    headers = re.search(r"struct headers_t \{(.*?)\}", program, re.S)
+    assert headers and "luwu_lanes_t" in headers.group(1) and "lanes16" not in headers.group(1)
+    assert "hdr.lanes16" not in program
+    assert "length_ok = length_ok && hdr.data.dtype != DTYPE_FIXED16;" in program
+    bmv2 = json.loads((P4_DIR / "build" / "luwu_v1model.json").read_text())
+    assert "lanes16" in {h["name"] for h in bmv2["headers"]}
