@@ -177,6 +177,11 @@ def fixed16_blocks(lanes: int) -> int:
     return max(0, (lanes - check_lanes(Dtype.FIXED16)) // (FIXED16_BLOCK + 1))
 
 
+# the fewest lanes that hold one FIXED16 block: its exponent lane, its data lanes, the check lanes; a
+# narrower switch gets FIXED32 (engine.py) and a TNA build that narrow leaves FIXED16 out (p4/README.md)
+FIXED16_MIN_LANES = FIXED16_BLOCK + 1 + check_lanes(Dtype.FIXED16)
+
+
 _FIXED16, _MAX = int(Dtype.FIXED16), int(Flag.MAX)  # plain ints: numpy arithmetic with enum members is slow
 _CHECKS16, _CHECKS32 = CHECK_BITS // 16, CHECK_BITS // 32
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..integrity import FIXED16_BLOCK
 from ..process.usage import UserError
 from .heartbeats import HeartbeatPolicy
 from .liveness import DEFAULT_PEER_TIMEOUT
@@ -16,7 +15,6 @@ from .send_stream import RtoPolicy
 GRAD_FORMATS = ("fixed32", "fixed16")
 GRAD_FORMAT_ENV = "LUWU_GRAD_FORMAT"
 DEFAULT_GRAD_FORMAT = "fixed32"
-FIXED16_MIN_LANES = FIXED16_BLOCK + 1 + 4  # one exponent lane, one block, the check lanes
 
 
 def check_grad_format(fmt: str) -> str:

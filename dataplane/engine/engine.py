@@ -24,14 +24,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..integrity import FIXED16_BLOCK
+from ..integrity import FIXED16_BLOCK, FIXED16_MIN_LANES
 from ..kernels import mode as kernel_mode
 from ..net.transport import Transport
 from ..protocol import HEADER_LEN, NODE
 from ..quantize import FIXED16_MAX_CONTRIBUTORS, block_exponents, chunk_exponents
 from ..session import EndpointPlan, SessionSpec
 from .collective import CollectiveSession
-from .config import FIXED16_MIN_LANES, EngineConfig, check_grad_format
+from .config import EngineConfig, check_grad_format
 from .dispatch import DispatchMixin, Session
 from .handles import EngineError, Handle
 from .liveness import PeerWatch

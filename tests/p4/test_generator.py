@@ -111,8 +111,7 @@ def test_tna_build_too_narrow_for_fixed16_leaves_lanes16_out(tmp_path):
     """At 64 lanes no FIXED16 block fits (docs/protocol.md 5.2), so the TNA program has no `lanes16`
     header (its PHV stays the 32-bit program's, p4/README.md) and its classifier refuses FIXED16
     lanes; the v1model build keeps `lanes16`, which the conformance vectors sum at 64 lanes."""
-    from luwu.dataplane.integrity import FIXED16_BLOCK, check_lanes
-    from luwu.p4.codegen import FIXED16_MIN_LANES
+    from luwu.dataplane.integrity import FIXED16_BLOCK, FIXED16_MIN_LANES, check_lanes
 
     assert FIXED16_BLOCK + 1 + check_lanes(protocol.Dtype.FIXED16) == FIXED16_MIN_LANES
     assert DEFAULT_LANES < FIXED16_MIN_LANES
