@@ -65,8 +65,22 @@ def packets(numel: int, lanes: int) -> int:
 _FIELDS = ("session", "seq", "slot", "tensor", "offset", "count", "numel")
 
 
+# header_terms16's field layout: byte offsets, widths (flags: the mask) and multipliers, from DATA_HEADER
+_TERM_AT = np.array([int(_HEADER_FIELDS[f][1]) for f in ("session", "seq", "slot", "tensor", "offset", "count",
+                                                          "numel", "dtype", "flags", "exponent", "ver_type")],
+                    dtype=np.int64)
+_TERM_WIDTH = np.array([int(_HEADER_FIELDS[f][0].itemsize) for f in ("session", "seq", "slot", "tensor", "offset",
+                                                                     "count", "numel")]
+                       + [1, int(Flag.SET | Flag.MAX), 1, 1], dtype=np.int64)
+_TERM_MULT = (integrity._T_MULT[:CHECKS] & 0xFFFFFFFF).astype(np.uint32)
+
+
 def header_terms(hrows: np.ndarray) -> np.ndarray:
-    """`integrity.header_term(h, FIXED16)` of each (K, >=32) uint8 header row: (K, 4) uint32."""
+    """`integrity.header_term(h, FIXED16)` of each (K, >=32) uint8 header row: (K, 4) uint32
+    (compiled when kernels are on: kernels/fixed_point.py `header_terms16`, the same values)."""
+    if use_numba() and hrows.dtype == _U8 and hrows.ndim == 2 and hrows.shape[1] >= HEADER_LEN:
+        return _kernels().header_terms16(hrows, _TERM_AT, _TERM_WIDTH, _TERM_MULT, int(Dtype.FIXED16), int(MsgType.GRAD),
+                                         int(MsgType.AGG), np.empty((hrows.shape[0], CHECKS), dtype=np.uint32))
     h = hrows[:, :HEADER_LEN].copy().view(DATA_HEADER).reshape(-1)
     k = len(h)
     if k <= integrity.SCALAR_TERMS:  # a few rows (a small push, most received batches): on Python ints, ~3x faster
@@ -172,10 +186,15 @@ def encode_rows(x: np.ndarray, exps: np.ndarray, n: int, lanes: int, rows: np.nd
 
 # --- verify and decode (receivers of a sum) -------------------------------------------------------
 
-def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.ndarray) -> np.ndarray:
+def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.ndarray,
+                checked: bool = False) -> np.ndarray:
     """Verify the FIXED16 sums of `n` contributions in rows[sel] and decode those that pass into
     the flat float32 `out` (the whole buffer: packet p's elements at out[p * D:], as far as `out`
     reaches; the packet index is the header's offset / D).
+
+    `checked`: `verify_rows` passed these very rows already, so the compiled path checks only
+    their exponent lanes and decodes in one pass (the verdict and bits are the same; the numpy
+    path verifies again).
 
     Returns:
         bool per selected row: its exponent lanes are n equal exponents in the protocol's range and
@@ -188,16 +207,15 @@ def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.n
     if not sel.size:
         return ok
     hrows = rows[sel, :HEADER_LEN]
-    terms = header_terms(hrows)
     starts = hrows[:, _OFFSET_AT:_OFFSET_AT + 4].copy().view(">u4").reshape(-1).astype(np.int64)  # element offsets
     c = fixed16_bits(n)
-    pow2 = np.ldexp(1.0, np.arange(EXP_MIN, EXP_MAX + 1) + c - 15)  # 2^(e + c - 15), exact in float64
-    if use_numba():
-        words = _as_words16(rows)
-        if words is not None and out.flags.c_contiguous and out.dtype == np.float32:
-            return _kernels().dequantize16_rows(words, rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK,
-                                                n, sel, terms, pow2, -EXP_MIN, out.reshape(-1),
-                                                starts, ok)
+    pow2 = pow2_table(c)
+    words = _as_words16(rows) if use_numba() else None
+    if words is not None and out.flags.c_contiguous and out.dtype == np.float32:
+        terms = _NO_TERMS if checked else header_terms(hrows)
+        return _kernels().dequantize16_rows(words, rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK,
+                                            n, sel, terms, pow2, -EXP_MIN, out.reshape(-1), starts, ok, checked)
+    terms = header_terms(hrows)
     lane = rows[sel, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2").astype(np.int64)
     esum = lane[:, :nb]
     e = esum // n
@@ -216,6 +234,18 @@ def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.n
     return ok
 
 
+_NO_TERMS = np.zeros((0, CHECKS), dtype=np.uint32)  # `decode_rows(checked=True)`: the kernel reads no header term
+_POW2: dict[int, np.ndarray] = {}
+
+
+def pow2_table(c: int) -> np.ndarray:
+    """2^(e + c - 15) for e in [EXP_MIN, EXP_MAX], exact in float64 (made once per c: never write it)."""
+    t = _POW2.get(c)
+    if t is None:
+        t = _POW2[c] = np.ldexp(1.0, np.arange(EXP_MIN, EXP_MAX + 1) + c - 15)
+    return t
+
+
 # --- the exponent agreement in 16-bit lanes (a FIXED16 MAX round on the meta session) -----------
 # Each lane is `e << 8 | tag8(e)` (int16; the tag is integrity.exp_tag's low byte), so the signed
 # order of lanes is the order of e, a MAX of lanes is the lane of the MAX, and the winner carries its
@@ -229,17 +259,31 @@ def agreement_lanes(lanes: int) -> int:
     return lanes - CHECKS
 
 
-def pack_exponents16(e: np.ndarray) -> np.ndarray:
-    """int16 lanes `e << 8 | tag8(e)` of exponents e in [-128, 127]."""
+def _pack16(e: np.ndarray) -> np.ndarray:
+    """`pack_exponents16` computed lane by lane (the reference of its table)."""
     e64 = np.asarray(e, dtype=np.int64)
     return ((e64 << 8) | (integrity.exp_tag(e64).astype(np.int64) & 0xFF)).astype(np.int16)
 
 
+# the 256 valid lanes, indexed by e itself (numpy's negative indices: e = -128..-1 at 128..255)
+_LANE16 = _pack16(np.arange(256, dtype=np.int64).astype(np.int8))
+
+
+def pack_exponents16(e: np.ndarray) -> np.ndarray:
+    """int16 lanes `e << 8 | tag8(e)` of exponents e in [-128, 127] (a lookup in the 256 valid
+    lanes; the same bits as computing each)."""
+    e = np.asarray(e)
+    if e.size and (int(e.min()) < EXP_MIN or int(e.max()) > EXP_MAX):
+        return _pack16(e)
+    return _LANE16[e.astype(np.intp, copy=False)]
+
+
 def unpack_exponents16(lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(exponents, ok): ok is False where a lane's tag does not match its exponent."""
-    v = np.asarray(lanes, dtype=np.int16).astype(np.int64)
+    """(exponents, ok): ok is False where a lane's tag does not match its exponent. A lane's high
+    byte is e, so it is valid exactly when it equals the packed lane of e."""
+    v = np.asarray(lanes, dtype=np.int16)
     e = v >> 8
-    return e.astype(np.int32), (v & 0xFF) == (integrity.exp_tag(e).astype(np.int64) & 0xFF)
+    return e.astype(np.int32), _LANE16[e.astype(np.intp)] == v
 
 
 def encode_agreement_rows(exps: np.ndarray, lanes: int, rows: np.ndarray, i0: int) -> None:
@@ -247,13 +291,11 @@ def encode_agreement_rows(exps: np.ndarray, lanes: int, rows: np.ndarray, i0: in
     exponents of blocks [p * A, (p + 1) * A), A = lanes - 4, zeros past the end, then T_j."""
     per = agreement_lanes(lanes)
     k = rows.shape[0]
-    lane = np.zeros((k, lanes), dtype=np.int64)
-    flat = lane[:, :per].reshape(-1)
+    flat = np.zeros(k * per, dtype=np.int16)
     part = np.asarray(exps)[i0 * per:(i0 + k) * per]
     flat[:part.size] = pack_exponents16(part)
-    lane[:, :per] = flat.reshape(k, per)
-    lane[:, per:] = header_terms(rows)
-    rows[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">u2")[...] = lane & _MASK16
+    rows[:, HEADER_LEN:HEADER_LEN + 2 * per].view(">i2")[...] = flat.reshape(k, per)
+    rows[:, HEADER_LEN + 2 * per:HEADER_LEN + 2 * lanes].view(">u2")[...] = header_terms(rows)
 
 
 def verify_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int) -> np.ndarray:
@@ -279,11 +321,20 @@ def verify_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int) -> np.nda
     return ok
 
 
-def decode_agreement_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, chunk: np.ndarray, out: np.ndarray) -> bool:
+def decode_agreement_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, chunk: np.ndarray, out: np.ndarray,
+                          checked: bool = False) -> bool:
     """The agreed exponents of RESULT rows[sel] (packet indices `chunk`) into `out` (one per block).
-    False, writing nothing, when a check lane or a lane's tag is wrong (the agreement is corrupt)."""
+    False, writing nothing, when a check lane or a lane's tag is wrong (the agreement is corrupt).
+    `checked`: `verify_rows` passed these very rows already (check lanes and every tag), so only
+    the exponents are read off (the same values)."""
     per = agreement_lanes(lanes)
     lane = rows[sel, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2")
+    if checked:
+        e = (lane[:, :per] >> 8).astype(np.int32)
+        for i, c in enumerate(np.asarray(chunk).tolist()):
+            m = max(0, min(per, out.size - c * per))
+            out[c * per:c * per + m] = e[i, :m]
+        return True
     if not ((lane[:, per:].astype(np.int64) & _MASK16) == header_terms(rows[sel])).all():
         return False
     e, ok = unpack_exponents16(lane[:, :per])

@@ -276,18 +276,35 @@ def exp_tag(e: np.ndarray) -> np.ndarray:
     return ((x * np.uint32(0x5BD1)) & np.uint32(0xFFFF)).astype(np.uint32)
 
 
-def pack_exponents(e: np.ndarray) -> np.ndarray:
-    """int32 lanes `e << 16 | exp_tag(e)`: signed order is e's order, so a MAX of packed lanes is
-    the packed MAX, and the winner carries its own tag."""
+def _pack32(e: np.ndarray) -> np.ndarray:
+    """`pack_exponents` computed lane by lane (the reference of its table)."""
     e64 = np.asarray(e, dtype=np.int64)
     return ((e64 << 16) | exp_tag(e64).astype(np.int64)).astype(np.int32)
 
 
+# the packed lanes of the exponents a float sum uses (-128..127), indexed by e itself (numpy's
+# negative indices: e = -128..-1 at 128..255): a lookup instead of exp_tag's arithmetic per lane
+_LANE32 = _pack32(np.arange(256, dtype=np.int64).astype(np.int8))
+
+
+def pack_exponents(e: np.ndarray) -> np.ndarray:
+    """int32 lanes `e << 16 | exp_tag(e)`: signed order is e's order, so a MAX of packed lanes is
+    the packed MAX, and the winner carries its own tag."""
+    e = np.asarray(e)
+    if e.size and e.dtype.kind in "iu" and int(e.min()) >= -128 and int(e.max()) <= 127:
+        return _LANE32[e.astype(np.intp, copy=False)]  # the same bits as computing each
+    return _pack32(e)
+
+
 def unpack_exponents(lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(exponents, ok): ok is False where a lane's tag does not match its exponent."""
-    v = np.asarray(lanes, dtype=np.int32).astype(np.int64)
+    v = np.asarray(lanes, dtype=np.int32)
     e = v >> 16
-    return e.astype(np.int32), (v & 0xFFFF).astype(np.uint32) == exp_tag(e)
+    if e.size and int(e.min()) >= -128 and int(e.max()) <= 127:  # a lane is valid exactly when it is e's packed lane
+        return e, _LANE32[e.astype(np.intp)] == v
+    v64 = v.astype(np.int64)
+    e64 = v64 >> 16
+    return e64.astype(np.int32), (v64 & 0xFFFF).astype(np.uint32) == exp_tag(e64)
 
 
 # --- check words, vectorised over packets (the engine's senders and receivers) ----------------

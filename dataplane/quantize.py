@@ -269,6 +269,15 @@ def warm_up() -> None:
                                         1, 0, 1, 1, rows.reshape(-1).view(np.uint32), 2, 1, one, one, one, 1,
                                         np.zeros(0, np.float32), np.zeros(1, np.bool_), np.zeros(1, np.int64), 0,
                                         np.zeros(1, np.int64), np.zeros(4, np.int64))
+    # FIXED16 packets' header terms (fixed16.header_terms: every fill and received batch)
+    _fixed_point().header_terms16(np.zeros((1, 32), np.uint8), np.zeros(11, np.int64), np.ones(11, np.int64),
+                                  np.zeros((4, 11), np.uint32), 6, 1, 2, np.zeros((1, 4), np.uint32))
+    # and a FIXED16 sum's (collective.py `_compiled_results16`), refused the same way
+    _fixed_point().absorb_fixed16_results(np.zeros(32, np.uint8), 32, 1, 8, 16, 20, 1, 21, 6, 28, np.uint8(1), 6,
+                                          np.zeros(1, np.bool_), 1, 0, 1, 1, 1, rows.reshape(-1).view(np.uint16), 4,
+                                          16, 1, 1, 1, 1, np.zeros((1, 4), np.uint32), np.ones(1), 0, one,
+                                          np.zeros(1, np.bool_), np.zeros(1, np.int64), 0, np.zeros(1, np.int64),
+                                          np.zeros(4, np.int64))
 
 
 def _compiled() -> bool:

@@ -14,10 +14,10 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import fixed16
-from ..integrity import check_lanes, unpack_exponents
+from ..integrity import FIXED16_BLOCK, check_lanes, unpack_exponents
 from ..kernels import use_numba
 from ..protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType
-from ..quantize import as_words, fixed_point_kernels, num_chunks
+from ..quantize import EXP_MIN, as_words, fixed_point_kernels, num_chunks
 from ..session import SessionSpec
 from . import agreement
 from .packets import (
@@ -68,6 +68,9 @@ class FailedChecks:
 _ANY, _ALL = np.logical_or.reduce, np.logical_and.reduce  # without ndarray.any's Python wrapper (per batch)
 # header fields' byte offsets, for the compiled RESULT pass (the layout is protocol.py's)
 _SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT = (DATA_HEADER.fields[f][1] for f in ("seq", "tensor", "offset", "flags"))
+_DTYPE_AT, _COUNT_AT, _NUMEL_AT = (DATA_HEADER.fields[f][1] for f in ("dtype", "count", "numel"))
+_MAX16 = np.uint8(Flag.MAX)
+_SKIP16 = np.uint8(Flag.SATURATED | Flag.MAX)  # FIXED16 RESULTs the compiled pass leaves to the reference
 
 
 class ReduceOp:
@@ -76,6 +79,7 @@ class ReduceOp:
         "decode",
         "dtype",
         "fixed",
+        "fixed16",
         "flags",
         "got",
         "numel",
@@ -107,6 +111,9 @@ class ReduceOp:
         # a float sum's (s1, s2, flat whole-chunk output, whole chunks, flat tail) once its factors
         # are known: what the compiled RESULT pass decodes with (None: the reference `decode` only)
         self.fixed: tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray] | None = None
+        # a FIXED16 sum's (flat float32 output, 2^(e + c - 15) table) once its exponents are agreed:
+        # the compiled RESULT pass decodes with them (None: the reference `decode` only)
+        self.fixed16: tuple[np.ndarray, np.ndarray] | None = None
         self.saturated = False
         self.saturated_chunks: list[np.ndarray] = []  # chunk indices whose RESULT carried SATURATED
         # an agreement's self-checking lanes (docs/protocol.md 3.8), checked per RESULT in `_verified`:
@@ -190,7 +197,12 @@ class CollectiveSession:
         corrupt = [False]
 
         def decode(chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _e: np.ndarray) -> None:
-            if not fixed16.decode_agreement_rows(rows, sel, self.row_lanes, chunk, agreed):
+            # `_verified` checked these rows (fixed16.verify_rows: check lanes, every tag) unless one
+            # was let through SATURATED after failing that, or is not a FIXED16 MAX: then again here
+            f = rows[sel, _FLAGS_AT]
+            checked = not ((f & SATURATED).any() or ((f & _MAX16) == 0).any()
+                           or (rows[sel, _DTYPE_AT] != int(Dtype.FIXED16)).any())
+            if not fixed16.decode_agreement_rows(rows, sel, self.row_lanes, chunk, agreed, checked):
                 corrupt[0] = True
 
         op = self.new_op(len(exps), Dtype.FIXED16, True, lambda o: on_agreed(None if corrupt[0] else agreed,
@@ -209,6 +221,10 @@ class CollectiveSession:
     # -- packets (engine thread) --------------------------------------------------------------------
     def on_results(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray, now: float) -> None:
         """RESULT packets `rows[idx]` (headers `h[idx]`; idx ascending, as the engine groups a batch)."""
+        if self.ops and len(idx) == len(h) and not self._failures:  # a FIXED16 sum's common batch: one compiled pass
+            op = next(iter(self.ops.values()))
+            if op.fixed16 is not None and self._compiled_results16(op, rows, h, now):
+                return
         idx = self._verified(idx, rows, h)
         if self.ops and len(idx):
             idx = in_bounds(idx, h, self.stats, self._chunk_of)
@@ -310,6 +326,8 @@ class CollectiveSession:
         oldest op, a float sum, none SATURATED. False, with nothing changed, for anything else
         (the numpy code below is the reference: tests/engine/test_compiled_results.py)."""
         op = next(iter(self.ops.values()))  # the oldest op: the one whose RESULTs come first
+        if op.fixed16 is not None:  # (checked again after `_verified`: a batch a failed check had made wait)
+            return self._compiled_results16(op, rows, h, now)
         fixed = op.fixed
         if fixed is None or not use_numba() or not h.flags.c_contiguous:
             return False
@@ -325,6 +343,40 @@ class CollectiveSession:
             self.send.retx, self.send.xmit_no, self.send.sack_high, self._fresh, self._info)
         if fresh < 0:
             return False
+        self._absorbed(op, k, fresh, now)
+        return True
+
+    def _compiled_results16(self, op: ReduceOp, rows: np.ndarray, h: np.ndarray, now: float) -> bool:
+        """`on_results` for a FIXED16 sum's common batch in one compiled pass, check words included
+        (kernels/fixed_point.py `absorb_fixed16_results`): every row `_verified` and `in_bounds`
+        would pass, new or a duplicate within the window, ascending, of the oldest op, a plain sum
+        (not SATURATED, not MAX). The reference is `on_results`' numpy code with the op's `decode`
+        (reductions.py `_decode16`). False, with nothing changed, for anything else."""
+        if not use_numba() or not h.flags.c_contiguous or rows.ndim != 2 or rows.dtype != np.uint8 \
+                or rows.shape[1] % 2 or not rows.flags.c_contiguous or rows.shape[0] < len(h):
+            return False
+        words = rows.reshape(-1).view(np.uint16)
+        if not words.flags.aligned:
+            return False
+        out, pow2 = op.fixed16
+        nb = fixed16.layout(self.row_lanes)[0]
+        w = self.window
+        k = len(h)
+        hb = h.view(np.uint8).reshape(k, HEADER_LEN)
+        fresh = fixed_point_kernels().absorb_fixed16_results(
+            hb.reshape(-1), HEADER_LEN, k, _SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT, _DTYPE_AT, _COUNT_AT, _NUMEL_AT,
+            _SKIP16, int(Dtype.FIXED16), w.bits, w.ack, op.op_id, op.numel, op.per, op.chunks, words,
+            rows.shape[1] // 2, HEADER_LEN // 2, self.row_lanes, nb, FIXED16_BLOCK, self.n, fixed16.header_terms(hb),
+            pow2, -EXP_MIN, out, self.send.retx, self.send.xmit_no, self.send.sack_high, self._fresh, self._info)
+        if fresh < 0:
+            return False
+        self._absorbed(op, k, fresh, now)
+        return True
+
+    def _absorbed(self, op: ReduceOp, k: int, fresh: int, now: float) -> None:
+        """The counts, the op's completion, the window's ack and the send stream's delivery news
+        after a compiled RESULT pass took `k` rows, `fresh` of them new."""
+        w = self.window
         w.changed()
         dup = k - fresh
         if dup:
@@ -344,7 +396,6 @@ class CollectiveSession:
             self.send.delivered_in_order(newest, rack, now)
         elif fresh:
             self.send.on_delivered(self._fresh[:fresh], now)
-        return True
 
     def _one_result(self, rows: np.ndarray, h: np.ndarray, now: float) -> bool:
         """`on_results` for a batch of one new RESULT of an op without a `decode` (an exponent

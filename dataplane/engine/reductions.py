@@ -41,6 +41,7 @@ from ..quantize import (
     block_exponents,
     chunk_exponents,
     dequantize_rows_scaled,
+    fixed16_bits,
     from_ordered,
     negate_order,
     num_chunks,
@@ -56,6 +57,9 @@ from .packets import QuantizedLanes, payload_int32
 OPS = ("sum", "avg", "max", "min")
 _FLAGS_AT = DATA_HEADER.fields["flags"][1]  # a RESULT row's flags byte
 _SATURATED = np.uint8(Flag.SATURATED)
+_DTYPE_AT = DATA_HEADER.fields["dtype"][1]
+_FIXED16 = np.uint8(Dtype.FIXED16)
+_MAX = np.uint8(Flag.MAX)
 
 
 def check_reduction(dtype: np.dtype, op: str) -> None:
@@ -244,6 +248,13 @@ class AllreduceOp:
                              for c in range(data_op.chunks)}
         self.exps = exps
         self.saturated |= meta_op.saturated
+        self._ready16(data, data_op)
+
+    def _ready16(self, data: CollectiveSession, data_op: ReduceOp) -> None:
+        """The FIXED16 data can go: its RESULTs may take the compiled pass (collective.py
+        `_compiled_results16`, decoding into `dest` as `_decode16` does), its packets are filled."""
+        if self.dest.flags.c_contiguous and self.dest.dtype == np.float32 and self.dest.ndim == 1:
+            data_op.fixed16 = (self.dest, fixed16.pow2_table(fixed16_bits(self.n)))
         data.ready_fixed16(data_op, self.x, self.exps, self.n, live=lambda: not self.handle.done())
 
     def _have_exps16(self, agreed: np.ndarray | None, saturated: bool, data: CollectiveSession,
@@ -256,16 +267,22 @@ class AllreduceOp:
             # other workers' sums complete (as NaN + saturated) and the stream stays in step
         self.exps = agreed
         self.saturated |= saturated
-        data.ready_fixed16(data_op, self.x, self.exps, self.n, live=lambda: not self.handle.done())
+        self._ready16(data, data_op)
 
     def _decode16(self, chunk: np.ndarray, rows: np.ndarray, sel: np.ndarray, _hdr_exps: np.ndarray) -> None:
         lanes = self._lanes16
         per = fixed16.layout(lanes)[1]
+        flags = rows[sel, _FLAGS_AT]
+        sat = (flags & _SATURATED) != 0
         if self.kept is not None:  # in place: keep the inputs a saturated chunk's decode would overwrite
-            sat = (rows[sel, _FLAGS_AT] & _SATURATED) != 0
             for c in chunk[sat].tolist():
                 self.kept.setdefault(c, self.x[c * per: min((c + 1) * per, self.numel)].copy())
-        ok = fixed16.decode_rows(rows, sel, lanes, self.n, self.dest)
+        # every row here passed collective.py `_verified` on this same buffer, as its own dtype: a
+        # FIXED16 sum's check words are verified already unless a row was let through SATURATED
+        # after failing them, or is no plain FIXED16 sum (another dtype, an agreement's MAX): then
+        # all are checked again
+        checked = not (sat.any() or (flags & _MAX).any() or (rows[sel, _DTYPE_AT] != _FIXED16).any())
+        ok = fixed16.decode_rows(rows, sel, lanes, self.n, self.dest, checked=checked)
         if not ok.all():  # a corrupted sum: the exact path, never its value (docs/protocol.md 5.2)
             for c in chunk[~ok].tolist():
                 if self.kept is not None:

@@ -299,31 +299,52 @@ def _store_sums(vals, dst):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _load_sums(src, vals):
-    """vals[k] = the big-endian int16 src[k] sign-extended to uint32, and `_store_sums`' sums."""
-    s0 = np.uint32(0)
-    s1 = np.uint32(0)
-    s2 = np.uint32(0)
-    s3 = np.uint32(0)
-    for k in range(vals.size):
-        u = src[k]
-        v = np.uint32(np.int32(np.int16(np.uint16(((u & 0xFF) << 8) | ((u >> 8) & 0xFF)))))
-        vals[k] = v
-        a = np.uint32(k + 1)
-        b = np.uint32(a * a)
-        s0 = np.uint32(s0 + v)
-        s1 = np.uint32(s1 + np.uint32(a * v))
-        s2 = np.uint32(s2 + np.uint32(b * v))
-        s3 = np.uint32(s3 + np.uint32(np.uint32(b * a) * v))
-    return s0, s1, s2, s3
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _put_checks(dst, nv, c0, c1, c2, c3):
     dst[nv] = _bswap16(np.uint16(c0 & np.uint64(0xFFFF)))
     dst[nv + 1] = _bswap16(np.uint16(c1 & np.uint64(0xFFFF)))
     dst[nv + 2] = _bswap16(np.uint16(c2 & np.uint64(0xFFFF)))
     dst[nv + 3] = _bswap16(np.uint16(c3 & np.uint64(0xFFFF)))
+
+
+@njit(cache=True, nogil=True)
+def header_terms16(hrows, at, width, mult, dtype, grad, agg, out):
+    """dataplane/fixed16.py `header_terms` (integrity.header_terms with FIXED16, the reference):
+    out[r, j] = sum_f mult[j, f] * field_f mod 2^32, then mod 2^16, of the uint8 header rows
+    `hrows` (K, >= 32). Fields 0..6 are big-endian of `width[f]` bytes at `at[f]` (session, seq,
+    slot, tensor, offset, count, numel), then `dtype` (the format's code, not the row's byte),
+    flags & (SET | MAX) (at[8], the mask in width[8]), the exponent byte (at[9]) and the stream (1
+    when the type at[10] is `grad` or `agg`, else 3). uint32 products and sums wrap mod 2^32, as
+    the reference's are reduced."""
+    for r in range(hrows.shape[0]):
+        row = hrows[r]
+        t0 = np.uint32(0)
+        t1 = np.uint32(0)
+        t2 = np.uint32(0)
+        t3 = np.uint32(0)
+        for f in range(11):
+            if f < 7:
+                v = np.uint32(0)
+                for q in range(width[f]):
+                    v = np.uint32((v << np.uint32(8)) | np.uint32(row[at[f] + q]))
+            elif f == 7:
+                v = np.uint32(dtype)
+            elif f == 9:
+                v = np.uint32(row[at[f]])
+            elif f == 8:
+                v = np.uint32(row[at[f]]) & np.uint32(width[f])
+            else:
+                ty = row[at[f]] & 0xF
+                v = np.uint32(1) if ty in (grad, agg) else np.uint32(3)
+            t0 = np.uint32(t0 + np.uint32(mult[0, f] * v))
+            t1 = np.uint32(t1 + np.uint32(mult[1, f] * v))
+            t2 = np.uint32(t2 + np.uint32(mult[2, f] * v))
+            t3 = np.uint32(t3 + np.uint32(mult[3, f] * v))
+        m = np.uint32(0xFFFF)
+        out[r, 0] = t0 & m
+        out[r, 1] = t1 & m
+        out[r, 2] = t2 & m
+        out[r, 3] = t3 & m
+    return out
 
 
 @njit(cache=True, nogil=True)
@@ -468,49 +489,190 @@ def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb,
 
 
 @njit(cache=True, nogil=True)
-def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, pow2, pow2_at, out, starts, ok):
+def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, pow2, pow2_at, out, starts, ok,
+                      checked=False):
     """Verify and decode FIXED16 sums of `n` contributions (dataplane/fixed16.py `decode_rows` is the
     reference): row sel[i]'s exponent lanes must be multiples of n (e = lane / n), its check words
     `sum_k (k+1)^j v_k + n * (terms[i, j] + G_j(e))` mod 2^16; ok[i] says so. A row that passes has
     its data lanes decoded, lane * 2^(e + c - 15) rounded once to float32 (pow2[e + pow2_at] =
     2^(e + c - 15); an exponent outside the table fails the row), into out[starts[i]:], up to the
-    end of `out`."""
+    end of `out`. `checked`: the rows' check words were verified already (`fixed16.verify_rows` on
+    these very rows): only the exponent lanes are checked, and the data lanes are decoded straight
+    from the row in one pass (`terms` unused)."""
+    if checked:
+        return _decode16_checked(words, row_words, col, lanes, nb, block, n, sel, pow2, pow2_at, out, starts, ok)
     nv = lanes - 4
-    m = out.size
     eb = np.zeros(nb, dtype=np.int64)
-    vals = np.empty(nv, dtype=np.uint32)
     msk = np.uint64(0xFFFF)
     nn = np.uint64(n)
     for i in range(sel.size):
         src = words[sel[i] * row_words + col:sel[i] * row_words + col + lanes]
-        good = True
-        for b in range(nb):
-            s = np.int64(np.int16(_bswap16(src[b])))
-            if s % n != 0 or s // n < -pow2_at or s // n >= pow2.size - pow2_at:
-                good = False  # not n equal exponents, or one outside the protocol's range
-            eb[b] = s // n
+        good = _exps16(src, nb, n, pow2.size, pow2_at, eb)  # n equal exponents, each in the protocol's range
         if good:
-            c0, c1, c2, c3 = _load_sums(src[:nv], vals)
+            c0, c1, c2, c3 = _row_sums16(src[:nv])
             g0, g1, g2, g3 = _exponent_terms(eb, nb)
             good = ((np.uint64(c0) + nn * (np.uint64(terms[i, 0]) + g0)) & msk) == np.uint64(_bswap16(src[nv])) \
                 and ((np.uint64(c1) + nn * (np.uint64(terms[i, 1]) + g1)) & msk) == np.uint64(_bswap16(src[nv + 1])) \
                 and ((np.uint64(c2) + nn * (np.uint64(terms[i, 2]) + g2)) & msk) == np.uint64(_bswap16(src[nv + 2])) \
                 and ((np.uint64(c3) + nn * (np.uint64(terms[i, 3]) + g3)) & msk) == np.uint64(_bswap16(src[nv + 3]))
         ok[i] = good
-        if not good:
-            continue
-        o = starts[i]
-        for b in range(nb):
-            # a power of two within float32's range (subnormals included): the float32 product of the
-            # lane (|v| <= 2^15, exact) and it is the exact product rounded once, as in float64
-            sc = np.float32(pow2[eb[b] + pow2_at])
-            lo = o + b * block
-            hi = min(lo + block, m)
-            dst = out[lo:hi] if hi > lo else out[0:0]
-            v = vals[nb + b * block:nb + b * block + (hi - lo if hi > lo else 0)]
-            for j in range(dst.size):
-                dst[j] = np.float32(np.int32(v[j])) * sc
+        if good:  # the row again, from cache: each lane * 2^(e + c - 15), a power of two within float32's range
+            # (subnormals included), so the float32 product of the lane (|v| <= 2^15, exact) and it is
+            # the exact product rounded once, as in float64
+            _decode16_row(src, nb, block, eb, pow2, pow2_at, out, starts[i])
     return ok
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _exps16(src, nb, n, pow2_size, pow2_at, eb):
+    """eb[b] = the exponent of block b of a FIXED16 sum of n (its lane / n); False when a lane is no
+    multiple of n or an exponent is outside the table (pow2_size entries from -pow2_at). The
+    quotient is the lane times 1/n rounded (|lane| < 2^15, n < 2^8: within 2^-30 of it when the
+    lane is a multiple of n, which q * n == lane then confirms exactly): an integer division per
+    block cost more than the row's check sums."""
+    good = True
+    inv = 1.0 / n
+    lo = -pow2_at
+    hi = pow2_size - pow2_at
+    for b in range(nb):
+        s = np.int64(np.int16(_bswap16(src[b])))
+        q = np.int64(np.rint(np.float64(s) * inv))
+        good &= (q * n == s) & (q >= lo) & (q < hi)
+        eb[b] = q
+    return good
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _decode16_row(src, nb, block, eb, pow2, pow2_at, out, o):
+    """The data lanes of one FIXED16 row (block b scaled by pow2[eb[b] + pow2_at]) into out[o:],
+    up to the end of `out`: each lane read big-endian, sign-extended and scaled in one pass."""
+    m = out.size
+    for b in range(nb):
+        sc = np.float32(pow2[eb[b] + pow2_at])
+        lo = o + b * block
+        hi = min(lo + block, m)
+        if hi <= lo:
+            break
+        dst = out[lo:hi]
+        v = src[nb + b * block:nb + b * block + (hi - lo)]
+        for j in range(dst.size):
+            u = v[j]
+            dst[j] = np.float32(np.int32(np.int16(np.uint16(((u & 0xFF) << 8) | ((u >> 8) & 0xFF))))) * sc
+
+
+@njit(cache=True, nogil=True)
+def _decode16_checked(words, row_words, col, lanes, nb, block, n, sel, pow2, pow2_at, out, starts, ok):
+    """`dequantize16_rows` of rows whose check words were verified: the exponent lanes checked as
+    there, each data lane read big-endian, sign-extended and scaled in one pass (the same bits)."""
+    eb = np.zeros(nb, dtype=np.int64)
+    for i in range(sel.size):
+        src = words[sel[i] * row_words + col:sel[i] * row_words + col + lanes]
+        ok[i] = _exps16(src, nb, n, pow2.size, pow2_at, eb)
+        if ok[i]:
+            _decode16_row(src, nb, block, eb, pow2, pow2_at, out, starts[i])
+    return ok
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _row_sums16(src):
+    """`_store_sums`' sums of big-endian int16 lanes `src` (the check words' lane part, read
+    side): (sum v, sum (k+1) v, sum (k+1)^2 v, sum (k+1)^3 v) mod 2^32, v sign-extended."""
+    s0 = np.uint32(0)
+    s1 = np.uint32(0)
+    s2 = np.uint32(0)
+    s3 = np.uint32(0)
+    for k in range(src.size):
+        u = src[k]
+        v = np.uint32(np.int32(np.int16(np.uint16(((u & 0xFF) << 8) | ((u >> 8) & 0xFF)))))
+        a = np.uint32(k + 1)
+        b = np.uint32(a * a)
+        s0 = np.uint32(s0 + v)
+        s1 = np.uint32(s1 + np.uint32(a * v))
+        s2 = np.uint32(s2 + np.uint32(b * v))
+        s3 = np.uint32(s3 + np.uint32(np.uint32(b * a) * v))
+    return s0, s1, s2, s3
+
+
+@njit(cache=True, nogil=True)
+def absorb_fixed16_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_at, dtype_at, count_at, numel_at,
+                           skip_flags, fixed16, bits, ack, op_id, numel, per, chunks, words, row_words, col, lanes, nb,
+                           block, n, terms, pow2, pow2_at, out, retx, xmit_no, sack_high, fresh_seqs, info):
+    """`absorb_fixed_results` for a FIXED16 sum, verification included (dataplane/engine/collective.py
+    `on_results`: `_verified` with fixed16.verify_rows, `in_bounds`, the window, reductions.py
+    `_decode16`, is the reference). First, changing nothing, every row must be in the window,
+    ascending, op `op_id`'s, flagged none of `skip_flags` (SATURATED, MAX), of dtype `fixed16`,
+    a whole chunk of `per` elements below `chunks` (offset a multiple of per, count at most per,
+    numel the op's), its exponent lanes n equal exponents in range and its check words those of
+    a sum of n (`dequantize16_rows`' verdict; `terms[i]`: row i's header term T_j): otherwise -1,
+    and the caller runs the reference. Then the window and delivery bookkeeping of
+    `absorb_fixed_results`, each fresh row decoded (as `dequantize16_rows`) into the flat `out`
+    from its header's element offset. Rows are flat uint16 `words`, `row_words` apart."""
+    size = bits.size
+    prev = np.int64(-1)
+    eb = np.zeros(nb, dtype=np.int64)
+    nv = lanes - 4
+    msk = np.uint64(0xFFFF)
+    nn = np.uint64(n)
+    for i in range(k):
+        b = i * hstride
+        d = (_be32(hb, b + seq_at) - ack) & 0xFFFFFFFF
+        if d >= size or d <= prev:
+            return -1
+        prev = d
+        if _be32(hb, b + tensor_at) != op_id or hb[b + flags_at] & skip_flags or hb[b + dtype_at] != fixed16:
+            return -1
+        off = _be32(hb, b + offset_at)
+        count = (np.int64(hb[b + count_at]) << 8) | np.int64(hb[b + count_at + 1])
+        if off % per != 0 or off // per >= chunks or count > per or _be32(hb, b + numel_at) != numel:
+            return -1
+        src = words[i * row_words + col:i * row_words + col + lanes]
+        if not _exps16(src, nb, n, pow2.size, pow2_at, eb):
+            return -1
+        c0, c1, c2, c3 = _row_sums16(src[:nv])
+        g0, g1, g2, g3 = _exponent_terms(eb, nb)
+        if ((np.uint64(c0) + nn * (np.uint64(terms[i, 0]) + g0)) & msk) != np.uint64(_bswap16(src[nv])) \
+                or ((np.uint64(c1) + nn * (np.uint64(terms[i, 1]) + g1)) & msk) != np.uint64(_bswap16(src[nv + 1])) \
+                or ((np.uint64(c2) + nn * (np.uint64(terms[i, 2]) + g2)) & msk) != np.uint64(_bswap16(src[nv + 2])) \
+                or ((np.uint64(c3) + nn * (np.uint64(terms[i, 3]) + g3)) & msk) != np.uint64(_bswap16(src[nv + 3])):
+            return -1
+    fresh = 0
+    mask = size - 1
+    smask = retx.size - 1
+    in_order = 1
+    newest = np.int64(-1)
+    newest_d = np.int64(-1)
+    rack = np.int64(-1)
+    for i in range(k):
+        b = i * hstride
+        seq = _be32(hb, b + seq_at)
+        j = seq & mask
+        if bits[j]:
+            continue  # a duplicate
+        bits[j] = True
+        src = words[i * row_words + col:i * row_words + col + lanes]
+        _exps16(src, nb, n, pow2.size, pow2_at, eb)
+        _decode16_row(src, nb, block, eb, pow2, pow2_at, out, _be32(hb, b + offset_at))
+        fresh_seqs[fresh] = seq
+        fresh += 1
+        d = (seq - sack_high) & 0xFFFFFFFF
+        if d >= 0x80000000 or retx[seq & smask]:
+            in_order = 0
+        elif d > newest_d:
+            newest_d = d
+            newest = seq
+        x = xmit_no[seq & smask]
+        rack = x if x > rack else rack
+    pos = ack & mask
+    m = 0
+    while m < size and bits[(pos + m) & mask]:
+        m += 1
+    for q in range(m):
+        bits[(pos + q) & mask] = False
+    info[0] = m
+    info[1] = in_order
+    info[2] = newest
+    info[3] = rack
+    return fresh
 
 
 @njit(cache=True, nogil=True)

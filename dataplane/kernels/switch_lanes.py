@@ -94,6 +94,60 @@ def _add_rows(acc, a, b, c, d, k, assign):
                                                   + np.uint32(_bswap32(c[j]) + _bswap32(d[j]))))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _enter_group(order, lo, m, s, other, epoch, is_max, bit, nw, exponent, saturated, slot_owner, bitmap,
+                 contributors, exponents, slot_flags, fast, remaining, out_exponent, out_saturated, last):
+    """The slot state machine of the group order[lo:lo + m] (one slot's packets; `phase_groups`):
+    returns (qualifies, first, remaining after its last packet); a group that qualifies has its
+    registers (all but the lanes) and its packets' outcome written, one that does not is untouched."""
+    h = order[lo]
+    g = s[h]
+    gbits = np.uint32(0)
+    bsum = np.int64(0)
+    for q in range(lo, lo + m):
+        p = order[q]
+        if s[p] != g or epoch[p] != epoch[h] or is_max[p] != is_max[h]:
+            return False, False, np.int64(0)
+        gbits |= bit[p]
+        bsum += np.int64(bit[p])
+    if np.int64(gbits) != bsum:
+        return False, False, np.int64(0)
+    before = np.uint32(0) if slot_owner[g] != epoch[h] else bitmap[g]
+    if (before & gbits) != 0:
+        return False, False, np.int64(0)
+    first = before == 0
+    rem0 = np.int64(nw[h]) - 1 if first else np.int64(contributors[g]) - 1
+    if rem0 < m - 1:
+        return False, False, np.int64(0)
+    # slot_owner, worker_bitmap, contributor_counter
+    slot_owner[g] = epoch[h]
+    bitmap[g] = before | gbits
+    bitmap[other[h]] &= ~gbits
+    e = exponent[h]
+    sat = False
+    for q in range(lo, lo + m):
+        p = order[q]
+        fast[p] = True
+        remaining[p] = np.uint32(rem0 - (q - lo))
+        if exponent[p] > e:
+            e = exponent[p]
+        sat = sat or saturated[p]
+    rest = rem0 - (m - 1)
+    contributors[g] = np.uint32(rest)
+    # exponent_max and SATURATED
+    if not first:
+        if exponents[g] > e:
+            e = exponents[g]
+        sat = sat or slot_flags[g] != 0
+    exponents[g] = e
+    slot_flags[g] = 1 if sat else 0
+    tail = order[lo + m - 1]
+    out_exponent[tail] = e
+    out_saturated[tail] = sat
+    last[tail] = True
+    return True, first, rest
+
+
 @njit(cache=True, nogil=True)
 def phase_groups(order, slot, s, other, epoch, is_max, bit, nw, exponent, saturated, rows,
                  slot_owner, bitmap, contributors, exponents, slot_flags, regs, payload, stride,
@@ -119,55 +173,15 @@ def phase_groups(order, slot, s, other, epoch, is_max, bit, nw, exponent, satura
             j += 1
         m = j - i
         lo, i = i, j
-        g = s[h]
-        gbits = np.uint32(0)
-        bsum = np.int64(0)
-        ok = True
-        for q in range(lo, lo + m):
-            p = order[q]
-            if s[p] != g or epoch[p] != epoch[h] or is_max[p] != is_max[h]:
-                ok = False
-                break
-            gbits |= bit[p]
-            bsum += np.int64(bit[p])
-        if not ok or np.int64(gbits) != bsum:
+        ok, first, rest = _enter_group(order, lo, m, s, other, epoch, is_max, bit, nw, exponent, saturated,
+                                       slot_owner, bitmap, contributors, exponents, slot_flags, fast, remaining,
+                                       out_exponent, out_saturated, last)
+        if not ok:
             continue
-        before = np.uint32(0) if slot_owner[g] != epoch[h] else bitmap[g]
-        if (before & gbits) != 0:
-            continue
-        first = before == 0
-        rem0 = np.int64(nw[h]) - 1 if first else np.int64(contributors[g]) - 1
-        if rem0 < m - 1:
-            continue
-        # slot_owner, worker_bitmap, contributor_counter
-        slot_owner[g] = epoch[h]
-        bitmap[g] = before | gbits
-        bitmap[other[h]] &= ~gbits
-        e = exponent[h]
-        sat = False
-        for q in range(lo, lo + m):
-            p = order[q]
-            fast[p] = True
-            remaining[p] = np.uint32(rem0 - (q - lo))
-            if exponent[p] > e:
-                e = exponent[p]
-            sat = sat or saturated[p]
-        rest = rem0 - (m - 1)
-        contributors[g] = np.uint32(rest)
-        # exponent_max and SATURATED
-        if not first:
-            if exponents[g] > e:
-                e = exponents[g]
-            sat = sat or slot_flags[g] != 0
-        exponents[g] = e
-        slot_flags[g] = 1 if sat else 0
         tail = order[lo + m - 1]
-        out_exponent[tail] = e
-        out_saturated[tail] = sat
-        last[tail] = True
         # aggregation_lanes: the group's lanes folded in arrival order (sums up to four rows
         # per pass over the register: wrapping adds give the same bits in any order)
-        acc = regs[g]
+        acc = regs[s[h]]
         mx = is_max[h]
         n_lanes = acc.size
         if mx:
@@ -189,6 +203,121 @@ def phase_groups(order, slot, s, other, epoch, is_max, bit, nw, exponent, satura
             out = _row(payload, rows[tail], stride, n_lanes)
             for k in range(acc.size):
                 out[k] = _bswap32(acc[k])
+        handled += m
+    return handled
+
+
+# --- FIXED16 (docs/protocol.md 5.2): int16 lanes, sign-extended into the int32 registers ---------
+
+def lane_rows16(payload: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """`lane_rows` for the (K, lanes) big-endian int16 view of FIXED16 packet rows, as native
+    uint16 words: (flat, stride) with row r's lanes `flat[r * stride:r * stride + lanes]`; None
+    when rows are not a whole number of 16-bit words apart (the caller runs the reference)."""
+    k, n = payload.shape
+    step, item = payload.strides
+    if k == 0 or item != 2 or step % 2 or step < 2 * n:
+        return None
+    return as_strided(payload.view(np.uint16), shape=((k - 1) * (step // 2) + n,), strides=(2,)), step // 2
+
+
+@njit(cache=True, inline="always")
+def _wide16(u):
+    """A big-endian int16 lane (its native uint16 word) sign-extended to a uint32 register word."""
+    return np.uint32(np.int32(np.int16(np.uint16(((u & 0xFF) << 8) | ((u >> 8) & 0xFF)))))
+
+
+@njit(cache=True, nogil=True)
+def _combine_row16(acc, src, is_max, assign):
+    """`_combine_row` for big-endian int16 lanes: acc = src, acc + src (wrapping int32) or the
+    signed max, src sign-extended."""
+    if assign:
+        for j in range(acc.size):
+            acc[j] = _wide16(src[j])
+    elif is_max:
+        for j in range(acc.size):
+            v = np.int32(_wide16(src[j]))
+            a = np.int32(acc[j])
+            acc[j] = np.uint32(v if v > a else a)
+    else:
+        for j in range(acc.size):
+            acc[j] = np.uint32(acc[j] + _wide16(src[j]))
+
+
+@njit(cache=True, nogil=True)
+def _add_rows16(acc, a, b, c, d, k, assign):
+    """`_add_rows` for big-endian int16 rows (sign-extended, wrapping int32 sums)."""
+    if k == 1:
+        _combine_row16(acc, a, False, assign)
+    elif k == 2:
+        if assign:
+            for j in range(acc.size):
+                acc[j] = np.uint32(_wide16(a[j]) + _wide16(b[j]))
+        else:
+            for j in range(acc.size):
+                acc[j] = np.uint32(acc[j] + np.uint32(_wide16(a[j]) + _wide16(b[j])))
+    elif k == 3:
+        if assign:
+            for j in range(acc.size):
+                acc[j] = np.uint32(np.uint32(_wide16(a[j]) + _wide16(b[j])) + _wide16(c[j]))
+        else:
+            for j in range(acc.size):
+                acc[j] = np.uint32(np.uint32(acc[j] + _wide16(a[j])) + np.uint32(_wide16(b[j]) + _wide16(c[j])))
+    elif assign:
+        for j in range(acc.size):
+            acc[j] = np.uint32(np.uint32(_wide16(a[j]) + _wide16(b[j])) + np.uint32(_wide16(c[j]) + _wide16(d[j])))
+    else:
+        for j in range(acc.size):
+            acc[j] = np.uint32(acc[j] + np.uint32(np.uint32(_wide16(a[j]) + _wide16(b[j]))
+                                                  + np.uint32(_wide16(c[j]) + _wide16(d[j]))))
+
+
+@njit(cache=True, nogil=True)
+def phase_groups16(order, slot, s, other, epoch, is_max, bit, nw, exponent, saturated, rows,
+                   slot_owner, bitmap, contributors, exponents, slot_flags, regs, payload, stride,
+                   fast, remaining, out_exponent, out_saturated, last):
+    """`phase_groups` for FIXED16 packets (`payload`, `stride`: `lane_rows16` of their int16
+    lanes): the same groups and slot state machine, each lane sign-extended into its int32
+    register (sum wrapping, or signed max), and a completed phase's sum written into the
+    completing packet's row truncated to its low 16 bits, big-endian (dataplane/switch/pipeline.py
+    `Pipeline.aggregate16`, the reference: its rounds on a widened copy, emitted rows cast back
+    to int16). Returns how many packets it handled."""
+    n = order.size
+    handled = 0
+    i = 0
+    while i < n:
+        h = order[i]
+        j = i + 1
+        while j < n and slot[order[j]] == slot[h]:
+            j += 1
+        m = j - i
+        lo, i = i, j
+        ok, first, rest = _enter_group(order, lo, m, s, other, epoch, is_max, bit, nw, exponent, saturated,
+                                       slot_owner, bitmap, contributors, exponents, slot_flags, fast, remaining,
+                                       out_exponent, out_saturated, last)
+        if not ok:
+            continue
+        acc = regs[s[h]]
+        n_lanes = acc.size
+        if is_max[h]:
+            _combine_row16(acc, _row(payload, rows[h], stride, n_lanes), True, first)
+            for q in range(lo + 1, lo + m):
+                _combine_row16(acc, _row(payload, rows[order[q]], stride, n_lanes), True, False)
+        else:
+            assign = first
+            q = lo
+            while q < lo + m:
+                k = min(4, lo + m - q)
+                _add_rows16(acc, _row(payload, rows[order[q]], stride, n_lanes),
+                            _row(payload, rows[order[q + 1 if k > 1 else q]], stride, n_lanes),
+                            _row(payload, rows[order[q + 2 if k > 2 else q]], stride, n_lanes),
+                            _row(payload, rows[order[q + 3 if k > 3 else q]], stride, n_lanes), k, assign)
+                assign = False
+                q += k
+        if rest == 0:
+            out = _row(payload, rows[order[lo + m - 1]], stride, n_lanes)
+            for k in range(n_lanes):
+                v = acc[k]
+                out[k] = np.uint16(((v & np.uint32(0xFF)) << np.uint32(8)) | ((v >> np.uint32(8)) & np.uint32(0xFF)))
         handled += m
     return handled
 
@@ -240,3 +369,11 @@ def warm_up() -> None:
                  np.arange(2), np.zeros(2, np.uint32), np.zeros(2, np.uint32), np.zeros(2, np.uint32),
                  np.zeros(2, np.int8), np.zeros(2, np.uint8), regs, payload, stride, b2.copy(), u32.copy(),
                  np.zeros(2, np.int8), b2.copy(), b2.copy(), True)
+    rows16 = lane_rows16(np.zeros((2, 48), dtype=np.uint8)[:, 32:48].view(">i2"))  # FIXED16 rows, as a batch's
+    if rows16 is None:
+        raise AssertionError("48-byte rows are a whole number of 16-bit words apart")
+    regs16 = np.zeros((2, 8), dtype=np.uint32)
+    phase_groups16(np.arange(2), two, two, two, u32, b2, np.array([1, 2], np.uint32), u32 + 2, np.zeros(2, np.int8),
+                   b2, np.arange(2), np.zeros(2, np.uint32), np.zeros(2, np.uint32), np.zeros(2, np.uint32),
+                   np.zeros(2, np.int8), np.zeros(2, np.uint8), regs16, rows16[0], rows16[1], b2.copy(), u32.copy(),
+                   np.zeros(2, np.int8), b2.copy(), b2.copy())

@@ -92,6 +92,10 @@ def add_arguments(p) -> None:
                         "(through torch: the backend's LUWU_TRANSPORT; both = its default)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of key: value lines")
     p.add_argument("--out", type=Path, help="directory for allreduce.json and allreduce.png")
+    p.add_argument("--grad-format", choices=["fixed16", "fixed32", "both"], default=None,
+                   help="compare float-sum wire formats through torch: ms and CPU ms per call of every "
+                        "process of the job, per format in one run, and the encode/decode kernels' s/GB "
+                        "(grad_format.py)")
 
 
 def _size_list(text: str) -> list[int]:
@@ -254,6 +258,10 @@ def run_gloo(workers: int, numel: int, iters: int) -> dict:
 
 
 def run(args) -> int:
+    if args.grad_format:
+        from luwu.bench import grad_format
+
+        return grad_format.run(args)
     if not args.engine:
         return run_torch(args)
     if args.sizes is not None:

@@ -110,13 +110,21 @@ def test_too_many_contributors_is_a_named_error():
         Q.quantize16(np.ones(3, np.float32), np.array([1]), B, 256)
 
 
-def test_header_and_exponent_terms_match_integrity():
+def test_header_and_exponent_terms_match_integrity(kernels):
     rows = _headers(3, 4, 500, flags=int(Flag.SET) | int(Flag.SATURATED))
     rows[1, 0] = ver_type(MsgType.RESULT)
     rows[2, 0] = ver_type(MsgType.GRAD)
     got = fixed16.header_terms(rows)
     for r in range(3):
         assert got[r].tolist() == integrity.header_term(_hdict(rows[r]), Dtype.FIXED16).tolist()
+    # any header bytes (every type, flag and exponent), a few rows and many, whole packet rows or
+    # just their headers: what integrity.header_terms gives for FIXED16
+    rng = np.random.default_rng(11)
+    wide = rng.integers(0, 256, (40, HEADER_LEN + 8), dtype=np.uint8)
+    wide[:16, 0] = (wide[:16, 0] & 0xF0) | np.arange(16)
+    for part in (wide, wide[:5], wide[:, :HEADER_LEN], wide[7:8]):
+        h = np.ascontiguousarray(part[:, :HEADER_LEN]).view(DATA_HEADER).reshape(-1)
+        assert fixed16.header_terms(part).tolist() == integrity.header_terms(h, Dtype.FIXED16).tolist()
     e = np.array([[-128, 0, 5, 127], [3, -7, 0, 0]])
     terms = fixed16.exponent_terms(e)
     for r in range(2):
@@ -198,6 +206,16 @@ def test_sum_of_packets_verifies_and_decodes(n, numel, data):
             ok = fixed16.decode_rows(rows, np.arange(k), LANES, n, out)
             assert ok.all()
             results[mode] = out
+            # rows verified already (collective.py `_verified`): decoded in one pass, the same bits
+            assert fixed16.verify_rows(rows, np.arange(k), LANES, n).all()
+            once = np.full(numel, np.nan, dtype=np.float32)
+            assert fixed16.decode_rows(rows, np.arange(k), LANES, n, once, checked=True).all()
+            assert np.array_equal(once.view(np.uint32), out.view(np.uint32))
+            if n > 1:  # an exponent lane that is no multiple of n still fails a checked row
+                odd = rows.copy()
+                odd[0, HEADER_LEN:HEADER_LEN + 2].view(">i2")[0] += 1
+                assert fixed16.decode_rows(odd, np.arange(k), LANES, n, once, checked=True).tolist() == \
+                    [False] + [True] * (k - 1)
             # any one lane changed (a data, exponent, padding or check lane) fails that row only
             lane = int(data.draw(st.integers(0, LANES - 1)))
             bad = rows.copy()
@@ -291,3 +309,28 @@ def test_verify_rows_accepts_sums_and_agreements_and_rejects_corruption():
         want = [True] * (k + 1)
         want[row] = False
         assert fixed16.verify_rows(bad, np.arange(k + 1), LANES, 2).tolist() == want
+
+
+def test_exponent_lane_tables_give_the_computed_bits():
+    """The agreement lanes are looked up in tables of the 256 valid lanes (16-bit: fixed16.py,
+    32-bit: integrity.py); packing and unpacking (with its tag verdict) give exactly the bits of
+    computing each lane with exp_tag, for every exponent, any lane value, and out-of-range input."""
+    rng = np.random.default_rng(5)
+    e = np.concatenate([np.arange(-128, 128), rng.integers(-128, 128, 5000)])
+    for dtype in (np.int8, np.int32, np.int64):
+        assert np.array_equal(fixed16.pack_exponents16(e.astype(dtype)), fixed16._pack16(e))
+        assert np.array_equal(integrity.pack_exponents(e.astype(dtype)), integrity._pack32(e))
+    wide = rng.integers(-40000, 40000, 500)  # outside the table: computed
+    assert np.array_equal(integrity.pack_exponents(wide), integrity._pack32(wide))
+    v16 = np.concatenate([rng.integers(-2**15, 2**15, 20000), fixed16._pack16(e)]).astype(np.int16)
+    got_e, got_ok = fixed16.unpack_exponents16(v16)
+    want_e = v16.astype(np.int64) >> 8
+    assert np.array_equal(got_e, want_e) and got_e.dtype == np.int32
+    assert np.array_equal(got_ok, (v16.astype(np.int64) & 0xFF) == (integrity.exp_tag(want_e).astype(np.int64) & 0xFF))
+    assert got_ok[-e.size:].all() and not got_ok[:20000].all()
+    for v32 in (np.concatenate([rng.integers(-2**31, 2**31, 20000), integrity._pack32(e)]).astype(np.int32),
+                integrity._pack32(e) ^ 1):  # lanes of exponents past the table, and tags off by a bit
+        got_e, got_ok = integrity.unpack_exponents(v32)
+        want_e = v32.astype(np.int64) >> 16
+        assert np.array_equal(got_e, want_e) and got_e.dtype == np.int32
+        assert np.array_equal(got_ok, (v32.astype(np.int64) & 0xFFFF).astype(np.uint32) == integrity.exp_tag(want_e))

@@ -198,3 +198,72 @@ def test_rows_not_a_whole_number_of_words_apart_run_the_reference(monkeypatch):
     payload = odd[:, HEADER_LEN:HEADER_LEN + 4 * LANES].view(">i4")
     assert aggregate_groups.fold(z + 1, a, regs, payload, agg) is not None
     assert payload[2].tolist() == lanes.sum(axis=0).tolist() == regs.lanes[1].tolist()
+
+
+def _run16(monkeypatch, mode: str, slot, a, regs: Registers, rows: np.ndarray):
+    """`Pipeline.aggregate16` (FIXED16: the rows' first 2 * LANES bytes as int16 lanes) with kernels
+    `mode`: numba folds the qualifying groups (fast/aggregate_groups.py `fold16`), the rest and
+    everything with the reference go through the rounds on a widened copy."""
+    from luwu.dataplane.switch import pipeline
+
+    monkeypatch.setenv("LUWU_KERNELS", mode)
+    regs = _copy(regs)
+    rows = rows.copy()
+    agg = AggregationResult(len(a.ai) + 2)
+    inputs = object.__new__(pipeline._AggInputs)
+    for name in ("ai", "rows", "s", "other", "bit", "nw", "epoch", "exponent", "saturated", "is_max"):
+        setattr(inputs, name, getattr(a, name).copy())
+    inputs.s_slice = inputs.other_slice = inputs.rows_slice = None
+    pipe = object.__new__(pipeline.Pipeline)
+    pipe.registers = regs
+    pipe.aggregate16(slot, inputs, rows[:, HEADER_LEN:HEADER_LEN + 2 * LANES].view(">i2"), agg)
+    return regs, rows, agg
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches())
+def test_compiled_fixed16_fold_equals_the_rounds(monkeypatch, batch):
+    """FIXED16 (docs/protocol.md 5.2): the compiled fold of int16 lanes (kernels/switch_lanes.py
+    `phase_groups16`, the groups that qualify) and the reference's rounds on the sign-extended
+    copy leave registers, packet rows (sums truncated to int16 where a phase completes or a
+    resend is answered) and outcome bit for bit the same (exponent and SATURATED where they are
+    read: on the packets that leave, remaining 0, as with the 32-bit fold)."""
+    slot, a, regs, rows = batch
+    ref_regs, ref_rows, ref_agg = _run16(monkeypatch, "reference", slot, a, regs, rows)
+    got_regs, got_rows, got_agg = _run16(monkeypatch, "numba", slot, a, regs, rows)
+    for k in ("slot_owner", "bitmap", "contributors", "exponents", "slot_flags", "lanes"):
+        assert getattr(got_regs, k).tobytes() == getattr(ref_regs, k).tobytes(), k
+    assert got_rows.tobytes() == ref_rows.tobytes()
+    for k in ("dup", "remaining"):
+        assert getattr(got_agg, k).tolist() == getattr(ref_agg, k).tolist(), k
+    out = a.ai[ref_agg.remaining[a.ai] == 0]
+    for k in ("exponent", "saturated"):
+        assert getattr(got_agg, k)[out].tolist() == getattr(ref_agg, k)[out].tolist(), k
+
+
+@pytest.mark.parametrize("is_max", [False, True])
+@pytest.mark.parametrize("workers", [1, 3, 4, 6, 9])
+def test_fixed16_groups_fold_to_the_truncated_sum(monkeypatch, workers, is_max):
+    """A FIXED16 phase of 1-9 workers on an empty slot, folded by the kernel: the register holds
+    the int32 sum (or signed max) of the sign-extended lanes, the completing row its low 16 bits."""
+    from luwu.dataplane.kernels.switch_lanes import lane_rows16
+
+    rng = np.random.default_rng(100 + workers)
+    lanes = rng.integers(-(2**15), 2**15, (workers, LANES), dtype=np.int64)
+    lanes[0, 0] = 2**15 - 1
+    lanes[-1, 1] = -(2**15)
+    rows = np.zeros((workers, ROW), dtype=np.uint8)
+    rows[:, HEADER_LEN:HEADER_LEN + 2 * LANES] = lanes.astype(">i2").view(np.uint8)
+    assert lane_rows16(rows[:, HEADER_LEN:HEADER_LEN + 2 * LANES].view(">i2")) is not None
+    z = np.zeros(workers, dtype=np.int64)
+    a = types.SimpleNamespace(ai=np.arange(workers), s=z + 2, other=z + 2 + SLOTS, epoch=np.ones(workers, np.uint32),
+                              is_max=np.full(workers, is_max), bit=(1 << np.arange(workers)).astype(np.uint32),
+                              nw=np.full(workers, workers, np.uint32), exponent=np.zeros(workers, np.int8),
+                              saturated=np.zeros(workers, bool), rows=rng.permutation(workers))
+    want = lanes.max(axis=0) if is_max else lanes.sum(axis=0)
+    regs, out, agg = _run16(monkeypatch, "numba", z + 2, a, Registers(SLOTS, LANES), rows)
+    assert agg.remaining[:workers].tolist() == list(range(workers))[::-1]
+    assert regs.lanes[2].tolist() == want.tolist()
+    last = int(a.rows[-1])
+    assert out[last, HEADER_LEN:HEADER_LEN + 2 * LANES].view(">i2").tolist() == \
+        ((want + 2**15) % 2**16 - 2**15).tolist()
