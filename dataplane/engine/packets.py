@@ -14,7 +14,8 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import fixed16
-from ..integrity import TRAILER_LEN, check_lanes, check_words_rows, header_terms, seal_headers, sealed, trailer
+from ..integrity import _T_MULT as T_MULT
+from ..integrity import TRAILER_LEN, check_lanes, check_words_rows, seal_headers, sealed, trailer
 from ..kernels import use_numba
 from ..protocol import (
     DATA_HEADER,
@@ -83,8 +84,7 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
         if saturated is not None and saturated.any():
             h["flags"] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))
         if row_lanes is not None:  # the check words, over the lanes as they go (docs/protocol.md 3.6)
-            words = check_words_of(rows, np.arange(i1 - i0), lanes, h, int(dtype), 1)
-            rows[:, HEADER_LEN + 4 * lanes:row_len].view(">u4")[...] = words
+            write_check_words(rows, lanes, h, int(dtype))
         seal_headers(hrows)  # the header check (docs/protocol.md 3.5), over the final headers
         rows[:, :HEADER_LEN] = hrows
 
@@ -156,16 +156,66 @@ def exponent16_fill(*, seg_start: int, session: int, worker: int, pool_base: int
 def check_words_of(rows: np.ndarray, idx: np.ndarray, lanes: int, h: np.ndarray, dtype: int,
                    n: int) -> np.ndarray:
     """The 32-bit check words (K, 2) uint64 that packets `rows[idx]` (headers `h`, K of them) carry,
-    or must carry as a sum of `n`, over their first `lanes` lanes: the compiled lane sums
-    (kernels/fixed_point.py `lane_sums`) plus the header term, or the reference
-    (`integrity.check_words_rows`) where kernels are off or the rows are not a flat buffer."""
-    words = as_words(rows, HEADER_LEN) if use_numba() else None
-    if words is None or check_lanes(dtype) != 2 or (h["flags"] & int(Flag.MAX)).any():
+    or must carry as a sum of `n`, over their first `lanes` lanes: the compiled lane sums and header
+    term (kernels/fixed_point.py `check_words32`), or the reference (`integrity.check_words_rows`)
+    where kernels are off or the rows are not a flat buffer."""
+    out = _check_words32(rows, idx, lanes, h, dtype, n, 0)
+    if out is None:
         return check_words_rows(rows[idx, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4"), h, dtype, n)
-    out = np.empty((len(idx), 2), dtype=np.uint64)
-    fixed_point_kernels().lane_sums(words, rows.shape[1] // 4, HEADER_LEN // 4, lanes,
-                                    np.ascontiguousarray(idx, dtype=np.int64), out)
-    return (out + header_terms(h, dtype) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
+    return out[0]
+
+
+def write_check_words(rows: np.ndarray, lanes: int, h: np.ndarray, dtype: int) -> None:
+    """Write each row's check words (one contribution) into its 2 lanes after the first `lanes`:
+    `check_words_of` (compiled: in the same pass as the sums) stored big-endian."""
+    if _check_words32(rows, None, lanes, h, dtype, 1, 1) is None:
+        words = check_words_of(rows, np.arange(len(rows)), lanes, h, dtype, 1)
+        rows[:, HEADER_LEN + 4 * lanes:HEADER_LEN + 4 * (lanes + 2)].view(">u4")[...] = words
+
+
+def check_words_hold(rows: np.ndarray, idx: np.ndarray, lanes: int, h: np.ndarray, dtype: int,
+                     n: int) -> np.ndarray:
+    """Whether each packet `rows[idx]` (headers `h`) carries, in its 2 lanes after the first `lanes`,
+    the check words of a sum of `n` (`check_words_of` compared with what it carries: compiled in
+    one pass per row)."""
+    done = _check_words32(rows, idx, lanes, h, dtype, n, 2)
+    if done is not None:
+        return done[1]
+    at = HEADER_LEN + 4 * lanes
+    got = rows[idx, at:at + 8].view(">u4").astype(np.uint64)
+    return (got == check_words_of(rows, idx, lanes, h, dtype, n)).all(axis=1)
+
+
+def _check_words32(rows: np.ndarray, idx: np.ndarray | None, lanes: int, h: np.ndarray, dtype: int, n: int,
+                   mode: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """kernels/fixed_point.py `check_words32` of rows `idx` (None: all), or None where the reference
+    must run (kernels off, rows or headers not flat buffers, 16-bit lanes, MAX packets)."""
+    if not use_numba() or check_lanes(dtype) != 2 or not h.flags.c_contiguous or h.dtype != DATA_HEADER:
+        return None
+    words = as_words(rows, HEADER_LEN)
+    if words is None or (h["flags"] & int(Flag.MAX)).any():
+        return None
+    k = len(h)
+    sel = np.arange(k, dtype=np.int64) if idx is None else np.ascontiguousarray(idx, dtype=np.int64)
+    out = np.empty((k, 2), dtype=np.uint64)
+    ok = np.empty(k if mode == 2 else 0, dtype=np.bool_)
+    fixed_point_kernels().check_words32(
+        words, rows.shape[1] // 4, HEADER_LEN // 4, lanes, sel, h.view(np.uint8).reshape(k, HEADER_LEN),
+        np.arange(k, dtype=np.int64), _TERM_AT, _TERM_WIDTH, _TERM_MULT,
+        0 if dtype == Dtype.INT32 else int(dtype), int(MsgType.GRAD), int(MsgType.AGG), n, mode, out, ok)
+    return out, ok
+
+
+# check_words32's header layout (as fixed16.py's for header_terms16): byte offsets and widths (flags:
+# the SET | MAX mask) of the fields the header term multiplies, and the 2 words' multipliers
+_FIELDS = DATA_HEADER.fields
+assert _FIELDS is not None
+_TERM_AT = np.array([int(_FIELDS[f][1]) for f in ("session", "seq", "slot", "tensor", "offset", "count", "numel",
+                                                  "dtype", "flags", "exponent", "ver_type")], dtype=np.int64)
+_TERM_WIDTH = np.array([int(_FIELDS[f][0].itemsize) for f in ("session", "seq", "slot", "tensor", "offset", "count",
+                                                              "numel")] + [1, int(Flag.SET | Flag.MAX), 1, 1],
+                       dtype=np.int64)
+_TERM_MULT = (T_MULT[:2] & 0xFFFFFFFF).astype(np.uint32)
 
 
 def _nonzero_rows(block: np.ndarray) -> np.ndarray:

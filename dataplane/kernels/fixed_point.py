@@ -692,3 +692,53 @@ def lane_sums(words, row_words, col, lanes, rows, out):
             s1 += v * np.uint64(j + 1)
         out[r, 0] = s0 & np.uint64(0xFFFFFFFF)
         out[r, 1] = s1 & np.uint64(0xFFFFFFFF)
+
+
+@njit(cache=True, nogil=True)
+def check_words32(words, row_words, col, lanes, rows, hb, hsel, at, width, mult, dtype, grad, agg, n, mode, out, ok):
+    """dataplane/integrity.py `check_words_rows` (the reference) of the 32-bit check words of rows
+    `rows` (2 lanes of 32 bits: FIXED32, INT32 and the other 4-byte formats, not MAX packets), in
+    one compiled pass per row: the lane sums of `lane_sums` plus `n` times the header term, read
+    off header row hsel[r] of the uint8 rows `hb` (K, >= 32) with `header_terms16`'s field layout
+    (`at`, `width`, `mult` (2, 11) uint32; dtype 0 = INT32: no header term). out[r, :] = the
+    words (uint64, mod 2^32). mode 1 also writes them big-endian after the lanes (a sender's
+    fill); mode 2 sets ok[r] to whether the words the row carries there are these (a receiver)."""
+    for r in range(rows.size):
+        off = rows[r] * row_words + col
+        src = words[off:off + lanes]
+        s0 = np.uint64(0)
+        s1 = np.uint64(0)
+        for j in range(lanes):
+            v = np.uint64(_bswap32(src[j]))
+            s0 += v
+            s1 += v * np.uint64(j + 1)
+        t0 = np.uint32(0)
+        t1 = np.uint32(0)
+        if dtype != 0:
+            row = hb[hsel[r]]
+            for f in range(11):
+                if f < 7:
+                    v32 = np.uint32(0)
+                    for q in range(width[f]):
+                        v32 = np.uint32((v32 << np.uint32(8)) | np.uint32(row[at[f] + q]))
+                elif f == 7:
+                    v32 = np.uint32(dtype)
+                elif f == 9:
+                    v32 = np.uint32(row[at[f]])
+                elif f == 8:
+                    v32 = np.uint32(row[at[f]]) & np.uint32(width[f])
+                else:
+                    ty = row[at[f]] & 0xF
+                    v32 = np.uint32(1) if ty in (grad, agg) else np.uint32(3)
+                t0 = np.uint32(t0 + np.uint32(mult[0, f] * v32))
+                t1 = np.uint32(t1 + np.uint32(mult[1, f] * v32))
+        w0 = (s0 + np.uint64(t0) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
+        w1 = (s1 + np.uint64(t1) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
+        out[r, 0] = w0
+        out[r, 1] = w1
+        if mode == 1:
+            words[off + lanes] = _bswap32(np.uint32(w0))
+            words[off + lanes + 1] = _bswap32(np.uint32(w1))
+        elif mode == 2:
+            ok[r] = (np.uint64(_bswap32(words[off + lanes])) == w0) and (np.uint64(_bswap32(words[off + lanes + 1])) == w1)
+    return out

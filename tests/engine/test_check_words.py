@@ -366,3 +366,39 @@ def test_a_max_below_a_workers_own_value_is_refused(op):
             with pytest.raises(CorruptResult, match="below this worker's own"):
                 h.wait(60)
     assert budget == [0]
+
+
+@pytest.mark.parametrize("kernels", ["numba", "reference"])
+def test_the_compiled_fill_and_check_are_the_reference(kernels, monkeypatch):
+    """packets.write_check_words (a fill) writes the reference's words, and check_words_hold (every
+    RESULT) holds exactly for the rows that carry the reference's words of a sum of n."""
+    from luwu.dataplane.engine.packets import check_words_hold, write_check_words
+    from luwu.dataplane.integrity import check_words_rows
+    from luwu.dataplane.kernels import numba_available
+
+    if kernels == "numba" and not numba_available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setenv("LUWU_KERNELS", kernels)
+    rng = np.random.default_rng(12)
+    lanes = 257
+    for dtype in (Dtype.INT32, Dtype.FIXED32, Dtype.ORDERED32):
+        rows = rng.integers(0, 256, (12, HEADER_LEN + 4 * (lanes + 2))).astype(np.uint8)
+        rows[:, 0] = (2 << 4) | rng.choice([int(MsgType.GRAD), int(MsgType.ALLREDUCE)], 12)
+        rows[:, 1] &= 0x07  # no MAX
+        h = header_view(np.ascontiguousarray(rows[:, :HEADER_LEN]))
+        want1 = check_words_rows(rows[:, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4"), h, int(dtype), 1)
+        write_check_words(rows, lanes, h, int(dtype))
+        got = rows[:, HEADER_LEN + 4 * lanes:].view(">u4").astype(np.uint64)
+        np.testing.assert_array_equal(got, want1)
+        # a receiver's check of a sum of 3: the rows given the reference's words hold, a flipped bit does not
+        idx = np.array([1, 4, 5, 11])
+        hs = h[idx]
+        want3 = check_words_rows(rows[idx, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4"), hs, int(dtype), 3)
+        rows[idx, HEADER_LEN + 4 * lanes:] = want3.astype(">u4").view(np.uint8).reshape(len(idx), 8)
+        assert check_words_hold(rows, idx, lanes, hs, int(dtype), 3).all()
+        rows[4, HEADER_LEN + 4 * 7] ^= 0x20  # a lane of row 4
+        rows[11, HEADER_LEN + 4 * lanes + 6] ^= 0x01  # the second check word of row 11
+        np.testing.assert_array_equal(check_words_hold(rows, idx, lanes, hs, int(dtype), 3),
+                                      [True, False, True, False])
+        if dtype != Dtype.INT32:  # (INT32's header term is 0: its words do not depend on n)
+            assert not check_words_hold(rows, idx[:1], lanes, hs[:1], int(dtype), 2).any()  # the wrong n
