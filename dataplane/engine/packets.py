@@ -31,7 +31,15 @@ from ..protocol import (
     slot_for,
     ver_type,
 )
-from ..quantize import as_words, fixed_point_kernels, quantize, quantize16_factors, quantize_factors, quantize_into_rows
+from ..quantize import (
+    as_words,
+    contributor_bits,
+    fixed_point_kernels,
+    quantize,
+    quantize16_factors,
+    quantize_factors,
+    quantize_into_rows,
+)
 
 MASK32 = 0xFFFFFFFF
 LanesOf = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # chunks [i0, i1) -> (int32 lanes, saturated)
@@ -68,8 +76,12 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
             hrows = aggregation_headers(template, shared, i0, i1, exponents)
         h = header_view(hrows)
         lens[:] = row_len
+        checked = False
         if isinstance(lanes_of, QuantizedLanes):  # quantise straight into the rows, one pass
-            saturated = lanes_of.write(i0, i1, rows, HEADER_LEN)
+            saturated = lanes_of.write_checked(i0, i1, rows, hrows, int(dtype)) if row_lanes is not None else None
+            checked = saturated is not None  # check words written in the same pass
+            if saturated is None:
+                saturated = lanes_of.write(i0, i1, rows, HEADER_LEN)
         else:
             values, saturated = lanes_of(i0, i1)
             block = values.reshape(i1 - i0, lanes)
@@ -83,7 +95,7 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
                 lens[~nz] = HEADER_LEN
         if saturated is not None and saturated.any():
             h["flags"] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))
-        if row_lanes is not None:  # the check words, over the lanes as they go (docs/protocol.md 3.6)
+        if row_lanes is not None and not checked:  # the check words, over the lanes as they go (docs/protocol.md 3.6)
             write_check_words(rows, lanes, h, int(dtype))
         seal_headers(hrows)  # the header check (docs/protocol.md 3.5), over the final headers
         rows[:, :HEADER_LEN] = hrows
@@ -308,6 +320,29 @@ class QuantizedLanes:
         s1, s2 = self._factors
         sat = quantize_into_rows(self.x[i0 * self.lanes: i1 * self.lanes], self.exps[i0:i1], self.lanes, self.n,
                                  rows, col, (s1[i0:i1], s2[i0:i1]))
+        self._told(sat)
+        return sat
+
+    def write_checked(self, i0: int, i1: int, rows: np.ndarray, hrows: np.ndarray, dtype: int) -> np.ndarray | None:
+        """`write` at column HEADER_LEN plus each row's 2 check words after its lanes (headers
+        `hrows`, their SET and MAX flags final), in one compiled pass per row (kernels/fixed_point.py
+        `quantize_rows_checked`); None, with nothing written, where that cannot run (then `write`
+        and `write_check_words`: the same bytes)."""
+        if (not use_numba() or check_lanes(dtype) != 2 or (self.live is not None and not self.live())
+                or not hrows.flags.c_contiguous or (hrows[:, 1] & int(Flag.MAX)).any()):
+            return None
+        words = as_words(rows, HEADER_LEN)
+        if words is None:
+            return None
+        if self._factors is None:
+            self._factors = quantize_factors(self.exps, self.n)
+        s1, s2 = self._factors
+        x = np.ascontiguousarray(self.x[i0 * self.lanes: i1 * self.lanes], dtype=np.float32).reshape(-1)
+        sat = np.zeros(i1 - i0, dtype=np.bool_)
+        fixed_point_kernels().quantize_rows_checked(
+            x, s1[i0:i1], s2[i0:i1], np.float32(2 ** (31 - contributor_bits(self.n)) - 1), words, rows.shape[1] // 4,
+            HEADER_LEN // 4, self.lanes, sat, hrows, _TERM_AT, _TERM_WIDTH, _TERM_MULT,
+            0 if dtype == Dtype.INT32 else dtype, int(MsgType.GRAD), int(MsgType.AGG))
         self._told(sat)
         return sat
 

@@ -99,7 +99,8 @@ from luwu.dataplane.kernels import fixed_point as fp
 from luwu.dataplane.protocol import HEADER_LEN, Dtype, MsgType, header_view
 
 quantize.warm_up()
-names = ("quantize_rows", "dequantize_rows", "chunk_exponents", "absorb_fixed_results", "check_words32")
+names = ("quantize_rows", "dequantize_rows", "chunk_exponents", "absorb_fixed_results", "check_words32",
+         "quantize_rows_checked")
 before = {n: len(getattr(fp, n).signatures) for n in names}
 lanes = 300
 rows = np.zeros((4, HEADER_LEN + 4 * (lanes + 2)), dtype=np.uint8)
@@ -125,7 +126,7 @@ def test_the_engines_warm_up_loads_the_kernels_of_its_datapath():
     assert out.returncode == 0, out.stderr
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("LOADED"))
     assert line == ("LOADED ['absorb_fixed_results', 'check_words32', 'chunk_exponents', 'dequantize_rows', "
-                    "'quantize_rows'] NEW []"), line
+                    "'quantize_rows', 'quantize_rows_checked'] NEW []"), line
 
 
 def test_a_load_waits_for_another_processs_load_of_the_same_kernels(monkeypatch):
