@@ -697,6 +697,20 @@ def lane_sums(words, row_words, col, lanes, rows, out):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _lane_sums32(src):
+    """`lane_sums` of one row's big-endian words `src`, as uint32: every step wraps mod 2^32, which
+    is all the check words keep (the same values; 32-bit lanes vectorise twice as wide, and
+    without AVX2's emulated 64-bit multiply)."""
+    s0 = np.uint32(0)
+    s1 = np.uint32(0)
+    for j in range(src.size):
+        v = np.uint32(_bswap32(src[j]))
+        s0 = np.uint32(s0 + v)
+        s1 = np.uint32(s1 + np.uint32(v * np.uint32(j + 1)))
+    return s0, s1
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _term32(row, at, width, mult, dtype, grad, agg):
     """The two 32-bit header terms of uint8 header `row` (`check_words32`'s layout; dtype 0: none)."""
     t0 = np.uint32(0)
@@ -732,16 +746,10 @@ def check_words32(words, row_words, col, lanes, rows, hb, hsel, at, width, mult,
     fill); mode 2 sets ok[r] to whether the words the row carries there are these (a receiver)."""
     for r in range(rows.size):
         off = rows[r] * row_words + col
-        src = words[off:off + lanes]
-        s0 = np.uint64(0)
-        s1 = np.uint64(0)
-        for j in range(lanes):
-            v = np.uint64(_bswap32(src[j]))
-            s0 += v
-            s1 += v * np.uint64(j + 1)
+        s0, s1 = _lane_sums32(words[off:off + lanes])
         t0, t1 = _term32(hb[hsel[r]], at, width, mult, dtype, grad, agg)
-        w0 = (s0 + np.uint64(t0) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
-        w1 = (s1 + np.uint64(t1) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
+        w0 = (np.uint64(s0) + np.uint64(t0) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
+        w1 = (np.uint64(s1) + np.uint64(t1) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
         out[r, 0] = w0
         out[r, 1] = w1
         if mode == 1:
@@ -761,14 +769,8 @@ def quantize_rows_checked(x, s1, s2, limf, words, row_words, col, lanes, saturat
     for r in range(s1.size):
         off = r * row_words + col
         saturated[r] = _quantize_chunk(x, r, s1[r], s2[r], limf, words, off, lanes)
-        src = words[off:off + lanes]
-        s0 = np.uint64(0)
-        s1_ = np.uint64(0)
-        for j in range(lanes):
-            v = np.uint64(_bswap32(src[j]))
-            s0 += v
-            s1_ += v * np.uint64(j + 1)
+        s0, s1_ = _lane_sums32(words[off:off + lanes])
         t0, t1 = _term32(hb[r], at, width, mult, dtype, grad, agg)
-        words[off + lanes] = _bswap32(np.uint32((s0 + np.uint64(t0)) & np.uint64(0xFFFFFFFF)))
-        words[off + lanes + 1] = _bswap32(np.uint32((s1_ + np.uint64(t1)) & np.uint64(0xFFFFFFFF)))
+        words[off + lanes] = _bswap32(np.uint32(s0 + t0))
+        words[off + lanes + 1] = _bswap32(np.uint32(s1_ + t1))
     return saturated
