@@ -262,8 +262,15 @@ def warm_up() -> None:
                          np.zeros((1, 1), np.float32))
     _fixed_point().widen_bf16_rows(np.zeros((1, 2), np.uint16), 0, 1, 1, 1, np.zeros(1, np.uint32), 0, 1)  # PARAM decode
     _fixed_point().widen_bf16(np.zeros(1, np.uint16), np.zeros(1, np.uint32))  # a staged pull's completion
-    # every RESULT's check words (engine/packets.py check_words_of): else loaded on the packet thread
-    _fixed_point().lane_sums(rows.reshape(-1).view(np.uint32), 2, 1, 1, np.zeros(1, np.int64), np.zeros((1, 2), np.uint64))
+    # every fill's and RESULT's check words (engine/packets.py check_words_of): else loaded on the packet thread
+    _fixed_point().check_words32(rows.reshape(-1).view(np.uint32), 2, 1, 1, np.zeros(1, np.int64),
+                                 np.zeros((1, 32), np.uint8), np.zeros(1, np.int64), np.zeros(11, np.int64),
+                                 np.ones(11, np.int64), np.zeros((2, 11), np.uint32), 1, 1, 2, 1, 0,
+                                 np.zeros((1, 2), np.uint64), np.zeros(0, np.bool_))
+    f32 = np.ones(1, np.float32)  # and a fill's quantise-and-check pass (engine/packets.py QuantizedLanes.write_checked)
+    _fixed_point().quantize_rows_checked(f32, f32, f32, np.float32(1), rows.reshape(-1).view(np.uint32), 2, 0, 0,
+                                         np.zeros(1, np.bool_), np.zeros((1, 32), np.uint8), np.zeros(11, np.int64),
+                                         np.ones(11, np.int64), np.zeros((2, 11), np.uint32), 1, 1, 2)
     one = np.ones(1, np.float32)  # the engine's RESULT pass: a batch it refuses (k=1, window of 1, seq 0 != ack 1)
     _fixed_point().absorb_fixed_results(np.zeros(32, np.uint8), 32, 1, 8, 16, 20, 1, np.uint8(1), np.zeros(1, np.bool_),
                                         1, 0, 1, 1, rows.reshape(-1).view(np.uint32), 2, 1, one, one, one, 1,

@@ -14,11 +14,11 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import fixed16
+from ..integrity import _T_MULT as T_MULT
 from ..integrity import (
     TRAILER_LEN,
     check_lanes,
     check_words_rows,
-    header_terms,
     lane_bytes,
     seal_headers,
     sealed,
@@ -40,7 +40,15 @@ from ..protocol import (
     slot_for,
     ver_type,
 )
-from ..quantize import as_words, fixed_point_kernels, quantize, quantize16_factors, quantize_factors, quantize_into_rows
+from ..quantize import (
+    as_words,
+    contributor_bits,
+    fixed_point_kernels,
+    quantize,
+    quantize16_factors,
+    quantize_factors,
+    quantize_into_rows,
+)
 
 MASK32 = 0xFFFFFFFF
 LanesOf = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # chunks [i0, i1) -> (int32 lanes, saturated)
@@ -77,8 +85,12 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
             hrows = aggregation_headers(template, shared, i0, i1, exponents)
         h = header_view(hrows)
         lens[:] = row_len
+        checked = False
         if isinstance(lanes_of, QuantizedLanes):  # quantise straight into the rows, one pass
-            saturated = lanes_of.write(i0, i1, rows, HEADER_LEN)
+            saturated = lanes_of.write_checked(i0, i1, rows, hrows, int(dtype)) if row_lanes is not None else None
+            checked = saturated is not None  # check words written in the same pass
+            if saturated is None:
+                saturated = lanes_of.write(i0, i1, rows, HEADER_LEN)
         else:
             values, saturated = lanes_of(i0, i1)
             block = values.reshape(i1 - i0, lanes)
@@ -93,8 +105,8 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
         if saturated is not None and saturated.any():
             h["flags"] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))
         if row_lanes is not None:  # the check words, over the lanes as they go (docs/protocol.md 3.6)
-            words = check_words_of(rows, np.arange(i1 - i0), lanes, h, int(dtype), 1)
-            rows[:, HEADER_LEN + 4 * lanes:row_len].view(">u4")[...] = words
+            if not checked:
+                write_check_words(rows, lanes, h, int(dtype))
             shorten_rows(rows, lens, h["count"], int(dtype), h["flags"], row_lanes)
         seal_headers(hrows)  # the header check (docs/protocol.md 3.5), over the final headers
         rows[:, :HEADER_LEN] = hrows
@@ -197,16 +209,66 @@ def shorten_rows(rows: np.ndarray, lens: np.ndarray, counts: np.ndarray, dtype: 
 def check_words_of(rows: np.ndarray, idx: np.ndarray, lanes: int, h: np.ndarray, dtype: int,
                    n: int) -> np.ndarray:
     """The 32-bit check words (K, 2) uint64 that packets `rows[idx]` (headers `h`, K of them) carry,
-    or must carry as a sum of `n`, over their first `lanes` lanes: the compiled lane sums
-    (kernels/fixed_point.py `lane_sums`) plus the header term, or the reference
-    (`integrity.check_words_rows`) where kernels are off or the rows are not a flat buffer."""
-    words = as_words(rows, HEADER_LEN) if use_numba() else None
-    if words is None or check_lanes(dtype) != 2 or (h["flags"] & int(Flag.MAX)).any():
+    or must carry as a sum of `n`, over their first `lanes` lanes: the compiled lane sums and header
+    term (kernels/fixed_point.py `check_words32`), or the reference (`integrity.check_words_rows`)
+    where kernels are off or the rows are not a flat buffer."""
+    out = _check_words32(rows, idx, lanes, h, dtype, n, 0)
+    if out is None:
         return check_words_rows(rows[idx, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4"), h, dtype, n)
-    out = np.empty((len(idx), 2), dtype=np.uint64)
-    fixed_point_kernels().lane_sums(words, rows.shape[1] // 4, HEADER_LEN // 4, lanes,
-                                    np.ascontiguousarray(idx, dtype=np.int64), out)
-    return (out + header_terms(h, dtype) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
+    return out[0]
+
+
+def write_check_words(rows: np.ndarray, lanes: int, h: np.ndarray, dtype: int) -> None:
+    """Write each row's check words (one contribution) into its 2 lanes after the first `lanes`:
+    `check_words_of` (compiled: in the same pass as the sums) stored big-endian."""
+    if _check_words32(rows, None, lanes, h, dtype, 1, 1) is None:
+        words = check_words_of(rows, np.arange(len(rows)), lanes, h, dtype, 1)
+        rows[:, HEADER_LEN + 4 * lanes:HEADER_LEN + 4 * (lanes + 2)].view(">u4")[...] = words
+
+
+def check_words_hold(rows: np.ndarray, idx: np.ndarray, lanes: int, h: np.ndarray, dtype: int,
+                     n: int) -> np.ndarray:
+    """Whether each packet `rows[idx]` (headers `h`) carries, in its 2 lanes after the first `lanes`,
+    the check words of a sum of `n` (`check_words_of` compared with what it carries: compiled in
+    one pass per row)."""
+    done = _check_words32(rows, idx, lanes, h, dtype, n, 2)
+    if done is not None:
+        return done[1]
+    at = HEADER_LEN + 4 * lanes
+    got = rows[idx, at:at + 8].view(">u4").astype(np.uint64)
+    return (got == check_words_of(rows, idx, lanes, h, dtype, n)).all(axis=1)
+
+
+def _check_words32(rows: np.ndarray, idx: np.ndarray | None, lanes: int, h: np.ndarray, dtype: int, n: int,
+                   mode: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """kernels/fixed_point.py `check_words32` of rows `idx` (None: all), or None where the reference
+    must run (kernels off, rows or headers not flat buffers, 16-bit lanes, MAX packets)."""
+    if not use_numba() or check_lanes(dtype) != 2 or not h.flags.c_contiguous or h.dtype != DATA_HEADER:
+        return None
+    words = as_words(rows, HEADER_LEN)
+    if words is None or (h["flags"] & int(Flag.MAX)).any():
+        return None
+    k = len(h)
+    sel = np.arange(k, dtype=np.int64) if idx is None else np.ascontiguousarray(idx, dtype=np.int64)
+    out = np.empty((k, 2), dtype=np.uint64)
+    ok = np.empty(k if mode == 2 else 0, dtype=np.bool_)
+    fixed_point_kernels().check_words32(
+        words, rows.shape[1] // 4, HEADER_LEN // 4, lanes, sel, h.view(np.uint8).reshape(k, HEADER_LEN),
+        np.arange(k, dtype=np.int64), _TERM_AT, _TERM_WIDTH, _TERM_MULT,
+        0 if dtype == Dtype.INT32 else int(dtype), int(MsgType.GRAD), int(MsgType.AGG), n, mode, out, ok)
+    return out, ok
+
+
+# check_words32's header layout (as fixed16.py's for header_terms16): byte offsets and widths (flags:
+# the SET | MAX mask) of the fields the header term multiplies, and the 2 words' multipliers
+_FIELDS = DATA_HEADER.fields
+assert _FIELDS is not None
+_TERM_AT = np.array([int(_FIELDS[f][1]) for f in ("session", "seq", "slot", "tensor", "offset", "count", "numel",
+                                                  "dtype", "flags", "exponent", "ver_type")], dtype=np.int64)
+_TERM_WIDTH = np.array([int(_FIELDS[f][0].itemsize) for f in ("session", "seq", "slot", "tensor", "offset", "count",
+                                                              "numel")] + [1, int(Flag.SET | Flag.MAX), 1, 1],
+                       dtype=np.int64)
+_TERM_MULT = (T_MULT[:2] & 0xFFFFFFFF).astype(np.uint32)
 
 
 def _nonzero_rows(block: np.ndarray) -> np.ndarray:
@@ -299,6 +361,29 @@ class QuantizedLanes:
         s1, s2 = self._factors
         sat = quantize_into_rows(self.x[i0 * self.lanes: i1 * self.lanes], self.exps[i0:i1], self.lanes, self.n,
                                  rows, col, (s1[i0:i1], s2[i0:i1]))
+        self._told(sat)
+        return sat
+
+    def write_checked(self, i0: int, i1: int, rows: np.ndarray, hrows: np.ndarray, dtype: int) -> np.ndarray | None:
+        """`write` at column HEADER_LEN plus each row's 2 check words after its lanes (headers
+        `hrows`, their SET and MAX flags final), in one compiled pass per row (kernels/fixed_point.py
+        `quantize_rows_checked`); None, with nothing written, where that cannot run (then `write`
+        and `write_check_words`: the same bytes)."""
+        if (not use_numba() or check_lanes(dtype) != 2 or (self.live is not None and not self.live())
+                or not hrows.flags.c_contiguous or (hrows[:, 1] & int(Flag.MAX)).any()):
+            return None
+        words = as_words(rows, HEADER_LEN)
+        if words is None:
+            return None
+        if self._factors is None:
+            self._factors = quantize_factors(self.exps, self.n)
+        s1, s2 = self._factors
+        x = np.ascontiguousarray(self.x[i0 * self.lanes: i1 * self.lanes], dtype=np.float32).reshape(-1)
+        sat = np.zeros(i1 - i0, dtype=np.bool_)
+        fixed_point_kernels().quantize_rows_checked(
+            x, s1[i0:i1], s2[i0:i1], np.float32(2 ** (31 - contributor_bits(self.n)) - 1), words, rows.shape[1] // 4,
+            HEADER_LEN // 4, self.lanes, sat, hrows, _TERM_AT, _TERM_WIDTH, _TERM_MULT,
+            0 if dtype == Dtype.INT32 else dtype, int(MsgType.GRAD), int(MsgType.AGG))
         self._told(sat)
         return sat
 

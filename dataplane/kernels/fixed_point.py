@@ -46,28 +46,30 @@ def quantize_rows(x, s1, s2, limf, words, row_words, col, lanes, saturated):
     """x (float32 values of len(s1) chunks; short at the buffer's tail) -> chunk r's lanes as
     big-endian int32 at words[r * row_words + col:...]; saturated[r] where a value had to be
     clipped: non-finite or past +-limf, with NaN -> 0, as the reference does."""
-    n = x.size
     for r in range(s1.size):
-        i0 = r * lanes
-        count = min(lanes, max(0, n - i0))
-        off = r * row_words + col
-        a = s1[r]
-        b = s2[r]
-        bad = _quantize_row(x, i0, count, a, b, limf, words, off, lanes)
-        saturated[r] = bad
-        if bad:  # rare: the careful scalar pass over this row
-            dst = words[off:off + lanes]
-            for j in range(count):
-                v = np.rint((x[i0 + j] * a) * b)
-                if not (abs(v) <= limf):
-                    if np.isnan(v):
-                        v = np.float32(0.0)
-                    elif v > limf:
-                        v = limf
-                    else:
-                        v = -limf
-                dst[j] = np.uint32(_bswap32(np.uint32(np.int32(v))))
+        saturated[r] = _quantize_chunk(x, r, s1[r], s2[r], limf, words, r * row_words + col, lanes)
     return saturated
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _quantize_chunk(x, r, a, b, limf, words, off, lanes):
+    """`quantize_rows` of chunk r into words[off:off + lanes]; True where it saturated."""
+    i0 = r * lanes
+    count = min(lanes, max(0, x.size - i0))
+    bad = _quantize_row(x, i0, count, a, b, limf, words, off, lanes)
+    if bad:  # rare: the careful scalar pass over this row
+        dst = words[off:off + lanes]
+        for j in range(count):
+            v = np.rint((x[i0 + j] * a) * b)
+            if not (abs(v) <= limf):
+                if np.isnan(v):
+                    v = np.float32(0.0)
+                elif v > limf:
+                    v = limf
+                else:
+                    v = -limf
+            dst[j] = np.uint32(_bswap32(np.uint32(np.int32(v))))
+    return bad
 
 
 @njit(cache=True, nogil=True)
@@ -256,3 +258,83 @@ def lane_sums(words, row_words, col, lanes, rows, out):
             s1 += v * np.uint64(j + 1)
         out[r, 0] = s0 & np.uint64(0xFFFFFFFF)
         out[r, 1] = s1 & np.uint64(0xFFFFFFFF)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lane_sums32(src):
+    """`lane_sums` of one row's big-endian words `src`, as uint32: every step wraps mod 2^32, which
+    is all the check words keep (the same values; 32-bit lanes vectorise twice as wide, and
+    without AVX2's emulated 64-bit multiply)."""
+    s0 = np.uint32(0)
+    s1 = np.uint32(0)
+    for j in range(src.size):
+        v = np.uint32(_bswap32(src[j]))
+        s0 = np.uint32(s0 + v)
+        s1 = np.uint32(s1 + np.uint32(v * np.uint32(j + 1)))
+    return s0, s1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _term32(row, at, width, mult, dtype, grad, agg):
+    """The two 32-bit header terms of uint8 header `row` (`check_words32`'s layout; dtype 0: none)."""
+    t0 = np.uint32(0)
+    t1 = np.uint32(0)
+    if dtype != 0:
+        for f in range(11):
+            if f < 7:
+                v32 = np.uint32(0)
+                for q in range(width[f]):
+                    v32 = np.uint32((v32 << np.uint32(8)) | np.uint32(row[at[f] + q]))
+            elif f == 7:
+                v32 = np.uint32(dtype)
+            elif f == 9:
+                v32 = np.uint32(row[at[f]])
+            elif f == 8:
+                v32 = np.uint32(row[at[f]]) & np.uint32(width[f])
+            else:
+                ty = row[at[f]] & 0xF
+                v32 = np.uint32(1) if ty in (grad, agg) else np.uint32(3)
+            t0 = np.uint32(t0 + np.uint32(mult[0, f] * v32))
+            t1 = np.uint32(t1 + np.uint32(mult[1, f] * v32))
+    return t0, t1
+
+
+@njit(cache=True, nogil=True)
+def check_words32(words, row_words, col, lanes, rows, hb, hsel, at, width, mult, dtype, grad, agg, n, mode, out, ok):
+    """dataplane/integrity.py `check_words_rows` (the reference) of the 32-bit check words of rows
+    `rows` (2 lanes of 32 bits: FIXED32, INT32 and the other 4-byte formats, not MAX packets), in
+    one compiled pass per row: the lane sums of `lane_sums` plus `n` times the header term, read
+    off header row hsel[r] of the uint8 rows `hb` (K, >= 32) with `header_terms16`'s field layout
+    (`at`, `width`, `mult` (2, 11) uint32; dtype 0 = INT32: no header term). out[r, :] = the
+    words (uint64, mod 2^32). mode 1 also writes them big-endian after the lanes (a sender's
+    fill); mode 2 sets ok[r] to whether the words the row carries there are these (a receiver)."""
+    for r in range(rows.size):
+        off = rows[r] * row_words + col
+        s0, s1 = _lane_sums32(words[off:off + lanes])
+        t0, t1 = _term32(hb[hsel[r]], at, width, mult, dtype, grad, agg)
+        w0 = (np.uint64(s0) + np.uint64(t0) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
+        w1 = (np.uint64(s1) + np.uint64(t1) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
+        out[r, 0] = w0
+        out[r, 1] = w1
+        if mode == 1:
+            words[off + lanes] = _bswap32(np.uint32(w0))
+            words[off + lanes + 1] = _bswap32(np.uint32(w1))
+        elif mode == 2:
+            ok[r] = (np.uint64(_bswap32(words[off + lanes])) == w0) and (np.uint64(_bswap32(words[off + lanes + 1])) == w1)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def quantize_rows_checked(x, s1, s2, limf, words, row_words, col, lanes, saturated, hb, at, width, mult, dtype, grad,
+                          agg):
+    """`quantize_rows` (dataplane/quantize.py `quantize_into_rows` is the reference) followed, per
+    row while its lanes are still in cache, by `check_words32`'s mode 1: the row's 2 check words
+    (header term from header row r of `hb`) written big-endian after its `lanes` lanes."""
+    for r in range(s1.size):
+        off = r * row_words + col
+        saturated[r] = _quantize_chunk(x, r, s1[r], s2[r], limf, words, off, lanes)
+        s0, s1_ = _lane_sums32(words[off:off + lanes])
+        t0, t1 = _term32(hb[r], at, width, mult, dtype, grad, agg)
+        words[off + lanes] = _bswap32(np.uint32(s0 + t0))
+        words[off + lanes + 1] = _bswap32(np.uint32(s1_ + t1))
+    return saturated

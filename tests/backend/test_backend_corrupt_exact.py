@@ -48,20 +48,18 @@ def _corrupt_rank0(budget: list[int]) -> None:
     from luwu.dataplane.engine import packets
     from luwu.dataplane.protocol import HEADER_LEN
 
-    orig = packets.check_words_of
+    orig = packets.write_check_words
 
-    def corrupting(rows, idx, lanes, h, dtype, n):
-        words = orig(rows, idx, lanes, h, dtype, n)
+    def corrupting(rows, lanes, h, dtype):
+        orig(rows, lanes, h, dtype)
         if dtype == int(Dtype.INT32) and budget[0]:
-            first = rows[idx, HEADER_LEN:HEADER_LEN + 4].view(">i4").reshape(-1)
+            first = rows[:, HEADER_LEN:HEADER_LEN + 4].view(">i4").reshape(-1)
             hit = np.flatnonzero(first == SENTINEL)
             if hit.size:
-                words = np.array(words, copy=True)
-                words[hit[0], 0] ^= np.uint32(0x10)
+                rows[hit[0], HEADER_LEN + 4 * lanes + 3] ^= 0x10  # the first check word's low byte
                 budget[0] -= 1
-        return words
 
-    packets.check_words_of = corrupting
+    packets.write_check_words = corrupting
 
 
 # the engine daemon's patch (`_corrupt_rank0` in its process): only rank 0's data holds SENTINEL
@@ -71,19 +69,17 @@ if "luwu.dataplane.engine.daemon" in " ".join(getattr(sys, "orig_argv", [])):
     import numpy as np
     from luwu.dataplane.engine import packets
     from luwu.dataplane.protocol import HEADER_LEN, Dtype
-    _orig, _budget = packets.check_words_of, [100]  # resends included: the switch keeps the first
+    _orig, _budget = packets.write_check_words, [100]  # resends included: the switch keeps the first
 
-    def _corrupting(rows, idx, lanes, h, dtype, n):
-        words = _orig(rows, idx, lanes, h, dtype, n)
+    def _corrupting(rows, lanes, h, dtype):
+        _orig(rows, lanes, h, dtype)
         if dtype == int(Dtype.INT32) and _budget[0]:
-            hit = np.flatnonzero(rows[idx, HEADER_LEN:HEADER_LEN + 4].view(">i4").reshape(-1) == SENTINEL)
+            hit = np.flatnonzero(rows[:, HEADER_LEN:HEADER_LEN + 4].view(">i4").reshape(-1) == SENTINEL)
             if hit.size:
-                words = np.array(words, copy=True)
-                words[hit[0], 0] ^= np.uint32(0x10)
+                rows[hit[0], HEADER_LEN + 4 * lanes + 3] ^= 0x10  # the first check word's low byte
                 _budget[0] -= 1
-        return words
 
-    packets.check_words_of = _corrupting
+    packets.write_check_words = _corrupting
 """.replace("SENTINEL", str(SENTINEL))
 
 

@@ -16,7 +16,7 @@ import pytest
 from luwu.dataplane.engine.handles import CorruptResult
 from luwu.dataplane.integrity import check_words, headers_ok, seal_headers
 from luwu.dataplane.loopback import local_star as star
-from luwu.dataplane.protocol import DATA_HEADER, HEADER_LEN, Dtype, MsgType, Packet, header_view
+from luwu.dataplane.protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType, Packet, header_view
 
 LANES = 64  # tofino mode: 62 data lanes and 2 check lanes per packet
 DATA = LANES - 2
@@ -366,3 +366,81 @@ def test_a_max_below_a_workers_own_value_is_refused(op):
             with pytest.raises(CorruptResult, match="below this worker's own"):
                 h.wait(60)
     assert budget == [0]
+
+
+@pytest.mark.parametrize("kernels", ["numba", "reference"])
+def test_the_compiled_fill_and_check_are_the_reference(kernels, monkeypatch):
+    """packets.write_check_words (a fill) writes the reference's words, and check_words_hold (every
+    RESULT) holds exactly for the rows that carry the reference's words of a sum of n."""
+    from luwu.dataplane.engine.packets import check_words_hold, write_check_words
+    from luwu.dataplane.integrity import check_words_rows
+    from luwu.dataplane.kernels import numba_available
+
+    if kernels == "numba" and not numba_available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setenv("LUWU_KERNELS", kernels)
+    rng = np.random.default_rng(12)
+    lanes = 257
+    for dtype in (Dtype.INT32, Dtype.FIXED32, Dtype.ORDERED32):
+        rows = rng.integers(0, 256, (12, HEADER_LEN + 4 * (lanes + 2))).astype(np.uint8)
+        rows[:, 0] = (2 << 4) | rng.choice([int(MsgType.GRAD), int(MsgType.ALLREDUCE)], 12)
+        rows[:, 1] &= 0x07  # no MAX
+        h = header_view(np.ascontiguousarray(rows[:, :HEADER_LEN]))
+        want1 = check_words_rows(rows[:, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4"), h, int(dtype), 1)
+        write_check_words(rows, lanes, h, int(dtype))
+        got = rows[:, HEADER_LEN + 4 * lanes:].view(">u4").astype(np.uint64)
+        np.testing.assert_array_equal(got, want1)
+        # a receiver's check of a sum of 3: the rows given the reference's words hold, a flipped bit does not
+        idx = np.array([1, 4, 5, 11])
+        hs = h[idx]
+        want3 = check_words_rows(rows[idx, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4"), hs, int(dtype), 3)
+        rows[idx, HEADER_LEN + 4 * lanes:] = want3.astype(">u4").view(np.uint8).reshape(len(idx), 8)
+        assert check_words_hold(rows, idx, lanes, hs, int(dtype), 3).all()
+        rows[4, HEADER_LEN + 4 * 7] ^= 0x20  # a lane of row 4
+        rows[11, HEADER_LEN + 4 * lanes + 6] ^= 0x01  # the second check word of row 11
+        np.testing.assert_array_equal(check_words_hold(rows, idx, lanes, hs, int(dtype), 3),
+                                      [True, False, True, False])
+        if dtype != Dtype.INT32:  # (INT32's header term is 0: its words do not depend on n)
+            assert not check_words_hold(rows, idx[:1], lanes, hs[:1], int(dtype), 2).any()  # the wrong n
+
+
+def test_the_fused_quantise_and_check_fill_is_the_reference(monkeypatch):
+    """A FIXED32 fill with check lanes (packets.aggregation_fill over QuantizedLanes): compiled, the
+    check words are written in the quantising pass (kernels/fixed_point.py `quantize_rows_checked`);
+    every byte of every row (saturated, NaN and short-tail chunks included) is the reference's."""
+    import functools
+
+    from luwu.dataplane.engine.packets import QuantizedLanes, aggregation_fill
+    from luwu.dataplane.kernels import numba_available
+
+    if not numba_available():
+        pytest.skip("numba is not installed")
+    from luwu.dataplane.kernels import fixed_point
+
+    lanes, chunks = 301, 9
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(lanes * chunks - 17) * 50).astype(np.float32)
+    x[lanes + 3] = np.nan
+    x[2 * lanes + 8] = 1e9  # past the agreed exponent: the chunk saturates
+    x[4 * lanes + 1] = -np.inf
+    exps = np.full(chunks, 10, np.int32)  # |x| < 2^10: only the 3 chunks below saturate
+    exps[6] = 20
+    out = {}
+    for mode in ("reference", "numba"):
+        monkeypatch.setenv("LUWU_KERNELS", mode)
+        told = []
+        lanes_of = QuantizedLanes(x, exps, lanes, 3, on_saturated=functools.partial(told.append, 1))
+        fill = aggregation_fill(seg_start=5, msg_type=MsgType.ALLREDUCE, session=2, worker=1, pool_base=0,
+                                pool_size=8, lanes=lanes, tensor=4, numel=x.size, dtype=Dtype.FIXED32,
+                                lanes_of=lanes_of, exponents=exps, row_lanes=lanes + 2)
+        rows = np.full((chunks, 32 + 4 * (lanes + 2) + 12), 0xAB, dtype=np.uint8)  # wider rows: a ring's
+        lens = np.zeros(chunks, dtype=np.int64)
+        fill(0, 2, rows[:2], lens[:2])  # (a few rows: the scalar headers)
+        fill(2, chunks, rows[2:], lens[2:])
+        out[mode] = (rows, lens, len(told))
+    np.testing.assert_array_equal(out["numba"][0], out["reference"][0])
+    np.testing.assert_array_equal(out["numba"][1], out["reference"][1])
+    assert out["numba"][2] == out["reference"][2] > 0
+    sat = (header_view(out["numba"][0])["flags"] & int(Flag.SATURATED)) != 0
+    np.testing.assert_array_equal(np.flatnonzero(sat), [1, 2, 4])
+    assert fixed_point.quantize_rows_checked.signatures, "the compiled fill ran the fused pass"

@@ -94,12 +94,13 @@ def test_a_loopback_switch_process_answers_once_its_kernels_are_in(monkeypatch):
 _WARM_PROBE = """
 import numpy as np
 from luwu.dataplane import quantize
-from luwu.dataplane.engine.packets import check_words_of
+from luwu.dataplane.engine.packets import check_words_hold, check_words_of, write_check_words
 from luwu.dataplane.kernels import fixed_point as fp
 from luwu.dataplane.protocol import HEADER_LEN, Dtype, MsgType, header_view
 
 quantize.warm_up()
-names = ("quantize_rows", "dequantize_rows", "chunk_exponents", "absorb_fixed_results", "lane_sums")
+names = ("quantize_rows", "dequantize_rows", "chunk_exponents", "absorb_fixed_results", "check_words32",
+         "quantize_rows_checked")
 before = {n: len(getattr(fp, n).signatures) for n in names}
 lanes = 300
 rows = np.zeros((4, HEADER_LEN + 4 * (lanes + 2)), dtype=np.uint8)
@@ -107,6 +108,8 @@ rows[:, 0] = (2 << 4) | MsgType.RESULT
 h = header_view(np.ascontiguousarray(rows[:, :HEADER_LEN]))
 idx = np.array([0, 2])
 check_words_of(rows, idx, lanes, h[idx], int(Dtype.FIXED32), 3)  # the engine's check of every RESULT
+check_words_hold(rows, idx, lanes, h[idx], int(Dtype.FIXED32), 3)
+write_check_words(rows, lanes, h, int(Dtype.FIXED32))  # a fill's
 after = {n: len(getattr(fp, n).signatures) for n in names}
 print("LOADED", sorted(n for n in names if before[n]), "NEW", sorted(n for n in names if after[n] != before[n]))
 """
@@ -122,8 +125,8 @@ def test_the_engines_warm_up_loads_the_kernels_of_its_datapath():
                          timeout=600)
     assert out.returncode == 0, out.stderr
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("LOADED"))
-    assert line == ("LOADED ['absorb_fixed_results', 'chunk_exponents', 'dequantize_rows', 'lane_sums', "
-                    "'quantize_rows'] NEW []"), line
+    assert line == ("LOADED ['absorb_fixed_results', 'check_words32', 'chunk_exponents', 'dequantize_rows', "
+                    "'quantize_rows', 'quantize_rows_checked'] NEW []"), line
 
 
 def test_a_load_waits_for_another_processs_load_of_the_same_kernels(monkeypatch):
