@@ -167,6 +167,7 @@ def kernel_costs(fmt: str, nbytes: int = 16 << 20, lanes: int = 16000, seconds: 
         dict: {"encode", "decode", "total"} in s/GB.
     """
     from luwu.dataplane import fixed16
+    from luwu.dataplane.engine.dispatch import widened
     from luwu.dataplane.engine.packets import QuantizedLanes, aggregation_fill, check_words_of, fixed16_fill
     from luwu.dataplane.integrity import FIXED16_BLOCK, data_lanes
     from luwu.dataplane.protocol import HEADER_LEN, Dtype, MsgType
@@ -199,7 +200,22 @@ def kernel_costs(fmt: str, nbytes: int = 16 << 20, lanes: int = 16000, seconds: 
             i1 = min(k, i0 + 32)
             fill(i0, i1, rows[i0:i1], lens[i0:i1])
 
+    received: list[np.ndarray] = []
+
+    def as_received() -> np.ndarray:
+        """The rows as a receiver reads them: a short last packet (docs/protocol.md 3.3) widened back
+        to the switch's lanes, as the engine's dispatch does (`dispatch.widened`), once."""
+        if not received:
+            rx = rows.copy()
+            short = np.flatnonzero((lens < width) & (lens > HEADER_LEN))
+            if len(short):
+                dtype = int(Dtype.FIXED16 if fmt == "fixed16" else Dtype.FIXED32)
+                rx[short] = widened(rows, short, lens[short], np.full(len(short), dtype), lanes)
+            received.append(rx)
+        return received[0]
+
     def decode() -> None:
+        rows = as_received()
         if fmt == "fixed16":
             if not fixed16.decode_rows(rows, sel, lanes, 1, out).all():  # verified and decoded in one call
                 raise RuntimeError("fixed16 rows failed their check")
