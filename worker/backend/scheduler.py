@@ -6,7 +6,8 @@ each collective in call order. A collective whose next step depends on a result 
 first agrees on the block sizes) `hold`s the queue: later collectives wait until that step has
 been submitted, so the order stays the same on every rank without blocking anyone's caller.
 Results are turned into output tensors on a *completion* thread (never on the engine's packet
-thread), which also fails operations that pass their deadline (the process group's timeout).
+thread), which also fails operations that pass their deadline (the process group's timeout); a
+small one that is the only one outstanding, by the thread blocked in its wait() (_hand_off).
 Small collectives (`LuwuWork.small`: SMALL_BYTES or less, docs/backend.md "Order and completion")
 take a latency path: the caller submits one itself when nothing is queued before it, and with the
 engine daemon its result is assembled on the link's reply thread; each saves a thread hand-off.
@@ -243,8 +244,8 @@ class Scheduler:
         complete: one wake-up of the completion thread less per call (issue 28). The completion thread assembles nothing after it until it
         is complete (_complete_loop), so collectives still complete in call order."""
         work = ctx.work
-        if not work.small:  # a large one's next call would start while this one's engine scratch is still
-            return False  # held (test_backend_copies.py's peak over 16 MiB calls rose ~10% past its bound)
+        if not work.small:  # kept to the latency path's calls (not measured above SMALL_BYTES)
+            return False
         with self._pending_lock:
             if len(self._pending) != 1 or id(work) not in self._pending:
                 return False
