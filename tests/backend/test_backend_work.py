@@ -57,6 +57,18 @@ def semantics_on_rank(rank: int, world: int) -> dict:
     out["in_flight"] = [float(x[0]) for x in tensors]
     out["in_flight_sizes_ok"] = all(x.numel() == 1000 * k + 1 for k, x in enumerate(tensors))
 
+    # many in flight, waited in call order: a waiter may assemble its own result (hand_to_waiter), but
+    # only the earliest incomplete one's, so they still complete in call order
+    order: list[int] = []
+    tensors = [torch.full((4000 * k + 1,), float(k + rank)) for k in range(8)]
+    works = [dist.all_reduce(x, async_op=True) for x in tensors]
+    for k, w in enumerate(works):
+        w._done_future.add_done_callback(lambda _f, k=k: order.append(k))
+    for w in works:
+        w.wait()
+    out["forward_order"] = order
+    out["forward_values"] = [float(x[-1]) for x in tensors]
+
     # broadcast's and barrier's futures
     b = torch.full((3,), float(rank))
     bf = dist.broadcast(b, src=0, async_op=True).get_future()
@@ -96,6 +108,8 @@ def test_work_and_future_semantics(tmp_path):
         assert out["big_sum"] == world
         assert out["in_flight"] == [float(world * k + sum(range(world))) for k in range(10)]
         assert out["in_flight_sizes_ok"]
+        assert out["forward_order"] == list(range(8)), "collectives completed out of call order"
+        assert out["forward_values"] == [float(world * k + sum(range(world))) for k in range(8)]
         for v in out["broadcast_future"]:
             np.testing.assert_array_equal(v, np.zeros(3, np.float32))
         assert out["barrier_future"] == []
@@ -106,3 +120,40 @@ def test_work_and_future_semantics(tmp_path):
             np.testing.assert_array_equal(m, want)
         assert not [w for w in out["warnings"] if "satur" in w.lower()], out["warnings"]
     assert results[0]["returned_before_done"], "the collective call blocked until the collective completed"
+
+
+def test_hand_to_waiter_runs_the_assembly_on_the_waiting_thread():
+    """A blocked wait() runs a handed-off assembly on its own thread; with no waiter, after a
+    timeout or once complete, nothing is handed off (the completion thread keeps it)."""
+    import threading
+    import time
+
+    from luwu.worker.backend import LuwuWork
+
+    work = LuwuWork("all_reduce", [])
+    assert not work.hand_to_waiter(lambda: None), "handed off with no thread waiting"
+    ran_on: list[int] = []
+    waited: list[object] = []
+
+    def assembly() -> None:
+        ran_on.append(threading.get_ident())
+        work._complete()
+
+    waiter = threading.Thread(target=lambda: waited.append(work.wait(timeout=30)))
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while work._waiters == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert work.hand_to_waiter(assembly)
+    waiter.join(30)
+    assert not waiter.is_alive() and waited == [True]
+    assert ran_on == [waiter.ident], "the assembly did not run on the waiting thread"
+    assert not work.hand_to_waiter(assembly) and ran_on == [waiter.ident], "handed off after completion"
+
+    late = LuwuWork("all_reduce", [])
+    try:
+        late.wait(timeout=0.01)
+        raise AssertionError("wait() returned before the work completed")
+    except RuntimeError as e:
+        assert "not complete after wait" in str(e)
+    assert late._waiters == 0 and not late.hand_to_waiter(lambda: None)

@@ -11,7 +11,7 @@
 | `LUWU_MODE` | `loopback` | packet mode of the embedded switch (`tofino`, `jumbo`, `loopback` or a lane count; `loopback`: 64 KiB datagrams) |
 | `LUWU_TRANSPORT` | `shm` (Linux x86-64), else `udp` | ports of the embedded switch: shared-memory rings in /dev/shm, or UDP sockets on loopback (read by `StarPlan`, dataplane/loopback/plan.py) |
 | `LUWU_EAGER_START` | unset | `1`: `init_process_group` / `new_group` return only once the group has started (plan, engine, start barrier) and raise its errors; unset: they return at once and the group's first operation waits for its start-up and raises them (docs/backend.md "Start-up") |
-| `LUWU_SMALL_BYTES` | `262144` | collectives of at most this many bytes take the latency path (process_group.py, docs/backend.md "Order and completion"); `-1`: none does (for comparisons) |
+| `LUWU_SMALL_BYTES` | `4194304` | collectives of at most this many bytes take the latency path (process_group.py, docs/backend.md "Order and completion": 4 MiB since issue 28's A/B against 256 KiB and 1 MiB, 4 ranks at 1, 4 and 16 MiB); `-1`: none does (for comparisons) |
 | `LUWU_CONNECT_TIMEOUT` | `30` | seconds the first collective (a probe at group creation) may take before the switch is declared unreachable |
 | `LUWU_P2P_HOST` | `127.0.0.1` | address the point-to-point (send/recv) listener binds and advertises |
 | `LUWU_WORKDIR` | a new temp dir | where engine and switch logs go |

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 BACKEND_NAME = "luwu"
 _GROUP_IDS = itertools.count()  # names the process's groups in its metrics
-SMALL_BYTES = 256 << 10  # a collective of at most this many bytes takes the latency path (scheduler.py);
+SMALL_BYTES = 4 << 20  # a collective of at most this many bytes takes the latency path (scheduler.py);
 # LUWU_SMALL_BYTES overrides it per process (-1: no latency path, for comparisons)
 _env_small = os.environ.get("LUWU_SMALL_BYTES", "").strip()
 if _env_small.lstrip("-").isdigit():

@@ -6,7 +6,8 @@ each collective in call order. A collective whose next step depends on a result 
 first agrees on the block sizes) `hold`s the queue: later collectives wait until that step has
 been submitted, so the order stays the same on every rank without blocking anyone's caller.
 Results are turned into output tensors on a *completion* thread (never on the engine's packet
-thread), which also fails operations that pass their deadline (the process group's timeout).
+thread), which also fails operations that pass their deadline (the process group's timeout); a
+small one that is the only one outstanding, by the thread blocked in its wait() (_hand_off).
 Small collectives (`LuwuWork.small`: SMALL_BYTES or less, docs/backend.md "Order and completion")
 take a latency path: the caller submits one itself when nothing is queued before it, and with the
 engine daemon its result is assembled on the link's reply thread; each saves a thread hand-off.
@@ -21,6 +22,7 @@ import functools
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -109,6 +111,7 @@ class Scheduler:
         self._order = threading.Lock()  # held while a collective is submitted (submit thread, or inline)
         self._queued = 0  # "op" items in _submit_q not yet submitted (under _order)
         self.inline_completion = getattr(link, "kind", "") == "process"  # see _finish
+        self._handed: weakref.ref[LuwuWork] | None = None  # the last work handed to its waiter (_hand_off)
         self._pending: dict[int, LuwuWork] = {}
         self._pending_lock = threading.Lock()
         self._submitter = threading.Thread(target=self._submit_loop, name=f"luwu-submit-{name}", daemon=True)
@@ -196,7 +199,7 @@ class Scheduler:
                 # the latency path: a small result is assembled on the engine link's reply thread (the
                 # engine daemon's, not a packet thread), without a hand-off to the completion thread
                 self._assemble(ctx, handles, assemble)
-            else:
+            elif not self._hand_off(ctx, handles, assemble):
                 self._done_q.put((ctx, handles, assemble))
 
         if not handles:
@@ -213,6 +216,10 @@ class Scheduler:
             if item is None:
                 return
             if item:
+                handed = self._handed() if self._handed is not None else None
+                while handed is not None and handed is not item[0].work and not handed.is_completed():
+                    handed._done.wait(self.tick)  # its waiter is assembling it (_hand_off): it completes first
+                    self._watchdog()
                 self._assemble(*item)
             self._watchdog()
 
@@ -228,15 +235,32 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001
             self._fail(work, e, engine=False)
             return
+        work._complete()  # before it leaves _pending: a later work handed to its waiter (_finish) completes after it
         self._forget(work)
-        work._complete()
+
+    def _hand_off(self, ctx: OpContext, handles: list[Handle], assemble) -> bool:
+        """A thread blocked in the work's wait() (a blocking dist.all_reduce on the latency path,
+        SMALL_BYTES or less) assembles it itself when it is the group's only collective not yet
+        complete: one wake-up of the completion thread less per call (issue 28). The completion thread assembles nothing after it until it
+        is complete (_complete_loop), so collectives still complete in call order."""
+        work = ctx.work
+        if not work.small:  # kept to the latency path's calls (not measured above SMALL_BYTES)
+            return False
+        with self._pending_lock:
+            if len(self._pending) != 1 or id(work) not in self._pending:
+                return False
+        if not work.hand_to_waiter(lambda: self._assemble(ctx, handles, assemble)):
+            return False
+        self._handed = weakref.ref(work)  # not kept alive by this
+        return True
 
     def _watchdog(self) -> None:
         now = time.monotonic()
         with self._pending_lock:
             # a work has a deadline exactly when it has a timeout (work.py): both are checked to narrow them
             late = [(w, w.timeout) for w in self._pending.values()
-                    if w.timeout is not None and w.deadline is not None and now > w.deadline]
+                    if w.timeout is not None and w.deadline is not None and now > w.deadline
+                    and not w.is_completed()]  # completed, not yet forgotten (_assemble)
         for w, timeout in late:
             error = timeout_failure(w.name, timeout, self.link, self.lease, probe=w.probe)
             self.broken = self.broken or error

@@ -3,7 +3,8 @@ the collective call.
 
 `wait()` blocks until the collective finished (raising its error), `get_future()` returns a
 `torch.futures.Future` whose value is the list of output tensors (what DDP's reducer reads), and
-callbacks chained with `then` run in the backend's completion thread.
+callbacks chained with `then` run in the backend's completion thread (or, for a collective handed to
+a thread blocked in `wait()`, `hand_to_waiter`, in that thread).
 
 A failed Work's future must carry the error as C++ sees errors. `torch.futures.Future.set_exception`
 does not: it completes the C++ future *successfully*, its value the exception object, and only
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -54,6 +56,9 @@ class LuwuWork(dist.Work):
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._lock = threading.Lock()
+        self._waiters = 0  # threads blocked in wait(): one of them may run the result's assembly
+        self._handoff: Callable[[], None] | None = None  # the assembly handed to a blocked waiter (hand_to_waiter)
+        self._wake = threading.Event()  # set on completion, failure or a hand-off
 
     # -- completion (backend threads) -------------------------------------------------------------------
     def _complete(self) -> bool:
@@ -61,6 +66,7 @@ class LuwuWork(dist.Work):
             if self._done.is_set():
                 return False
             self._done.set()
+            self._wake.set()
         self._done_future.set_result(self.outputs)
         return True
 
@@ -70,15 +76,39 @@ class LuwuWork(dist.Work):
                 return False
             self._error = error
             self._done.set()
+            self._wake.set()
         self._done_future.set_exception(error)
+        return True
+
+    def hand_to_waiter(self, assembly: Callable[[], None]) -> bool:
+        """Have a thread blocked in `wait()` run `assembly()` (which completes or fails this Work)
+        itself, instead of the completion thread: one thread wake-up less per blocking collective
+        (the engine thread wakes the caller, not the completion thread which then wakes the caller).
+        Returns False, and runs nothing, when no thread waits (the caller then queues the assembly
+        for the completion thread as before)."""
+        with self._lock:
+            if not self._waiters or self._done.is_set() or self._handoff is not None:
+                return False
+            self._handoff = assembly
+            self._wake.set()
         return True
 
     # -- the c10d Work API ------------------------------------------------------------------------------
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        if not seconds:  # None, or c10d's kNoTimeout (0 ms)
-            self._done.wait()
-        elif not self._done.wait(seconds):
+        deadline = time.monotonic() + seconds if seconds else None  # None, or c10d's kNoTimeout (0 ms)
+        with self._lock:
+            self._waiters += 1
+        try:
+            self._wake.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._lock:
+                self._waiters -= 1
+                assembly, self._handoff = self._handoff, None  # never left behind, even on a timeout
+            if assembly is not None:  # handed to this thread (hand_to_waiter): it completes or fails the Work
+                assembly()
+        # else done, or another waiter took the hand-off and is finishing the assembly
+        if not self._done.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
             raise RuntimeError(f"luwu {self.name}: not complete after wait(timeout={seconds} s)")
         if self._error is not None:
             raise self._error
