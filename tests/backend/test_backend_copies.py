@@ -27,9 +27,14 @@ def _steady_state_peak(rank, world):
 
     t = torch.full((NUMEL,), float(rank + 1))
     ptr = t.data_ptr()
+    from luwu.dataplane.kernels import wait_loaded
+
     for _ in range(3):  # warm: the daemon's shared buffer pool, the compiled kernels
         dist.all_reduce(t)
-    out = {}
+    # an embedded engine loads its kernels on a thread of this process after the first collective:
+    # tracemalloc traces every thread, so the measurement starts once that loading is over
+    out: dict = {"loaded": wait_loaded(120)}
+    dist.all_reduce(t)
     for op in ("sum", "avg"):
         tracemalloc.start()
         try:
@@ -53,6 +58,7 @@ def test_all_reduce_allocates_no_tensor_sized_array_per_call(tmp_path, engine):
     results = run_ranks(_steady_state_peak, 2, tmp_path, env={"LUWU_ENGINE": engine, "LUWU_KERNELS": "numba"})
     nbytes = NUMEL * 4
     for rank, out in enumerate(results):
+        assert out["loaded"], f"rank {rank}: the compiled kernels were still loading after 120 s"
         assert out["same_storage"], f"rank {rank}: the tensor's storage moved"
         for op in ("sum", "avg"):
             lo, hi, want = out[f"{op}_value"]
