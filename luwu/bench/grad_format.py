@@ -20,9 +20,7 @@ GB of float32 (`kernel_costs`), printed as `grad_<fmt>_kernel_s_per_gb` (`_encod
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import queue
 import time
 import traceback
 from typing import Any
@@ -116,32 +114,12 @@ def run_format(fmt: str, workers: int, sizes: list[int], iters: int) -> dict:
         >>> run_format("fixed16", 2, [1 << 20], 5)[1 << 20]["cpu_ms"] > 0  # doctest: +SKIP
         True
     """
-    from luwu.bench.rendezvous import host_store
-    from luwu.dataplane.process.children import join_or_kill
+    from luwu.bench.rendezvous import spawn_ranks
 
-    ctx = mp.get_context("spawn")
-    out_q = ctx.Queue()
     before = os.environ.get("LUWU_GRAD_FORMAT")
     os.environ["LUWU_GRAD_FORMAT"] = fmt  # the spawned ranks' backend reads it
     try:
-        with host_store() as store:
-            procs = [ctx.Process(target=_rank, args=(r, workers, store, sizes, iters, out_q), daemon=True)
-                     for r in range(workers)]
-            for p in procs:
-                p.start()
-            got: dict[int, dict] = {}
-            try:
-                for _ in procs:
-                    try:
-                        rank, status, value = out_q.get(timeout=JOB_TIMEOUT)
-                    except queue.Empty:
-                        raise RuntimeError(f"{fmt}: ranks {sorted(set(range(workers)) - set(got))} did not finish "
-                                           f"within {JOB_TIMEOUT:.0f} s") from None
-                    if status != "ok":
-                        raise RuntimeError(f"{fmt}: rank {rank} failed:\n{value}")
-                    got[rank] = value
-            finally:
-                join_or_kill(procs)
+        got: dict = spawn_ranks(_rank, workers, (sizes, iters), fmt, JOB_TIMEOUT)
     finally:
         if before is None:
             os.environ.pop("LUWU_GRAD_FORMAT", None)

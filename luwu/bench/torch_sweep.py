@@ -22,9 +22,7 @@ within the fixed-point bound of the backend's packet mode, as the engine bench d
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import queue
 import time
 import traceback
 
@@ -176,29 +174,10 @@ def run_backend(backend: str, workers: int, sizes: list[int], iters: int, dtype:
         >>> run_backend("gloo", 2, [1024], 3)[1024]["median_s"] > 0
         True
     """
-    from luwu.bench.rendezvous import host_store
-    from luwu.dataplane.process.children import join_or_kill
+    from luwu.bench.rendezvous import spawn_ranks
 
-    ctx = mp.get_context("spawn")
-    out_q = ctx.Queue()
-    with host_store() as store:  # rendezvous.py: the store binds port 0, no race
-        procs = [ctx.Process(target=_rank, args=(r, workers, store, backend, sizes, iters, dtype, verify, warmup, out_q),
-                             daemon=True) for r in range(workers)]
-        for p in procs:
-            p.start()
-        got: dict[int, dict] = {}
-        try:
-            for _ in procs:
-                try:
-                    rank, status, value = out_q.get(timeout=SWEEP_TIMEOUT)
-                except queue.Empty:
-                    raise RuntimeError(f"{backend}: ranks {sorted(set(range(workers)) - set(got))} did not finish "
-                                       f"the sweep within {SWEEP_TIMEOUT:.0f} s") from None
-                if status != "ok":
-                    raise RuntimeError(f"{backend}: rank {rank} failed:\n{value}")
-                got[rank] = value
-        finally:
-            join_or_kill(procs)
+    # rendezvous.py: the parent's store binds port 0, no race
+    got: dict = spawn_ranks(_rank, workers, (backend, sizes, iters, dtype, verify, warmup), backend, SWEEP_TIMEOUT)
     res: dict = {}
     for nbytes in sizes:
         per_iter = np.max([got[r][nbytes]["seconds"] for r in range(workers)], axis=0)
