@@ -44,7 +44,7 @@ from .protocol import (
 # protocol.py's scalar header-check forms are part of this module's API too
 __all__ = ["HCHECK_OFFSET", "TRAILER_LEN", "header_check_fast", "header_ok", "sealed"]
 
-FIXED16_BLOCK = 64  # lanes per shared exponent of the FIXED16 format (docs/protocol.md 5.2; 64: see git log)
+FIXED16_BLOCK = 112  # elements per shared exponent of the FIXED16 format (docs/protocol.md 5.2: the most, in 16s, a 64-lane packet holds)
 CHECK_BITS = 64  # bits of check words per aggregation packet, whatever the lane width
 
 # --- header check: CRC-16/ARC (poly 0x8005 reflected, init 0, no final xor; P4 crc16) ---------
@@ -162,51 +162,65 @@ def trailer_ok(packet: bytes | memoryview) -> bool:
 # --- lane widths and layouts ----------------------------------------------------------------
 
 def lane_bytes(dtype: int) -> int:
-    """Bytes per lane of an aggregation payload: 2 for FIXED16, else 4."""
-    return 2 if dtype == Dtype.FIXED16 else 4
+    """Bytes per lane of an aggregation payload: 4 for every dtype (FIXED16 packs two int16 values
+    into each int32 lane, docs/protocol.md 5.2)."""
+    return 4
+
+
+def check_word_bits(dtype: int) -> int:
+    """Bits of one check word: 16 for FIXED16 (each in the high half of its own lane), else 32."""
+    return 16 if dtype == Dtype.FIXED16 else 32
 
 
 def check_lanes(dtype: int) -> int:
-    """Lanes at the end of an aggregation payload that hold check words (2 of 32 bits, 4 of 16)."""
-    return CHECK_BITS // (8 * lane_bytes(dtype))
+    """Lanes at the end of an aggregation payload that hold check words: 2 of 32 bits, or 4 of 16
+    for FIXED16 (one word in the high half of each of 4 lanes, the low half 0)."""
+    return CHECK_BITS // check_word_bits(dtype)
+
+
+def fixed16_slots(lanes: int) -> int:
+    """int16 values (slots) in a FIXED16 packet of `lanes` 32-bit lanes: lane k holds slots 2k (high
+    half) and 2k + 1 (low half) as `hi * 2^16 + lo`."""
+    return 2 * lanes
 
 
 def fixed16_blocks(lanes: int) -> int:
-    """Exponent blocks in one FIXED16 packet of `lanes` lanes: nb exponent lanes, then nb blocks of
-    FIXED16_BLOCK data lanes, then the check lanes, (nb * (BLOCK + 1) + 4 <= lanes)."""
-    return max(0, (lanes - check_lanes(Dtype.FIXED16)) // (FIXED16_BLOCK + 1))
+    """Exponent blocks in one FIXED16 packet of `lanes` lanes: nb exponent slots, then nb blocks of
+    FIXED16_BLOCK data slots, padding, then the check lanes' 8 slots (nb * (BLOCK + 1) + 8 <= 2 * lanes)."""
+    return max(0, (fixed16_slots(lanes) - 2 * check_lanes(Dtype.FIXED16)) // (FIXED16_BLOCK + 1))
 
 
-# the fewest lanes that hold one FIXED16 block: its exponent lane, its data lanes, the check lanes; a
-# narrower switch gets FIXED32 (engine.py) and a TNA build that narrow leaves FIXED16 out (p4/README.md)
-FIXED16_MIN_LANES = FIXED16_BLOCK + 1 + check_lanes(Dtype.FIXED16)
+# the fewest lanes that hold one FIXED16 block: its exponent slot, its data slots, the check lanes; a
+# narrower switch gets FIXED32 (engine.py)
+FIXED16_MIN_LANES = -(-(FIXED16_BLOCK + 1) // 2) + check_lanes(Dtype.FIXED16)
 
 
 _FIXED16, _MAX = int(Dtype.FIXED16), int(Flag.MAX)  # plain ints: numpy arithmetic with enum members is slow
-_CHECKS16, _CHECKS32 = CHECK_BITS // 16, CHECK_BITS // 32
+_CHECKS16, _CHECKS32 = CHECK_BITS // 16, CHECK_BITS // 32  # check lanes of FIXED16, of the 32-bit dtypes
 
 
 def wire_lanes(count: Any, dtype: Any, flags: Any, lanes: int) -> Any:
     """Lanes an aggregation packet of `count` elements carries (docs/protocol.md 3.3): the fewest
     whole chunks of LANE_CHUNK lanes that hold its data, exponent and check lanes, at most the
     switch's `lanes` (a packet of as many lanes as the switch has is whole whatever its count).
-    Data lanes: `count` (FIXED16 sums: the `fixed16_blocks(lanes)` exponent lanes first; a FIXED16
-    MAX, the exponent agreement, has none); then `check_lanes(dtype)`. Every contributor of a slot
+    Data lanes: `count`, then `check_lanes(dtype)`; FIXED16 (two int16 slots per lane): `count` data
+    slots after the `fixed16_blocks(lanes)` exponent slots (an exponent agreement, FIXED16 with MAX:
+    one exponent per lane, no exponent slots), then the check lanes' 8 slots. Every contributor of a slot
     computes the same from the same header; the switch checks each packet's length against it.
     Works on ints and on numpy arrays alike (the switch's classifier)."""
     f16 = dtype == _FIXED16
     max_ = (flags & _MAX) != 0
     nb = fixed16_blocks(lanes)
-    need = count + np.where(f16, _CHECKS16 + np.where(max_, 0, nb), _CHECKS32)
+    slots = np.where(max_, 2 * count, count + nb) + 2 * _CHECKS16  # FIXED16: int16 slots, two per lane
+    need = np.where(f16, -(-slots // 2), count + _CHECKS32)
     out = np.minimum(lanes, -(-need // LANE_CHUNK) * LANE_CHUNK)
     return int(out) if np.ndim(out) == 0 else out
 
 
 def wire_len(count: Any, dtype: Any, flags: Any, lanes: int) -> Any:
-    """Bytes (header + payload) of an aggregation packet of `count` elements: 32 + lane bytes *
+    """Bytes (header + payload) of an aggregation packet of `count` elements: 32 + 4 *
     `wire_lanes` (ZERO packets aside: 32). Ints or numpy arrays, as `wire_lanes`."""
-    width = np.where(dtype == _FIXED16, 2, 4)
-    out = HEADER_LEN + width * wire_lanes(count, dtype, flags, lanes)
+    out = HEADER_LEN + 4 * wire_lanes(count, dtype, flags, lanes)
     return int(out) if np.ndim(out) == 0 else out
 
 
@@ -249,7 +263,7 @@ def header_term(h: dict, dtype: int) -> np.ndarray:
     fields = np.array([h["session"], h["seq"], h["slot"], h["tensor"], h["offset"], h["count"], h["numel"],
                        dtype, int(h["flags"]) & (Flag.SET | Flag.MAX), int(h["exponent"]) & 0xFF,
                        stream_of(h["type"])], dtype=np.uint64)
-    mask = (1 << (8 * lane_bytes(dtype))) - 1
+    mask = (1 << (check_word_bits(dtype))) - 1
     t = (_T_MULT[:c] * fields[None, :]) & 0xFFFFFFFF
     return (t.sum(axis=1) & 0xFFFFFFFF) & mask
 
@@ -284,10 +298,10 @@ def check_words(lanes_before: np.ndarray, h: dict, dtype: int, n: int = 1,
         exps: FIXED16: the packet's block exponents (what each contributor used).
 
     Returns:
-        uint64 array of C words, each reduced mod 2^W (W = 8 * lane_bytes(dtype)).
+        uint64 array of C words, each reduced mod 2^W (W = check_word_bits(dtype)).
     """
     c = check_lanes(dtype)
-    bits = 8 * lane_bytes(dtype)
+    bits = check_word_bits(dtype)
     mask = (1 << bits) - 1
     t = header_term(h, dtype).astype(object)
     if int(h["flags"]) & Flag.MAX:
@@ -356,7 +370,7 @@ def _term_ints(rec: tuple, dtype: int, c: int) -> list[int]:
     vt, flags, session, _worker, count, seq, slot, tensor, offset, exponent, _dt, _hc, numel = rec
     fields = (session, seq, slot, tensor, offset, count, numel, dtype, flags & _SET_MAX, exponent & 0xFF,
               1 if vt & 0xF in _GRAD_AGG else 3)
-    mask = (1 << (8 * lane_bytes(dtype))) - 1
+    mask = (1 << (check_word_bits(dtype))) - 1
     return [(sum(m * f for m, f in zip(row, fields)) & 0xFFFFFFFF) & mask for row in _T_ROWS[:c]]
 
 
@@ -379,7 +393,7 @@ def header_terms(h: np.ndarray, dtype: int) -> np.ndarray:
     mtype = h["ver_type"] & 0xF
     f[:, 10] = np.where((mtype == MsgType.GRAD) | (mtype == MsgType.AGG), 1, 3)
     t = (f @ _T_MULT[:c].T) & np.uint64(0xFFFFFFFF)
-    return t & np.uint64((1 << (8 * lane_bytes(dtype))) - 1)
+    return t & np.uint64((1 << (check_word_bits(dtype))) - 1)
 
 
 def check_words_rows(values: np.ndarray, h: np.ndarray, dtype: int, n: np.ndarray | int = 1) -> np.ndarray:
@@ -390,7 +404,7 @@ def check_words_rows(values: np.ndarray, h: np.ndarray, dtype: int, n: np.ndarra
     Generic over the lane width (W = 16 or 32: the weights (k+1)^j are taken mod 2^W and the sums
     wrap mod 2^64, which 2^W divides)."""
     c = check_lanes(dtype)
-    bits = 8 * lane_bytes(dtype)
+    bits = check_word_bits(dtype)
     mask = np.uint64((1 << bits) - 1)
     t = header_terms(h, dtype)
     nn = np.asarray(n, dtype=np.uint64).reshape(-1, 1) if np.ndim(n) else np.uint64(n)
