@@ -1,15 +1,20 @@
-"""FIXED16 packets (docs/protocol.md 5.2): 16-bit lanes with an exponent per block, end to end.
+"""FIXED16 packets (docs/protocol.md 5.2): int16 values with an exponent per block, two per 32-bit lane.
 
-Payload of a switch with L lanes (32 + 2L bytes, int16 big-endian): `nb = fixed16_blocks(L)`
-exponent lanes (block b's exponent), then nb * FIXED16_BLOCK data lanes (block b: lanes
-b*BLOCK..(b+1)*BLOCK-1), zero padding, then 4 check words mod 2^16 (dataplane/integrity.py).
-Packet p of a buffer carries elements [p*D, (p+1)*D), D = nb * BLOCK, and blocks [p*nb, (p+1)*nb)
-of the buffer's per-block exponents. The switch sums every lane, exponent lanes included, so the
-receiver of a sum of n contributions reads n * e_b, divides by n and verifies the check words.
-On the wire a packet with less to carry (a buffer's last, an agreement's) is cut to the whole
-chunks its count needs, check lanes last (docs/protocol.md 3.3): the sender cuts the rows encoded
-here (engine/packets.py `shorten_rows`) and a receiver widens them back in a copy
-(engine/dispatch.py `widened`), so every function here sees the whole packet's layout.
+Payload of a switch with L lanes (32 + 4L bytes, like every aggregation dtype): S = 2L int16
+slots, lane k holding slots 2k and 2k + 1 as the int32 `hi * 2^16 + lo` (lo signed), big-endian.
+A wrapping int32 sum of such lanes is `(sum hi) * 2^16 + (sum lo)`, so the switch sums FIXED16
+as plain int32 lanes and the receiver splits each lane back (`unpack_slots`), exactly while every
+slot's sum fits int16, which the senders' headroom guarantees. Slots: `nb = fixed16_blocks(L)`
+exponent slots (block b's exponent), then nb * FIXED16_BLOCK data slots (block b: slots
+nb + b*BLOCK..), zero padding, then 4 check words mod 2^16 (dataplane/integrity.py), each in the
+high half of one of the last 4 lanes (low half 0, so the words' sums wrap out of the lane, never
+into another slot). Packet p of a buffer carries elements [p*D, (p+1)*D), D = nb * BLOCK, and
+blocks [p*nb, (p+1)*nb) of the buffer's per-block exponents. The switch sums every lane, exponent
+slots included, so the receiver of a sum of n contributions reads n * e_b, divides by n and
+verifies the check words. On the wire a packet with less to carry (a buffer's last, an
+agreement's) is cut to the whole chunks its count needs, check lanes last (docs/protocol.md 3.3):
+the sender cuts the rows encoded here (engine/packets.py `shorten_rows`) and a receiver widens
+them back in a copy (engine/dispatch.py `widened`), so every function here sees the whole packet.
 
 `encode_rows` and `decode_rows` run the compiled kernels (dataplane/kernels/fixed16_rows.py
 `quantize16_rows`, `dequantize16_rows`) when kernels are on, else the numpy reference here; both
@@ -18,8 +23,8 @@ give the same bytes and bits (tests/engine/test_fixed16.py), and agree with inte
 
 Example:
     >>> from luwu.dataplane import fixed16
-    >>> fixed16.layout(16000)          # exponent lanes, data elements per packet
-    (246, 15744)
+    >>> fixed16.layout(16000)          # exponent slots, data elements per packet
+    (283, 31696)
 """
 
 from __future__ import annotations
@@ -27,12 +32,13 @@ from __future__ import annotations
 import numpy as np
 
 from . import integrity
-from .integrity import FIXED16_BLOCK, check_lanes, fixed16_blocks
+from .integrity import FIXED16_BLOCK, FIXED16_MIN_LANES, check_lanes, fixed16_blocks, fixed16_slots
 from .kernels import use_numba
 from .protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType
 from .quantize import EXP_MAX, EXP_MIN, fixed16_bits, quantize16, quantize16_factors
 
-CHECKS = check_lanes(Dtype.FIXED16)  # 4 lanes of 16 bits
+CHECKS = check_lanes(Dtype.FIXED16)  # 4 lanes, a 16-bit word in the high half of each
+CHECK_SLOTS = 2 * CHECKS
 _MASK16 = 0xFFFF
 _U8 = np.dtype(np.uint8)
 _HEADER_FIELDS = DATA_HEADER.fields
@@ -46,17 +52,37 @@ def layout(lanes: int) -> tuple[int, int]:
     """(exponent lanes nb, data elements D) of one FIXED16 packet on a switch of `lanes` lanes.
 
     Raises:
-        ValueError: `lanes` holds no block (fewer than BLOCK + 5 lanes).
+        ValueError: `lanes` holds no block (fewer than FIXED16_MIN_LANES).
     """
     nb = fixed16_blocks(lanes)
     if nb < 1:
-        raise ValueError(f"a FIXED16 packet needs at least {FIXED16_BLOCK + 1 + CHECKS} lanes, the switch has {lanes}")
+        raise ValueError(f"a FIXED16 packet needs at least {FIXED16_MIN_LANES} lanes, the switch has {lanes}")
     return nb, nb * FIXED16_BLOCK
 
 
 def row_len(lanes: int) -> int:
-    """Bytes of a FIXED16 aggregation packet on a switch of `lanes` lanes (32 + 2L)."""
-    return HEADER_LEN + 2 * lanes
+    """Bytes of a FIXED16 aggregation packet on a switch of `lanes` lanes (32 + 4L, as any dtype)."""
+    return HEADER_LEN + 4 * lanes
+
+
+def pack_slots(slots: np.ndarray) -> np.ndarray:
+    """(K, 2M) int16 slot values (any ints; their low 16 bits, two's complement) as (K, M) int32
+    lanes `hi * 2^16 + lo`, lo sign-extended: what the wire carries (big-endian) and the switch sums."""
+    v = np.asarray(slots, dtype=np.int64)
+    lo = ((v[:, 1::2] & _MASK16) ^ 0x8000) - 0x8000
+    return (((v[:, 0::2] << 16) + lo) & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+
+
+def unpack_slots(lanes: np.ndarray) -> np.ndarray:
+    """(K, M) int32 lanes (a sum of packed lanes) as (K, 2M) int64 int16 slot values: lo = the low
+    16 bits sign-extended, hi = (lane - lo) / 2^16 wrapped to int16. Exact when each slot's sum fits int16."""
+    v = np.asarray(lanes).astype(np.int64)
+    lo = ((v & _MASK16) ^ 0x8000) - 0x8000
+    hi = ((((v - lo) >> 16) & _MASK16) ^ 0x8000) - 0x8000
+    out = np.empty((v.shape[0], 2 * v.shape[1]), dtype=np.int64)
+    out[:, 0::2] = hi
+    out[:, 1::2] = lo
+    return out
 
 
 def packets(numel: int, lanes: int) -> int:
@@ -153,6 +179,7 @@ def encode_rows(x: np.ndarray, exps: np.ndarray, n: int, lanes: int, rows: np.nd
         bool per row: SATURATED (a value was non-finite or not below its block's 2^e).
     """
     nb, data = layout(lanes)
+    slots = fixed16_slots(lanes)
     k = rows.shape[0]
     terms = header_terms(rows)
     x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
@@ -165,13 +192,13 @@ def encode_rows(x: np.ndarray, exps: np.ndarray, n: int, lanes: int, rows: np.nd
             sat = np.zeros(k, dtype=np.bool_)
             kernels().quantize16_rows(x, np.ascontiguousarray(exps, dtype=np.int32), s1, s2,
                                        np.float32(2 ** (15 - c)), np.float32(2 ** (15 - c) - 1), words,
-                                       rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK, i0, terms, sat)
+                                       rows.shape[1] // 2, HEADER_LEN // 2, slots, nb, FIXED16_BLOCK, i0, terms, sat)
             return sat
     blocks = exps.size
     b0, b1 = i0 * nb, (i0 + k) * nb
     e = np.zeros(k * nb, dtype=np.int64)
     e[:max(0, min(b1, blocks) - b0)] = exps[b0:min(b1, blocks)]
-    lane = np.zeros((k, lanes), dtype=np.int64)
+    lane = np.zeros((k, slots), dtype=np.int64)
     lane[:, :nb] = e.reshape(k, nb)
     sat = np.zeros(k, dtype=bool)
     lo, hi = min(i0 * data, x.size), min((i0 + k) * data, x.size)
@@ -182,9 +209,9 @@ def encode_rows(x: np.ndarray, exps: np.ndarray, n: int, lanes: int, rows: np.nd
         lane[:, nb:nb + data] = flat.reshape(k, data)
         sat_b = np.concatenate([sat_b, np.zeros(k * nb - sat_b.size, dtype=bool)])
         sat = np.asarray(sat_b.reshape(k, nb).any(axis=1), dtype=bool)
-    nv = lanes - CHECKS
-    lane[:, nv:] = (_check_sums(lane[:, :nv]) + terms + exponent_terms(e.reshape(k, nb)).astype(np.int64)) & _MASK16
-    rows[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">u2")[...] = lane & _MASK16
+    nv = slots - CHECK_SLOTS
+    lane[:, nv::2] = (_check_sums(lane[:, :nv]) + terms + exponent_terms(e.reshape(k, nb)).astype(np.int64)) & _MASK16
+    rows[:, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4")[...] = pack_slots(lane)
     return sat
 
 
@@ -217,17 +244,18 @@ def decode_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int, out: np.n
     words = _as_words16(rows) if use_numba() else None
     if words is not None and out.flags.c_contiguous and out.dtype == np.float32:
         terms = _NO_TERMS if checked else header_terms(hrows)
-        return kernels().dequantize16_rows(words, rows.shape[1] // 2, HEADER_LEN // 2, lanes, nb, FIXED16_BLOCK,
+        return kernels().dequantize16_rows(words, rows.shape[1] // 2, HEADER_LEN // 2, fixed16_slots(lanes), nb,
+                                            FIXED16_BLOCK,
                                             n, sel, terms, pow2, -EXP_MIN, out.reshape(-1), starts, ok, checked)
     terms = header_terms(hrows)
-    lane = rows[sel, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2").astype(np.int64)
+    lane = unpack_slots(rows[sel, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4"))
     esum = lane[:, :nb]
     e = esum // n
     ok = ((esum % n) == 0).all(axis=1) & ((e >= EXP_MIN) & (e <= EXP_MAX)).all(axis=1)
-    nv = lanes - CHECKS
+    nv = fixed16_slots(lanes) - CHECK_SLOTS
     want = (_check_sums(lane[:, :nv]) + n * (terms.astype(np.int64)
                                              + exponent_terms(np.clip(e, EXP_MIN, EXP_MAX)).astype(np.int64))) & _MASK16
-    ok &= (want == (lane[:, nv:] & _MASK16)).all(axis=1)
+    ok &= (want == (lane[:, nv::2] & _MASK16)).all(axis=1) & (lane[:, nv + 1::2] == 0).all(axis=1)
     flat = out.reshape(-1)
     for i in np.flatnonzero(ok).tolist():
         scale = np.repeat(pow2[e[i] - EXP_MIN], FIXED16_BLOCK)
@@ -250,56 +278,36 @@ def pow2_table(c: int) -> np.ndarray:
     return t
 
 
-# --- the exponent agreement in 16-bit lanes (a FIXED16 MAX round on the meta session) -----------
-# Each lane is `e << 8 | tag8(e)` (int16; the tag is integrity.exp_tag's low byte), so the signed
-# order of lanes is the order of e, a MAX of lanes is the lane of the MAX, and the winner carries its
-# own check, as integrity.pack_exponents does in 32 bits; the check lanes of a MAX packet hold T_j
-# alone (integrity.check_words), the same on every contributor, so the switch's max keeps them.
-# Half the bytes of the 32-bit round: 2 B per block of FIXED16_BLOCK elements.
+# --- the exponent agreement (a FIXED16 MAX round on the meta session) --------------------------
+# One exponent per 32-bit lane, `integrity.pack_exponents`' self-checking lane `e << 16 | exp_tag(e)`
+# (the switch's signed max of lanes is the lane of the max, and the winner carries its own tag), as
+# the 32-bit agreement round; the check lanes of a MAX packet hold T_j << 16 alone (the 16-bit
+# header term in the high half, as a FIXED16 sum's), the same on every contributor, so the max keeps
+# them. 4 B per block of FIXED16_BLOCK elements.
 
 
 def agreement_lanes(lanes: int) -> int:
-    """Exponents per 16-bit agreement packet: every lane but the 4 check lanes."""
+    """Exponents per agreement packet: every lane but the 4 check lanes."""
     return lanes - CHECKS
 
 
-def _pack16(e: np.ndarray) -> np.ndarray:
-    """`pack_exponents16` computed lane by lane (the reference of its table)."""
-    e64 = np.asarray(e, dtype=np.int64)
-    return ((e64 << 8) | (integrity.exp_tag(e64).astype(np.int64) & 0xFF)).astype(np.int16)
-
-
-# the 256 valid lanes, indexed by e itself (numpy's negative indices: e = -128..-1 at 128..255)
-_LANE16 = _pack16(np.arange(256, dtype=np.int64).astype(np.int8))
-
-
-def pack_exponents16(e: np.ndarray) -> np.ndarray:
-    """int16 lanes `e << 8 | tag8(e)` of exponents e in [-128, 127] (a lookup in the 256 valid
-    lanes; the same bits as computing each)."""
-    e = np.asarray(e)
-    if e.size and (int(e.min()) < EXP_MIN or int(e.max()) > EXP_MAX):
-        return _pack16(e)
-    return _LANE16[e.astype(np.intp, copy=False)]
-
-
-def unpack_exponents16(lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(exponents, ok): ok is False where a lane's tag does not match its exponent. A lane's high
-    byte is e, so it is valid exactly when it equals the packed lane of e."""
-    v = np.asarray(lanes, dtype=np.int16)
-    e = v >> 8
-    return e.astype(np.int32), _LANE16[e.astype(np.intp)] == v
-
-
 def encode_agreement_rows(exps: np.ndarray, lanes: int, rows: np.ndarray, i0: int) -> None:
-    """Packets i0.. of a 16-bit exponent agreement (headers written, FIXED16 with MAX): the packed
-    exponents of blocks [p * A, (p + 1) * A), A = lanes - 4, zeros past the end, then T_j."""
+    """Packets i0.. of an exponent agreement (headers written, FIXED16 with MAX): the packed
+    exponents of blocks [p * A, (p + 1) * A), A = lanes - 4, zeros past the end, then T_j << 16."""
     per = agreement_lanes(lanes)
     k = rows.shape[0]
-    flat = np.zeros(k * per, dtype=np.int16)
+    flat = np.zeros(k * per, dtype=np.int32)
     part = np.asarray(exps)[i0 * per:(i0 + k) * per]
-    flat[:part.size] = pack_exponents16(part)
-    rows[:, HEADER_LEN:HEADER_LEN + 2 * per].view(">i2")[...] = flat.reshape(k, per)
-    rows[:, HEADER_LEN + 2 * per:HEADER_LEN + 2 * lanes].view(">u2")[...] = header_terms(rows)
+    flat[:part.size] = integrity.pack_exponents(part)
+    rows[:, HEADER_LEN:HEADER_LEN + 4 * per].view(">i4")[...] = flat.reshape(k, per)
+    rows[:, HEADER_LEN + 4 * per:HEADER_LEN + 4 * lanes].view(">u4")[...] = header_terms(rows) << np.uint32(16)
+
+
+def _agreement_checks_ok(rows: np.ndarray, sel: np.ndarray, lanes: int) -> np.ndarray:
+    """Bool per selected row: its check lanes are its header's T_j << 16."""
+    per = agreement_lanes(lanes)
+    got = rows[sel, HEADER_LEN + 4 * per:HEADER_LEN + 4 * lanes].view(">u4")
+    return (got == (header_terms(rows[sel]) << np.uint32(16))).all(axis=1)
 
 
 def verify_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int) -> np.ndarray:
@@ -315,11 +323,10 @@ def verify_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, n: int) -> np.nda
     if agree.any():
         s = sel[agree]
         per = agreement_lanes(lanes)
-        lane = rows[s, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2")
-        good = ((lane[:, per:].astype(np.int64) & _MASK16) == header_terms(rows[s])).all(axis=1)
+        lane = rows[s, HEADER_LEN:HEADER_LEN + 4 * per].view(">i4")
         count = rows[s, _COUNT_AT:_COUNT_AT + 2].copy().view(">u2").reshape(-1, 1).astype(np.int64)
-        tags = unpack_exponents16(lane[:, :per])[1] | (np.arange(per)[None, :] >= count)  # padding: zeros
-        ok[agree] = good & tags.all(axis=1)
+        tags = integrity.unpack_exponents(lane)[1] | (np.arange(per)[None, :] >= count)  # padding: zeros
+        ok[agree] = _agreement_checks_ok(rows, s, lanes) & tags.all(axis=1)
     if not agree.all():
         ok[~agree] = decode_rows(rows, sel[~agree], lanes, n, np.empty(0, dtype=np.float32))
     return ok
@@ -332,21 +339,22 @@ def decode_agreement_rows(rows: np.ndarray, sel: np.ndarray, lanes: int, chunk: 
     `checked`: `verify_rows` passed these very rows already (check lanes and every tag), so only
     the exponents are read off (the same values)."""
     per = agreement_lanes(lanes)
-    lane = rows[sel, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2")
+    lane = rows[sel, HEADER_LEN:HEADER_LEN + 4 * per].view(">i4")
     if checked:
-        e = (lane[:, :per] >> 8).astype(np.int32)
-        for i, c in enumerate(np.asarray(chunk).tolist()):
-            m = max(0, min(per, out.size - c * per))
-            out[c * per:c * per + m] = e[i, :m]
-        return True
-    if not ((lane[:, per:].astype(np.int64) & _MASK16) == header_terms(rows[sel])).all():
-        return False
-    e, ok = unpack_exponents16(lane[:, :per])
+        e = (lane >> 16).astype(np.int32)
+        ok = None
+    else:
+        if not _agreement_checks_ok(rows, sel, lanes).all():
+            return False
+        e, ok = integrity.unpack_exponents(lane)
+    parts = []
     for i, c in enumerate(np.asarray(chunk).tolist()):
         m = max(0, min(per, out.size - c * per))
-        if not ok[i, :m].all():
+        if ok is not None and not ok[i, :m].all():
             return False
-        out[c * per:c * per + m] = e[i, :m]
+        parts.append((c * per, e[i, :m]))
+    for at, v in parts:
+        out[at:at + v.size] = v
     return True
 
 

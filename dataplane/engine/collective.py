@@ -191,7 +191,7 @@ class CollectiveSession:
             live=live))
 
     def agree_exponents16(self, exps: np.ndarray, on_agreed: Callable[[np.ndarray | None, bool], None]) -> ReduceOp:
-        """A MAX of per-block exponents in 16-bit lanes (packets.exponent16_fill). `on_agreed(e,
+        """A MAX of per-block exponents, one lane each (packets.exponent16_fill). `on_agreed(e,
         saturated)` gets the agreed exponents, or None when a RESULT's tag or check lanes were wrong."""
         agreed = np.zeros(len(exps), dtype=np.int32)
         corrupt = [False]
@@ -366,7 +366,7 @@ class CollectiveSession:
         fresh = fixed16.kernels().absorb_fixed16_results(
             hb.reshape(-1), HEADER_LEN, k, _SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT, _DTYPE_AT, _COUNT_AT, _NUMEL_AT,
             _SKIP16, int(Dtype.FIXED16), w.bits, w.ack, op.op_id, op.numel, op.per, op.chunks, words,
-            rows.shape[1] // 2, HEADER_LEN // 2, self.row_lanes, nb, FIXED16_BLOCK, self.n, fixed16.header_terms(hb),
+            rows.shape[1] // 2, HEADER_LEN // 2, 2 * self.row_lanes, nb, FIXED16_BLOCK, self.n, fixed16.header_terms(hb),
             pow2, -EXP_MIN, out, self.send.retx, self.send.xmit_no, self.send.sack_high, self._fresh, self._info)
         if fresh < 0:
             return False

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..integrity import check_lanes, header_ok, headers_ok, wire_len
-from ..protocol import DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Dtype, Flag, MsgType
+from ..protocol import DATA_HEADER, HEADER_LEN, HEARTBEAT_HEADER, NODE, VERSION, Flag, MsgType
 from .collective import CollectiveSession
 from .grouping import SCALAR_BATCH, groups_reference, groups_scalar
 from .node_server import NodeServerSession
@@ -39,11 +39,6 @@ def _bad_headers(hb: np.ndarray, k: int) -> np.ndarray | None:
     return None if _ALL(ok) else ok
 
 
-def lane_bytes_of(dtypes: np.ndarray) -> np.ndarray:
-    """Bytes per lane of aggregation packets of header dtypes `dtypes` (2 for FIXED16, else 4)."""
-    return np.where(dtypes == int(Dtype.FIXED16), 2, 4)
-
-
 def widened(rows: np.ndarray, idx: np.ndarray, lens: np.ndarray, dtypes: np.ndarray, lanes: int) -> np.ndarray:
     """Private copies of received aggregation packets `rows[idx]` shorter than `lanes` lanes
     (lengths `lens`, docs/protocol.md 3.3), each made the whole packet a switch of `lanes` lanes
@@ -53,8 +48,7 @@ def widened(rows: np.ndarray, idx: np.ndarray, lens: np.ndarray, dtypes: np.ndar
     is read by every worker on the host."""
     out = np.zeros((len(idx), rows.shape[1]), dtype=np.uint8)
     for j, (i, n, d) in enumerate(zip(idx.tolist(), lens.tolist(), dtypes.tolist())):
-        w = 2 if d == int(Dtype.FIXED16) else 4
-        ck, full = w * check_lanes(d), HEADER_LEN + w * lanes
+        ck, full = 4 * check_lanes(d), HEADER_LEN + 4 * lanes
         out[j, :n - ck] = rows[i, :n - ck]
         out[j, full - ck:full] = rows[i, n - ck:n]
     return out
@@ -116,7 +110,7 @@ class DispatchMixin:
             if not _ALL(good):
                 self.stats["rx_bad"] += int((~good).sum())
                 idx, n, hs = idx[good], n[good], hs[good]
-            short = n < HEADER_LEN + lane_bytes_of(hs["dtype"]) * row_lanes
+            short = n < HEADER_LEN + 4 * row_lanes
             if short.any():  # shorter than the switch's lanes (docs/protocol.md 3.3): made whole, in copies
                 wide = widened(rows, idx[short], n[short], hs["dtype"][short], row_lanes)
                 done = short.all() or self._deliver(s, t, idx[~short], rows, lens, h, now)

@@ -93,7 +93,7 @@ class GradAssembly16:
             self.buf[c * self.per:(c + 1) * self.per] = np.float32(np.nan)
         # a sum past 2^128 decodes to inf: flagged for the node's finiteness check, as FIXED32 does
         nb = fixed16.layout(self.lanes)[0]
-        e = rows[sel[ok], HEADER_LEN:HEADER_LEN + 2 * nb].view(">i2").astype(np.int64) // self.n
+        e = fixed16.unpack_slots(rows[sel[ok], HEADER_LEN:HEADER_LEN + 4 * -(-nb // 2)].view(">i4"))[:, :nb] // self.n
         self.saturated |= bool(bad.any()) or bool(e.size and int(e.max()) + fixed16_bits(self.n) > 128)
         return self.got >= self.chunks
 
@@ -131,9 +131,7 @@ class FallbackAggregator:
             if worker >= self.n:  # no rank of this job: a switch passes FALLBACK GRADs of ranks it does not
                 self.rejected += 1  # know (protocol.md 6.8), so only this check keeps forged ones out of the sum
                 continue
-            wide = int(h["dtype"][i]) == int(Dtype.FIXED16)  # 16-bit lanes, summed mod 2^16 as the switch does
-            lanes = (rows[i, HEADER_LEN:HEADER_LEN + 2 * self.lanes].view(">i2").astype(np.int32) if wide
-                     else payload_int32(rows[i:i + 1], self.lanes)[0].astype(np.int32))
+            lanes = payload_int32(rows[i:i + 1], self.lanes)[0].astype(np.int32)  # (FIXED16 too: packed int16 pairs)
             entry = self.pending.get(seq)
             if entry is None:
                 self.pending[seq] = [1 << worker, lanes, int(h["exponent"][i]), int(h["flags"][i]),
@@ -155,10 +153,7 @@ class FallbackAggregator:
                 hv["worker"] = NODE
                 hv["exponent"] = entry[2]
                 hv["flags"] = entry[3] & ~int(Flag.FALLBACK) & 0xFF
-                if int(hv["dtype"][0]) == int(Dtype.FIXED16):  # the sum truncated to 16 bits, 2L bytes
-                    row[HEADER_LEN:HEADER_LEN + 2 * self.lanes].view(">u2")[:] = entry[1] & 0xFFFF
-                else:
-                    row[HEADER_LEN:].view(">i4")[:] = entry[1]
+                row[HEADER_LEN:].view(">i4")[:] = entry[1]
                 done.append(row)
         return done
 

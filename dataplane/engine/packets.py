@@ -155,8 +155,8 @@ def fixed16_fill(*, seg_start: int, msg_type: MsgType, session: int, worker: int
 
 def exponent16_fill(*, seg_start: int, session: int, worker: int, pool_base: int, pool_size: int, lanes: int,
                     tensor: int, exps: np.ndarray):
-    """A fill function for a 16-bit exponent agreement (FIXED16 ALLREDUCE packets with MAX, lanes
-    `e << 8 | tag`, dataplane/fixed16.py `encode_agreement_rows`): half the bytes of the int32 round."""
+    """A fill function for a FIXED16 job's exponent agreement (FIXED16 ALLREDUCE packets with MAX, one
+    self-checking lane `e << 16 | exp_tag(e)` per block, dataplane/fixed16.py `encode_agreement_rows`)."""
     per = fixed16.agreement_lanes(lanes)
     vt = ver_type(MsgType.ALLREDUCE)
     numel = len(exps)

@@ -217,7 +217,7 @@ class AllreduceOp:
         self._lanes16 = data.row_lanes
         blocks = num_chunks(self.numel, FIXED16_BLOCK)
         data_op = data.new_op(self.numel, Dtype.FIXED16, False, self._done16, self._decode16, per=per)
-        if self.check is None:  # the exponents alone: 16-bit lanes, 2 B per block
+        if self.check is None:  # the exponents alone: one self-checking 32-bit lane per block
             meta.agree_exponents16(self.local_exps, lambda e, sat: self._have_exps16(e, sat, data, data_op))
             return
         k = agreement.lanes(self.check.size)  # the fingerprint rides in int32 lanes, so the exponents do too

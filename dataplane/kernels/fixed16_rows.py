@@ -1,5 +1,6 @@
 """numba kernels of the FIXED16 format (docs/protocol.md 5.2; dataplane/fixed16.py is the reference
-of each): a buffer's packets quantised into send-ring rows (`quantize16_rows`), received sums
+of each; int16 slots two per 32-bit lane, `hi * 2^16 + lo`, so a writer borrows one from a high
+slot whose low slot is negative (`_borrow`) and a reader gives it back (`_unpack_row`)): a buffer's packets quantised into send-ring rows (`quantize16_rows`), received sums
 verified and decoded (`dequantize16_rows`), a RESULT batch of a sum verified, decoded and entered
 in the window in one call (`absorb_fixed16_results`, the FIXED16 twin of fixed_point.py
 `absorb_fixed_results`; dataplane/engine/collective.py `on_results` is its reference), and the
@@ -78,10 +79,47 @@ def _store_sums(vals, dst):
 
 @njit(cache=True, nogil=True, inline="always")
 def _put_checks(dst, nv, c0, c1, c2, c3):
+    """The 4 check words into the high halves of the last 4 lanes (slots nv, nv + 2, ...), low halves 0."""
     dst[nv] = _bswap16(np.uint16(c0 & np.uint64(0xFFFF)))
-    dst[nv + 1] = _bswap16(np.uint16(c1 & np.uint64(0xFFFF)))
-    dst[nv + 2] = _bswap16(np.uint16(c2 & np.uint64(0xFFFF)))
-    dst[nv + 3] = _bswap16(np.uint16(c3 & np.uint64(0xFFFF)))
+    dst[nv + 2] = _bswap16(np.uint16(c1 & np.uint64(0xFFFF)))
+    dst[nv + 4] = _bswap16(np.uint16(c2 & np.uint64(0xFFFF)))
+    dst[nv + 6] = _bswap16(np.uint16(c3 & np.uint64(0xFFFF)))
+    dst[nv + 1] = 0
+    dst[nv + 3] = 0
+    dst[nv + 5] = 0
+    dst[nv + 7] = 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _borrow(dst, nv):
+    """Slots [0, nv) of a row as written (big-endian int16 values) made packed lanes (fixed16.py
+    `pack_slots`): each high slot less one where its low slot is negative (the sign bit of a
+    big-endian word is bit 7 of the native one)."""
+    for k in range(0, nv, 2):
+        b = np.uint16((dst[k + 1] >> np.uint16(7)) & np.uint16(1))
+        dst[k] = _bswap16(np.uint16(_bswap16(dst[k]) - b))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _unpack_row(src, nv, sc):
+    """Slots [0, nv) of a received row of packed lanes (big-endian words `src`) as int32 values
+    into `sc` (fixed16.py `unpack_slots`): lo sign-extended, hi given back the one its lane
+    borrowed, wrapped to int16."""
+    for k in range(0, nv, 2):
+        lo = _bswap16(src[k + 1])
+        sc[k] = np.int32(np.int16(np.uint16(_bswap16(src[k]) + (lo >> np.uint16(15)))))
+        sc[k + 1] = np.int32(np.int16(lo))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _checks_match(src, nv, nn, t0, t1, t2, t3, c0, c1, c2, c3, g0, g1, g2, g3):
+    """A sum of nn's check lanes (slots nv.. of `src`): high halves the expected words, low halves 0."""
+    msk = np.uint64(0xFFFF)
+    return ((np.uint64(c0) + nn * (np.uint64(t0) + g0)) & msk) == np.uint64(_bswap16(src[nv])) \
+        and ((np.uint64(c1) + nn * (np.uint64(t1) + g1)) & msk) == np.uint64(_bswap16(src[nv + 2])) \
+        and ((np.uint64(c2) + nn * (np.uint64(t2) + g2)) & msk) == np.uint64(_bswap16(src[nv + 4])) \
+        and ((np.uint64(c3) + nn * (np.uint64(t3) + g3)) & msk) == np.uint64(_bswap16(src[nv + 6])) \
+        and src[nv + 1] == 0 and src[nv + 3] == 0 and src[nv + 5] == 0 and src[nv + 7] == 0
 
 
 @njit(cache=True, nogil=True)
@@ -126,25 +164,26 @@ def header_terms16(hrows, at, width, mult, dtype, grad, agg, out):
 
 
 @njit(cache=True, nogil=True)
-def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb, block, i0, terms, saturated):
-    """FIXED16 packets i0.. into rows (flat big-endian uint16 `words`, `row_words` apart, lanes from
-    word `col`) (dataplane/fixed16.py `encode_rows` is the reference): nb exponent lanes (the
-    blocks' `exps`, 0 past the buffer), nb * block data lanes quantised with each block's factors
+def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, slots, nb, block, i0, terms, saturated):
+    """FIXED16 packets i0.. into rows (flat big-endian uint16 `words`, `row_words` apart, `slots`
+    int16 slots from word `col`) (dataplane/fixed16.py `encode_rows` is the reference): nb exponent
+    slots (the blocks' `exps`, 0 past the buffer), nb * block data slots quantised with each block's factors
     s1 * s2 (rint, clipped to +-lim, NaN -> 0; saturated[r] where a value was non-finite or not
     below `top` after scaling), zero padding, then the 4 check words with `terms[r]` (the header's
-    T_j) and the exponents' G_j added. A whole row whose values all scale below `top` is
-    quantised, stored and summed in one pass (a loop per block, its factor a scalar); any other
-    row is built in a scratch of uint32 (its bad values redone carefully), then swapped into the
-    row and summed in one loop (`_store_sums`). The loops vectorise."""
+    T_j) and the exponents' G_j added, in the high halves of the last 4 lanes; then the slots are
+    packed into lanes (`_borrow`). A whole row whose values all scale below `top` is quantised,
+    stored and summed in one pass (a loop per block, its factor a scalar); any other row is built
+    in a scratch of uint32 (its bad values redone carefully), then swapped into the row and summed
+    in one loop (`_store_sums`). The loops vectorise."""
     n = x.size
     data = nb * block
     blocks = exps.size
-    nv = lanes - 4
-    vals = np.zeros(nv, dtype=np.uint32)  # padding lanes stay 0
+    nv = slots - 8
+    vals = np.zeros(nv, dtype=np.uint32)  # padding slots stay 0
     eb = np.zeros(nb, dtype=np.int64)
     for r in range(saturated.size):
         p = i0 + r
-        dst = words[r * row_words + col:r * row_words + col + lanes]
+        dst = words[r * row_words + col:r * row_words + col + slots]
         b0 = p * nb
         bad = False
         e0 = p * data
@@ -195,6 +234,7 @@ def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb,
                 _put_checks(dst, nv, np.uint64(c0) + np.uint64(terms[r, 0]) + g0,
                             np.uint64(c1) + np.uint64(terms[r, 1]) + g1,
                             np.uint64(c2) + np.uint64(terms[r, 2]) + g2, np.uint64(c3) + np.uint64(terms[r, 3]) + g3)
+                _borrow(dst, nv)
                 continue
             flag = False
             for b in range(nb):
@@ -263,57 +303,56 @@ def quantize16_rows(x, exps, s1, s2, top, lim, words, row_words, col, lanes, nb,
         saturated[r] = bad
         _put_checks(dst, nv, np.uint64(c0) + np.uint64(terms[r, 0]) + g0, np.uint64(c1) + np.uint64(terms[r, 1]) + g1,
                     np.uint64(c2) + np.uint64(terms[r, 2]) + g2, np.uint64(c3) + np.uint64(terms[r, 3]) + g3)
+        _borrow(dst, nv)
     return saturated
 
 
 @njit(cache=True, nogil=True)
-def dequantize16_rows(words, row_words, col, lanes, nb, block, n, sel, terms, pow2, pow2_at, out, starts, ok,
+def dequantize16_rows(words, row_words, col, slots, nb, block, n, sel, terms, pow2, pow2_at, out, starts, ok,
                       checked=False):
     """Verify and decode FIXED16 sums of `n` contributions (dataplane/fixed16.py `decode_rows` is the
-    reference): row sel[i]'s exponent lanes must be multiples of n (e = lane / n), its check words
-    `sum_k (k+1)^j v_k + n * (terms[i, j] + G_j(e))` mod 2^16; ok[i] says so. A row that passes has
-    its data lanes decoded, lane * 2^(e + c - 15) rounded once to float32 (pow2[e + pow2_at] =
-    2^(e + c - 15); an exponent outside the table fails the row), into out[starts[i]:], up to the
-    end of `out`. `checked`: the rows' check words were verified already (`fixed16.verify_rows` on
-    these very rows): only the exponent lanes are checked, and the data lanes are decoded straight
-    from the row in one pass (`terms` unused)."""
-    if checked:
-        return _decode16_checked(words, row_words, col, lanes, nb, block, n, sel, pow2, pow2_at, out, starts, ok)
-    nv = lanes - 4
+    reference): row sel[i]'s slots (`slots` of them, unpacked from its lanes) hold exponent slots
+    that are multiples of n (e = slot / n), and its check lanes the words
+    `sum_k (k+1)^j v_k + n * (terms[i, j] + G_j(e))` mod 2^16 over high halves, low halves 0;
+    ok[i] says so. A row that passes has its data slots decoded, slot * 2^(e + c - 15) rounded
+    once to float32 (pow2[e + pow2_at] = 2^(e + c - 15); an exponent outside the table fails the
+    row), into out[starts[i]:], up to the end of `out`. `checked`: the rows' check words were
+    verified already (`fixed16.verify_rows` on these very rows): only the exponent slots are
+    checked before decoding (`terms` unused)."""
+    nv = slots - 8
     eb = np.zeros(nb, dtype=np.int64)
-    msk = np.uint64(0xFFFF)
+    sc = np.empty(nv, dtype=np.int32)
     nn = np.uint64(n)
     for i in range(sel.size):
-        src = words[sel[i] * row_words + col:sel[i] * row_words + col + lanes]
-        good = _exps16(src, nb, n, pow2.size, pow2_at, eb)  # n equal exponents, each in the protocol's range
-        if good:
-            c0, c1, c2, c3 = _row_sums16(src[:nv])
+        src = words[sel[i] * row_words + col:sel[i] * row_words + col + slots]
+        _unpack_row(src, nv, sc)
+        good = _exps16(sc, nb, n, pow2.size, pow2_at, eb)  # n equal exponents, each in the protocol's range
+        if good and not checked:
+            c0, c1, c2, c3 = _row_sums16(sc)
             g0, g1, g2, g3 = _exponent_terms(eb, nb)
-            good = ((np.uint64(c0) + nn * (np.uint64(terms[i, 0]) + g0)) & msk) == np.uint64(_bswap16(src[nv])) \
-                and ((np.uint64(c1) + nn * (np.uint64(terms[i, 1]) + g1)) & msk) == np.uint64(_bswap16(src[nv + 1])) \
-                and ((np.uint64(c2) + nn * (np.uint64(terms[i, 2]) + g2)) & msk) == np.uint64(_bswap16(src[nv + 2])) \
-                and ((np.uint64(c3) + nn * (np.uint64(terms[i, 3]) + g3)) & msk) == np.uint64(_bswap16(src[nv + 3]))
+            good = _checks_match(src, nv, nn, terms[i, 0], terms[i, 1], terms[i, 2], terms[i, 3],
+                                 c0, c1, c2, c3, g0, g1, g2, g3)
         ok[i] = good
-        if good:  # the row again, from cache: each lane * 2^(e + c - 15), a power of two within float32's range
-            # (subnormals included), so the float32 product of the lane (|v| <= 2^15, exact) and it is
-            # the exact product rounded once, as in float64
-            _decode16_row(src, nb, block, eb, pow2, pow2_at, out, starts[i])
+        if good:  # each slot * 2^(e + c - 15), a power of two within float32's range (subnormals
+            # included), so the float32 product of the slot (|v| <= 2^15, exact) and it is the
+            # exact product rounded once, as in float64
+            _decode16_row(sc, nb, block, eb, pow2, pow2_at, out, starts[i])
     return ok
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _exps16(src, nb, n, pow2_size, pow2_at, eb):
-    """eb[b] = the exponent of block b of a FIXED16 sum of n (its lane / n); False when a lane is no
-    multiple of n or an exponent is outside the table (pow2_size entries from -pow2_at). The
-    quotient is the lane times 1/n rounded (|lane| < 2^15, n < 2^8: within 2^-30 of it when the
-    lane is a multiple of n, which q * n == lane then confirms exactly): an integer division per
-    block cost more than the row's check sums."""
+def _exps16(sc, nb, n, pow2_size, pow2_at, eb):
+    """eb[b] = the exponent of block b of a FIXED16 sum of n (its slot / n, `sc` the row's unpacked
+    slots); False when a slot is no multiple of n or an exponent is outside the table (pow2_size
+    entries from -pow2_at). The quotient is the slot times 1/n rounded (|slot| < 2^15, n < 2^8:
+    within 2^-30 of it when the slot is a multiple of n, which q * n == slot then confirms
+    exactly): an integer division per block cost more than the row's check sums."""
     good = True
     inv = 1.0 / n
     lo = -pow2_at
     hi = pow2_size - pow2_at
     for b in range(nb):
-        s = np.int64(np.int16(_bswap16(src[b])))
+        s = np.int64(sc[b])
         q = np.int64(np.rint(np.float64(s) * inv))
         good &= (q * n == s) & (q >= lo) & (q < hi)
         eb[b] = q
@@ -321,47 +360,32 @@ def _exps16(src, nb, n, pow2_size, pow2_at, eb):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _decode16_row(src, nb, block, eb, pow2, pow2_at, out, o):
-    """The data lanes of one FIXED16 row (block b scaled by pow2[eb[b] + pow2_at]) into out[o:],
-    up to the end of `out`: each lane read big-endian, sign-extended and scaled in one pass."""
+def _decode16_row(sc, nb, block, eb, pow2, pow2_at, out, o):
+    """The data slots of one FIXED16 row (`sc`, unpacked; block b scaled by pow2[eb[b] + pow2_at])
+    into out[o:], up to the end of `out`."""
     m = out.size
     for b in range(nb):
-        sc = np.float32(pow2[eb[b] + pow2_at])
+        f = np.float32(pow2[eb[b] + pow2_at])
         lo = o + b * block
         hi = min(lo + block, m)
         if hi <= lo:
             break
         dst = out[lo:hi]
-        v = src[nb + b * block:nb + b * block + (hi - lo)]
+        v = sc[nb + b * block:nb + b * block + (hi - lo)]
         for j in range(dst.size):
-            u = v[j]
-            dst[j] = np.float32(np.int32(np.int16(np.uint16(((u & 0xFF) << 8) | ((u >> 8) & 0xFF))))) * sc
-
-
-@njit(cache=True, nogil=True)
-def _decode16_checked(words, row_words, col, lanes, nb, block, n, sel, pow2, pow2_at, out, starts, ok):
-    """`dequantize16_rows` of rows whose check words were verified: the exponent lanes checked as
-    there, each data lane read big-endian, sign-extended and scaled in one pass (the same bits)."""
-    eb = np.zeros(nb, dtype=np.int64)
-    for i in range(sel.size):
-        src = words[sel[i] * row_words + col:sel[i] * row_words + col + lanes]
-        ok[i] = _exps16(src, nb, n, pow2.size, pow2_at, eb)
-        if ok[i]:
-            _decode16_row(src, nb, block, eb, pow2, pow2_at, out, starts[i])
-    return ok
+            dst[j] = np.float32(v[j]) * f
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _row_sums16(src):
-    """`_store_sums`' sums of big-endian int16 lanes `src` (the check words' lane part, read
-    side): (sum v, sum (k+1) v, sum (k+1)^2 v, sum (k+1)^3 v) mod 2^32, v sign-extended."""
+def _row_sums16(sc):
+    """`_store_sums`' sums of the unpacked slots `sc` (the check words' slot part, read side):
+    (sum v, sum (k+1) v, sum (k+1)^2 v, sum (k+1)^3 v) mod 2^32."""
     s0 = np.uint32(0)
     s1 = np.uint32(0)
     s2 = np.uint32(0)
     s3 = np.uint32(0)
-    for k in range(src.size):
-        u = src[k]
-        v = np.uint32(np.int32(np.int16(np.uint16(((u & 0xFF) << 8) | ((u >> 8) & 0xFF)))))
+    for k in range(sc.size):
+        v = np.uint32(sc[k])
         a = np.uint32(k + 1)
         b = np.uint32(a * a)
         s0 = np.uint32(s0 + v)
@@ -373,7 +397,7 @@ def _row_sums16(src):
 
 @njit(cache=True, nogil=True)
 def absorb_fixed16_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_at, dtype_at, count_at, numel_at,
-                           skip_flags, fixed16, bits, ack, op_id, numel, per, chunks, words, row_words, col, lanes, nb,
+                           skip_flags, fixed16, bits, ack, op_id, numel, per, chunks, words, row_words, col, slots, nb,
                            block, n, terms, pow2, pow2_at, out, retx, xmit_no, sack_high, fresh_seqs, info):
     """`absorb_fixed_results` for a FIXED16 sum, verification included (dataplane/engine/collective.py
     `on_results`: `_verified` with fixed16.verify_rows, `in_bounds`, the window, reductions.py
@@ -388,8 +412,8 @@ def absorb_fixed16_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_a
     size = bits.size
     prev = np.int64(-1)
     eb = np.zeros(nb, dtype=np.int64)
-    nv = lanes - 4
-    msk = np.uint64(0xFFFF)
+    nv = slots - 8
+    sc = np.empty(nv, dtype=np.int32)
     nn = np.uint64(n)
     for i in range(k):
         b = i * hstride
@@ -403,15 +427,14 @@ def absorb_fixed16_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_a
         count = (np.int64(hb[b + count_at]) << 8) | np.int64(hb[b + count_at + 1])
         if off % per != 0 or off // per >= chunks or count > per or _be32(hb, b + numel_at) != numel:
             return -1
-        src = words[i * row_words + col:i * row_words + col + lanes]
-        if not _exps16(src, nb, n, pow2.size, pow2_at, eb):
+        src = words[i * row_words + col:i * row_words + col + slots]
+        _unpack_row(src, nv, sc)
+        if not _exps16(sc, nb, n, pow2.size, pow2_at, eb):
             return -1
-        c0, c1, c2, c3 = _row_sums16(src[:nv])
+        c0, c1, c2, c3 = _row_sums16(sc)
         g0, g1, g2, g3 = _exponent_terms(eb, nb)
-        if ((np.uint64(c0) + nn * (np.uint64(terms[i, 0]) + g0)) & msk) != np.uint64(_bswap16(src[nv])) \
-                or ((np.uint64(c1) + nn * (np.uint64(terms[i, 1]) + g1)) & msk) != np.uint64(_bswap16(src[nv + 1])) \
-                or ((np.uint64(c2) + nn * (np.uint64(terms[i, 2]) + g2)) & msk) != np.uint64(_bswap16(src[nv + 2])) \
-                or ((np.uint64(c3) + nn * (np.uint64(terms[i, 3]) + g3)) & msk) != np.uint64(_bswap16(src[nv + 3])):
+        if not _checks_match(src, nv, nn, terms[i, 0], terms[i, 1], terms[i, 2], terms[i, 3],
+                             c0, c1, c2, c3, g0, g1, g2, g3):
             return -1
     fresh = 0
     mask = size - 1
@@ -427,9 +450,10 @@ def absorb_fixed16_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_a
         if bits[j]:
             continue  # a duplicate
         bits[j] = True
-        src = words[i * row_words + col:i * row_words + col + lanes]
-        _exps16(src, nb, n, pow2.size, pow2_at, eb)
-        _decode16_row(src, nb, block, eb, pow2, pow2_at, out, _be32(hb, b + offset_at))
+        src = words[i * row_words + col:i * row_words + col + slots]
+        _unpack_row(src, nv, sc)
+        _exps16(sc, nb, n, pow2.size, pow2_at, eb)
+        _decode16_row(sc, nb, block, eb, pow2, pow2_at, out, _be32(hb, b + offset_at))
         fresh_seqs[fresh] = seq
         fresh += 1
         d = (seq - sack_high) & 0xFFFFFFFF

@@ -21,6 +21,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 from scapy.packet import Raw
 
+from luwu.dataplane.fixed16 import pack_slots
 from luwu.dataplane.integrity import HCHECK_OFFSET, header_check, trailer
 from luwu.dataplane.protocol import HEADER_LEN, VERSION, Dtype, MsgType
 from luwu.dataplane.scapy_layer import Luwu
@@ -40,17 +41,12 @@ def with_trailer(body: bytes) -> bytes:
     return body + trailer(body)
 
 
-def lanes16_bytes(values) -> bytes:
-    """FIXED16 lanes: int16, big-endian, wrapping; shorter lists are zero-padded to LANES."""
-    arr = np.zeros(max(LANES, len(values)), dtype=np.int64)
-    arr[:len(values)] = np.asarray(values, dtype=np.int64)
-    return (arr & 0xFFFF).astype(">u2").tobytes()
-
-
-def wrap16(values) -> list[int]:
-    """int64 values wrapped to signed int16 (the switch's FIXED16 emission: low 16 bits)."""
-    a = (np.asarray(values, dtype=np.int64) + 2**15) % 2**16 - 2**15
-    return [int(x) for x in a]
+def slots_bytes(slots) -> bytes:
+    """FIXED16 int16 slots packed two per int32 lane (`fixed16.pack_slots`: `hi * 2^16 + lo`),
+    big-endian; shorter lists are zero-padded to 2 * LANES slots."""
+    arr = np.zeros(max(2 * LANES, len(slots) + len(slots) % 2), dtype=np.int64)
+    arr[:len(slots)] = np.asarray(slots, dtype=np.int64)
+    return pack_slots(arr[None])[0].astype(">i4").tobytes()
 
 
 def wrap32(values) -> list[int]:
@@ -134,9 +130,7 @@ def _fields(frame: bytes) -> list[tuple[str, object]]:
             dtype = layer.getfieldval("dtype") if mtype != MsgType.HEARTBEAT else None
         layer = layer.payload if layer.payload else None
     raw = bytes(layer) if isinstance(layer, Raw) else b""
-    if mtype in AGGREGATION and dtype == Dtype.FIXED16 and len(raw) % 2 == 0:
-        out += [(f"lane16[{k}]", int(v)) for k, v in enumerate(np.frombuffer(raw, dtype=">i2"))]
-    elif mtype in AGGREGATION and len(raw) % 4 == 0:
+    if mtype in AGGREGATION and len(raw) % 4 == 0:
         out += [(f"lane[{k}]", int(v)) for k, v in enumerate(np.frombuffer(raw, dtype=">i4"))]
     elif raw:
         out.append(("payload", raw.hex()))

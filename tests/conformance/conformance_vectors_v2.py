@@ -5,9 +5,10 @@
   packet afterwards is a first contribution, not a duplicate, and the phase completes with the
   good packets' sum. Every emitted header carries a recomputed hcheck (every vector checks it:
   expected frames are sealed, conformance_frames.py).
-* FIXED16: int16 lanes, sign-extended into the 32-bit lane registers, summed (or maxed with MAX,
-  where the sign matters) and emitted truncated to int16 (a lane whose sum leaves int16 wraps);
-  a resend, a GRAD completing toward the node; lengths 32 + 2 * lanes.
+* FIXED16: int16 slots packed two per int32 lane (`hi * 2^16 + lo`), which the switch sums as
+  plain int32 lanes (a negative low slot borrows from its high slot, and the sum splits back
+  exactly); its exponent agreement is a signed int32 MAX of self-checking lanes; a resend, a GRAD
+  completing toward the node; lengths 32 + 4 * lanes, as every aggregation dtype.
 * Check words: the last lanes of an aggregation payload are opaque to the switch, summed like
   data; the sum verifies with `integrity.check_words(..., n)` (FIXED32 and FIXED16 with its
   exponent lanes), and a contribution corrupted in one lane (header intact) still aggregates but
@@ -21,13 +22,14 @@
 from __future__ import annotations
 
 import numpy as np
-from conformance_frames import frame_in, lanes16_bytes, lanes_bytes, luwu_layer, with_trailer, wrap16, wrap32
+from conformance_frames import frame_in, lanes_bytes, luwu_layer, slots_bytes, with_trailer, wrap32
 from conformance_topology import DATA, LANES, NODE_HOST, NODE_S, WORKERS
 from conformance_vectors import Agg, Script, Vector, agg, keep_flags, result, to_group, to_host, to_up
 from conformance_vectors_messages import hb
 from conformance_vectors_slots import total, values
 
 from luwu.dataplane import integrity
+from luwu.dataplane.fixed16 import pack_slots, unpack_slots
 from luwu.dataplane.protocol import LANE_CHUNK, NODE, DropReason, Dtype, Event, Flag, MsgType
 
 W0, W1, W2, W3 = WORKERS
@@ -42,11 +44,11 @@ def flip(offset: int, bit: int = 0):
 
 
 class Agg16(Agg):
-    """A FIXED16 aggregation packet: its values are int16 lanes."""
+    """A FIXED16 aggregation packet: its values are int16 slots, two per lane."""
 
     @property
     def payload(self) -> bytes:
-        return lanes16_bytes(self.values)
+        return slots_bytes(self.values)
 
 
 def agg16(mtype: MsgType, s, src, seq: int, vals, **kw) -> Agg16:
@@ -92,60 +94,85 @@ def bad_header_check() -> Vector:
 # -- FIXED16 -------------------------------------------------------------------------------------
 
 def values16(rank: int, seed: int) -> list[int]:
-    """A worker's int16 lanes: small random values of both signs (headroom for 4 contributors:
-    |v| < 2^13), plus edge lanes (INT16 extremes whose sum wraps, -1, rank)."""
-    v = np.random.default_rng(7000 + 100 * seed + rank).integers(-2**13 + 1, 2**13, size=LANES)
-    v[0] = 2**15 - 1  # four of these leave int16: the emitted lane is the low 16 bits
-    v[1] = -2**15
-    v[2] = -1
-    v[3] = rank - 2
+    """A worker's int16 slots (2 * LANES): small random values of both signs (headroom for 4
+    contributors: |v| < 2^13), plus edge slots (the headroom's extremes, whose sums reach
+    +-(2^15 - 4); -1 in a low slot, which borrows from its high slot; rank)."""
+    v = np.random.default_rng(7000 + 100 * seed + rank).integers(-2**13 + 1, 2**13, size=2 * LANES)
+    v[0] = 2**13 - 1
+    v[1] = -(2**13 - 1)
+    v[2] = -(2**13 - 1)
+    v[3] = -1
+    v[5] = rank - 2
     return [int(x) for x in v]
 
 
+def summed16(pk: list[Agg16]) -> bytes:
+    """The switch's sum of FIXED16 packets: their packed lanes added as int32 (wrapping), which
+    splits back into the slot sums mod 2^16 (asserted: the property the format rests on; exact for
+    the data, whose sums fit int16, and the check words' high halves are taken mod 2^16 anyway)."""
+    lanes = np.sum([pack_slots(np.asarray([p.values], dtype=np.int64))[0].astype(np.int64) for p in pk], axis=0)
+    out = wrap32(lanes)
+    want = (np.sum(np.asarray([p.values for p in pk], dtype=np.int64), axis=0) + 2**15) % 2**16 - 2**15
+    assert unpack_slots(np.asarray([out], dtype=np.int64).astype(np.int32))[0].tolist() == want.tolist()
+    return lanes_bytes(out)
+
+
 def fixed16_allreduce() -> Vector:
-    """FIXED16 ALLREDUCE: int16 lanes sign-extended and summed in 32 bits, emitted as int16 (low
-    16 bits); a resend after completion gets the same 16-bit sums, to its sender only."""
+    """FIXED16 ALLREDUCE: packed int16 slots summed as int32 lanes, the RESULT 4 * lanes bytes of
+    sums that split back into the slot sums; a resend after completion gets the same sums, to its
+    sender only."""
     s = Script()
     seq = 60
     pk = [agg16(MsgType.ALLREDUCE, DATA, h, seq, values16(h.rank, 1)) for h in WORKERS]
     for p in pk[:3]:
         s.send(p.src, p.layer, p.payload, note="absorbed")
-    summed = lanes16_bytes(wrap16(np.sum(np.asarray([p.values for p in pk], dtype=np.int64), axis=0)))
+    summed = summed16(pk)
     out = result(pk[3], mtype=MsgType.RESULT, worker=NODE, exponent=0, flags=keep_flags(pk[3].layer.flags))
     s.send(W3, pk[3].layer, pk[3].payload, to_group(DATA, W3, out, summed),
-           note="RESULT: 2 * lanes bytes of int16 sums (negative lanes sign-extended)")
+           note="RESULT: int32 sums of packed slots (negative low slots borrow)")
     retx = agg16(MsgType.ALLREDUCE, DATA, W1, seq, values16(1, 1), flags=Flag.RETX)
     again = result(retx, mtype=MsgType.RESULT, worker=NODE, exponent=0, flags=keep_flags(retx.layer.flags) | Flag.RETX)
-    s.send(W1, retx.layer, retx.payload, to_host(W1, W1, again, summed), note="resend: stored int16 sums to w1")
+    s.send(W1, retx.layer, retx.payload, to_host(W1, W1, again, summed), note="resend: stored sums to w1")
     return Vector("fixed16_allreduce", "5.2, 6.3", ("fixed16_sum", "fixed16_negative", "fixed16_resent"), s.steps,
                   events={Event.ABSORBED: 3, Event.COMPLETED: 1, Event.MULTICAST: 1, Event.RESENT: 1,
                           Event.UNICAST: 1})
 
 
 def fixed16_max() -> Vector:
-    """FIXED16 with MAX: the signed max of the int16 lanes (a sign lost in the widening would
-    make -1 the largest)."""
+    """FIXED16 with MAX (a job's exponent agreement): the signed int32 max of self-checking lanes
+    `e << 16 | exp_tag(e)` is the lane of the max exponent, negative exponents included (an
+    unsigned max would make -1 the largest)."""
     s = Script()
     seq = 61
-    pk = [agg16(MsgType.ALLREDUCE, DATA, h, seq, values16(h.rank, 2), flags=Flag.MAX) for h in WORKERS]
+    nc = integrity.check_lanes(int(Dtype.FIXED16))
+    pk = []
+    for h in WORKERS:
+        e = np.random.default_rng(7200 + h.rank).integers(-128, 128, size=LANES - nc)
+        e[0] = -1 - h.rank  # all negative: the max is -1
+        a = agg(MsgType.ALLREDUCE, DATA, h, seq, [], flags=Flag.MAX, dtype=Dtype.FIXED16, count=LANES - nc)
+        t = integrity.check_words(np.zeros(2 * LANES - 2 * nc), fields(a.layer), int(Dtype.FIXED16))
+        a.values = [int(x) for x in integrity.pack_exponents(e)] + [int(x) << 16 for x in t]
+        pk.append(a)
     for p in pk[:3]:
         s.send(p.src, p.layer, p.payload)
     expect = [int(x) for x in np.max(np.asarray([p.values for p in pk], dtype=np.int64), axis=0)]
+    got, ok = integrity.unpack_exponents(np.asarray(expect[:LANES - nc], dtype=np.int64).astype(np.int32))
+    assert ok.all() and got[0] == -1, "the max of packed exponents is the packed max"
     out = result(pk[3], mtype=MsgType.RESULT, worker=NODE, exponent=0, flags=int(Flag.MAX))
-    s.send(W3, pk[3].layer, pk[3].payload, to_group(DATA, W3, out, lanes16_bytes(expect)))
+    s.send(W3, pk[3].layer, pk[3].payload, to_group(DATA, W3, out, lanes_bytes(expect)))
     return Vector("fixed16_max", "5.2, 6.3", ("fixed16_max",), s.steps,
                   events={Event.ABSORBED: 3, Event.COMPLETED: 1, Event.MULTICAST: 1})
 
 
 def fixed16_grad() -> Vector:
-    """FIXED16 GRADs at a root: the AGG to the node carries the int16 sums; a FIXED16 GRAD outside
-    the pool goes to the node unaggregated with FALLBACK, its 16-bit lanes untouched."""
+    """FIXED16 GRADs at a root: the AGG to the node carries the packed int32 sums; a FIXED16 GRAD
+    outside the pool goes to the node unaggregated with FALLBACK, its lanes untouched."""
     s = Script()
     seq = 7
     pk = [agg16(MsgType.GRAD, NODE_S, h, seq, values16(h.rank, 3)) for h in WORKERS]
     for p in pk[:3]:
         s.send(p.src, p.layer, p.payload)
-    summed = lanes16_bytes(wrap16(np.sum(np.asarray([p.values for p in pk], dtype=np.int64), axis=0)))
+    summed = summed16(pk)
     out = result(pk[3], mtype=MsgType.AGG, worker=NODE, exponent=0, flags=keep_flags(pk[3].layer.flags))
     s.send(W3, pk[3].layer, pk[3].payload, to_up(NODE_S, W3, out, summed), note="AGG to the node")
     outside = agg16(MsgType.GRAD, NODE_S, W2, seq, values16(2, 4), slot=5)
@@ -199,38 +226,39 @@ def check_words_fixed32() -> Vector:
 
 
 def check_words_fixed16() -> Vector:
-    """FIXED16 check words (4 lanes of 16 bits) and exponent lanes, summed like data: the
-    receiver divides the exponent lanes by n and verifies the 16-bit check words of the sum."""
+    """FIXED16 check words (4 words of 16 bits, each in the high half of one of the last 4 lanes)
+    and exponent slots, summed like data: the receiver splits the lanes, divides the exponent slots
+    by n and verifies the 16-bit check words of the sum (a 64-lane packet holds one block)."""
     s = Script()
     seq = 62
     dt = int(Dtype.FIXED16)
-    nc = integrity.check_lanes(dt)
-    # the packet layout (integrity.fixed16_blocks); the switch does not know it, and a block size
-    # past LANES - 5 leaves a 64-lane switch no whole block: then one exponent lane and the rest data
-    nb = max(1, integrity.fixed16_blocks(LANES))
-    nd = integrity.data_lanes(LANES, dt) if integrity.fixed16_blocks(LANES) else LANES - nc - nb
+    ns = 2 * LANES - 2 * integrity.check_lanes(dt)  # slots before the check lanes
+    nb = integrity.fixed16_blocks(LANES)
+    nd = integrity.data_lanes(LANES, dt)
+    assert nb == 1, "the 64-lane build carries one FIXED16 block (docs/protocol.md 5.2)"
     exps = np.arange(nb, dtype=np.int64) - 5  # the agreed block exponents
     pk = []
     for h in WORKERS:
         a = agg16(MsgType.ALLREDUCE, DATA, h, seq, [])
-        before = np.zeros(LANES - nc, dtype=np.int64)
+        before = np.zeros(ns, dtype=np.int64)
         before[:nb] = exps
         before[nb:nb + nd] = values16(h.rank, 5)[:nd]
         before[nb:nb + nd] //= 4  # |v| < 2^11: headroom for 4 contributors
         c = integrity.check_words(before, fields(a.layer), dt, n=1, exps=exps)
-        a.values = [int(x) for x in before] + wrap16([int(x) for x in c])
+        a.values = [int(x) for x in before] + [v for x in c for v in (int(x), 0)]
         pk.append(a)
     for p in pk[:3]:
         s.send(p.src, p.layer, p.payload)
-    summed = wrap16(np.sum(np.asarray([p.values for p in pk], dtype=np.int64), axis=0))
+    summed = summed16(pk)
+    slots = unpack_slots(np.frombuffer(summed, dtype=">i4").astype(np.int32)[None])[0]
     out = result(pk[3], mtype=MsgType.RESULT, worker=NODE, exponent=0, flags=keep_flags(pk[3].layer.flags))
-    got_exps = np.asarray(summed[:nb], dtype=np.int64)
+    got_exps = slots[:nb]
     assert (got_exps % 4 == 0).all() and (got_exps // 4 == exps).all()
-    want = integrity.check_words(np.asarray(summed[:LANES - nc], dtype=np.int64), fields(out), dt, n=4,
-                                 exps=got_exps // 4)
-    assert [x & 0xFFFF for x in summed[LANES - nc:]] == [int(x) for x in want], "FIXED16 check words"
-    s.send(W3, pk[3].layer, pk[3].payload, to_group(DATA, W3, out, lanes16_bytes(summed)),
-           note="RESULT: exponent lanes = 4 e_b, 16-bit check words of the sum")
+    want = integrity.check_words(slots[:ns], fields(out), dt, n=4, exps=got_exps // 4)
+    assert [int(x) & 0xFFFF for x in slots[ns::2]] == [int(x) for x in want], "FIXED16 check words"
+    assert not slots[ns + 1::2].any(), "the check lanes' low halves stay 0"
+    s.send(W3, pk[3].layer, pk[3].payload, to_group(DATA, W3, out, summed),
+           note="RESULT: exponent slots = 4 e_b, 16-bit check words of the sum")
     return Vector("check_words_fixed16", "3.6, 5.2", ("check_words_fixed16", "fixed16_exponent_lanes"), s.steps,
                   events={Event.ABSORBED: 3, Event.COMPLETED: 1, Event.MULTICAST: 1})
 
@@ -239,8 +267,8 @@ def check_words_fixed16() -> Vector:
 
 def trailer_lengths() -> Vector:
     """PARAM and PULL carry a 4-byte trailer: 32 + count * itemsize + 4 and 32 + 12 * count + 4;
-    one byte short (or no trailer) is MALFORMED, and so is a FIXED16 packet of int32 length (or
-    the other way round)."""
+    one byte short (or no trailer) is MALFORMED, and so is an aggregation packet of 2 * lanes
+    bytes (FIXED16's length before its slots were packed into int32 lanes), FIXED16 or not."""
     s = Script()
     param = luwu_layer(MsgType.PARAM, NODE_S.id, NODE, count=3, seq=9, slot=1, tensor=2, dtype=int(Dtype.FP32), numel=3)
     body = with_trailer(bytes(range(12)))
@@ -251,10 +279,11 @@ def trailer_lengths() -> Vector:
     req = with_trailer(bytes(range(50, 62)))
     s.send(W3, pull, req, out=to_up(NODE_S, W3, pull, req), note="PULL: 32 + 12 + 4")
     s.send(W3, pull, req[:-1], note="PULL one byte short: MALFORMED")
-    wide = agg16(MsgType.ALLREDUCE, DATA, W0, 63, [1] * LANES)
-    s.send(W0, wide.layer, lanes_bytes([1] * LANES), note="FIXED16 with 4 * lanes bytes: MALFORMED")
+    half = lanes_bytes([1] * LANES)[:2 * LANES]
+    narrow16 = agg16(MsgType.ALLREDUCE, DATA, W0, 63, [1] * LANES)
+    s.send(W0, narrow16.layer, half, note="FIXED16 with 2 * lanes bytes: MALFORMED")
     narrow = agg(MsgType.ALLREDUCE, DATA, W0, 63, [1] * LANES, dtype=Dtype.FIXED32)
-    s.send(W0, narrow.layer, lanes16_bytes([1] * LANES), note="FIXED32 with 2 * lanes bytes: MALFORMED")
+    s.send(W0, narrow.layer, half, note="FIXED32 with 2 * lanes bytes: MALFORMED")
     return Vector("trailer_lengths", "3.3, 3.8, 5.2", ("param_trailer", "pull_trailer", "malformed_trailer",
                                                        "malformed_fixed16"), s.steps,
                   drops={DropReason.MALFORMED: 5}, events={Event.MULTICAST: 1, Event.UNICAST: 1},
@@ -264,17 +293,18 @@ def trailer_lengths() -> Vector:
 def chunk_lengths() -> Vector:
     """Aggregation packets carry whole chunks of LANE_CHUNK lanes, the fewest their count needs
     (3.3). A 64-lane switch has one chunk, so a packet of any count is the whole packet: a FIXED16
-    exponent agreement of 5 blocks (MAX, then 4 check lanes) is 32 + 2 * 64 bytes, and so is its
-    RESULT. Half a chunk or two chunks, 32-bit or FIXED16, is MALFORMED, counted, and changes no
+    exponent agreement of 5 blocks (MAX, one lane per block, then 4 check lanes) is 32 + 4 * 64
+    bytes, and so is its RESULT. Half a chunk or two chunks, 32-bit or FIXED16, is MALFORMED, counted, and changes no
     slot (the phase then completes with the four right packets)."""
     assert LANES == LANE_CHUNK, "the BMv2 build has one chunk"
     s = Script()
     seq, count = 67, 5
     pk = []
     for h in WORKERS:
-        v = values16(h.rank, 5)
-        v[count:LANES - 4] = [0] * (LANES - 4 - count)  # padding between the exponents and the check lanes
-        pk.append(agg16(MsgType.ALLREDUCE, DATA, h, seq, v, flags=Flag.MAX, count=count))
+        v = [0] * LANES  # padding between the exponents and the check lanes
+        v[:count] = [int(x) for x in integrity.pack_exponents(np.arange(count) - 3 * h.rank)]
+        v[LANES - 4:] = [h.rank << 16, 1 << 16, 2 << 16, 3 << 16]
+        pk.append(agg(MsgType.ALLREDUCE, DATA, h, seq, v, flags=Flag.MAX, dtype=Dtype.FIXED16, count=count))
     half = agg(MsgType.ALLREDUCE, DATA, W0, seq, [1] * LANES, flags=Flag.MAX, count=count)
     ones = lanes_bytes([1] * LANES)
     s.send(W0, half.layer, ones[:len(ones) // 2], note="32-bit, half a chunk: MALFORMED")
@@ -285,8 +315,8 @@ def chunk_lengths() -> Vector:
         s.send(p.src, p.layer, p.payload, note="FIXED16 agreement of 5 blocks: one whole chunk")
     expect = [int(x) for x in np.max(np.asarray([p.values for p in pk], dtype=np.int64), axis=0)]
     out = result(pk[3], mtype=MsgType.RESULT, worker=NODE, exponent=0, flags=int(Flag.MAX))
-    s.send(W3, pk[3].layer, pk[3].payload, to_group(DATA, W3, out, lanes16_bytes(expect)),
-           note="RESULT: the one chunk, 32 + 2 * 64 bytes")
+    s.send(W3, pk[3].layer, pk[3].payload, to_group(DATA, W3, out, lanes_bytes(expect)),
+           note="RESULT: the one chunk, 32 + 4 * 64 bytes")
     return Vector("chunk_lengths", "3.3, 5.2, 6.7", ("chunk_lengths", "malformed_chunks"), s.steps,
                   drops={DropReason.MALFORMED: 4}, session_packets={DATA.id: 4},
                   events={Event.ABSORBED: 3, Event.COMPLETED: 1, Event.MULTICAST: 1})

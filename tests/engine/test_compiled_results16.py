@@ -34,14 +34,14 @@ from luwu.dataplane.session import SessionSpec
 pytestmark = pytest.mark.skipif(not numba_available(), reason="numba is not installed: no compiled pass to compare")
 
 WINDOW, N = 16, 3
-ROW = 2 * (B + 1) + 4 + 3  # two blocks per packet, 3 lanes of padding, the 4 check lanes
+ROW = (2 * (B + 1) + 8 + 6) // 2  # lanes: two blocks per packet, 6 slots of padding, the 4 check lanes
 NB, PER = fixed16.layout(ROW)
 AGREE = fixed16.agreement_lanes(ROW)
 
 
 def _headers(seqs, tensors, offsets, counts, flags, numel: int, session: int) -> np.ndarray:
     k = len(seqs)
-    rows = np.zeros((k, HEADER_LEN + 2 * ROW), dtype=np.uint8)
+    rows = np.zeros((k, HEADER_LEN + 4 * ROW), dtype=np.uint8)
     h = header_view(rows)
     h["ver_type"] = ver_type(MsgType.RESULT)
     h["session"], h["seq"], h["tensor"], h["offset"], h["count"] = session, seqs, tensors, offsets, counts
@@ -50,7 +50,7 @@ def _headers(seqs, tensors, offsets, counts, flags, numel: int, session: int) ->
 
 
 def _sums(xs, exps, seqs, tensors, chunks, flags, numel: int) -> np.ndarray:
-    """RESULTs of chunks `chunks`: the switch's sum (int16 lanes, mod 2^16) of N contributions,
+    """RESULTs of chunks `chunks`: the switch's sum (int32 lanes, wrapping) of N contributions,
     each encoded as a worker encodes it, all with the same header (flags, in which SATURATED
     changes no check word)."""
     chunks = np.asarray(chunks, dtype=np.int64)
@@ -60,10 +60,10 @@ def _sums(xs, exps, seqs, tensors, chunks, flags, numel: int) -> np.ndarray:
         rows = _headers(seqs, tensors, chunks * PER, counts, 0, numel, 2)
         for i, c in enumerate(chunks.tolist()):
             fixed16.encode_rows(x, exps, N, ROW, rows[i:i + 1], c)
-        lanes = rows[:, HEADER_LEN:].view(">i2").astype(np.int64)
+        lanes = rows[:, HEADER_LEN:].view(">i4").astype(np.int64)
         total = lanes if total is None else total + lanes
     rows = _headers(seqs, tensors, chunks * PER, counts, flags, numel, 2)
-    rows[:, HEADER_LEN:].view(">u2")[...] = total & 0xFFFF
+    rows[:, HEADER_LEN:].view(">u4")[...] = total & 0xFFFFFFFF
     return rows
 
 
@@ -134,7 +134,7 @@ def test_compiled_fixed16_pass_matches_the_reference_state_for_state(data, numel
             flags = [int(Flag.SATURATED) if data.draw(st.integers(0, 20)) == 0 else 0 for _ in offs]
             rows = _sums(xs, exps, (start + np.array(offs, dtype=np.int64)) & 0xFFFFFFFF, tensors, offs, flags, numel)
             if data.draw(st.integers(0, 10)) == 0:  # a lane corrupted after the switch: dropped, resent
-                rows[0, HEADER_LEN + 2 * data.draw(st.integers(0, ROW - 1))] ^= 0x04
+                rows[0, HEADER_LEN + data.draw(st.integers(0, 4 * ROW - 1))] ^= 0x04
             now += 0.001
             for side in sides:
                 side.feed(rows.copy(), now)

@@ -3,9 +3,9 @@ reference check words, and the compiled kernels bit for bit against the numpy re
 
 * `quantize16`/`dequantize16`: a sum of n quantised contributions decodes within `error_bound16`
   of the exact sum; saturation is flagged exactly for non-finite values and |x| >= 2^e.
-* `fixed16.encode_rows` writes exponent lanes, data, padding and the check words that
-  `integrity.check_words` gives; the switch's lane sum (mod 2^16) of n such packets passes
-  `decode_rows`, any single corrupted lane fails it.
+* `fixed16.encode_rows` writes exponent slots, data, padding and the check words that
+  `integrity.check_words` gives, two int16 slots per int32 lane; the switch's plain int32 lane sum
+  of n such packets passes `decode_rows`, any single corrupted byte fails it.
 * numba (`LUWU_KERNELS=numba`) and the reference (`LUWU_KERNELS=reference`) write the same bytes and
   decode the same bits and verdicts.
 """
@@ -26,7 +26,8 @@ from luwu.dataplane.loopback import local_star as star
 from luwu.dataplane.process.usage import UserError
 from luwu.dataplane.protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType, header_view, ver_type
 
-LANES = 2 * (B + 1) + 4 + 3  # two blocks per packet and 3 lanes of padding before the checks
+LANES = (2 * (B + 1) + 8 + 6) // 2  # two blocks per packet and 6 slots of padding before the checks
+SLOTS = 2 * LANES
 SPECIAL_BITS = [0x7F800000, 0xFF800000, 0x7FC00000, 0x00000001, 0x80000001, 0x7F7FFFFF, 0x00000000, 0x3F800000]
 
 
@@ -38,7 +39,7 @@ def _float32s(min_size=1, max_size=200):
 
 def _headers(k, i0, numel, msg_type=MsgType.ALLREDUCE, flags=0, lanes=LANES, session=7, tensor=3, seq0=100):
     _nb, data = fixed16.layout(lanes)
-    rows = np.zeros((k, HEADER_LEN + 2 * lanes), dtype=np.uint8)
+    rows = np.zeros((k, HEADER_LEN + 4 * lanes), dtype=np.uint8)
     h = header_view(rows)
     p = np.arange(i0, i0 + k)
     h["ver_type"] = ver_type(msg_type)
@@ -63,7 +64,22 @@ def _hdict(row):
 
 
 def _lanes(row, lanes=LANES):
-    return row[HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2").astype(np.int64)
+    """The int16 slots of a packet row (its int32 lanes unpacked)."""
+    return fixed16.unpack_slots(row[HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4")[None])[0]
+
+
+def test_pack_slots_sums_exactly():
+    """Packed lanes sum as int32 to the packed slot sums, and unpack to them, whenever each slot's
+    sum fits int16: the property the switch's plain int32 sum relies on."""
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 255):
+        lim = (2**15 - 1) // n
+        slots = rng.integers(-lim, lim + 1, (n, 64))
+        slots[0, :4] = [lim, -lim, -1, 0]
+        packed = np.stack([fixed16.pack_slots(s[None])[0] for s in slots]).astype(np.int64)
+        total = (packed.sum(axis=0) & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+        assert fixed16.unpack_slots(total[None])[0].tolist() == slots.sum(axis=0).tolist()
+        assert np.array_equal(fixed16.pack_slots(slots.sum(axis=0)[None])[0], total)
 
 
 @pytest.fixture(params=["reference", "numba"])
@@ -150,11 +166,12 @@ def test_encode_matches_integrity_check_words(kernels):
         blocks = exps[r * nb:(r + 1) * nb]
         e[:blocks.size] = blocks
         assert lane[:nb].tolist() == e.tolist()
-        assert (lane[nb + data:LANES - 4] == 0).all()  # padding
+        assert (lane[nb + data:SLOTS - 8] == 0).all()  # padding
         q, _ = Q.quantize16(x[r * data:(r + 1) * data], blocks, B, 3)
         assert lane[nb:nb + q.size].tolist() == q.tolist()
-        want = integrity.check_words(lane[:LANES - 4], _hdict(rows[r]), Dtype.FIXED16, 1, e)
-        assert (lane[LANES - 4:] & 0xFFFF).tolist() == want.tolist()
+        want = integrity.check_words(lane[:SLOTS - 8], _hdict(rows[r]), Dtype.FIXED16, 1, e)
+        assert (lane[SLOTS - 8::2] & 0xFFFF).tolist() == want.tolist()  # high halves of the last 4 lanes
+        assert (lane[SLOTS - 7::2] == 0).all()
 
 
 @settings(max_examples=150, deadline=None)
@@ -178,11 +195,11 @@ def test_encode_numba_is_reference(x, n, bump):
 
 
 def _switch_sum(contribs, lanes=LANES):
-    """The switch's FIXED16 aggregation: lanes sign-extended, summed, truncated to 16 bits; the
-    first contribution's header turned into a RESULT."""
+    """The switch's aggregation, FIXED16 as any dtype: int32 lanes summed, wrapping; the first
+    contribution's header turned into a RESULT."""
     res = contribs[0].copy()
-    total = np.sum([_lanes(r, lanes) for r in contribs], axis=0)
-    res[HEADER_LEN:HEADER_LEN + 2 * lanes].view(">u2")[...] = total & 0xFFFF
+    total = np.sum([r[HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4").astype(np.int64) for r in contribs], axis=0)
+    res[HEADER_LEN:HEADER_LEN + 4 * lanes].view(">u4")[...] = total & 0xFFFFFFFF
     res[0] = ver_type(MsgType.RESULT)
     return res
 
@@ -216,10 +233,10 @@ def test_sum_of_packets_verifies_and_decodes(n, numel, data):
                 odd[0, HEADER_LEN:HEADER_LEN + 2].view(">i2")[0] += 1
                 assert fixed16.decode_rows(odd, np.arange(k), LANES, n, once, checked=True).tolist() == \
                     [False] + [True] * (k - 1)
-            # any one lane changed (a data, exponent, padding or check lane) fails that row only
-            lane = int(data.draw(st.integers(0, LANES - 1)))
+            # any one bit changed (a data, exponent, padding or check slot, either half) fails that row only
+            byte = int(data.draw(st.integers(0, 4 * LANES - 1)))
             bad = rows.copy()
-            bad[0, HEADER_LEN + 2 * lane] ^= 0x10
+            bad[0, HEADER_LEN + byte] ^= 1 << int(data.draw(st.integers(0, 7)))
             assert fixed16.decode_rows(bad, np.arange(k), LANES, n, out.copy()).tolist() == [False] + [True] * (k - 1)
     exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
     ref = results["reference"]
@@ -246,7 +263,7 @@ def test_a_contributor_with_other_exponents_fails_the_check(kernels):
 
 def test_loopback_layout_bytes_per_param():
     nb, data = fixed16.layout(16000)
-    assert (nb, data) == (246, 15744)
+    assert (nb, data) == (283, 31696)
     assert (fixed16.row_len(16000) + 42) / data < 2.1  # luwu header + UDP/IP/Ethernet
 
 
@@ -261,8 +278,8 @@ def test_unknown_format_is_a_user_error(monkeypatch):
 
 
 def test_agreement_lanes_max_is_the_max_and_self_checking():
-    """16-bit exponent agreement: a lane-wise MAX of packed lanes is the packed MAX; the check lanes
-    are T_j (equal on every contributor, so the max keeps them); a wrong tag or check fails."""
+    """The exponent agreement: a lane-wise int32 MAX of packed lanes is the packed MAX; the check lanes
+    are T_j << 16 (equal on every contributor, so the max keeps them); a wrong tag or check fails."""
     lanes = LANES
     per = fixed16.agreement_lanes(lanes)
     rng = np.random.default_rng(3)
@@ -274,17 +291,18 @@ def test_agreement_lanes_max_is_the_max_and_self_checking():
         fixed16.encode_agreement_rows(e, lanes, r, 0)
         rows.append(r)
     res = rows[0].copy()
-    lane = np.max([r[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2") for r in rows], axis=0)
-    res[:, HEADER_LEN:HEADER_LEN + 2 * lanes].view(">i2")[...] = lane
+    lane = np.max([r[:, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4") for r in rows], axis=0)
+    res[:, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4")[...] = lane
     res[:, 0] = ver_type(MsgType.RESULT)
     for r in range(k):  # the check lanes are integrity's check words of a MAX packet
         h = _hdict(res[r])
-        want = integrity.check_words(np.zeros(lanes - 4), h, Dtype.FIXED16)
-        assert (_lanes(res[r], lanes)[lanes - 4:] & 0xFFFF).tolist() == want.tolist()
+        want = integrity.check_words(np.zeros(2 * lanes - 8), h, Dtype.FIXED16)
+        got = res[r, HEADER_LEN + 4 * per:HEADER_LEN + 4 * lanes].view(">u4")
+        assert got.tolist() == [int(w) << 16 for w in want]
     out = np.zeros(es[0].size, np.int32)
     assert fixed16.decode_agreement_rows(res, np.arange(k), lanes, np.arange(k), out)
     np.testing.assert_array_equal(out, np.max(es, axis=0))
-    for byte in (HEADER_LEN + 1, HEADER_LEN + 2 * (lanes - 1)):  # a tag bit, a check lane
+    for byte in (HEADER_LEN + 3, HEADER_LEN + 4 * (lanes - 1)):  # a tag bit, a check lane
         bad = res.copy()
         bad[0, byte] ^= 0x04
         assert not fixed16.decode_agreement_rows(bad, np.arange(k), lanes, np.arange(k), out.copy())
@@ -312,22 +330,15 @@ def test_verify_rows_accepts_sums_and_agreements_and_rejects_corruption():
 
 
 def test_exponent_lane_tables_give_the_computed_bits():
-    """The agreement lanes are looked up in tables of the 256 valid lanes (16-bit: fixed16.py,
-    32-bit: integrity.py); packing and unpacking (with its tag verdict) give exactly the bits of
-    computing each lane with exp_tag, for every exponent, any lane value, and out-of-range input."""
+    """The agreement lanes are looked up in a table of the 256 valid lanes (integrity.py); packing and
+    unpacking (with its tag verdict) give exactly the bits of computing each lane with exp_tag, for
+    every exponent, any lane value, and out-of-range input."""
     rng = np.random.default_rng(5)
     e = np.concatenate([np.arange(-128, 128), rng.integers(-128, 128, 5000)])
     for dtype in (np.int8, np.int32, np.int64):
-        assert np.array_equal(fixed16.pack_exponents16(e.astype(dtype)), fixed16._pack16(e))
         assert np.array_equal(integrity.pack_exponents(e.astype(dtype)), integrity._pack32(e))
     wide = rng.integers(-40000, 40000, 500)  # outside the table: computed
     assert np.array_equal(integrity.pack_exponents(wide), integrity._pack32(wide))
-    v16 = np.concatenate([rng.integers(-2**15, 2**15, 20000), fixed16._pack16(e)]).astype(np.int16)
-    got_e, got_ok = fixed16.unpack_exponents16(v16)
-    want_e = v16.astype(np.int64) >> 8
-    assert np.array_equal(got_e, want_e) and got_e.dtype == np.int32
-    assert np.array_equal(got_ok, (v16.astype(np.int64) & 0xFF) == (integrity.exp_tag(want_e).astype(np.int64) & 0xFF))
-    assert got_ok[-e.size:].all() and not got_ok[:20000].all()
     for v32 in (np.concatenate([rng.integers(-2**31, 2**31, 20000), integrity._pack32(e)]).astype(np.int32),
                 integrity._pack32(e) ^ 1):  # lanes of exponents past the table, and tags off by a bit
         got_e, got_ok = integrity.unpack_exponents(v32)
