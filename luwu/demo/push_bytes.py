@@ -14,7 +14,7 @@ tests check.
 Example:
     >>> from luwu.demo.push_bytes import structure
     >>> round(structure([198272], 16000, "fixed16")["bytes_per_param"], 3)
-    2.07
+    2.061
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ def _payload(numel: int, per: int, dtype: Dtype, flags: int, lanes: int) -> tupl
     k = _ceil(numel, per)
     if k == 0:
         return 0, 0
-    width = 2 if dtype == Dtype.FIXED16 else 4
     last = numel - (k - 1) * per
-    return k, width * ((k - 1) * wire_lanes(per, int(dtype), flags, lanes) + wire_lanes(last, int(dtype), flags, lanes))
+    return k, 4 * ((k - 1) * wire_lanes(per, int(dtype), flags, lanes) + wire_lanes(last, int(dtype), flags, lanes))
 
 
 def _packets(numel: int, lanes: int, grad_format: str) -> tuple[dict, dict]:
@@ -49,10 +48,10 @@ def _packets(numel: int, lanes: int, grad_format: str) -> tuple[dict, dict]:
         per = fixed16.layout(lanes)[1]
         blocks = _ceil(numel, FIXED16_BLOCK)
         k, payload = _payload(numel, per, Dtype.FIXED16, 0, lanes)
-        checks = 2 * check_lanes(Dtype.FIXED16)
+        checks = 4 * check_lanes(Dtype.FIXED16)  # 4 lanes: a 16-bit word in the high half of each
         data = {"packets": k, "data_lanes": 2 * numel, "exponent_lanes": 2 * blocks, "check_lanes": checks * k}
         ka, payload_a = _payload(blocks, fixed16.agreement_lanes(lanes), Dtype.FIXED16, int(Flag.MAX), lanes)
-        agree = {"packets": ka, "data_lanes": 0, "exponent_lanes": 2 * blocks, "check_lanes": checks * ka}
+        agree = {"packets": ka, "data_lanes": 0, "exponent_lanes": 4 * blocks, "check_lanes": checks * ka}
     else:  # fixed32: one exponent per packet in the header, agreed in int32 lanes (collective.py)
         per = lanes - check_lanes(Dtype.FIXED32)
         k, payload = _payload(numel, per, Dtype.FIXED32, 0, lanes)

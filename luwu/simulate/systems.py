@@ -121,13 +121,13 @@ def node_share(cfg: Config) -> int:
 
 def grad_bytes(cfg: Config) -> float:
     """Payload bytes per gradient element on luwu's wire: the configured figure, else the format's:
-    4 for fixed32; for fixed16 the packet's 2L bytes over its data lanes (an exponent lane per
-    FIXED16_BLOCK elements and 4 check lanes ride along: 2.29 at 1024-byte payloads, 2.03 at 32000)."""
+    4 for fixed32; for fixed16 the packet's 4L bytes over its data elements, two per lane (an exponent
+    slot per FIXED16_BLOCK elements and 4 check lanes ride along: 2.29 at 1024-byte payloads, 2.03 at 32000)."""
     if cfg.grad_wire_bytes:
         return cfg.grad_wire_bytes
     if cfg.grad_format == "fixed16":
-        lanes = cfg.net.payload // 2
-        return 2 * lanes / integrity.data_lanes(lanes, protocol.Dtype.FIXED16)
+        lanes = cfg.net.payload // 4
+        return 4 * lanes / integrity.data_lanes(lanes, protocol.Dtype.FIXED16)
     return GRAD_BYTES
 
 

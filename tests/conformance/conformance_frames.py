@@ -23,7 +23,7 @@ from scapy.packet import Raw
 
 from luwu.dataplane.fixed16 import pack_slots
 from luwu.dataplane.integrity import HCHECK_OFFSET, header_check, trailer
-from luwu.dataplane.protocol import HEADER_LEN, VERSION, Dtype, MsgType
+from luwu.dataplane.protocol import HEADER_LEN, VERSION, MsgType
 from luwu.dataplane.scapy_layer import Luwu
 
 AGGREGATION = {int(MsgType.GRAD), int(MsgType.AGG), int(MsgType.ALLREDUCE), int(MsgType.RESULT)}
@@ -117,7 +117,7 @@ def _fields(frame: bytes) -> list[tuple[str, object]]:
     """(layer.field, value) pairs of a frame, payload lanes as int32 when the type carries lanes."""
     out: list[tuple[str, object]] = []
     layer = Ether(frame)
-    mtype = dtype = None
+    mtype = None
     while layer is not None and not isinstance(layer, Raw) and layer.name != "NoPayload":
         for f in layer.fields_desc:
             if isinstance(f, ConditionalField):  # only the fields present on the wire
@@ -127,7 +127,6 @@ def _fields(frame: bytes) -> list[tuple[str, object]]:
             out.append((f"{layer.name}.{f.name}", layer.getfieldval(f.name)))
         if isinstance(layer, Luwu):
             mtype = layer.type
-            dtype = layer.getfieldval("dtype") if mtype != MsgType.HEARTBEAT else None
         layer = layer.payload if layer.payload else None
     raw = bytes(layer) if isinstance(layer, Raw) else b""
     if mtype in AGGREGATION and len(raw) % 4 == 0:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from luwu.dataplane import fixed16
-from luwu.dataplane.integrity import FIXED16_BLOCK
+from luwu.dataplane.integrity import FIXED16_BLOCK, FIXED16_MIN_LANES
 from luwu.dataplane.protocol import LANE_CHUNK
 from luwu.demo import push_bytes
 from luwu.demo.model import GPTConfig, build
@@ -20,43 +20,45 @@ def _units(d_model: int, layers: int, heads: int) -> list[int]:
 
 
 def test_the_tiny_demo_pays_only_whole_chunks():
-    """The default tiny demo (0.82M parameters, 7 units, loopback packets): 56 data packets and one
+    """The default tiny demo (0.82M parameters, 7 units, loopback packets): 31 data packets and one
     agreement packet per unit, every byte of them accounted for; each unit's last data packet and
-    its agreement packet are cut to whole chunks of LANE_CHUNK lanes (docs/protocol.md 3.3), which
-    brings it from 2.464 B/param (whole packets) to 2.073, under issue 29's 2.1."""
+    its agreement packet are cut to whole chunks of LANE_CHUNK lanes (docs/protocol.md 3.3): 2.064
+    B/param, under issue 29's 2.1 (2.073 with 16-bit lanes, 2.464 with whole packets)."""
     units = _units(128, 4, 4)
     params = sum(units)
     assert len(units) == 7 and params == 819968
     s = push_bytes.structure(units, 16000, "fixed16")
     nb, per = fixed16.layout(16000)
-    assert s["data"]["packets"] == sum(-(-u // per) for u in units) == 56
+    assert s["data"]["packets"] == sum(-(-u // per) for u in units) == 31
     assert s["agreement"]["packets"] == 7
     blocks = [-(-u // FIXED16_BLOCK) for u in units]
     # every packet by hand: whole ones, and each unit's last data packet and its agreement packet cut
-    # to the fewest chunks holding exponent lanes, data and 4 check lanes
+    # to the fewest chunks holding exponent slots and data (two per lane) and 4 check lanes, or one
+    # exponent lane per block and 4 check lanes
     whole = fixed16.row_len(16000)
     lengths = []
     for u, b in zip(units, blocks):
         k = -(-u // per)
         lengths += [whole] * (k - 1)
-        lengths.append(32 + 2 * LANE_CHUNK * -(-(nb + u - (k - 1) * per + 4) // LANE_CHUNK))
-        lengths.append(32 + 2 * LANE_CHUNK * -(-(b + 4) // LANE_CHUNK))
+        lengths.append(32 + 4 * LANE_CHUNK * -(-(-(-(nb + u - (k - 1) * per) // 2) + 4) // LANE_CHUNK))
+        lengths.append(32 + 4 * LANE_CHUNK * -(-(b + 4) // LANE_CHUNK))
     assert s["bytes"] == sum(lengths) + push_bytes.WIRE * len(lengths)
     assert s["data"]["data_lanes"] == 2 * params
-    assert s["data"]["exponent_lanes"] == s["agreement"]["exponent_lanes"] == 2 * sum(blocks)
+    assert s["data"]["exponent_lanes"] == 2 * sum(blocks)  # an int16 slot each
+    assert s["agreement"]["exponent_lanes"] == 4 * sum(blocks)  # a self-checking int32 lane each
     assert all(s[k][p] >= 0 for k in ("data", "agreement") for p in push_bytes.PARTS)
-    assert s["agreement"]["padding"] < 7 * 2 * LANE_CHUNK
-    assert s["bytes_per_param"] == pytest.approx(2.0727, abs=1e-4)
+    assert s["agreement"]["padding"] < 7 * 4 * LANE_CHUNK
+    assert s["bytes_per_param"] == pytest.approx(2.0643, abs=1e-4)
     assert push_bytes.structure(units, 16000, "fixed32")["bytes_per_param"] == pytest.approx(4.0101, abs=1e-4)
 
 
 def test_the_large_demo_is_within_the_target():
-    """The 28.5M-parameter demo (--d-model 768 --layers 4 --heads 12): 2.069 B/param before
-    heartbeats and resends (2.078 with whole last packets)."""
+    """The 28.5M-parameter demo (--d-model 768 --layers 4 --heads 12): 2.057 B/param before
+    heartbeats and resends (2.069 with 16-bit lanes)."""
     units = _units(768, 4, 12)
     s = push_bytes.structure(units, 16000, "fixed16")
     assert s["bytes_per_param"] <= 2.1
-    assert s["bytes_per_param"] == pytest.approx(2.0687, abs=1e-4)
+    assert s["bytes_per_param"] == pytest.approx(2.0574, abs=1e-4)
 
 
 def test_breakdown_sets_the_engines_counters_beside_the_structure():
@@ -95,11 +97,14 @@ def test_breakdown_sets_the_engines_counters_beside_the_structure():
 
 
 def test_a_switch_too_small_for_a_block_is_counted_as_fixed32():
-    """Tofino packets (64 lanes) hold no FIXED16 block: the engine pushes fixed32, and so does the count."""
+    """Packets narrower than FIXED16_MIN_LANES hold no FIXED16 block: the engine pushes fixed32, and
+    so does the count. Tofino's 64 lanes hold one block of 112 (2.61 B/param against 4.80)."""
     units = [1000]
-    s = push_bytes.structure(units, 64, "fixed32")
+    narrow = FIXED16_MIN_LANES - 1
+    s = push_bytes.structure(units, narrow, "fixed32")
     reports = {0: {"mnn": {"engine": {"socket": {"tx_bytes": s["bytes"], "tx_packets": 0}}}}}
-    b = push_bytes.breakdown(reports, 1, units, 64, "fixed16")
+    b = push_bytes.breakdown(reports, 1, units, narrow, "fixed16")
     assert b["grad_format"] == "fixed32" and b["structural_bytes_per_param"] == s["bytes_per_param"]
     with pytest.raises(ValueError):
-        push_bytes.structure(units, 64, "fixed16")
+        push_bytes.structure(units, narrow, "fixed16")
+    assert fixed16.layout(64) == (1, FIXED16_BLOCK)
