@@ -171,7 +171,7 @@ def encode_rows(x: np.ndarray, exps: np.ndarray, n: int, lanes: int, rows: np.nd
         exps: the agreed exponent of every block of `x` (int, ceil(numel / BLOCK) of them).
         n: contributors of the sum (1..255).
         lanes: the switch's lane count L.
-        rows: (K, >= 32 + 2L) uint8 packet rows.
+        rows: (K, >= 32 + 4L) uint8 packet rows.
         i0: the packet index of rows[0].
         factors: `quantize16_factors(exps, n)` if the caller keeps them (the same values).
 

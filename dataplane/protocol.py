@@ -61,7 +61,7 @@ class Dtype(enum.IntEnum):
     FP16 = 3
     FIXED32 = 4
     ORDERED32 = 5
-    FIXED16 = 6  # int16 lanes, one shared exponent per FIXED16_BLOCK lanes (docs/protocol.md 5.2)
+    FIXED16 = 6  # int16 values two per int32 lane, one shared exponent per FIXED16_BLOCK (docs/protocol.md 5.2)
 
 
 class NextStep(enum.IntEnum):

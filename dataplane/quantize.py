@@ -321,7 +321,7 @@ as_words = _as_words
 fixed_point_kernels = _fixed_point
 
 
-# --- FIXED16: 16-bit lanes with an exponent per block (docs/protocol.md 5.2) -----------------
+# --- FIXED16: 16-bit values with an exponent per block (docs/protocol.md 5.2) ----------------
 # The readable references; dataplane/kernels/fixed_point.py has their compiled twins
 # (`quantize16_rows`, `dequantize16_rows`), bit for bit (tests/engine/test_fixed16.py).
 

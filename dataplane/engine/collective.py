@@ -272,7 +272,7 @@ class CollectiveSession:
             ok = np.ones(len(idx), dtype=bool)
             for d in np.unique(dtypes).tolist():
                 mine = dtypes == d if len(idx) > 1 else slice(None)
-                if d == int(Dtype.FIXED16):  # 16-bit lanes, 4 check words: dataplane/fixed16.py
+                if d == int(Dtype.FIXED16):  # packed int16 slots, 4 16-bit check words: dataplane/fixed16.py
                     ok[mine] = fixed16.verify_rows(rows, np.atleast_1d(idx[mine]), self.row_lanes, self.n)
                     continue
                 ok[mine] = check_words_hold(rows, np.atleast_1d(idx[mine]), self.lanes, hs[mine], d, self.n)

@@ -46,6 +46,6 @@ class EngineConfig:
     caller_slack: float = 0.01
     socket_buffer: int = 8 << 20  # bytes asked for SO_RCVBUF/SO_SNDBUF
     peer_timeout: float = DEFAULT_PEER_TIMEOUT  # s a dead switch/node may starve pending ops (liveness.py; 0: off)
-    # float sums on the wire: "fixed32" (one exponent per packet) or "fixed16" (16-bit lanes, an
-    # exponent per FIXED16_BLOCK elements: docs/protocol.md 5.2); every worker of a job must agree
+    # float sums on the wire: "fixed32" (one exponent per packet) or "fixed16" (int16 values two per
+    # lane, an exponent per FIXED16_BLOCK elements: docs/protocol.md 5.2); every worker of a job must agree
     grad_format: str = field(default_factory=grad_format_from_env)

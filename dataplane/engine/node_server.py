@@ -288,7 +288,7 @@ class NodeServerSession:
         got = rows[idx, at:at + 4 * CHECK].view(">u4").astype(np.uint64)
         ok = (got == check_words_of(rows, idx, self.lanes, hs, int(Dtype.FIXED32), n)).all(axis=1)
         f16 = hs["dtype"] == int(Dtype.FIXED16)
-        if f16.any():  # 16-bit lanes, 4 check words: dataplane/fixed16.py
+        if f16.any():  # packed int16 slots, 4 16-bit check words: dataplane/fixed16.py
             ok[f16] = fixed16.verify_rows(rows, idx[f16], self.row_lanes, n)
         ok |= (hs["dtype"] != int(Dtype.FIXED32)) & ~f16  # (anything else is counted bad_packets by on_agg)
         if _ALL(ok):

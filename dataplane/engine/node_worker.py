@@ -167,7 +167,7 @@ class WorkerNodeSession:
                 pool_base=s.pool_base, pool_size=s.pool_size, lanes=self.row_lanes, tensor=tensor, x=x,
                 exps=agreed, n=s.num_workers, live=lambda: not handle.done(), on_saturated=saturated))
 
-        meta.agree_exponents16(local, have_exps)  # 16-bit lanes: 2 B per block
+        meta.agree_exponents16(local, have_exps)  # one self-checking lane per block
         self.stats["pushes"] += 1
 
     def on_node_heartbeat(self, ack: int, credit: int, now: float, gap: bool = False) -> None:

@@ -242,7 +242,7 @@ def check_words_hold(rows: np.ndarray, idx: np.ndarray, lanes: int, h: np.ndarra
 def _check_words32(rows: np.ndarray, idx: np.ndarray | None, lanes: int, h: np.ndarray, dtype: int, n: int,
                    mode: int) -> tuple[np.ndarray, np.ndarray] | None:
     """kernels/fixed_point.py `check_words32` of rows `idx` (None: all), or None where the reference
-    must run (kernels off, rows or headers not flat buffers, 16-bit lanes, MAX packets)."""
+    must run (kernels off, rows or headers not flat buffers, FIXED16's 16-bit check words, MAX packets)."""
     if not use_numba() or check_lanes(dtype) != 2 or not h.flags.c_contiguous or h.dtype != DATA_HEADER:
         return None
     words = as_words(rows, HEADER_LEN)

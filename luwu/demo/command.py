@@ -89,8 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-dtype", choices=sorted(SERVED_DTYPES), default="bf16",
                    help="how the optimizer node serves parameters (the workers compute in fp32)")
     p.add_argument("--grad-format", choices=GRAD_FORMATS, default=DEFAULT_GRAD_FORMAT,
-                   help="gradients on the wire: fixed32 (4 B/param) or fixed16 (16-bit lanes with an exponent per "
-                        f"64 elements, ~2.1 B/param; docs/protocol.md 5.2). Default: {DEFAULT_GRAD_FORMAT}")
+                   help="gradients on the wire: fixed32 (4 B/param) or fixed16 (16-bit values with an exponent per "
+                        f"112 elements, ~2.06 B/param; docs/protocol.md 5.2). Default: {DEFAULT_GRAD_FORMAT}")
     p.add_argument("--transport", choices=TRANSPORTS, default=None,
                    help="how workers and nodes reach the switch: shm (shared-memory ring pairs, the default where "
                         "luwu.dataplane.loopback supports them: Linux x86-64 with /dev/shm) or udp (loopback sockets); "

@@ -36,7 +36,7 @@ def add_arguments(p) -> None:
                    "(4: luwu's 32-bit fixed point; 2: the paper's 16-bit; default: the preset's)")
     p.add_argument("--grad-format", choices=["fixed32", "fixed16"], default=None,
                    help="luwu's gradient wire format (docs/protocol.md 5.2): fixed32 (4 B per element) or fixed16 "
-                        "(16-bit lanes, an exponent per 64: 2.04-2.3 B by payload); sets the gradient bytes instead of --grad-bytes")
+                        "(16-bit values, an exponent per 112: 2.03-2.3 B by payload); sets the gradient bytes instead of --grad-bytes")
     p.add_argument("--topology", choices=["star", "multi-rack", "rail-only"], help="network topology")
     p.add_argument("--rack-size", type=positive_int, help="workers per ToR (multi-rack) or GPUs per NVLink "
                                                            "domain (rail-only)")

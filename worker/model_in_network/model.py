@@ -97,8 +97,8 @@ class ModelInNetwork(UnitHooks, nn.Module):
         engine: "process" (an engine daemon beside this process), "embedded", or a running
             Engine / EngineClient.
         grad_format (str, optional): how gradients cross the network: "fixed32" (32-bit lanes,
-            an exponent per packet, ~4 B per parameter) or "fixed16" (16-bit lanes, an exponent
-            per 64 elements, ~2.1 B per parameter; docs/protocol.md 5.2). Every rank of the job must
+            an exponent per packet, ~4 B per parameter) or "fixed16" (16-bit values, an exponent
+            per 112 elements, ~2.06 B per parameter; docs/protocol.md 5.2). Every rank of the job must
             pass the same. Default: the engine's (`LUWU_GRAD_FORMAT`, else fixed32).
         store (optional): a c10d Store for the start barrier (else an allreduce through the engine).
             Required on a rail-only plan: the NVLink channel's ranks find each other through it.
