@@ -41,7 +41,7 @@ def constants_p4() -> str:
            f"#define MAX_CONTRIBUTORS {protocol.MAX_CONTRIBUTORS}\n",
            "/* Aggregation packets carry whole chunks of this many lanes (docs/protocol.md 3.3). */\n",
            f"#define LUWU_LANE_CHUNK {protocol.LANE_CHUNK}\n",
-           "/* The fewest lanes that hold one FIXED16 block: its exponent, its data and the check lanes (5.2). */\n",
+           "/* The fewest lanes that hold one FIXED16 block: its exponent and data values (two a lane) and the check lanes (5.2). */\n",
            f"#define LUWU_FIXED16_MIN_LANES {integrity.FIXED16_MIN_LANES}\n\n",
            f"const bit<4>  LUWU_VERSION = {protocol.VERSION};\n",
            f"const bit<16> LUWU_HEADER_LEN = {protocol.HEADER_LEN};\n",

@@ -12,10 +12,8 @@
  * decided; it also reads the cell's stored flags (SATURATED) from the exponent/flags pair.
  * Absorbed and dropped packets, and every other type, take one pass. The header check (hcheck)
  * is verified in pass 1 with a CRC16 Hash (tna/header_check.p4; BAD_CHECKSUM) and recomputed at
- * the end of ingress on whatever leaves. FIXED16 lanes (int16, `lanes16`) are widened into the
- * int32 lanes around the lane registers and narrowed back (low 16 bits) in both passes, so a
- * FIXED16 result recirculates at its own size; a build narrower than one FIXED16 block (64 lanes:
- * Tofino 1) leaves FIXED16 out and drops it as MALFORMED (include/headers.p4 LUWU_NO_FIXED16).
+ * the end of ingress on whatever leaves. FIXED16 lanes are int32 lanes like every dtype's (two
+ * int16 values packed, docs/protocol.md 5.2): no widening, no header of their own.
  * Counters are counted in pass 1, except SATURATED, known in pass 2. A session's ports and
  * RECIRC_PORT must be in one pipe (registers are per pipe); p4/README.md has the resource budget.
  *
@@ -89,17 +87,7 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta,
 
         if (hdr.harvest.isValid()) {
             /* pass 2: the odd lanes, then the delivery pass 1 chose */
-#ifndef LUWU_NO_FIXED16
-            if (hdr.lanes16.isValid()) {
-                widen_lanes16(hdr.lanes16, hdr.lanes);  /* FIXED16: pass 1's even sums, widened */
-            }
-#endif
             aggregation_lanes.apply(hdr, LANE_READ, hdr.harvest.cell, true);
-#ifndef LUWU_NO_FIXED16
-            if (hdr.lanes16.isValid()) {
-                narrow_lanes16(hdr.lanes16, hdr.lanes);
-            }
-#endif
             meta.exponent_in = 0;  /* register-action inputs unused by the reads of pass 2 */
             meta.saturated_in = 0;
             exponent_max.apply(hdr, meta, true, hdr.harvest.cell);
@@ -154,17 +142,7 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta,
                     worker_bitmap.apply(meta);
                     contributor_counter.apply(meta);
                     exponent_max.apply(hdr, meta, false, meta.cell);
-#ifndef LUWU_NO_FIXED16
-                    if (hdr.lanes16.isValid()) {
-                        widen_lanes16(hdr.lanes16, hdr.lanes);  /* FIXED16: int16 -> the int32 lanes */
-                    }
-#endif
                     aggregation_lanes.apply(hdr, meta.lane_op, meta.cell, false);
-#ifndef LUWU_NO_FIXED16
-                    if (hdr.lanes16.isValid()) {
-                        narrow_lanes16(hdr.lanes16, hdr.lanes);  /* recirculates in its own 16-bit form */
-                    }
-#endif
                 } else if (meta.op == OP_HEARTBEAT) {
                     heartbeat_table.apply(hdr, meta);
                 }

@@ -9,7 +9,7 @@
  *   egress:  drop_simulator -> sender (endpoints rewrite, per replica)
  * The luwu header check (hcheck) is verified in LuwuVerifyChecksum (a mismatch: drop
  * BAD_CHECKSUM, first of the classifier's checks) and recomputed in LuwuComputeChecksum.
- * FIXED16 lanes (int16) are widened into the int32 lanes around the lane registers.
+ * FIXED16 lanes are int32 lanes like every dtype's (two int16 values packed, docs/protocol.md 5.2).
  * The controls set metadata; the counters are counted here, once, at the end of each pass.
  *
  * Build: p4c --target bmv2 --arch v1model --p4runtime-files build/p4info.txtpb -o build luwu_v1model.p4
@@ -98,13 +98,7 @@ control LuwuIngress(inout headers_t hdr, inout metadata_t meta, inout standard_m
                 worker_bitmap.apply(meta);
                 contributor_counter.apply(meta);
                 exponent_max.apply(hdr, meta);
-                if (hdr.lanes16.isValid()) {
-                    widen_lanes16(hdr.lanes16, hdr.lanes);    /* FIXED16: int16 -> the int32 lanes */
-                }
                 aggregation_lanes.apply(hdr, meta);
-                if (hdr.lanes16.isValid()) {
-                    narrow_lanes16(hdr.lanes16, hdr.lanes);   /* ... and the sums back, truncated */
-                }
             } else if (meta.op == OP_HEARTBEAT) {
                 heartbeat_table.apply(hdr, meta);
             }

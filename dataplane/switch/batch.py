@@ -61,12 +61,6 @@ class Batch:
         rows = self.rows if self.arena is None else self.arena
         return rows[:, start:start + 4 * lanes].view(">i4")
 
-    def payload16(self, lanes: int) -> np.ndarray:
-        """(K, lanes) big-endian int16 view of every row's FIXED16 lanes (as `payload`)."""
-        start = self.off + HEADER_LEN
-        rows = self.rows if self.arena is None else self.arena
-        return rows[:, start:start + 2 * lanes].view(">i2")
-
     def payload_rows(self, idx):
         """The `payload()` rows of packets `idx`."""
         return idx if self.prow is None else self.prow[idx]

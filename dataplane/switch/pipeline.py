@@ -31,7 +31,7 @@ import numpy as np
 
 from ..integrity import seal_rows
 from ..kernels import use_numba
-from ..protocol import HEADER_LEN, DropReason, Dtype, Flag, MsgType
+from ..protocol import HEADER_LEN, DropReason, Flag, MsgType
 from . import stragglers
 from .batch import Batch, Emission
 from .config import SwitchConfig
@@ -61,7 +61,6 @@ from .tables import Tables
 INGRESS, EGRESS, LINK_IN, LINK_OUT = range(4)  # random streams spawned from the seed
 SET, SATURATED, MAX = int(Flag.SET), int(Flag.SATURATED), int(Flag.MAX)
 HEARTBEAT = int(MsgType.HEARTBEAT)
-FIXED16 = int(Dtype.FIXED16)
 # turns of up to this many packets are classified one packet at a time (fast/classify_few.py: the
 # vectorised classifier's numpy calls cost the same for one packet as for hundreds); 0: never
 SMALL_TURN = 16
@@ -145,14 +144,6 @@ class _AggInputs:
         self.saturated = (flags & SATURATED) != 0
         self.is_max = (flags & MAX) != 0
         self.s_slice = self.other_slice = self.rows_slice = None  # made by `slices` (the rounds' path only)
-
-    def take(self, sel: np.ndarray) -> _AggInputs:
-        """The inputs of packets `sel` (positions in this list) alone."""
-        out = object.__new__(_AggInputs)
-        for name in ("ai", "rows", "s", "other", "bit", "nw", "epoch", "exponent", "saturated", "is_max"):
-            setattr(out, name, getattr(self, name)[sel])
-        out.s_slice = out.other_slice = out.rows_slice = None
-        return out
 
     def slices(self) -> tuple:
         """(s, other, rows), each as a slice where consecutive: views instead of gathers."""
@@ -331,9 +322,6 @@ class Pipeline:
     def _aggregation(self, b: Batch, c: Classified, agg: AggregationResult) -> None:
         """The slot registers (fast/aggregate_groups.py's fold, the rest in rounds) for the aggregation packets."""
         ai = np.flatnonzero(c.path == PATH_AGGREGATE)
-        if len(ai) and (f16 := c.h["dtype"][ai] == FIXED16).any():
-            self._aggregation16(b, c, ai[f16], agg)
-            ai = ai[~f16]
         if len(ai):
             slot = c.h["slot"][ai].astype(np.int64)
             a = _AggInputs(c, ai, slot, self.registers.slots, b)
@@ -364,37 +352,6 @@ class Pipeline:
                     sel = np.flatnonzero(rounds == r)
                     sel = sel if rest is None else rest[sel]
                 self._aggregate(a, sel, payload, agg)
-
-    def _aggregation16(self, b: Batch, c: Classified, ai: np.ndarray, agg: AggregationResult) -> None:
-        """FIXED16 contributions `ai` (docs/protocol.md 5.2): `aggregate16` on the batch's int16 lanes."""
-        slot = c.h["slot"][ai].astype(np.int64)
-        self.aggregate16(slot, _AggInputs(c, ai, slot, self.registers.slots, b), b.payload16(self.lanes), agg)
-
-    def aggregate16(self, slot: np.ndarray, a: _AggInputs, p16: np.ndarray, agg: AggregationResult) -> None:
-        """FIXED16 contributions `a` (`slot` each; `p16`: the (K, lanes) big-endian int16 view of
-        the rows `a.rows` index). The reference: their int16 lanes sign-extended into a big-endian
-        int32 copy, the slot state machine in rounds on it (the same registers as every dtype), and
-        the lanes of what leaves (completions, resends) written back truncated to int16 -- exact
-        while the senders leave headroom, wrapping otherwise, as the P4 programs do. With kernels on,
-        fast/aggregate_groups.py `fold16` first takes the groups that qualify (the same outcome,
-        bit for bit, in one compiled pass); the rest go through the rounds. A batch that mixes
-        FIXED16 and 32-bit packets of one slot (a protocol misuse) has its FIXED16 packets applied first."""
-        fast = aggregate_groups.fold16(slot, a, self.registers, p16, agg)
-        if fast is not None:
-            rest = np.flatnonzero(~fast)
-            if not len(rest):
-                return
-            a, slot = a.take(rest), slot[rest]
-        prows = a.rows
-        wide = p16[prows].astype(">i4")
-        a.rows = np.arange(len(a.ai))
-        rounds = round_numbers(slot)
-        n_rounds = int(rounds.max()) + 1
-        for r in range(n_rounds):
-            self._aggregate(a, None if n_rounds == 1 else np.flatnonzero(rounds == r), wide, agg)
-        out = agg.remaining[a.ai] == 0  # a completion or a resend: the stored sums leave
-        if out.any():
-            p16[prows[out]] = wide[out].astype(np.int16)
 
     def _aggregate(self, a: _AggInputs, sel, payload: np.ndarray, agg: AggregationResult) -> None:
         """One round of the slot state machine over aggregation packets `sel` (None: all): the reference

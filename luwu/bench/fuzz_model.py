@@ -198,7 +198,7 @@ class Model:
         count = h["count"].astype(np.int64)
         agg = (mtype >= MsgType.GRAD) & (mtype <= MsgType.RESULT)
         want = np.full(n, -1, dtype=np.int64)
-        # the whole chunks the count needs (docs/protocol.md 3.3); FIXED16 lanes are 2 bytes (5.2), others 4
+        # the whole chunks the count needs (docs/protocol.md 3.3), 4-byte lanes for every dtype (FIXED16 too, 5.2)
         want[agg] = wire_len(count[agg], h["dtype"][agg], h["flags"][agg], self.topo.lanes)
         # header-only ZERO contributions: INT32 GRAD/ALLREDUCE only (protocol.md 3.2)
         zero = agg & ((h["flags"] & Flag.ZERO) != 0)
@@ -210,7 +210,8 @@ class Model:
         want[mtype == MsgType.HEARTBEAT] = HEADER_LEN
         is_pull = mtype == MsgType.PULL
         want[is_pull] = HEADER_LEN + 12 * count[is_pull] + TRAILER_LEN
-        drop((length != want) | (agg & (count > self.topo.lanes)), DropReason.MALFORMED)
+        most = np.where(h["dtype"] == Dtype.FIXED16, 2 * self.topo.lanes, self.topo.lanes)  # FIXED16: 2 values a lane
+        drop((length != want) | (agg & (count > most)), DropReason.MALFORMED)
         session = h["session"].astype(np.int64)
         drop(~self.session_ok[session], DropReason.UNKNOWN_SESSION)
         worker = h["worker"].astype(np.int64)

@@ -11,9 +11,10 @@
  *   version != LUWU_VERSION .............................. BAD_VERSION
  *   type not 1..7 ........................................ BAD_TYPE
  *   parse failure, or a length that is not the type's ... MALFORMED
- *     (GRAD/AGG/ALLREDUCE/RESULT: 32 + 4 * LANES bytes (32 + 2 * LANES for FIXED16) and
- *      count <= LANES: the whole chunks a count needs (docs/protocol.md 3.3), one chunk in a
- *      program of LANES <= LUWU_LANE_CHUNK (payload.p4),
+ *     (GRAD/AGG/ALLREDUCE/RESULT: 32 + 4 * LANES bytes, every dtype, and count <= LANES
+ *      (FIXED16: count <= 2 * LANES, its int16 values, two a lane: docs/protocol.md 5.2): the
+ *      whole chunks a count needs (docs/protocol.md 3.3), one chunk in a program of
+ *      LANES <= LUWU_LANE_CHUNK (payload.p4),
  *      or 32 bytes with FLAG_ZERO for an INT32 GRAD/ALLREDUCE; HEARTBEAT: 32;
  *      PARAM: 32 + count * itemsize(dtype) + 4 (trailer), known dtype; PULL: 32 + 12 * count + 4)
  *   no `sessions` entry .................................. UNKNOWN_SESSION
@@ -100,11 +101,8 @@ control Classifier(inout headers_t hdr, inout metadata_t meta, in bool parsed, i
             payload = 0;
             length_ok = count <= LANES && (t == TYPE_GRAD || t == TYPE_ALLREDUCE) && hdr.data.dtype == DTYPE_INT32;
         } else if (aggregation) {
-            payload = hdr.data.dtype == DTYPE_FIXED16 ? (bit<32>)(2 * LANES) : (bit<32>)(4 * LANES);
-            length_ok = count <= LANES;
-#ifdef LUWU_NO_FIXED16
-            length_ok = length_ok && hdr.data.dtype != DTYPE_FIXED16;  /* no `lanes16` here (headers.p4) */
-#endif
+            payload = 4 * LANES;  /* every dtype: FIXED16 packs two int16 values a lane (5.2) */
+            length_ok = count <= LANES || (hdr.data.dtype == DTYPE_FIXED16 && count <= 2 * LANES);
         } else if (t == TYPE_PARAM) {
             payload = param_payload_bytes(hdr.data.dtype, count) + TRAILER_LEN;
             length_ok = dtype_known(hdr.data.dtype);

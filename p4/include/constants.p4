@@ -17,8 +17,8 @@
 #define MAX_CONTRIBUTORS 32
 /* Aggregation packets carry whole chunks of this many lanes (docs/protocol.md 3.3). */
 #define LUWU_LANE_CHUNK 64
-/* The fewest lanes that hold one FIXED16 block: its exponent, its data and the check lanes (5.2). */
-#define LUWU_FIXED16_MIN_LANES 69
+/* The fewest lanes that hold one FIXED16 block: its exponent and data values (two a lane) and the check lanes (5.2). */
+#define LUWU_FIXED16_MIN_LANES 61
 
 const bit<4>  LUWU_VERSION = 2;
 const bit<16> LUWU_HEADER_LEN = 32;

@@ -1,6 +1,6 @@
 /* deparser (v1model): emits the valid headers in wire order; invalid ones are skipped, so
  * exactly one of data/hb is emitted after the common luwu header, and lanes only for
- * aggregation types (`lanes16` for FIXED16). Unparsed bytes (PARAM, PULL payloads) follow unchanged. */
+ * aggregation types (every dtype's, FIXED16's too). Unparsed bytes (PARAM, PULL payloads) follow unchanged. */
 #ifndef LUWU_DEPARSER_P4
 #define LUWU_DEPARSER_P4
 
@@ -13,7 +13,6 @@ control LuwuDeparser(packet_out packet, in headers_t hdr) {
         packet.emit(hdr.data);
         packet.emit(hdr.hb);
         packet.emit(hdr.lanes);
-        packet.emit(hdr.lanes16);
     }
 }
 

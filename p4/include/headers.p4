@@ -3,8 +3,8 @@
  * The luwu header layout is docs/protocol.md section 3: an 8-byte common part, then either
  * the 24-byte data part (GRAD, AGG, ALLREDUCE, RESULT, PARAM, PULL) or the 24-byte heartbeat
  * part. Both parts are separate headers (no header_union); the parser extracts exactly one.
- * The aggregation payload (`lanes` int32, or `lanes16` int16 for FIXED16) is the generated
- * header in payload.p4.
+ * The aggregation payload (`lanes`, int32 for every dtype: a FIXED16 lane packs two int16 values,
+ * docs/protocol.md 5.2) is the generated header in payload.p4.
  */
 #ifndef LUWU_HEADERS_P4
 #define LUWU_HEADERS_P4
@@ -108,15 +108,6 @@ header harvest_t {
 }
 #endif
 
-/* TNA: a switch narrower than one FIXED16 block (LUWU_FIXED16_MIN_LANES, docs/protocol.md 5.2) is
- * never sent FIXED16 (a job there takes FIXED32), so the TNA build leaves `lanes16` out: 64 int16
- * lanes beside the widened int32 ones are what took the PHV past Tofino 1's 4096 bits (p4/README.md).
- * It drops a FIXED16 aggregation packet as MALFORMED (classifier.p4). The v1model build keeps it at
- * any width: BMv2 has no PHV limit, and the conformance vectors sum FIXED16 lanes at 64. */
-#if defined(LUWU_TNA) && LANES < LUWU_FIXED16_MIN_LANES
-#define LUWU_NO_FIXED16
-#endif
-
 struct headers_t {
 #ifdef LUWU_TNA
     bridge_t         bridge;
@@ -129,9 +120,6 @@ struct headers_t {
     luwu_data_t      data;
     luwu_heartbeat_t hb;
     luwu_lanes_t     lanes;
-#ifndef LUWU_NO_FIXED16
-    luwu_lanes16_t   lanes16;   /* FIXED16 payload; widened into `lanes` while aggregated */
-#endif
 }
 
 /* What the classifier decided to do with a luwu packet (meta.op). */

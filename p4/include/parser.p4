@@ -5,7 +5,8 @@
  * truncated payload: PacketTooShort) to ingress with standard_metadata.parser_error set, and
  * the classifier turns that into a MALFORMED drop. Fixed-size headers only: the aggregation
  * payload is one LANES-field header; PARAM and PULL payloads stay unparsed bytes that the
- * deparser re-emits untouched. A FIXED16 aggregation payload is the int16 `lanes16` header.
+ * deparser re-emits untouched. Every dtype's aggregation payload is `lanes` (FIXED16's lanes
+ * are int32 lanes too, each two int16 values packed: docs/protocol.md 5.2).
  */
 #ifndef LUWU_PARSER_P4
 #define LUWU_PARSER_P4
@@ -55,16 +56,10 @@ parser LuwuParser(packet_in packet, out headers_t hdr, inout metadata_t meta,
         packet.extract(hdr.data);
         /* a header-only ZERO contribution carries no lanes (docs/protocol.md 3.2): the ingress
          * makes them valid with zeros once the classifier accepted it (zero_lanes.p4) */
-        transition select(hdr.luwu.flags, hdr.data.dtype) {
-            (FLAG_ZERO &&& FLAG_ZERO, _): accept;
-            (_, DTYPE_FIXED16): parse_lanes16;   /* int16 lanes (docs/protocol.md 5.2) */
+        transition select(hdr.luwu.flags) {
+            FLAG_ZERO &&& FLAG_ZERO: accept;
             default: parse_lanes;
         }
-    }
-
-    state parse_lanes16 {
-        packet.extract(hdr.lanes16);
-        transition accept;
     }
 
     state parse_lanes {

@@ -2,7 +2,7 @@
  *
  * Ingress: the intrinsic and port metadata, then a harvest header on packets coming back from
  * the recirculation port (pass 2), then the same Ethernet / IPv4 / UDP / luwu / lanes as the
- * v1model parser (`lanes16` for FIXED16). Egress: only what the sender rewrites (Ethernet, IPv4, UDP, the common
+ * v1model parser. Egress: only what the sender rewrites (Ethernet, IPv4, UDP, the common
  * luwu header for the session); the rest is payload. The bridge header carries ingress's
  * decision to egress; the egress deparser recomputes the IPv4 checksum (Checksum extern).
  * Parser errors (a truncated payload) reach the control as parser_err, counted MALFORMED.
@@ -69,13 +69,8 @@ parser LuwuIngressParser(packet_in pkt, out headers_t hdr, out metadata_t meta,
         pkt.extract(hdr.data);
         /* a header-only ZERO contribution carries no lanes (docs/protocol.md 3.2): the ingress
          * makes them valid with zeros once the classifier accepted it (zero_lanes.p4) */
-        transition select(hdr.luwu.flags, hdr.data.dtype) {
-            (FLAG_ZERO &&& FLAG_ZERO, _): accept;
-#ifndef LUWU_NO_FIXED16
-            (_, DTYPE_FIXED16): parse_lanes16;   /* int16 lanes (docs/protocol.md 5.2), both passes */
-#else
-            (_, DTYPE_FIXED16): accept;          /* too narrow for FIXED16: the classifier drops it */
-#endif
+        transition select(hdr.luwu.flags) {
+            FLAG_ZERO &&& FLAG_ZERO: accept;
             default: parse_lanes;
         }
     }
@@ -84,13 +79,6 @@ parser LuwuIngressParser(packet_in pkt, out headers_t hdr, out metadata_t meta,
         pkt.extract(hdr.lanes);
         transition accept;
     }
-
-#ifndef LUWU_NO_FIXED16
-    state parse_lanes16 {
-        pkt.extract(hdr.lanes16);
-        transition accept;
-    }
-#endif
 
     state parse_data {
         pkt.extract(hdr.data);
@@ -115,9 +103,6 @@ control LuwuIngressDeparser(packet_out pkt, inout headers_t hdr, in metadata_t m
         pkt.emit(hdr.data);
         pkt.emit(hdr.hb);
         pkt.emit(hdr.lanes);
-#ifndef LUWU_NO_FIXED16
-        pkt.emit(hdr.lanes16);
-#endif
     }
 }
 

@@ -1,6 +1,7 @@
 """`luwu bmv2`, the one-liner that runs BMv2 with the luwu pipeline: it starts simple_switch_grpc on
 veth ports in a namespace the test makes, pushes the committed build and a 2-worker star runtime,
-sums two workers' ALLREDUCE packets into a RESULT on both ports, and stops on SIGTERM/SIGINT.
+sums two workers' ALLREDUCE packets into a RESULT on both ports (INT32, and FIXED16's packed
+int32 lanes), and stops on SIGTERM/SIGINT.
 Without BMv2 (or root) those skip; the one-line errors for what is missing run everywhere."""
 
 from __future__ import annotations
@@ -122,14 +123,15 @@ class Namespace:
         subprocess.run(["ip", "netns", "del", self.name], check=False, capture_output=True, timeout=10)
 
 
-def allreduce_frame(rank: int, lanes: np.ndarray) -> bytes:
-    """Rank `rank`'s ALLREDUCE of slot 0 of session 1 (the star's `meta` session), from its own addresses."""
+def allreduce_frame(rank: int, lanes: np.ndarray, dtype: int = 0, count: int = LANES, item: str = ">i4") -> bytes:
+    """Rank `rank`'s ALLREDUCE of slot 0 of session 1 (the star's `meta` session), from its own addresses
+    (`lanes` written as `item`: ">i4" every dtype's lanes, ">i2" the old FIXED16 int16 lanes)."""
     from scapy.layers.inet import IP, UDP
     from scapy.layers.l2 import Ether
 
     host = star_hosts(2)[0][rank]
-    luwu = Packet(type=MsgType.ALLREDUCE, session=1, worker=rank, count=LANES, seq=0, slot=0,
-                  payload=lanes.astype(">i4").tobytes()).pack()
+    luwu = Packet(type=MsgType.ALLREDUCE, session=1, worker=rank, count=count, seq=0, slot=0, dtype=dtype,
+                  payload=lanes.astype(np.int32).astype(item).tobytes()).pack()
     return bytes(Ether(src=host.mac, dst="02:00:00:00:00:fe") / IP(src=host.ip, dst="10.0.0.254")
                  / UDP(sport=DEFAULT_UDP_PORT, dport=DEFAULT_UDP_PORT) / luwu)
 
@@ -173,6 +175,50 @@ def test_luwu_bmv2_starts_sums_and_stops(tmp_path, stop_with):
         listening = subprocess.run(["ip", "netns", "exec", ns.name, "ss", "-ltn"], check=False, capture_output=True,
                                    text=True, timeout=10).stdout
         assert ":50051" not in listening and ":9090" not in listening, listening  # simple_switch_grpc is gone
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        ns.close()
+
+
+@needs_bmv2
+def test_luwu_bmv2_sums_fixed16_as_int32_lanes(tmp_path):
+    """FIXED16 (docs/protocol.md 5.2) on the committed BMv2 build: 32 + 4 * LANES bytes with a whole
+    block's count (112 int16 values, more than LANES), two int16 values packed a lane, summed as
+    int32 lanes whose halves are the int16 sums; a packet of the old int16-lane length (32 + 2 *
+    LANES) before them is dropped (else rank 0's real packet would be its duplicate)."""
+    runtime = tmp_path / "star2.json"
+    runtime.write_text(star_runtime(2).dumps())
+    ns = Namespace(2)
+    proc = None
+    try:
+        proc = luwu("bmv2", "--port", "1=p1", "--port", "2=p2", "--runtime", str(runtime), ns=ns.name,
+                    start_new_session=True)
+        ready = select.select([proc.stdout], [], [], READY_TIMEOUT)[0] and proc.stdout.readline()
+        assert ready, f"no ready line within {READY_TIMEOUT} s (exit {proc.poll()})"
+        rng = np.random.default_rng(16)
+        hi = rng.integers(-2**14, 2**14, (2, LANES))
+        lo = rng.integers(-2**14, 2**14, (2, LANES))
+        lo[0, :4], lo[1, :4] = [-1, -2**14, 2**14 - 1, 0], [-1, -2**14, 0, -5]  # borrows into hi
+        packed = hi * 2**16 + lo
+        fixed16, count = 6, 112
+        ns.socks[1].send(allreduce_frame(0, packed[0], fixed16, count, item=">i2"))  # the old length
+        ns.socks[1].send(allreduce_frame(0, packed[0], fixed16, count))
+        ns.socks[2].send(allreduce_frame(1, packed[1], fixed16, count))
+        got = ns.received(2)
+        assert sorted(port for port, _ in got) == [1, 2], got
+        want = (packed.sum(axis=0) + 2**31) % 2**32 - 2**31
+        for port, frame in got:
+            udp = frame[14 + 20:]
+            assert udp[8] & 0xF == MsgType.RESULT and len(udp) == 8 + HEADER_LEN + 4 * LANES, frame[:80].hex()
+            sums = np.frombuffer(udp[8 + HEADER_LEN:8 + HEADER_LEN + 4 * LANES], dtype=">i4").astype(np.int64)
+            assert sums.tolist() == want.tolist(), (port, sums[:4], want[:4])
+            low = (sums & 0xFFFF).astype(np.uint16).astype(np.int16).astype(np.int64)
+            assert low.tolist() == lo.sum(axis=0).tolist() and ((sums - low) >> 16).tolist() == hi.sum(axis=0).tolist()
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
     finally:
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -107,14 +107,15 @@ def test_tna_program_passes_p4test(tofino):
 
 @pytest.mark.bmv2
 @needs_p4test
-def test_tna_build_too_narrow_for_fixed16_leaves_lanes16_out(tmp_path):
-    """At 64 lanes no FIXED16 block fits (docs/protocol.md 5.2), so the TNA program has no `lanes16`
-    header (its PHV stays the 32-bit program's, p4/README.md) and its classifier refuses FIXED16
-    lanes; the v1model build keeps `lanes16`, which the conformance vectors sum at 64 lanes."""
+def test_fixed16_takes_the_32bit_lanes_in_both_builds(tmp_path):
+    """FIXED16 packs two int16 values a 32-bit lane (docs/protocol.md 5.2): one block fits the
+    64-lane build, and both programs parse, sum and emit FIXED16 packets in the int32 `lanes` header
+    (32 + 4 * LANES bytes, as every dtype; count up to 2 * LANES values): no 16-bit header, parser
+    state or widening anywhere, so the TNA PHV is the 32-bit program's (p4/README.md)."""
     from luwu.dataplane.integrity import FIXED16_BLOCK, FIXED16_MIN_LANES, check_lanes
 
-    assert FIXED16_BLOCK + 1 + check_lanes(protocol.Dtype.FIXED16) == FIXED16_MIN_LANES
-    assert DEFAULT_LANES < FIXED16_MIN_LANES
+    assert -(-(FIXED16_BLOCK + 1) // 2) + check_lanes(protocol.Dtype.FIXED16) == FIXED16_MIN_LANES == 61
+    assert DEFAULT_LANES >= FIXED16_MIN_LANES
     assert f"#define LUWU_FIXED16_MIN_LANES {FIXED16_MIN_LANES}" in constants_p4()
     pp = tmp_path / "tna.p4"  # p4test --pp: the program after the preprocessor, as p4test read it
     *cmd, program_path = compiler.tna_check_command(1)
@@ -122,8 +123,11 @@ def test_tna_build_too_narrow_for_fixed16_leaves_lanes16_out(tmp_path):
                    timeout=compiler.COMPILE_TIMEOUT)
     program = pp.read_text()
     headers = re.search(r"struct headers_t \{(.*?)\}", program, re.S)
-    assert headers and "luwu_lanes_t" in headers.group(1) and "lanes16" not in headers.group(1)
-    assert "hdr.lanes16" not in program
-    assert "length_ok = length_ok && hdr.data.dtype != DTYPE_FIXED16;" in program
+    assert headers and "luwu_lanes_t" in headers.group(1)
+    for text in (program, *(f.read_text() for f in P4_DIR.rglob("*.p4"))):
+        assert "lanes16" not in text and "NO_FIXED16" not in text
+    assert re.search(r"payload = 4 \* 64;", program), "the aggregation payload is 4 * LANES for every dtype"
+    assert "hdr.data.dtype == DTYPE_FIXED16 && count <= 2 * 64" in program  # FIXED16 is still an aggregation dtype
     bmv2 = json.loads((P4_DIR / "build" / "luwu_v1model.json").read_text())
-    assert "lanes16" in {h["name"] for h in bmv2["headers"]}
+    assert {h["name"] for h in bmv2["headers"]} >= {"lanes"}
+    assert not [h for h in bmv2["headers"] if "16" in h["name"] or "lanes16" in h["header_type"]]

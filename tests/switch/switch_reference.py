@@ -140,8 +140,8 @@ class ReferenceSwitch:
             ok = (n == HEADER_LEN and pkt.count <= self.lanes and pkt.dtype == Dtype.INT32
                   and pkt.type in (MsgType.GRAD, MsgType.ALLREDUCE))
         elif pkt.type in (MsgType.GRAD, MsgType.AGG, MsgType.ALLREDUCE, MsgType.RESULT):
-            width = 2 if pkt.dtype == Dtype.FIXED16 else 4  # FIXED16: int16 lanes
-            ok = n == HEADER_LEN + width * self.lanes and pkt.count <= self.lanes
+            most = 2 * self.lanes if pkt.dtype == Dtype.FIXED16 else self.lanes  # FIXED16: two int16 values a lane
+            ok = n == HEADER_LEN + 4 * self.lanes and pkt.count <= most  # 4-byte lanes, every dtype
         elif pkt.type == MsgType.PARAM:
             ok = pkt.dtype in DTYPE_ITEMSIZE and n == HEADER_LEN + pkt.count * DTYPE_ITEMSIZE[pkt.dtype] + TRAILER_LEN
         elif pkt.type == MsgType.HEARTBEAT:
@@ -175,9 +175,7 @@ class ReferenceSwitch:
         self.bitmap[st][slot] = before | bit
         self.bitmap[1 - st][slot] &= ~bit & 0xFFFFFFFF
         dup, first = bool(before & bit), before == 0
-        f16 = pkt.dtype == Dtype.FIXED16  # int16 lanes, sign-extended; emitted as their low 16 bits
-        x = ([int.from_bytes(pkt.payload[k:k + 2], "big", signed=True) for k in range(0, 2 * self.lanes, 2)] if f16
-             else [int(v) for v in pkt.lanes()])
+        x = [int(v) for v in pkt.lanes()]
         if first:
             rem = s["num_workers"] - 1
             self.exponents[i], self.slot_flags[i] = pkt.exponent, pkt.flags & Flag.SATURATED
@@ -210,10 +208,7 @@ class ReferenceSwitch:
         pkt.worker = NODE if root else s["up_worker"]
         pkt.exponent = self.exponents[i]
         pkt.flags = (pkt.flags & (Flag.SET | Flag.MAX)) | self.slot_flags[i] | (Flag.RETX if dup else 0)
-        if f16:
-            pkt.payload = b"".join((v & 0xFFFF).to_bytes(2, "big") for v in self.lane_regs[i])
-        else:
-            pkt.payload = b"".join(v.to_bytes(4, "big", signed=True) for v in self.lane_regs[i])
+        pkt.payload = b"".join(v.to_bytes(4, "big", signed=True) for v in self.lane_regs[i])
         if grad or not root:
             return self._unicast(pkt, (s["up_port"], NODE), n)
         if dup:

@@ -25,10 +25,10 @@ RANKS = (0, 1, 2)  # session 1: pool [0, 4), three workers, multicast group 1
 
 
 def packet(worker: int, seq: int, count: int, lanes, *, dtype: int = Dtype.FIXED32, flags: int = 0) -> bytes:
-    """Rank `worker`'s ALLREDUCE of session 1 with `count` elements and payload `lanes` (int16
-    for FIXED16, else int32; as many as given: the test chooses the length)."""
+    """Rank `worker`'s ALLREDUCE of session 1 with `count` elements and payload `lanes` (int32 lanes
+    for every dtype, FIXED16's two int16 values a lane; as many as given: the test chooses the length)."""
     slot, set_ = slot_for(seq, 0, 4)
-    body = np.asarray(lanes, dtype=np.int64).astype(">i2" if dtype == Dtype.FIXED16 else ">i4").tobytes()
+    body = np.asarray(lanes, dtype=np.int64).astype(">i4").tobytes()
     return Packet(MsgType.ALLREDUCE, 1, worker, flags | (Flag.SET if set_ else 0), count, seq, slot, 9,
                   seq * LANES, 0, int(dtype), 1000, payload=body).pack()
 
@@ -41,12 +41,17 @@ def switch() -> SoftwareSwitch:
 
 def contribution(rng: np.random.Generator, count: int, dtype: int = Dtype.FIXED32, flags: int = 0) -> np.ndarray:
     """The lanes of a packet of `count` elements: values, zero padding, and the last lanes (where
-    the check words go) non-zero, so a switch summing them anywhere else would show."""
+    the check words go) non-zero, so a switch summing them anywhere else would show. FIXED16: two
+    int16 values a lane (`hi * 2^16 + lo`), `count` of them, docs/protocol.md 5.2."""
     n = wire_lanes(count, int(dtype), flags, LANES)
-    hi = 2**12 if dtype == Dtype.FIXED16 else 2**30
     v = np.zeros(n, dtype=np.int64)
-    v[:count] = rng.integers(-hi, hi, size=count)
-    v[-4:] = rng.integers(-hi, hi, size=4)
+    if dtype == Dtype.FIXED16:
+        used = -(-count // 2)
+        v[:used] = rng.integers(-2**12, 2**12, size=used) * 2**16 + rng.integers(-2**12, 2**12, size=used)
+        v[-4:] = rng.integers(-2**12, 2**12, size=4) * 2**16
+    else:
+        v[:count] = rng.integers(-2**30, 2**30, size=count)
+        v[-4:] = rng.integers(-2**30, 2**30, size=4)
     return v
 
 
@@ -58,25 +63,28 @@ def results(out, seq: int, length: int) -> list[np.ndarray]:
         pk = Packet.unpack(data)
         assert (pk.type, pk.seq) == (MsgType.RESULT, seq)
         assert len(data) == length, (len(data), length)
-        got.append(np.frombuffer(data[HEADER_LEN:], dtype=">i2" if pk.dtype == Dtype.FIXED16 else ">i4"))
+        got.append(np.frombuffer(data[HEADER_LEN:], dtype=">i4"))
     return got
 
 
 def test_the_length_rule():
-    """Whole chunks for the count, capped at the switch's lanes; FIXED16 sums count their exponent lanes."""
+    """Whole chunks for the count, capped at the switch's lanes, 4 bytes a lane for every dtype; FIXED16
+    counts int16 values, two a lane, its sums their exponent values and 8 check values too."""
     assert wire_len(10, int(Dtype.FIXED32), 0, LANES) == HEADER_LEN + 4 * 64
     assert wire_len(62, int(Dtype.INT32), 0, LANES) == HEADER_LEN + 4 * 64
     assert wire_len(63, int(Dtype.INT32), 0, LANES) == HEADER_LEN + 4 * 128
     assert wire_len(190, int(Dtype.INT32), 0, LANES) == HEADER_LEN + 4 * 192
     assert wire_len(191, int(Dtype.INT32), 0, LANES) == HEADER_LEN + 4 * LANES  # past the last chunk: whole
     nb = fixed16_blocks(LANES)
-    assert wire_len(64 - 4 - nb, int(Dtype.FIXED16), 0, LANES) == HEADER_LEN + 2 * 64
-    assert wire_len(64 - 4 - nb + 1, int(Dtype.FIXED16), 0, LANES) == HEADER_LEN + 2 * 128
-    assert wire_len(60, int(Dtype.FIXED16), int(Flag.MAX), LANES) == HEADER_LEN + 2 * 64  # agreement: no exponent lanes
-    counts = np.array([10, 190, 60], dtype=np.int64)
-    dtypes = np.array([Dtype.INT32, Dtype.INT32, Dtype.FIXED16], dtype=np.uint8)
-    flags = np.array([0, 0, Flag.MAX], dtype=np.uint8)
-    assert wire_len(counts, dtypes, flags, LANES).tolist() == [288, 800, 160]
+    assert nb == 3  # 400 int16 values a packet: 3 * (112 + 1) + 8 of them
+    assert wire_len(128 - 8 - nb, int(Dtype.FIXED16), 0, LANES) == HEADER_LEN + 4 * 64
+    assert wire_len(128 - 8 - nb + 1, int(Dtype.FIXED16), 0, LANES) == HEADER_LEN + 4 * 128
+    assert wire_len(60, int(Dtype.FIXED16), int(Flag.MAX), LANES) == HEADER_LEN + 4 * 64  # agreement: a lane each
+    assert wire_len(61, int(Dtype.FIXED16), int(Flag.MAX), LANES) == HEADER_LEN + 4 * 128
+    counts = np.array([10, 190, 60, 118], dtype=np.int64)
+    dtypes = np.array([Dtype.INT32, Dtype.INT32, Dtype.FIXED16, Dtype.FIXED16], dtype=np.uint8)
+    flags = np.array([0, 0, Flag.MAX, 0], dtype=np.uint8)
+    assert wire_len(counts, dtypes, flags, LANES).tolist() == [288, 800, 288, 544]
     assert wire_lanes(5, int(Dtype.INT32), 0, 64) == 64  # a 64-lane switch: one length, as before
 
 
@@ -105,14 +113,13 @@ def test_a_short_packet_is_summed_and_emitted_short(monkeypatch, turns, count, d
         out = sw.process_datagrams(pkts)
     stack = np.stack(list(vals.values()))
     want = stack.max(axis=0) if flags & Flag.MAX else stack.sum(axis=0)
-    bits = 16 if dtype == Dtype.FIXED16 else 32
-    want = (want + 2**(bits - 1)) % 2**bits - 2**(bits - 1)
+    want = (want + 2**31) % 2**32 - 2**31  # FIXED16 too: its lanes are summed as int32
     for got in results(out, seq, length):
         assert got.tolist() == want.tolist()
     again = sw.process_datagrams([(worker_port(1), packet(1, seq, count, vals[1], dtype=dtype,
                                                           flags=flags | int(Flag.RETX)))])
     assert [p for p, _ in again] == [worker_port(1)] and len(again[0][1]) == length
-    assert np.frombuffer(again[0][1][HEADER_LEN:], dtype=">i2" if bits == 16 else ">i4").tolist() == want.tolist()
+    assert np.frombuffer(again[0][1][HEADER_LEN:], dtype=">i4").tolist() == want.tolist()
     drops = sw.counters()["drops"]
     assert not any(v[0] for v in drops.values()), drops
 
@@ -131,8 +138,8 @@ def test_a_length_other_than_the_counts_is_malformed_and_changes_nothing():
     for lanes in bad:
         assert sw.process_datagrams([(worker_port(0), packet(0, seq, count, lanes))]) == []
     assert sw.process_datagrams([(worker_port(0), packet(0, seq, 100, v))]) == []  # count 100 needs two chunks
-    f16 = contribution(rng, count, Dtype.FIXED16)
-    assert sw.process_datagrams([(worker_port(0), packet(0, seq, count, np.concatenate([f16, f16]),
+    f16 = contribution(rng, count, Dtype.FIXED16)  # at the length of the old int16 lanes (32 + 2 * 64)
+    assert sw.process_datagrams([(worker_port(0), packet(0, seq, count, f16[:len(f16) // 2],
                                                          dtype=Dtype.FIXED16))]) == []
     assert sw.counters()["drops"][int(DropReason.MALFORMED)][0] == 5
     vals = {r: contribution(rng, count) for r in RANKS}

@@ -2,9 +2,9 @@
 
 Checks, in this order, each failure dropping the packet with its reason: version
 (BAD_VERSION), type (BAD_TYPE), length for the type (MALFORMED: aggregation packets are exactly
-32 + 4 * the whole chunks of lanes their count needs (2-byte lanes for dtype FIXED16;
-integrity.wire_len, docs/protocol.md 3.3) with count <= lanes, or 32 bytes with the ZERO flag
-for an INT32 GRAD or ALLREDUCE; PARAM 32 + count * itemsize(dtype) + 4; PULL 32 + 12 * count + 4, the 4 being the CRC-32 trailer; HEARTBEAT 32), `sessions` hit (UNKNOWN_SESSION), `workers` hit for every packet whose
+32 + 4 * the whole chunks of lanes their count needs (4-byte lanes for every dtype, a FIXED16
+count being int16 values two a lane: integrity.wire_len, docs/protocol.md 3.3, 5.2) with
+count <= lanes (FIXED16: 2 * lanes), or 32 bytes with the ZERO flag for an INT32 GRAD or ALLREDUCE; PARAM 32 + count * itemsize(dtype) + 4; PULL 32 + 12 * count + 4, the 4 being the CRC-32 trailer; HEARTBEAT 32), `sessions` hit (UNKNOWN_SESSION), `workers` hit for every packet whose
 worker is not NODE (UNKNOWN_WORKER; a GRAD marked FALLBACK passes through, from a `child_ports`
 port only), the sender's port (SPOOFED: a rank off its entry's port, NODE off the session's
 up_port, a passing GRAD off a child switch's port), then direction (BAD_DIRECTION) and pool
@@ -142,7 +142,7 @@ def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
     if types[0] or types[PULL + 1:].any():
         drop[(drop == 0) & ~_VALID_TYPE[mtype]] = D_BAD_TYPE
 
-    # length for the type (count <= lanes for aggregation types)
+    # length for the type (count <= lanes for aggregation types; FIXED16: <= 2 * lanes, its int16 values)
     count = h["count"]
     n_agg = types[GRAD:RESULT + 1].sum()
     zero = (c.flags & ZERO) != 0 if n_agg else None
@@ -151,12 +151,12 @@ def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
     f16 = (h["dtype"] == FIXED16) if n_agg else None
     if f16 is not None and not f16.any():
         f16 = None
-    if n_agg == n_pk and zero is None and f16 is None:  # 32-bit lanes: the length is the count's alone
+    if n_agg == n_pk and zero is None and f16 is None:  # one value a lane: the length is the count's alone
         bad_len = (n != wire_len(count.astype(np.int64), INT32, 0, lanes)) | (count > lanes)
     else:
         expect = np.full(n_pk, -1, dtype=np.int64)
         agg_type = (mtype >= GRAD) & (mtype <= RESULT)
-        if n_agg:  # whole chunks for the count (docs/protocol.md 3.3); FIXED16: int16 lanes (5.2)
+        if n_agg:  # whole chunks for the count (docs/protocol.md 3.3); FIXED16: two values a lane (5.2)
             expect[agg_type] = wire_len(count[agg_type].astype(np.int64), h["dtype"][agg_type], c.flags[agg_type],
                                         lanes)
         if zero is not None:
@@ -175,7 +175,8 @@ def classify(b, t: CompiledTables, lanes: int, counters) -> Classified:
         if types[PULL]:
             is_pull = mtype == PULL
             expect[is_pull] = HEADER_LEN + PULL_REQUEST.itemsize * count[is_pull].astype(np.int64) + TRAILER_LEN
-        bad_len = (n != expect) | (agg_type & (count > lanes))
+        most = lanes if f16 is None else np.where(f16, 2 * lanes, lanes)  # FIXED16: two values a lane
+        bad_len = (n != expect) | (agg_type & (count > most))
     drop[(drop == 0) & bad_len] = D_MALFORMED
 
     c.session = session = h["session"].astype(np.int64)

@@ -23,7 +23,7 @@ from ...protocol import HEADER_LEN, DropReason, Dtype, Flag, aggregation_packet_
 from .classifier import PATH_AGGREGATE, PATH_FALLBACK, PATH_NONE, Classified
 
 ZERO = int(Flag.ZERO)
-INT32, FIXED16 = int(Dtype.INT32), int(Dtype.FIXED16)
+INT32 = int(Dtype.INT32)
 KEEP = np.uint8(0xFF ^ ZERO)
 
 
@@ -65,12 +65,11 @@ def _pad_short(b, c: Classified, lanes: int) -> None:
         return
     pk = c.idx[agg]
     got = b.luwu_len[pk]
-    f16 = c.h["dtype"][agg] == FIXED16
-    full = np.where(f16, HEADER_LEN + 2 * lanes, HEADER_LEN + 4 * lanes)
+    full = aggregation_packet_len(lanes)  # 4 bytes a lane, every dtype (FIXED16's too: 5.2)
     short = np.flatnonzero((got < full) & (got > HEADER_LEN))
     if not len(short):
         return
     src = b.rows if b.arena is None else b.arena
     prow = b.payload_rows(pk[short])
-    for r, n, m in zip(np.atleast_1d(prow).tolist(), got[short].tolist(), full[short].tolist()):
-        src[r, b.off + n:b.off + m] = 0
+    for r, n in zip(np.atleast_1d(prow).tolist(), got[short].tolist()):
+        src[r, b.off + n:b.off + full] = 0

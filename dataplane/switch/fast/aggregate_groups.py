@@ -2,9 +2,8 @@
 dataplane/switch/controls/slot_owner.py `apply`, dataplane/switch/controls/worker_bitmap.py `apply`,
 dataplane/switch/controls/contributor_counter.py `apply`, dataplane/switch/controls/exponent_max.py
 `apply`, dataplane/switch/controls/aggregation_lanes.py `apply`), for all the contributions to a
-slot in one batch at once: the aggregation fast path; and, for FIXED16 packets (`fold16`),
-dataplane/switch/pipeline.py `Pipeline.aggregate16` (those rounds on the int16 lanes
-sign-extended, emitted rows truncated to int16).
+slot in one batch at once: the aggregation fast path (every aggregation dtype: FIXED16's lanes
+are int32 lanes too, docs/protocol.md 5.2).
 
 Declines: a group that does not qualify (below) is left untouched and marked not fast, and
 `Pipeline._aggregation` runs it through `Pipeline._aggregate` in rounds; `fold` returns None,
@@ -87,38 +86,6 @@ def fold(slot: np.ndarray, a, regs, payload: np.ndarray, agg, write_out: bool = 
                            a.exponent, a.saturated, a.rows, regs.slot_owner, regs.bitmap, regs.contributors,
                            regs.exponents, regs.slot_flags, regs.lanes.view(np.uint32), flat[0], flat[1], fast, remaining,
                            exponent, saturated, last, write_out)
-    if not handled:
-        return None
-    out = a.ai[fast]
-    agg.dup[out] = False
-    agg.remaining[out] = remaining[fast]
-    tails = a.ai[last]
-    agg.exponent[tails] = exponent[last]
-    agg.saturated[tails] = saturated[last]
-    return fast
-
-
-def fold16(slot: np.ndarray, a, regs, payload16: np.ndarray, agg) -> np.ndarray | None:
-    """`fold` for FIXED16 packets (`payload16`: the (K, lanes) big-endian int16 view of their
-    rows), compiled only (dataplane/kernels/switch_lanes.py `phase_groups16`): the same groups,
-    registers and outcome as the reference's rounds (`Pipeline.aggregate16`), each int16 lane
-    sign-extended into its int32 register, a completed sum written into the completing packet's
-    row truncated to int16. None when kernels are off, the rows cannot be strided over, or no
-    group qualified (nothing was changed): the caller runs the rounds."""
-    if not use_numba():
-        return None
-    from ...kernels.switch_lanes import lane_rows16, phase_groups16
-
-    flat = lane_rows16(payload16)
-    if flat is None:
-        return None
-    n = len(slot)
-    fast, last = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-    remaining, exponent, saturated = np.zeros(n, dtype=np.uint32), np.zeros(n, dtype=np.int8), np.zeros(n, dtype=bool)
-    handled = phase_groups16(np.argsort(slot, kind="stable"), slot, a.s, a.other, a.epoch, a.is_max, a.bit, a.nw,
-                             a.exponent, a.saturated, a.rows, regs.slot_owner, regs.bitmap, regs.contributors,
-                             regs.exponents, regs.slot_flags, regs.lanes.view(np.uint32), flat[0], flat[1], fast,
-                             remaining, exponent, saturated, last)
     if not handled:
         return None
     out = a.ai[fast]

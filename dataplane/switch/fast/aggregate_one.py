@@ -4,7 +4,7 @@ GRAD): the slot state machine of dataplane/switch/pipeline.py `Pipeline._aggrega
 compiled kernel `aggregate_groups.py` runs, on Python ints and one call of that kernel.
 
 Declines: `turn` returns False with no state changed, and the turn takes `Pipeline.run`, for
-kernels off, loss simulated, a ZERO, FIXED16 or short (3.3) packet, a drop, a packet off the aggregation path,
+kernels off, loss simulated, a ZERO or short (3.3) packet, a drop, a packet off the aggregation path,
 a completion that would leave for a port that is not shared memory, a duplicate or a countdown
 past zero (details below).
 
@@ -22,8 +22,8 @@ the rings reference, or inline copies when the pool is full) -- with the same co
 straggler records, ring entries and pool rows as the general path.
 
 It takes only what it can finish: kernels on, a packet on the aggregation path that is not ZERO
-nor FIXED16 (int16 lanes: the general path's reference code widens them),
-whose completion would leave for shared-memory ports only (checked before anything is touched),
+(any dtype: FIXED16's lanes are int32 lanes too, docs/protocol.md 5.2), whose completion would
+leave for shared-memory ports only (checked before anything is touched),
 and that the kernel takes (not a duplicate, the countdown not passing zero: the kernel changes
 nothing otherwise). Anything else says False with no state changed, and the turn goes the general way.
 tests/switch/test_switch_lone_turns.py runs it side by side with the general path.
@@ -38,7 +38,7 @@ import numpy as np
 from ...integrity import header_ok, seal_header
 from ...kernels import use_numba
 from ...observe import trace
-from ...protocol import HEADER_LEN, NODE, Dtype, Event, Flag, MsgType, NextStep, aggregation_packet_len
+from ...protocol import HEADER_LEN, NODE, Event, Flag, MsgType, NextStep, aggregation_packet_len
 from ..controls.classifier import PATH_AGGREGATE
 from ..controls.next_step_selector import KEEP_FLAGS
 from ..lookup import SESSION_PARAMS
@@ -53,7 +53,6 @@ _WORKER = struct.Struct("!H")  # at offset 4
 _EXPONENT = struct.Struct("!b")  # at offset 24
 ROOT, GRAD, AGG, RESULT = int(NextStep.ROOT), int(MsgType.GRAD), int(MsgType.AGG), int(MsgType.RESULT)
 SET, SATURATED, MAX, ZERO = int(Flag.SET), int(Flag.SATURATED), int(Flag.MAX), int(Flag.ZERO)
-FIXED16 = int(Dtype.FIXED16)
 COMPLETED, ABSORBED, SATURATED_EV = int(Event.COMPLETED), int(Event.ABSORBED), int(Event.SATURATED)
 UNICAST, MULTICAST = int(Event.UNICAST), int(Event.MULTICAST)
 NUM_WORKERS = SESSION_PARAMS.index("num_workers")
@@ -90,7 +89,7 @@ def turn(sw, rx, att) -> bool:
         return False  # a corrupted header: the general path drops and counts it (BAD_CHECKSUM)
     head = _HEAD.unpack_from(rx.rows, 0)
     vt, flags, session, worker, count = head[:5]
-    if flags & ZERO or head[10] == FIXED16:  # (FIXED16's int16 lanes: the general path's reference)
+    if flags & ZERO:
         return False
     sc = t.scalar()
     drop, counted, _, bit, _, row, _, pooled = decision(sc, (vt, flags, session, worker, count, head[10], att.port, n,

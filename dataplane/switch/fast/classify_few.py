@@ -37,6 +37,7 @@ from ..controls.classifier import (
     D_UNKNOWN_SESSION,
     D_UNKNOWN_WORKER,
     FALLBACK,
+    FIXED16,
     GRAD,
     HEARTBEAT,
     INT32,
@@ -206,7 +207,7 @@ def _decide(sc: ScalarTables, vt: int, flags: int, session: int, worker: int, co
         drop = D_BAD_TYPE
     agg_type = GRAD <= mtype <= RESULT
     if agg_type:
-        expect = wire_len(count, dtype, flags, lanes)  # whole chunks for the count (3.3); FIXED16: int16 lanes
+        expect = wire_len(count, dtype, flags, lanes)  # whole chunks for the count (3.3), 4 bytes a lane
         if flags & ZERO:  # header-only ZERO contribution: INT32 GRAD/ALLREDUCE only (protocol.md 3.2)
             expect = HEADER_LEN if mtype in (GRAD, ALLREDUCE) and dtype == INT32 else -1
     elif mtype == PARAM:
@@ -218,7 +219,7 @@ def _decide(sc: ScalarTables, vt: int, flags: int, session: int, worker: int, co
         expect = HEADER_LEN + _PULL_ITEM * count + TRAILER_LEN
     else:
         expect = -1
-    if not drop and (length != expect or (agg_type and count > lanes)):
+    if not drop and (length != expect or (agg_type and count > (2 * lanes if dtype == FIXED16 else lanes))):
         drop = D_MALFORMED
     srow = sc.sessions.get(session)  # (every valid session id is below MAX_SESSIONS)
     s_hit = srow is not None
