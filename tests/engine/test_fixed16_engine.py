@@ -83,14 +83,34 @@ def test_saturated_blocks_come_back_nan_and_flagged():
         assert not np.isnan(r[:per]).any() and not np.isnan(r[2 * per:]).any()
 
 
-def test_small_packets_use_fixed32():
-    """64 lanes (tofino mode) hold no block of 64 plus its exponent and checks: the engine sums in
-    FIXED32 instead, whatever the job asked (exact as ever, not an error)."""
-    xs = _inputs(2, 500, seed=1)
+def test_tofino_packets_carry_one_block():
+    """64 lanes (tofino mode, the BMv2 and Tofino builds) hold one block of 112 values, two per
+    lane: the engine sums in FIXED16, within its bound (and, somewhere, outside FIXED32's: not
+    a silent fallback)."""
+    xs = _inputs(2, 400, seed=1)
     with star(2, mode="tofino") as (_, _, engines):
+        hs = [e.allreduce(x, grad_format="fixed16") for e, x in zip(engines, xs)]
+        results = [h.wait(60) for h in hs]
+    assert fixed16.layout(64) == (1, B)
+    exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+    exps = np.max([Q.block_exponents(x, B) for x in xs], axis=0)
+    err = np.abs(results[0] - exact)
+    assert (err <= Q.error_bound16(results[0], exps, B, 2)).all()
+    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
+    per = integrity.data_lanes(64, Dtype.FIXED32)
+    exps32 = np.max([Q.chunk_exponents(x, per) for x in xs], axis=0)
+    assert (err > Q.error_bound(results[0], exps32, per, 2)).any()
+
+
+def test_small_packets_use_fixed32():
+    """A switch narrower than FIXED16_MIN_LANES (61) holds no block of 112 plus its exponent and
+    checks: the engine sums in FIXED32 instead, whatever the job asked (exact as ever, not an error)."""
+    lanes = integrity.FIXED16_MIN_LANES - 1
+    xs = _inputs(2, 500, seed=1)
+    with star(2, mode=lanes) as (_, _, engines):
         results = [h.wait(60) for h in [e.allreduce(x, grad_format="fixed16") for e, x in zip(engines, xs)]]
     exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
-    per = integrity.data_lanes(64, Dtype.FIXED32)  # the lanes less the check words
+    per = integrity.data_lanes(lanes, Dtype.FIXED32)  # the lanes less the check words
     exps = np.max([Q.chunk_exponents(x, per) for x in xs], axis=0)
     assert (np.abs(results[0] - exact) <= Q.error_bound(results[0], exps, per, 2)).all()
 
@@ -98,7 +118,7 @@ def test_small_packets_use_fixed32():
 @pytest.mark.parametrize("fallback", [False, True])
 def test_push_fixed16_reaches_the_node(fallback):
     """Workers push FIXED16 gradients; the node decodes the switch's sums (or, when the switch has no
-    pool for the session, its own software sum of the 16-bit lanes) with the exponents read from
+    pool for the session, its own software sum of the packed lanes) with the exponents read from
     the exponent lanes, and steps SGD: the pulled parameters are within the bound."""
     workers = 3
     plan = StarPlan(workers=workers, nodes=1, mode=LANES, node_pool=32, param_window=64)
