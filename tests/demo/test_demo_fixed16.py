@@ -36,7 +36,7 @@ def test_fixed16_demo_bytes_and_losses(tmp_path):
     t = f16["traffic"]
     b = t["push_breakdown"]
     s = push_bytes.structure(units, 16000, "fixed16")
-    assert b["structural_bytes_per_param"] == s["bytes_per_param"] and b["data_packets_per_step"] == 56
+    assert b["structural_bytes_per_param"] == s["bytes_per_param"] and b["data_packets_per_step"] == 31
     assert s["bytes_per_param"] <= 2.1  # issue 29: packets cut to whole chunks (docs/protocol.md 3.3)
     # every GRAD packet the workers' engines sent is a data packet of the structure, or a resend of one
     grad = [v for k, v in b["streams_all_workers"].items() if k.endswith("grad_stream")]
