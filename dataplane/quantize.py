@@ -284,7 +284,7 @@ def warm_up() -> None:
     # and a FIXED16 sum's (collective.py `_compiled_results16`), refused the same way
     fixed16_rows.absorb_fixed16_results(np.zeros(32, np.uint8), 32, 1, 8, 16, 20, 1, 21, 6, 28, np.uint8(1), 6,
                                           np.zeros(1, np.bool_), 1, 0, 1, 1, 1, rows.reshape(-1).view(np.uint16), 4,
-                                          16, 1, 1, 1, 1, np.zeros((1, 4), np.uint32), np.ones(1), 0, one,
+                                          16, 8, 1, 1, 1, np.zeros((1, 4), np.uint32), np.ones(1), 0, one,
                                           np.zeros(1, np.bool_), np.zeros(1, np.int64), 0, np.zeros(1, np.int64),
                                           np.zeros(4, np.int64))
 
