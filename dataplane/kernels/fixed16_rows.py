@@ -90,25 +90,63 @@ def _put_checks(dst, nv, c0, c1, c2, c3):
     dst[nv + 7] = 0
 
 
+@njit(cache=True, inline="always")
+def _bswap32(v):
+    return ((v & np.uint32(0xFF)) << np.uint32(24)) | ((v & np.uint32(0xFF00)) << np.uint32(8)) \
+        | ((v >> np.uint32(8)) & np.uint32(0xFF00)) | (v >> np.uint32(24))
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _borrow(dst, nv):
-    """Slots [0, nv) of a row as written (big-endian int16 values) made packed lanes (fixed16.py
-    `pack_slots`): each high slot less one where its low slot is negative (the sign bit of a
-    big-endian word is bit 7 of the native one)."""
-    for k in range(0, nv, 2):
-        b = np.uint16((dst[k + 1] >> np.uint16(7)) & np.uint16(1))
-        dst[k] = _bswap16(np.uint16(_bswap16(dst[k]) - b))
+    """Slots [0, nv) of a row as written (big-endian int16 values, nv even, 4-byte aligned) made
+    packed lanes (fixed16.py `pack_slots`): each lane's big-endian value V less 2^16 where its low
+    slot is negative, `V - ((V & 0x8000) << 1)`, one uint32 word at a time (vectorises)."""
+    d = dst[:nv].view(np.uint32)
+    for k in range(d.size):
+        v = _bswap32(d[k])
+        d[k] = _bswap32(np.uint32(v - ((v & np.uint32(0x8000)) << np.uint32(1))))
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _unpack_row(src, nv, sc):
-    """Slots [0, nv) of a received row of packed lanes (big-endian words `src`) as int32 values
-    into `sc` (fixed16.py `unpack_slots`): lo sign-extended, hi given back the one its lane
-    borrowed, wrapped to int16."""
-    for k in range(0, nv, 2):
-        lo = _bswap16(src[k + 1])
-        sc[k] = np.int32(np.int16(np.uint16(_bswap16(src[k]) + (lo >> np.uint16(15)))))
-        sc[k + 1] = np.int32(np.int16(lo))
+    """Slots [0, nv) of a received row of packed lanes (big-endian words `src`) as int16 values
+    into `sc` (fixed16.py `unpack_slots`): each lane's value given back the 2^16 its negative low
+    slot borrowed, `V + ((V & 0x8000) << 1)`, then split into its two int16 halves."""
+    d = src[:nv].view(np.uint32)
+    for k in range(d.size):
+        v = _bswap32(d[k])
+        v = np.uint32(v + ((v & np.uint32(0x8000)) << np.uint32(1)))
+        sc[2 * k] = np.int16(np.uint16(v >> np.uint32(16)))
+        sc[2 * k + 1] = np.int16(np.uint16(v & np.uint32(0xFFFF)))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _unpack_sums(src, nv, sc):
+    """`_unpack_row` and the check words' sums of its slots in the same pass (as `_store_sums`' on the write side): (sum v, sum (k+1) v,
+    sum (k+1)^2 v, sum (k+1)^3 v) mod 2^32 over the unpacked slots v_k."""
+    d = src[:nv].view(np.uint32)
+    s0 = np.uint32(0)
+    s1 = np.uint32(0)
+    s2 = np.uint32(0)
+    s3 = np.uint32(0)
+    for k in range(d.size):
+        v = _bswap32(d[k])
+        v = np.uint32(v + ((v & np.uint32(0x8000)) << np.uint32(1)))
+        hi = np.int32(np.int16(np.uint16(v >> np.uint32(16))))
+        lo = np.int32(np.int16(np.uint16(v & np.uint32(0xFFFF))))
+        sc[2 * k] = np.int16(hi)
+        sc[2 * k + 1] = np.int16(lo)
+        uh = np.uint32(hi)
+        ul = np.uint32(lo)
+        a = np.uint32(2 * k + 1)
+        b = np.uint32(a + np.uint32(1))
+        a2 = np.uint32(a * a)
+        b2 = np.uint32(b * b)
+        s0 = np.uint32(s0 + uh + ul)
+        s1 = np.uint32(s1 + np.uint32(a * uh) + np.uint32(b * ul))
+        s2 = np.uint32(s2 + np.uint32(a2 * uh) + np.uint32(b2 * ul))
+        s3 = np.uint32(s3 + np.uint32(np.uint32(a2 * a) * uh) + np.uint32(np.uint32(b2 * b) * ul))
+    return s0, s1, s2, s3
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -321,14 +359,16 @@ def dequantize16_rows(words, row_words, col, slots, nb, block, n, sel, terms, po
     checked before decoding (`terms` unused)."""
     nv = slots - 8
     eb = np.zeros(nb, dtype=np.int64)
-    sc = np.empty(nv, dtype=np.int32)
+    sc = np.empty(nv, dtype=np.int16)
     nn = np.uint64(n)
     for i in range(sel.size):
         src = words[sel[i] * row_words + col:sel[i] * row_words + col + slots]
-        _unpack_row(src, nv, sc)
+        if checked:
+            _unpack_row(src, nv, sc)
+        else:
+            c0, c1, c2, c3 = _unpack_sums(src, nv, sc)
         good = _exps16(sc, nb, n, pow2.size, pow2_at, eb)  # n equal exponents, each in the protocol's range
         if good and not checked:
-            c0, c1, c2, c3 = _row_sums16(sc)
             g0, g1, g2, g3 = _exponent_terms(eb, nb)
             good = _checks_match(src, nv, nn, terms[i, 0], terms[i, 1], terms[i, 2], terms[i, 3],
                                  c0, c1, c2, c3, g0, g1, g2, g3)
@@ -376,25 +416,6 @@ def _decode16_row(sc, nb, block, eb, pow2, pow2_at, out, o):
             dst[j] = np.float32(v[j]) * f
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _row_sums16(sc):
-    """`_store_sums`' sums of the unpacked slots `sc` (the check words' slot part, read side):
-    (sum v, sum (k+1) v, sum (k+1)^2 v, sum (k+1)^3 v) mod 2^32."""
-    s0 = np.uint32(0)
-    s1 = np.uint32(0)
-    s2 = np.uint32(0)
-    s3 = np.uint32(0)
-    for k in range(sc.size):
-        v = np.uint32(sc[k])
-        a = np.uint32(k + 1)
-        b = np.uint32(a * a)
-        s0 = np.uint32(s0 + v)
-        s1 = np.uint32(s1 + np.uint32(a * v))
-        s2 = np.uint32(s2 + np.uint32(b * v))
-        s3 = np.uint32(s3 + np.uint32(np.uint32(b * a) * v))
-    return s0, s1, s2, s3
-
-
 @njit(cache=True, nogil=True)
 def absorb_fixed16_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_at, dtype_at, count_at, numel_at,
                            skip_flags, fixed16, bits, ack, op_id, numel, per, chunks, words, row_words, col, slots, nb,
@@ -413,7 +434,7 @@ def absorb_fixed16_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_a
     prev = np.int64(-1)
     eb = np.zeros(nb, dtype=np.int64)
     nv = slots - 8
-    sc = np.empty(nv, dtype=np.int32)
+    sc = np.empty(nv, dtype=np.int16)
     nn = np.uint64(n)
     for i in range(k):
         b = i * hstride
@@ -428,10 +449,9 @@ def absorb_fixed16_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_a
         if off % per != 0 or off // per >= chunks or count > per or _be32(hb, b + numel_at) != numel:
             return -1
         src = words[i * row_words + col:i * row_words + col + slots]
-        _unpack_row(src, nv, sc)
+        c0, c1, c2, c3 = _unpack_sums(src, nv, sc)
         if not _exps16(sc, nb, n, pow2.size, pow2_at, eb):
             return -1
-        c0, c1, c2, c3 = _row_sums16(sc)
         g0, g1, g2, g3 = _exponent_terms(eb, nb)
         if not _checks_match(src, nv, nn, terms[i, 0], terms[i, 1], terms[i, 2], terms[i, 3],
                              c0, c1, c2, c3, g0, g1, g2, g3):
