@@ -415,7 +415,10 @@ class CollectiveSession:
             return False
         w.bits[pos] = True
         w.changed()
-        op.result[chunk] = rows[0, HEADER_LEN:HEADER_LEN + 4 * self.lanes].view(">i4")
+        # its elements only (an agreement's few dozen of a packet's thousands of lanes); the lanes past
+        # numel stay the zeros the result was made with (no reader looks past numel)
+        m = min(self.lanes, op.numel - chunk * self.lanes)
+        op.result[chunk, :m] = rows[0, HEADER_LEN:HEADER_LEN + 4 * m].view(">i4")
         self.stats["results"] += 1
         op.got += 1
         if flags & SATURATED:
