@@ -24,9 +24,12 @@ it (`agreement.corrupt`) instead of calling it a disagreement.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 LANES_PER_FIELD = 4  # two 16-bit halves, and their complements
+_ALL, _ANY = np.logical_and.reduce, np.logical_or.reduce  # without ndarray.all/any's Python wrappers (per call)
 
 _TABLE = np.zeros(256, dtype=np.uint32)
 for _i in range(256):
@@ -66,21 +69,44 @@ def _layout(k: int) -> tuple[np.ndarray, np.ndarray]:
     return index, kind
 
 
+@functools.lru_cache(maxsize=16)
+def _lane_crcs(k: int) -> np.ndarray:
+    """The CRC state of each of the 4k lanes' tags after its first two bytes (field index, kind):
+    they depend on the lane's place only, so `_tags` goes on from them with the half's two bytes,
+    the same CRC as `tag` (a collective packs and checks the same few fields every call: computed
+    once per field count, read-only)."""
+    index, kind = _layout(k)
+    crc = _crc([index & np.uint32(0xFF), kind])
+    crc.setflags(write=False)
+    return crc
+
+
+def _tags(k: int, half: np.ndarray) -> np.ndarray:
+    """`tag(index, kind, half)` of the 4k lanes of `_layout(k)`: the last two CRC steps only."""
+    crc = _lane_crcs(k)
+    for b in (half >> np.uint32(8), half & np.uint32(0xFF)):
+        crc = (crc >> np.uint32(8)) ^ _TABLE[(crc ^ b) & np.uint32(0xFF)]
+    return crc
+
+
 def pack(fields: np.ndarray) -> np.ndarray:
     """The int32 lanes a worker sends for its non-negative int32 `fields` (k of them: 4k lanes)."""
     v = np.asarray(fields, dtype=np.int64).reshape(-1).astype(np.uint32)
-    # each half biased by 0x8000, so the lanes' signed order is the halves' unsigned order
-    halves = np.stack([v >> np.uint32(16), v & np.uint32(0xFFFF)], axis=1).reshape(-1) ^ np.uint32(0x8000)
-    halves = np.concatenate([halves, halves ^ np.uint32(0xFFFF)])
-    index, kind = _layout(v.size)
-    return ((halves << np.uint32(16)) | tag(index, kind, halves)).view(np.int32)
+    k = v.size
+    # each half biased by 0x8000, so the lanes' signed order is the halves' unsigned order; then
+    # the complements (lanes 2k..4k)
+    halves = np.empty(4 * k, dtype=np.uint32)
+    halves[0:2 * k:2] = v >> np.uint32(16)
+    halves[1:2 * k:2] = v & np.uint32(0xFFFF)
+    halves[:2 * k] ^= np.uint32(0x8000)
+    np.bitwise_xor(halves[:2 * k], np.uint32(0xFFFF), out=halves[2 * k:])
+    return ((halves << np.uint32(16)) | _tags(k, halves)).view(np.int32)
 
 
 def lanes_ok(lanes_: np.ndarray, k: int) -> np.ndarray:
     """Per lane of an agreement result (the MAX of packed lanes, 4k of them): its tag matches."""
     u = np.asarray(lanes_, dtype=np.int32).reshape(-1)[:lanes(k)].view(np.uint32)
-    index, kind = _layout(k)
-    return (u & np.uint32(0xFFFF)) == tag(index, kind, u >> np.uint32(16))
+    return (u & np.uint32(0xFFFF)) == _tags(k, u >> np.uint32(16))
 
 
 def fields_ok(lanes_: np.ndarray, k: int) -> np.ndarray:
@@ -108,5 +134,5 @@ def unpack(lanes_: np.ndarray, k: int) -> tuple[list[int], list[int], bool, bool
 
     # equal where every worker sent the same field (then the field itself); else a MIN and a MAX
     # half by half, which differ exactly where the workers' fields do
-    differ = bool(((hi_halves != lo_halves) & good[:2 * k] & good[2 * k:]).any())
-    return join(lo_halves), join(hi_halves), bool(good.all()), differ
+    differ = bool(_ANY((hi_halves != lo_halves) & good[:2 * k] & good[2 * k:]))
+    return join(lo_halves), join(hi_halves), bool(_ALL(good)), differ

@@ -313,11 +313,13 @@ class CollectiveSession:
             k, end = op.tagged
             fp = agreement.lanes(k) if k else 0
             off = int(hs["offset"][j])
-            vals = rows[int(idx[j]), HEADER_LEN:HEADER_LEN + 4 * self.lanes].view(">i4").astype(np.int32)
             lo, hi = max(fp, off), min(end, off + self.lanes)
-            good = hi <= lo or bool(unpack_exponents(vals[lo - off:hi - off])[1].all())
+            # the packet's tagged lanes only (those before `end`; the fingerprint's come first): an
+            # agreement is a few dozen lanes of a packet of thousands
+            vals = rows[int(idx[j]), HEADER_LEN:HEADER_LEN + 4 * max(0, hi - off)].view(">i4").astype(np.int32)
+            good = hi <= lo or bool(_ALL(unpack_exponents(vals[lo - off:hi - off])[1]))
             if good and fp and off == 0 and fp <= self.lanes:  # a fingerprint within this one packet
-                good = bool(agreement.lanes_ok(vals[:fp], k).all())
+                good = bool(_ALL(agreement.lanes_ok(vals[:fp], k)))
             ok[j] = good
 
     def _compiled_results(self, rows: np.ndarray, h: np.ndarray, now: float) -> bool:
@@ -413,7 +415,10 @@ class CollectiveSession:
             return False
         w.bits[pos] = True
         w.changed()
-        op.result[chunk] = rows[0, HEADER_LEN:HEADER_LEN + 4 * self.lanes].view(">i4")
+        # its elements only (an agreement's few dozen of a packet's thousands of lanes); the lanes past
+        # numel stay the zeros the result was made with (no reader looks past numel)
+        m = min(self.lanes, op.numel - chunk * self.lanes)
+        op.result[chunk, :m] = rows[0, HEADER_LEN:HEADER_LEN + 4 * m].view(">i4")
         self.stats["results"] += 1
         op.got += 1
         if flags & SATURATED:

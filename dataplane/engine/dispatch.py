@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..net.transport import Transport
 
 Session = CollectiveSession | NodeServerSession | WorkerNodeSession  # what an endpoint's session id names
-_ALL, _MIN = np.logical_and.reduce, np.minimum.reduce  # without the ndarray methods' wrappers (per batch)
+_ALL, _ANY, _MIN = np.logical_and.reduce, np.logical_or.reduce, np.minimum.reduce  # without the ndarray methods' wrappers (per batch)
 # a header's first 32-bit word less its flags byte (ver_type, flags, session: bytes 0-3), in either byte order
 _SAME_BATCH = np.frombuffer(bytes([0xFF, 0x00, 0xFF, 0xFF]), dtype=np.uint32)[0]
 
@@ -103,17 +103,19 @@ class DispatchMixin:
                 now: float) -> bool:
         if t in (MsgType.RESULT, MsgType.AGG, MsgType.GRAD):
             row_lanes = getattr(s, "row_lanes", s.lanes)  # (collective: with check lanes)
-            hs = h[idx]
-            n = lens[idx]
+            if len(idx) == len(h):  # the whole batch (idx ascending: all of it, in order): no gathers
+                hs, n = h, lens
+            else:
+                hs, n = h[idx], lens[idx]
             want = wire_len(hs["count"].astype(np.int64), hs["dtype"], hs["flags"], row_lanes)
             good = n == want
             if not _ALL(good):
                 self.stats["rx_bad"] += int((~good).sum())
                 idx, n, hs = idx[good], n[good], hs[good]
             short = n < HEADER_LEN + 4 * row_lanes
-            if short.any():  # shorter than the switch's lanes (docs/protocol.md 3.3): made whole, in copies
+            if _ANY(short):  # shorter than the switch's lanes (docs/protocol.md 3.3): made whole, in copies
                 wide = widened(rows, idx[short], n[short], hs["dtype"][short], row_lanes)
-                done = short.all() or self._deliver(s, t, idx[~short], rows, lens, h, now)
+                done = bool(_ALL(short)) or self._deliver(s, t, idx[~short], rows, lens, h, now)
                 return self._deliver(s, t, np.arange(len(wide)), wide, lens[idx[short]], hs[short], now) and done
         return self._deliver(s, t, idx, rows, lens, h, now)
 

@@ -43,6 +43,8 @@ from .send_stream import RtoEstimator
 from .transport import open_transport, switch_name
 
 KERNELS_DEFER = 5.0  # s a start(kernels_after=) engine waits for its event before loading its compiled kernels
+# the dtypes' names in a handle's name: str(dtype) costs numpy's Python-level naming on every call
+_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.int32): "int32"}
 
 
 class Engine(EngineLoop, DispatchMixin):
@@ -210,7 +212,7 @@ class Engine(EngineLoop, DispatchMixin):
         fmt = check_grad_format(grad_format or self.config.grad_format)
         if fmt == "fixed16" and data.lanes < FIXED16_MIN_LANES:
             fmt = "fixed32"  # a packet too small for one block: the 32-bit format, exact as ever
-        handle = Handle(f"allreduce({x.size} x {x.dtype}, {op})")
+        handle = Handle(f"allreduce({x.size} x {_DTYPE_NAMES.get(x.dtype) or x.dtype}, {op})")
         aop = AllreduceOp(x, op, data.spec.num_workers, handle, AllreduceOp.local_exponents(x, op, data.lanes, fmt),
                           out, check, fmt)
         self._submit(handle, lambda: aop.start(self.meta, data))

@@ -51,6 +51,8 @@ from ..quantize import (
 )
 
 MASK32 = 0xFFFFFFFF
+_ALL, _ANY = np.logical_and.reduce, np.logical_or.reduce  # without ndarray.all/any's Python wrappers (per batch)
+_MAX8 = np.uint8(Flag.MAX)
 LanesOf = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # chunks [i0, i1) -> (int32 lanes, saturated)
 
 
@@ -221,8 +223,8 @@ def check_words_of(rows: np.ndarray, idx: np.ndarray, lanes: int, h: np.ndarray,
 def write_check_words(rows: np.ndarray, lanes: int, h: np.ndarray, dtype: int) -> None:
     """Write each row's check words (one contribution) into its 2 lanes after the first `lanes`:
     `check_words_of` (compiled: in the same pass as the sums) stored big-endian."""
-    if _check_words32(rows, None, lanes, h, dtype, 1, 1) is None:
-        words = check_words_of(rows, np.arange(len(rows)), lanes, h, dtype, 1)
+    if _check_words32(rows, None, lanes, h, dtype, 1, 1) is None:  # then check_words_of's kernel declines too
+        words = check_words_rows(rows[:, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4"), h, dtype, 1)
         rows[:, HEADER_LEN + 4 * lanes:HEADER_LEN + 4 * (lanes + 2)].view(">u4")[...] = words
 
 
@@ -236,7 +238,8 @@ def check_words_hold(rows: np.ndarray, idx: np.ndarray, lanes: int, h: np.ndarra
         return done[1]
     at = HEADER_LEN + 4 * lanes
     got = rows[idx, at:at + 8].view(">u4").astype(np.uint64)
-    return (got == check_words_of(rows, idx, lanes, h, dtype, n)).all(axis=1)
+    # the kernel declined, so check_words_of's would too: its reference straight away
+    return (got == check_words_rows(rows[idx, HEADER_LEN:at].view(">i4"), h, dtype, n)).all(axis=1)
 
 
 def _check_words32(rows: np.ndarray, idx: np.ndarray | None, lanes: int, h: np.ndarray, dtype: int, n: int,
@@ -246,7 +249,7 @@ def _check_words32(rows: np.ndarray, idx: np.ndarray | None, lanes: int, h: np.n
     if not use_numba() or check_lanes(dtype) != 2 or not h.flags.c_contiguous or h.dtype != DATA_HEADER:
         return None
     words = as_words(rows, HEADER_LEN)
-    if words is None or (h["flags"] & int(Flag.MAX)).any():
+    if words is None or _ANY(h["flags"] & _MAX8):
         return None
     k = len(h)
     sel = np.arange(k, dtype=np.int64) if idx is None else np.ascontiguousarray(idx, dtype=np.int64)
@@ -502,7 +505,6 @@ def payload_int32(rows: np.ndarray, lanes: int) -> np.ndarray:
 # what a receiver expects of the chunks of tensor t (`in_bounds`): (elements per packet, numel,
 # FIXED16 or not, or None: either format), or None for a tensor it does not know (left to it)
 ChunkOf = Callable[[int, np.ndarray, np.ndarray], tuple[int, int, bool | None] | None]
-_ALL = np.logical_and.reduce  # without ndarray.all's Python wrapper (per batch)
 
 
 def in_bounds(idx: np.ndarray, h: np.ndarray, stats: dict, chunk_of: ChunkOf) -> np.ndarray:
@@ -523,8 +525,22 @@ def in_bounds(idx: np.ndarray, h: np.ndarray, stats: dict, chunk_of: ChunkOf) ->
     """
     hs = h[idx]
     tensors = hs["tensor"]
+    every = tensors == tensors[0]
+    if _ALL(every):  # the common batch, one tensor's: its fields read whole, not gathered by a mask
+        want = chunk_of(int(tensors[0]), hs, every)
+        if want is None:
+            return idx
+        per, numel, f16 = want
+        off = hs["offset"].astype(np.int64)
+        ok = (off % per == 0) & (off < numel) & (hs["count"] <= per) & (hs["numel"] == numel)
+        if f16 is not None:
+            ok &= (hs["dtype"] == int(Dtype.FIXED16)) == f16
+        if _ALL(ok):
+            return idx
+        stats["dropped.out_of_bounds"] = stats.get("dropped.out_of_bounds", 0) + int((~ok).sum())
+        return idx[ok]
     ok = np.ones(len(idx), dtype=bool)
-    for t in ([tensors[0]] if _ALL(tensors == tensors[0]) else np.unique(tensors)):
+    for t in np.unique(tensors):
         mine = tensors == t
         want = chunk_of(int(t), hs, mine)
         if want is None:

@@ -16,8 +16,8 @@ import numpy as np
 
 from .shm_ring import LEN_MASK, REF, ShmPool, ShmRing, pool_path
 
-# the ufuncs' reductions, without the ndarray methods' Python wrappers (several per recv)
-_ANY, _ALL, _MIN = np.logical_or.reduce, np.logical_and.reduce, np.minimum.reduce
+# the ufuncs' reductions, without the ndarray methods' Python wrappers (several per recv, one per send)
+_ANY, _ALL, _MIN, _SUM = np.logical_or.reduce, np.logical_and.reduce, np.minimum.reduce, np.add.reduce
 _REF = int(REF)
 
 
@@ -191,7 +191,7 @@ class ShmEndpoint:
         def counted(j0: int, j1: int, rows: np.ndarray, lengths: np.ndarray) -> None:
             nonlocal nbytes
             write(j0, j1, rows, lengths)
-            nbytes += int(lengths.sum())
+            nbytes += int(_SUM(lengths))
 
         k = self.up.fill_rows(n, counted)
         if k < n:
