@@ -6,7 +6,9 @@ then end in a TimeoutError, not the JoinError the test asks for)."""
 
 from __future__ import annotations
 
+import tempfile
 import threading
+import time
 
 import pytest
 import torch
@@ -44,10 +46,14 @@ def _join_both(net: LocalNetwork, models: list[torch.nn.Module], units: list | N
 
 
 @pytest.mark.parametrize("barrier", ["engine", "store"])
-def test_a_rank_that_cannot_cut_its_model_is_named_on_the_other_rank(tmp_path, barrier):
+def test_a_rank_that_cannot_cut_its_model_is_named_on_the_other_rank(tmp_path, barrier, monkeypatch):
     """Rank 1 fails before it has an engine (its units name no submodule); rank 0 raises JoinError
     naming rank 1 and the cause (through the engine's allreduce, or a c10d store), and rank 1
-    raises its own error."""
+    raises its own error. The engine rank 1 opens to report its failure leaves no work directory
+    behind once the report is done."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # where mkdtemp puts the ranks' work directories
     store = torch.distributed.HashStore() if barrier == "store" else None
     with LocalNetwork(2, 1, mode="tofino", state_dir=tmp_path, switch_process=False) as net:
         models = [build(CFG, 0), build(CFG, 0)]
@@ -55,6 +61,10 @@ def test_a_rank_that_cannot_cut_its_model_is_named_on_the_other_rank(tmp_path, b
     assert isinstance(got[0], JoinError), repr(got[0])
     assert "rank 1 failed at join" in str(got[0]) and "no_such_module" in str(got[0])
     assert "no_such_module" in str(got[1]) and not isinstance(got[1], JoinError)
+    deadline = time.monotonic() + WAIT  # the failure report runs on in a daemon thread until acknowledged
+    while list(tmp.glob("luwu-mnn-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not list(tmp.glob("luwu-mnn-*")), sorted(p.name for p in tmp.iterdir())
 
 
 def test_a_node_that_refuses_the_job_is_named_on_every_rank(tmp_path):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import shutil
 import tempfile
 import threading
 import warnings
@@ -284,9 +285,11 @@ def _report_before_engine(network, kw: dict, failure: BaseException) -> None:
     if store is not None:
         report_failure(net.job_id, rank, world, store, None, timeout, failure)
         return
+    workdir = tempfile.mkdtemp(prefix="luwu-mnn-")  # the engine's socket and log, removed with it
     try:
-        engine = open_engine(kw.get("engine", "process"), net.endpoint, tempfile.mkdtemp(prefix="luwu-mnn-"))
+        engine = open_engine(kw.get("engine", "process"), net.endpoint, workdir)
     except Exception as e:  # noqa: BLE001
+        shutil.rmtree(workdir, ignore_errors=True)
         warnings.warn(f"rank {rank}: could not open an engine to tell the other ranks that this one failed at join "
                       f"({e}); they will wait for it until their timeout", stacklevel=3)
         return
@@ -296,6 +299,7 @@ def _report_before_engine(network, kw: dict, failure: BaseException) -> None:
             report_failure(net.job_id, rank, world, None, engine, timeout, failure)
         finally:
             engine.close()
+            shutil.rmtree(workdir, ignore_errors=True)
 
     t = threading.Thread(target=report, name=f"luwu-mnn-join-failure-{rank}", daemon=True)
     t.start()
