@@ -4,7 +4,7 @@ GRAD): the slot state machine of dataplane/switch/pipeline.py `Pipeline._aggrega
 compiled kernel `aggregate_groups.py` runs, on Python ints and one call of that kernel.
 
 Declines: `turn` returns False with no state changed, and the turn takes `Pipeline.run`, for
-kernels off, loss simulated, a ZERO or short (3.3) packet, a drop, a packet off the aggregation path,
+kernels off, loss simulated, a ZERO (header-only) packet, a drop, a packet off the aggregation path,
 a completion that would leave for a port that is not shared memory, a duplicate or a countdown
 past zero (details below).
 
@@ -22,7 +22,9 @@ the rings reference, or inline copies when the pool is full) -- with the same co
 straggler records, ring entries and pool rows as the general path.
 
 It takes only what it can finish: kernels on, a packet on the aggregation path that is not ZERO
-(any dtype: FIXED16's lanes are int32 lanes too, docs/protocol.md 5.2), whose completion would
+(any dtype: FIXED16's lanes are int32 lanes too, docs/protocol.md 5.2; a short packet, 3.3, as
+well: the lanes past its end zeroed in its ring row first, as zero_lanes._pad_short does; the
+workers' exponent-agreement rows are such packets, one or two a turn), whose completion would
 leave for shared-memory ports only (checked before anything is touched),
 and that the kernel takes (not a duplicate, the countdown not passing zero: the kernel changes
 nothing otherwise). Anything else says False with no state changed, and the turn goes the general way.
@@ -83,7 +85,8 @@ def turn(sw, rx, att) -> bool:
     if t.any_ingress_drop or t.any_egress_drop or not use_numba():
         return False
     n = int(rx.length[0])
-    if n != aggregation_packet_len(pipe.lanes):  # (a short packet, 3.3: the general path pads it; or not a contribution)
+    full = aggregation_packet_len(pipe.lanes)
+    if n > full or n <= HEADER_LEN:  # (header-only or too long: not a contribution this path takes)
         return False
     if not header_ok(rx.rows[0, :HEADER_LEN].tobytes()):
         return False  # a corrupted header: the general path drops and counts it (BAD_CHECKSUM)
@@ -93,7 +96,7 @@ def turn(sw, rx, att) -> bool:
         return False
     sc = t.scalar()
     drop, counted, _, bit, _, row, _, pooled = decision(sc, (vt, flags, session, worker, count, head[10], att.port, n,
-                                                             pipe.lanes), aggregation_packet_len(pipe.lanes))
+                                                             pipe.lanes), full)
     if drop or not pooled or contribution_path(vt, flags, head[6], row) != (PATH_AGGREGATE, 0):
         return False
     root = row[NEXT_STEP] == ROOT
@@ -111,6 +114,8 @@ def turn(sw, rx, att) -> bool:
     if flat is None:
         return False
     r = int(rx.prow[0])
+    if n < full:  # a short packet (3.3): the lanes it does not carry sum as zeros (zero_lanes._pad_short)
+        rx.arena.rows[r, n:full] = 0
     regs = pipe.registers
     k = sw.aggregate_one_scratch
     if k is None:
