@@ -148,14 +148,21 @@ def test_lone_completions_equal_the_general_path():
     assert side_by_side(turns) == [True] * len(turns)
 
 
-def test_lone_path_leaves_zero_contributions_to_the_general_path():
+def test_lone_path_takes_zero_contributions():
     """A header-only ZERO contribution's lanes are zeros (zero_lanes), whatever its ring row held
-    before: rank 0's ring is first filled with full packets (GRADs of a phase no one completes)."""
+    before: rank 0's ring is first filled with full packets (GRADs of a phase no one completes);
+    the lone path takes it, the completion it then meets and one it completes itself (to every
+    worker, then a GRAD's to the node), as the general path does them."""
     dirty = [([(worker_port(0), agg_packet(2, 0, 0, [99] * LANES, mtype=MsgType.GRAD, dtype=0))], True)] * RING_SLOTS
     zero = agg_packet(5, 0, 1, [0] * LANES, flags=Flag.ZERO, dtype=0)[:32]
     full = agg_packet(5, 1, 1, [4] * LANES, dtype=0)
-    taken = side_by_side([*dirty, ([(worker_port(0), zero)], True), ([(worker_port(1), full)], True)])
-    assert taken[RING_SLOTS:] == [False, True]
+    last = [([(worker_port(1), agg_packet(5, 1, 2, [-7] * LANES, dtype=0))], True),
+            ([(worker_port(0), agg_packet(5, 0, 2, [0] * LANES, flags=Flag.ZERO, dtype=0)[:32])], True)]
+    grads = [([(worker_port(r), agg_packet(2, r, 1, [r] * LANES, mtype=MsgType.GRAD, dtype=0,
+                                           flags=Flag.ZERO if r == 2 else 0)[:32 if r == 2 else None])], True)
+             for r in (0, 1, 2)]
+    taken = side_by_side([*dirty, ([(worker_port(0), zero)], True), ([(worker_port(1), full)], True), *last, *grads])
+    assert taken[RING_SLOTS:] == [True] * 7
 
 
 def test_lone_multicasts_to_endpoints_that_stop_reading():
