@@ -148,14 +148,21 @@ def test_lone_completions_equal_the_general_path():
     assert side_by_side(turns) == [True] * len(turns)
 
 
-def test_lone_path_leaves_zero_contributions_to_the_general_path():
+def test_lone_path_takes_zero_contributions():
     """A header-only ZERO contribution's lanes are zeros (zero_lanes), whatever its ring row held
-    before: rank 0's ring is first filled with full packets (GRADs of a phase no one completes)."""
+    before: rank 0's ring is first filled with full packets (GRADs of a phase no one completes);
+    the lone path takes it, the completion it then meets and one it completes itself (to every
+    worker, then a GRAD's to the node), as the general path does them."""
     dirty = [([(worker_port(0), agg_packet(2, 0, 0, [99] * LANES, mtype=MsgType.GRAD, dtype=0))], True)] * RING_SLOTS
     zero = agg_packet(5, 0, 1, [0] * LANES, flags=Flag.ZERO, dtype=0)[:32]
     full = agg_packet(5, 1, 1, [4] * LANES, dtype=0)
-    taken = side_by_side([*dirty, ([(worker_port(0), zero)], True), ([(worker_port(1), full)], True)])
-    assert taken[RING_SLOTS:] == [False, True]
+    last = [([(worker_port(1), agg_packet(5, 1, 2, [-7] * LANES, dtype=0))], True),
+            ([(worker_port(0), agg_packet(5, 0, 2, [0] * LANES, flags=Flag.ZERO, dtype=0)[:32])], True)]
+    grads = [([(worker_port(r), agg_packet(2, r, 1, [r] * LANES, mtype=MsgType.GRAD, dtype=0,
+                                           flags=Flag.ZERO if r == 2 else 0)[:32 if r == 2 else None])], True)
+             for r in (0, 1, 2)]
+    taken = side_by_side([*dirty, ([(worker_port(0), zero)], True), ([(worker_port(1), full)], True), *last, *grads])
+    assert taken[RING_SLOTS:] == [True] * 7
 
 
 def test_lone_multicasts_to_endpoints_that_stop_reading():
@@ -246,3 +253,44 @@ def test_lone_turns_are_taken_for_heartbeats_and_pulls():
         rig.close()
     assert taken == [True, True, True, True, True, True, True, False]
     assert counters["drops"][int(DropReason.NO_ROUTE)] == (1, len(param(4, worker=NODE)))
+
+
+def test_lone_short_contributions_equal_the_general_path(monkeypatch):
+    """Short contributions (docs/protocol.md 3.3: fewer lanes than the switch's, as the workers'
+    exponent-agreement rows are) take the lone path on a 200-lane switch whose rings' rows hold
+    other packets' lanes first (the lanes past a short packet's end must sum as zeros): ALLREDUCE
+    phases of session 1 (each sum to every worker), MAX, FIXED16, and GRADs of session 2 (to the
+    node), each equal to the general path's outcome; a wrong length is left to the general path."""
+    import test_switch_shm_arena as arena_tests
+    from switch_setup import runtime
+    from test_switch_short_packets import LANES as WIDE
+    from test_switch_short_packets import contribution, packet
+
+    from luwu.dataplane.integrity import wire_lanes
+    from luwu.dataplane.protocol import Dtype, Packet, slot_for
+    from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
+
+    def wide_switch() -> SoftwareSwitch:
+        sw = SoftwareSwitch(SwitchConfig(lanes=WIDE, slots=SLOTS, seed=1))
+        sw.load_runtime(runtime())
+        return sw
+
+    monkeypatch.setattr(arena_tests, "make_switch", wide_switch)
+    rng = np.random.default_rng(7)
+    # every ring's rows first hold full packets of session 3 phases no one completes (one rank each)
+    dirty = [([(worker_port(r), agg_packet(3, r, 7 - r, rng.integers(-99, 99, size=WIDE), lanes=WIDE, dtype=0))], True)
+             for r in (0, 1, 2) for _ in range(RING_SLOTS)]
+    turns = []
+    for seq, (count, dtype, flags) in enumerate([(10, Dtype.FIXED32, 0), (190, Dtype.INT32, 0),
+                                                 (30, Dtype.FIXED16, 0), (40, Dtype.INT32, int(Flag.MAX))]):
+        for r in (0, 1, 2):
+            turns.append(([(worker_port(r), packet(r, seq, count, contribution(rng, count, dtype, flags),
+                                                   dtype=dtype, flags=flags))], seq != 1))
+    for r in (0, 1, 2):  # GRADs of session 2: the sum to the node
+        slot, set_ = slot_for(1, 4, 4)
+        body = contribution(rng, 10).astype(">i4").tobytes()
+        turns.append(([(worker_port(r), Packet(MsgType.GRAD, 2, r, Flag.SET if set_ else 0, 10, 1, slot, 9, 0, 0,
+                                               int(Dtype.FIXED32), 1000, payload=body).pack())], True))
+    bad = packet(0, 5, 10, contribution(rng, 10)[:wire_lanes(10, int(Dtype.FIXED32), 0, WIDE) // 2])
+    taken = side_by_side([*dirty, *turns, ([(worker_port(0), bad)], True)])
+    assert taken[len(dirty):] == [True] * len(turns) + [False]

@@ -4,7 +4,7 @@ GRAD): the slot state machine of dataplane/switch/pipeline.py `Pipeline._aggrega
 compiled kernel `aggregate_groups.py` runs, on Python ints and one call of that kernel.
 
 Declines: `turn` returns False with no state changed, and the turn takes `Pipeline.run`, for
-kernels off, loss simulated, a ZERO or short (3.3) packet, a drop, a packet off the aggregation path,
+kernels off, loss simulated, a drop, a packet off the aggregation path,
 a completion that would leave for a port that is not shared memory, a duplicate or a countdown
 past zero (details below).
 
@@ -21,8 +21,11 @@ as `emit_shm.emit_small` does (one copy up: straight into the ring's row; severa
 the rings reference, or inline copies when the pool is full) -- with the same counters, registers,
 straggler records, ring entries and pool rows as the general path.
 
-It takes only what it can finish: kernels on, a packet on the aggregation path that is not ZERO
-(any dtype: FIXED16's lanes are int32 lanes too, docs/protocol.md 5.2), whose completion would
+It takes only what it can finish: kernels on, a packet on the aggregation path (any dtype:
+FIXED16's lanes are int32 lanes too, docs/protocol.md 5.2; a short packet, 3.3, as the workers'
+exponent-agreement rows are: the lanes past its end zeroed in its ring row first, as
+zero_lanes._pad_short does; a ZERO one: its row's lanes zeroed, and what leaves is the INT32
+packet of zeros it stands for, as zero_lanes.apply makes it), whose completion would
 leave for shared-memory ports only (checked before anything is touched),
 and that the kernel takes (not a duplicate, the countdown not passing zero: the kernel changes
 nothing otherwise). Anything else says False with no state changed, and the turn goes the general way.
@@ -35,10 +38,10 @@ import struct
 
 import numpy as np
 
-from ...integrity import header_ok, seal_header
+from ...integrity import header_ok, seal_header, wire_len
 from ...kernels import use_numba
 from ...observe import trace
-from ...protocol import HEADER_LEN, NODE, Event, Flag, MsgType, NextStep, aggregation_packet_len
+from ...protocol import HEADER_LEN, NODE, Dtype, Event, Flag, MsgType, NextStep, aggregation_packet_len
 from ..controls.classifier import PATH_AGGREGATE
 from ..controls.next_step_selector import KEEP_FLAGS
 from ..lookup import SESSION_PARAMS
@@ -53,6 +56,7 @@ _WORKER = struct.Struct("!H")  # at offset 4
 _EXPONENT = struct.Struct("!b")  # at offset 24
 ROOT, GRAD, AGG, RESULT = int(NextStep.ROOT), int(MsgType.GRAD), int(MsgType.AGG), int(MsgType.RESULT)
 SET, SATURATED, MAX, ZERO = int(Flag.SET), int(Flag.SATURATED), int(Flag.MAX), int(Flag.ZERO)
+INT32 = int(Dtype.INT32)
 COMPLETED, ABSORBED, SATURATED_EV = int(Event.COMPLETED), int(Event.ABSORBED), int(Event.SATURATED)
 UNICAST, MULTICAST = int(Event.UNICAST), int(Event.MULTICAST)
 NUM_WORKERS = SESSION_PARAMS.index("num_workers")
@@ -83,17 +87,19 @@ def turn(sw, rx, att) -> bool:
     if t.any_ingress_drop or t.any_egress_drop or not use_numba():
         return False
     n = int(rx.length[0])
-    if n != aggregation_packet_len(pipe.lanes):  # (a short packet, 3.3: the general path pads it; or not a contribution)
+    full = aggregation_packet_len(pipe.lanes)
+    if n > full or n < HEADER_LEN:  # (too long or too short: not a contribution this path takes)
         return False
     if not header_ok(rx.rows[0, :HEADER_LEN].tobytes()):
         return False  # a corrupted header: the general path drops and counts it (BAD_CHECKSUM)
     head = _HEAD.unpack_from(rx.rows, 0)
     vt, flags, session, worker, count = head[:5]
-    if flags & ZERO:
+    zero = flags & ZERO
+    if zero and rx.arena.rows.shape[1] < full:  # (a row too narrow to widen it into: the general path drops it)
         return False
     sc = t.scalar()
     drop, counted, _, bit, _, row, _, pooled = decision(sc, (vt, flags, session, worker, count, head[10], att.port, n,
-                                                             pipe.lanes), aggregation_packet_len(pipe.lanes))
+                                                             pipe.lanes), full)
     if drop or not pooled or contribution_path(vt, flags, head[6], row) != (PATH_AGGREGATE, 0):
         return False
     root = row[NEXT_STEP] == ROOT
@@ -105,12 +111,18 @@ def turn(sw, rx, att) -> bool:
         if group is None or not group[0] or len(group[0]) > SMALL_EMIT or len(set(group[0])) != len(group[0]):
             return False
         outs = [sw.ports.get(p) for p in sorted(group[0])]
-    if any(o is None or o.kind != "shm" or n > o.row_bytes for o in outs):
+    # what leaves: a ZERO contribution as the packet of zero lanes it stands for (zero_lanes.py)
+    out_len = wire_len(count, INT32, 0, pipe.lanes) if zero else n
+    if any(o is None or o.kind != "shm" or out_len > o.row_bytes for o in outs):
         return False
     flat = pipe.arena_lanes(rx.arena.rows)[1]
     if flat is None:
         return False
     r = int(rx.prow[0])
+    if zero:  # its lanes all zero (zero_lanes.apply)
+        rx.arena.rows[r, HEADER_LEN:full] = 0
+    elif n < full:  # a short packet (3.3): the lanes it does not carry sum as zeros (zero_lanes._pad_short)
+        rx.arena.rows[r, n:full] = 0
     regs = pipe.registers
     k = sw.aggregate_one_scratch
     if k is None:
@@ -140,7 +152,7 @@ def turn(sw, rx, att) -> bool:
                 k.head[0] = arena[r, :HEADER_LEN]
                 dst = k.head[0]
             _rewrite(dst, vt, flags, root, grad, row, int(k.out_exponent[0]), sat)
-            _emit(sw, arena, r, n, index, outs, sat, multicast, k.head)
+            _emit(sw, arena, r, n, index, outs, sat, multicast, k.head, out_len)
     return True
 
 
@@ -168,7 +180,7 @@ def _rewrite(dst: np.ndarray, vt: int, flags: int, root: bool, grad: bool, row: 
 
 
 def _emit(sw, arena: np.ndarray, r: int, n: int, reg: int, outs: list, sat: bool, multicast: bool,
-          head: np.ndarray) -> None:
+          head: np.ndarray, out_len: int) -> None:
     """The completed sum (lane register `reg`) to ports `outs` (forward_one.to_ports) with its events: a
     multicast under the header in arena row `r`, a unicast under `head`."""
     cnt = sw.pipeline.counters
@@ -178,4 +190,4 @@ def _emit(sw, arena: np.ndarray, r: int, n: int, reg: int, outs: list, sat: bool
     code = MULTICAST if multicast else UNICAST
     cnt.events[code, 0] += 1
     cnt.events[code, 1] += n
-    to_ports(sw, arena, r, n, outs, reg, None if multicast else head)
+    to_ports(sw, arena, r, out_len, outs, reg, None if multicast else head)
