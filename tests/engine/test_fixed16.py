@@ -345,3 +345,19 @@ def test_exponent_lane_tables_give_the_computed_bits():
         want_e = v32.astype(np.int64) >> 16
         assert np.array_equal(got_e, want_e) and got_e.dtype == np.int32
         assert np.array_equal(got_ok, (v32.astype(np.int64) & 0xFFFF).astype(np.uint32) == integrity.exp_tag(want_e))
+
+
+def test_a_slot_sum_past_int16_fails_the_check(kernels):
+    """Contributors that left no headroom (quantised for n = 1, summed as 2): their slots' sums pass
+    int16, so the low halves carry into the high ones and the lanes no longer split into the true
+    sums. The check words see the carry; the rows are never decoded as a plausible number."""
+    _nb, data = fixed16.layout(LANES)
+    x = np.full(2 * data, 0.99, dtype=np.float32)  # every value near the top of its block's range
+    e = Q.block_exponents(x, B)
+    k = fixed16.packets(x.size, LANES)
+    enc = [_encode(x, e, 1, 0, k)[0] for _ in range(2)]
+    sums = np.stack([_switch_sum([c[p] for c in enc]) for p in range(k)])
+    out = np.full(x.size, np.nan, dtype=np.float32)
+    assert not fixed16.decode_rows(sums, np.arange(k), LANES, 2, out).any()
+    assert np.isnan(out).all()
+    assert not fixed16.verify_rows(sums, np.arange(k), LANES, 2).any()
