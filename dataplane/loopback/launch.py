@@ -72,6 +72,8 @@ class LoopbackSwitch:
         self.drop = drop or {}
         self.seed = seed
         self.runtime = runtime
+        # a log named here is this object's to remove after a clean stop (a caller's path stays theirs)
+        self._own_log = host is None and not log_path
         self.log_path = log_path or os.path.join(tempfile.gettempdir(), f"luwu-switch-{os.getpid()}-{id(self)}.log")
         self._sw: SoftwareSwitch | None = None
         self._proc: subprocess.Popen | None = None
@@ -92,6 +94,7 @@ class LoopbackSwitch:
                    "runtime": self.runtime}
         reply = self._ask(json.dumps(request), self.READY_TIMEOUT)
         if not reply or "switch_ports" not in reply:
+            self._own_log = False  # kept: the error names it
             self.stop()
             raise RuntimeError(f"the luwu software switch did not start (exit code {self._exit_code()}); "
                                f"its log {self.log_path} says:\n{children.tail(self.log_path)}")
@@ -227,12 +230,16 @@ class LoopbackSwitch:
             self._sw.stop()
             self._sw = None
         if self._proc is not None:
-            if self._proc.poll() is None:
-                self._ask("stop", 10.0)
+            clean = self._proc.poll() is None and self._ask("stop", 10.0) is not None
             _close_pipes(self._proc)
             children.stop(self._proc, grace=10.0)
             pid, self._proc = self._proc.pid, None
             self._remove_rings(pid)
+            if clean and self._own_log:  # nothing to read after a clean stop: leave nothing in /tmp
+                try:
+                    os.unlink(self.log_path)
+                except FileNotFoundError:
+                    pass
 
     def _remove_rings(self, pid: int) -> None:
         """A child switch that was killed could not unlink its shared-memory rings (nor its

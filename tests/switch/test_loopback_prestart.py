@@ -72,3 +72,28 @@ def test_discard_stops_a_spare_nobody_took(tmp_path):
         time.sleep(0.01)
     LoopbackSwitch.discard_prestarted(log)  # nothing left: a no-op
     assert os.path.exists(log)
+
+
+def test_a_clean_stop_leaves_no_log_of_its_own(tmp_path, monkeypatch):
+    """A switch process whose log path luwu chose (the engine bench, local tools) removes that log
+    after a clean stop; one killed keeps it for whoever looks into why; a caller's path is theirs."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    plan = StarPlan(workers=1)
+    with LoopbackSwitch(plan, process=True) as sw:
+        own = sw.log_path
+        assert os.path.dirname(own) == str(tmp_path) and os.path.exists(own)
+        assert _sum_through(plan) == [1.0]
+    assert not os.path.exists(own), "a clean stop left its log behind"
+
+    killed = LoopbackSwitch(StarPlan(workers=1), process=True).start()
+    killed.kill()
+    killed.stop()
+    assert os.path.exists(killed.log_path), "a killed switch's log is evidence: keep it"
+
+    theirs = str(tmp_path / "mine.log")
+    with LoopbackSwitch(StarPlan(workers=1), process=True, log_path=theirs):
+        pass
+    assert os.path.exists(theirs)
