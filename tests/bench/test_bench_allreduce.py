@@ -78,3 +78,27 @@ def test_allreduce_bench_through_torch_sweeps_sizes_against_gloo(tmp_path):
         assert row["cpu_ratio_to_gloo"] == row["luwu_cpu_s"] / row["gloo_cpu_s"]
     assert (tmp_path / "allreduce.png").stat().st_size > 1000
     print(out.stdout)
+
+
+def test_verify_holds_each_format_to_its_own_bound():
+    """`--verify` of a FIXED16 sum uses FIXED16's bound (an exponent per block, 16-bit slots), not
+    FIXED32's, which such a sum exceeds by design; and a FIXED32 bound still catches a FIXED16 sum."""
+
+    from luwu.bench import allreduce_check
+    from luwu.dataplane.integrity import data_lanes
+    from luwu.dataplane.loopback import local_star
+    from luwu.dataplane.protocol import Dtype
+
+    n, numel = 2, 40_000
+    results = {}
+    for fmt in ("fixed32", "fixed16"):
+        with local_star(n, mode="loopback") as (plan, _sw, engines):
+            hs = [e.allreduce(allreduce_check.inputs(r, numel, "float32"), "sum", grad_format=fmt)
+                  for r, e in enumerate(engines)]
+            results[fmt] = hs[0].wait(60.0)
+            lanes = data_lanes(plan.lanes, Dtype.FIXED32)
+    for fmt, r in results.items():
+        v = allreduce_check.verify(r, n, numel, "float32", lanes, grad_format=fmt)
+        assert v["checked"] == numel and v["mismatches"] == 0, (fmt, v)
+    wrong = allreduce_check.verify(results["fixed16"], n, numel, "float32", lanes, grad_format="fixed32")
+    assert wrong["mismatches"] > 0, "a FIXED16 sum within FIXED32's bound: the bounds no longer differ"
