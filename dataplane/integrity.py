@@ -88,6 +88,7 @@ _HC_TABLE = np.array(HCHECK_TABLES, dtype=np.uint16)
 _HC_FLAT = _HC_TABLE.ravel()
 _HC_BASE = (np.arange(len(_HC_COLS)) * 256).astype(np.uint16)  # byte p's entries start at p * 256
 _HC_XOR = np.bitwise_xor.reduce
+HEADER_CHECK_TABLE = (_HC_FLAT, _HC_COLS)  # for a compiled twin of `header_checks` (kernels/fixed_point.py)
 
 
 def header_checks(rows: np.ndarray) -> np.ndarray:

@@ -78,6 +78,7 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
     vt = ver_type(msg_type)
     template = _template(vt, session, worker, 0, tensor, int(dtype), numel)
     shared = (vt, session, worker, tensor, int(dtype), numel, seg_start, pool_base, pool_size, lanes, flags)
+    short_whole = row_lanes is not None and wire_lanes(lanes, int(dtype), flags, row_lanes) < row_lanes
 
     def fill(i0: int, i1: int, rows: np.ndarray, lens: np.ndarray) -> None:
         # a few rows (an exponent row, a small push, a resend): packed one struct call per row
@@ -109,7 +110,10 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
         if row_lanes is not None:  # the check words, over the lanes as they go (docs/protocol.md 3.6)
             if not checked:
                 write_check_words(rows, lanes, h, int(dtype))
-            shorten_rows(rows, lens, h["count"], int(dtype), h["flags"], row_lanes)
+            # only a chunk of fewer than `lanes` elements (the buffer's last) can travel short: a
+            # whole one's count + 2 check lanes is all `row_lanes` (wire_lanes of a 32-bit dtype)
+            if i1 * lanes > numel or short_whole:
+                shorten_rows(rows, lens, h["count"], int(dtype), h["flags"], row_lanes)
         seal_headers(hrows)  # the header check (docs/protocol.md 3.5), over the final headers
         rows[:, :HEADER_LEN] = hrows
 
@@ -272,6 +276,7 @@ _TERM_WIDTH = np.array([int(_FIELDS[f][0].itemsize) for f in ("session", "seq", 
                                                               "numel")] + [1, int(Flag.SET | Flag.MAX), 1, 1],
                        dtype=np.int64)
 _TERM_MULT = (T_MULT[:2] & 0xFFFFFFFF).astype(np.uint32)
+TERM_LAYOUT = (_TERM_AT, _TERM_WIDTH, _TERM_MULT)  # for the compiled RESULT pass (collective.py), which checks too
 
 
 def _nonzero_rows(block: np.ndarray) -> np.ndarray:

@@ -214,6 +214,114 @@ def absorb_fixed_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_at,
 
 
 @njit(cache=True, nogil=True)
+def absorb_checked_results(hb, hstride, k, lens, seq_at, tensor_at, offset_at, flags_at, count_at, numel_at, dtype_at,
+                           skip_flags, dtype, chunk_lanes, row_lanes, at, width, mult, grad, agg, n, bits, ack, op_id,
+                           lanes, chunks, numel, words, row_words, col, s1, s2, out, full, tail, retx, xmit_no, sack_high,
+                           fresh_seqs, info, hc_flat, hc_cols, hc_at, first):
+    """A whole received RESULT batch of one FIXED32 float-sum op in one pass, what the engine's
+    numpy code does to it one call at a time (the references: dataplane/engine/dispatch.py
+    `_dispatch`'s header check and grouping, `_handle`'s length check and `widened`,
+    dataplane/engine/collective.py `_verified` (check_words_hold), packets.py `in_bounds` and
+    `absorb_fixed_results`; tests/engine/test_checked_results.py). Headers `hb`: k rows of
+    `hstride` (= HEADER_LEN) bytes, fields at the given byte offsets, big-endian.
+
+    First checks, changing nothing, that every row passes all of them: where `hc_flat` is not
+    empty, its header check (integrity.py `header_checks`: the xor of table `hc_flat` at each
+    byte `hc_cols` holds, against the big-endian word at `hc_at`) and its first 4 bytes those of
+    `first` but for the flags byte (dispatch.py `_SAME_BATCH`: the same version, type, session);
+    its length `lens[i]` is header + 4 * wire lanes of its count (integrity.py `wire_lanes` of a
+    32-bit dtype: count + 2 check lanes, in whole `chunk_lanes`, at most `row_lanes`), its dtype
+    is `dtype`, no flag of `skip_flags` (SATURATED, MAX) is set, its numel is `numel`, its offset
+    a whole chunk below numel, its count at most `lanes`, every condition of
+    `absorb_fixed_results`, and then its check words (after its own data lanes, a short packet's
+    included: the lanes a switch pads with are zero and weigh nothing) those of a sum of `n`
+    (`check_words32` mode 2, header term from `at`, `width`, `mult`). Anything else returns -1:
+    the caller runs the references, which count and drop what fails exactly as ever. Otherwise
+    absorbs the rows as `absorb_fixed_results` does, a short row's lanes past its packet taken as
+    the zeros `widened` gives them, and returns how many were fresh (info as there)."""
+    size = bits.size
+    prev = np.int64(-1)
+    for i in range(k):
+        b = i * hstride
+        if hc_flat.size:
+            crc = np.uint16(0)
+            for p in range(hc_cols.size):
+                crc ^= hc_flat[p * 256 + hb[b + hc_cols[p]]]
+            if (np.uint16(hb[b + hc_at]) << np.uint16(8)) | np.uint16(hb[b + hc_at + 1]) != crc:
+                return -1
+            if hb[b] != first[0] or hb[b + 2] != first[2] or hb[b + 3] != first[3]:
+                return -1
+        cnt = (np.int64(hb[b + count_at]) << 8) | np.int64(hb[b + count_at + 1])
+        need = cnt + 2
+        wl = min(row_lanes, -(-need // chunk_lanes) * chunk_lanes)
+        if lens[i] != hstride + 4 * wl or hb[b + dtype_at] != dtype or hb[b + flags_at] & skip_flags:
+            return -1
+        off = _be32(hb, b + offset_at)
+        if _be32(hb, b + numel_at) != numel or off % lanes != 0 or off >= numel or cnt > lanes:
+            return -1
+        d = (_be32(hb, b + seq_at) - ack) & 0xFFFFFFFF
+        if d >= size or d <= prev or _be32(hb, b + tensor_at) != op_id or off // lanes >= chunks:
+            return -1
+        prev = d
+    for i in range(k):
+        b = i * hstride
+        base = i * row_words + col
+        nl = (lens[i] - hstride) // 4 - 2
+        s0, s1_ = _lane_sums32(words[base:base + nl])
+        t0, t1 = _term32(hb[b:b + hstride], at, width, mult, dtype, grad, agg)
+        w0 = (np.uint64(s0) + np.uint64(t0) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
+        w1 = (np.uint64(s1_) + np.uint64(t1) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
+        if np.uint64(_bswap32(words[base + nl])) != w0 or np.uint64(_bswap32(words[base + nl + 1])) != w1:
+            return -1
+    fresh = 0
+    mask = size - 1
+    smask = retx.size - 1
+    in_order = 1
+    newest = np.int64(-1)
+    newest_d = np.int64(-1)
+    rack = np.int64(-1)
+    for i in range(k):
+        b = i * hstride
+        seq = _be32(hb, b + seq_at)
+        j = seq & mask
+        if bits[j]:
+            continue  # a duplicate
+        bits[j] = True
+        c = _be32(hb, b + offset_at) // lanes
+        nl = (lens[i] - hstride) // 4 - 2
+        src = words[i * row_words + col:i * row_words + col + nl]
+        dst = out[c * lanes:(c + 1) * lanes] if c < full else tail[:lanes]
+        a = s1[c]
+        f = s2[c]
+        for m in range(nl):
+            u = np.int32(_bswap32(src[m]))
+            dst[m] = (np.float32(u) * a) * f
+        for m in range(nl, lanes):
+            dst[m] = (np.float32(0) * a) * f
+        fresh_seqs[fresh] = seq
+        fresh += 1
+        d = (seq - sack_high) & 0xFFFFFFFF
+        if d >= 0x80000000 or retx[seq & smask]:
+            in_order = 0
+        elif d > newest_d:
+            newest_d = d
+            newest = seq
+        x = xmit_no[seq & smask]
+        rack = x if x > rack else rack
+    pos = ack & mask
+    m = 0
+    while m < size and bits[(pos + m) & mask]:
+        m += 1
+    for q in range(m):
+        bits[(pos + q) & mask] = False
+    info[0] = m
+    info[1] = in_order
+    info[2] = newest
+    info[3] = rack
+    return fresh
+
+
+@njit(cache=True, nogil=True)
 def widen_bf16_rows(half, s0, n, col, epp, out, o0, numel):
     """PARAM packets half[s0:s0 + n] (the rows as native uint16 words; `epp` big-endian bf16
     values each from word `col`) into float32 bits: packet i's values to out[o0 + i * epp:],
