@@ -120,7 +120,11 @@ class DispatchMixin:
                 hs, n = h, lens
             else:
                 hs, n = h[idx], lens[idx]
-            want = wire_len(hs["count"].astype(np.int64), hs["dtype"], hs["flags"], row_lanes)
+            if len(hs) == 1:  # a lone packet (an exponent agreement's): on Python ints, as wire_len allows
+                _vt, flags, _s, _w, count, *_r, dtype, _hc, _numel = hs[0].item()
+                want = np.array([wire_len(count, dtype, flags, row_lanes)])
+            else:
+                want = wire_len(hs["count"].astype(np.int64), hs["dtype"], hs["flags"], row_lanes)
             good = n == want
             if not _ALL(good):
                 self.stats["rx_bad"] += int((~good).sum())

@@ -446,3 +446,25 @@ def quantize_rows_checked(x, s1, s2, limf, words, row_words, col, lanes, saturat
         words[off + lanes] = _bswap32(np.uint32(s0 + t0))
         words[off + lanes + 1] = _bswap32(np.uint32(s1_ + t1))
     return saturated
+
+
+@njit(cache=True, nogil=True)
+def seal_rows32(hb, saturated, flags_at, sat_flag, hc_flat, hc_cols, hc_at, rows, row_bytes):
+    """After `quantize_rows_checked`, the rest of a sender's fill (dataplane/engine/packets.py
+    `aggregation_fill` is the reference): header row r of `hb` (K, HEADER_LEN) gets `sat_flag` in
+    its flags byte where `saturated[r]`, then its header check (integrity.py `seal_headers`: the
+    xor of table `hc_flat` at each byte `hc_cols` holds, big-endian at `hc_at`), then is copied
+    into the first bytes of packet row r of the flat uint8 `rows` (rows `row_bytes` apart)."""
+    hlen = hb.shape[1]
+    for r in range(hb.shape[0]):
+        h = hb[r]
+        if saturated[r]:
+            h[flags_at] |= sat_flag
+        crc = np.uint16(0)
+        for p in range(hc_cols.size):
+            crc ^= hc_flat[p * 256 + h[hc_cols[p]]]
+        h[hc_at] = np.uint8(crc >> np.uint16(8))
+        h[hc_at + 1] = np.uint8(crc & np.uint16(0xFF))
+        dst = rows[r * row_bytes:r * row_bytes + hlen]
+        for j in range(hlen):
+            dst[j] = h[j]
