@@ -201,8 +201,12 @@ def shorten_rows(rows: np.ndarray, lens: np.ndarray, counts: np.ndarray, dtype: 
     of those chunks and its length `lens` set to match. The check words are unchanged by the move:
     they weigh the lanes before them, and every lane cut was padding (zero; checked, a bug
     otherwise). Header-only rows (ZERO, length 32) stay as they are."""
-    n = wire_lanes(counts.astype(np.int64), dtype, flags, lanes)
-    short = np.flatnonzero((n < lanes) & (lens != HEADER_LEN))
+    if len(counts) == 1:  # a lone row (an exponent agreement's): on Python ints, as wire_lanes allows
+        m = wire_lanes(int(counts[0]), dtype, int(flags[0]), lanes)
+        n, short = np.array([m]), np.array([0] if m < lanes and lens[0] != HEADER_LEN else [], dtype=np.int64)
+    else:
+        n = wire_lanes(counts.astype(np.int64), dtype, flags, lanes)
+        short = np.flatnonzero((n < lanes) & (lens != HEADER_LEN))
     if not len(short):
         return
     w = lane_bytes(dtype)

@@ -269,3 +269,17 @@ def test_the_common_batch_takes_the_whole_batch_pass():
         assert side.op.dest.tolist() == want.reshape(-1)[:numel].tolist()
     finally:
         side.close()
+
+
+def test_wire_lanes_on_ints_is_the_array_arithmetic():
+    """integrity.wire_lanes of one packet on Python ints (a lone packet's length check, a lone
+    row's shortening) is what its numpy arithmetic gives, for every dtype, MAX or not."""
+    from luwu.dataplane.integrity import wire_lanes
+
+    counts = np.arange(0, 3 * LANE_CHUNK + 3, dtype=np.int64)
+    for lanes in (64, ROW, 2048, 16000):
+        for dtype in Dtype:
+            for flags in (0, int(Flag.MAX), int(Flag.SET | Flag.SATURATED)):
+                want = wire_lanes(counts, int(dtype), np.full(len(counts), flags, np.uint8), lanes)
+                got = [wire_lanes(int(c), int(dtype), flags, lanes) for c in counts.tolist()]
+                assert got == want.tolist(), (lanes, dtype, flags)
