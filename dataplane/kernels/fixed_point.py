@@ -58,18 +58,46 @@ def _quantize_chunk(x, r, a, b, limf, words, off, lanes):
     count = min(lanes, max(0, x.size - i0))
     bad = _quantize_row(x, i0, count, a, b, limf, words, off, lanes)
     if bad:  # rare: the careful scalar pass over this row
-        dst = words[off:off + lanes]
-        for j in range(count):
-            v = np.rint((x[i0 + j] * a) * b)
-            if not (abs(v) <= limf):
-                if np.isnan(v):
-                    v = np.float32(0.0)
-                elif v > limf:
-                    v = limf
-                else:
-                    v = -limf
-            dst[j] = np.uint32(_bswap32(np.uint32(np.int32(v))))
+        _clip_row(x, i0, count, a, b, limf, words[off:off + lanes])
     return bad
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _clip_row(x, i0, count, a, b, limf, dst):
+    """The careful scalar pass over a row that saturated: NaN -> 0, the rest clipped to +-limf."""
+    for j in range(count):
+        v = np.rint((x[i0 + j] * a) * b)
+        if not (abs(v) <= limf):
+            if np.isnan(v):
+                v = np.float32(0.0)
+            elif v > limf:
+                v = limf
+            else:
+                v = -limf
+        dst[j] = np.uint32(_bswap32(np.uint32(np.int32(v))))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _quantize_row_sums(x, i0, count, a, b, limf, words, off, lanes):
+    """`_quantize_row` that also returns the row's `_lane_sums32`, summed as its lanes are made
+    (the same uint32 values the words hold, byte-swapped back; the zero lanes past `count` add
+    nothing): (saturated, s0, s1). Where it saturated the sums are of unclipped values: the caller
+    clips the row and sums it again."""
+    src = x[i0:i0 + count]
+    dst = words[off:off + lanes]
+    bad = 0
+    s0 = np.uint32(0)
+    s1 = np.uint32(0)
+    for j in range(count):
+        v = np.rint((src[j] * a) * b)
+        bad |= np.int32(not (abs(v) <= limf))
+        u = np.uint32(np.int32(v))
+        s0 = np.uint32(s0 + u)
+        s1 = np.uint32(s1 + np.uint32(u * np.uint32(j + 1)))
+        dst[j] = np.uint32(_bswap32(u))
+    for j in range(count, lanes):
+        dst[j] = 0
+    return bad != 0, s0, s1
 
 
 @njit(cache=True, nogil=True)
@@ -436,12 +464,18 @@ def check_words32(words, row_words, col, lanes, rows, hb, hsel, at, width, mult,
 def quantize_rows_checked(x, s1, s2, limf, words, row_words, col, lanes, saturated, hb, at, width, mult, dtype, grad,
                           agg):
     """`quantize_rows` (dataplane/quantize.py `quantize_into_rows` is the reference) followed, per
-    row while its lanes are still in cache, by `check_words32`'s mode 1: the row's 2 check words
-    (header term from header row r of `hb`) written big-endian after its `lanes` lanes."""
+    row by `check_words32`'s mode 1: the row's 2 check words (header term from header row r of
+    `hb`) written big-endian after its `lanes` lanes, their lane sums made in the quantising loop
+    itself (`_quantize_row_sums`: no second read of the row)."""
     for r in range(s1.size):
         off = r * row_words + col
-        saturated[r] = _quantize_chunk(x, r, s1[r], s2[r], limf, words, off, lanes)
-        s0, s1_ = _lane_sums32(words[off:off + lanes])
+        i0 = r * lanes
+        count = min(lanes, max(0, x.size - i0))
+        bad, s0, s1_ = _quantize_row_sums(x, i0, count, s1[r], s2[r], limf, words, off, lanes)
+        saturated[r] = bad
+        if bad:  # rare: the careful pass (as `_quantize_chunk`), then the sums of what it wrote
+            _clip_row(x, i0, count, s1[r], s2[r], limf, words[off:off + lanes])
+            s0, s1_ = _lane_sums32(words[off:off + lanes])
         t0, t1 = _term32(hb[r], at, width, mult, dtype, grad, agg)
         words[off + lanes] = _bswap32(np.uint32(s0 + t0))
         words[off + lanes + 1] = _bswap32(np.uint32(s1_ + t1))
