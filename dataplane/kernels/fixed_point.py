@@ -266,7 +266,14 @@ def absorb_checked_results(hb, hstride, k, lens, seq_at, tensor_at, offset_at, f
     (`check_words32` mode 2, header term from `at`, `width`, `mult`). Anything else returns -1:
     the caller runs the references, which count and drop what fails exactly as ever. Otherwise
     absorbs the rows as `absorb_fixed_results` does, a short row's lanes past its packet taken as
-    the zeros `widened` gives them, and returns how many were fresh (info as there)."""
+    the zeros `widened` gives them, and returns how many were fresh (info as there).
+
+    A new row is decoded into `out` right after its check words held (its lanes still in cache),
+    so a -1 for a later row's failed check words may leave the decode of earlier rows in `out`:
+    rows that passed every check, which the references then absorb with the same bits (the
+    decode reads nothing else), into chunks not yet received; a row that fails is never decoded,
+    and nothing else changes (the window, the counts and the send stream's state are written
+    only once every row passed)."""
     size = bits.size
     prev = np.int64(-1)
     for i in range(k):
@@ -291,18 +298,29 @@ def absorb_checked_results(hb, hstride, k, lens, seq_at, tensor_at, offset_at, f
         if d >= size or d <= prev or _be32(hb, b + tensor_at) != op_id or off // lanes >= chunks:
             return -1
         prev = d
-    for i in range(k):
+    mask = size - 1
+    for i in range(k):  # the check words; a new row decoded right after its own (see the docstring)
         b = i * hstride
         base = i * row_words + col
         nl = (lens[i] - hstride) // 4 - 2
-        s0, s1_ = _lane_sums32(words[base:base + nl])
+        src = words[base:base + nl]
+        s0, s1_ = _lane_sums32(src)
         t0, t1 = _term32(hb[b:b + hstride], at, width, mult, dtype, grad, agg)
         w0 = (np.uint64(s0) + np.uint64(t0) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
         w1 = (np.uint64(s1_) + np.uint64(t1) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
         if np.uint64(_bswap32(words[base + nl])) != w0 or np.uint64(_bswap32(words[base + nl + 1])) != w1:
             return -1
+        if bits[_be32(hb, b + seq_at) & mask]:
+            continue  # a duplicate: checked, not decoded
+        c = _be32(hb, b + offset_at) // lanes
+        dst = out[c * lanes:(c + 1) * lanes] if c < full else tail[:lanes]
+        a = s1[c]
+        f = s2[c]
+        for m in range(nl):
+            dst[m] = (np.float32(np.int32(_bswap32(src[m]))) * a) * f
+        for m in range(nl, lanes):
+            dst[m] = (np.float32(0) * a) * f
     fresh = 0
-    mask = size - 1
     smask = retx.size - 1
     in_order = 1
     newest = np.int64(-1)
@@ -315,17 +333,6 @@ def absorb_checked_results(hb, hstride, k, lens, seq_at, tensor_at, offset_at, f
         if bits[j]:
             continue  # a duplicate
         bits[j] = True
-        c = _be32(hb, b + offset_at) // lanes
-        nl = (lens[i] - hstride) // 4 - 2
-        src = words[i * row_words + col:i * row_words + col + nl]
-        dst = out[c * lanes:(c + 1) * lanes] if c < full else tail[:lanes]
-        a = s1[c]
-        f = s2[c]
-        for m in range(nl):
-            u = np.int32(_bswap32(src[m]))
-            dst[m] = (np.float32(u) * a) * f
-        for m in range(nl, lanes):
-            dst[m] = (np.float32(0) * a) * f
         fresh_seqs[fresh] = seq
         fresh += 1
         d = (seq - sack_high) & 0xFFFFFFFF
