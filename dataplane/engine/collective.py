@@ -267,9 +267,11 @@ class CollectiveSession:
         unless `checked`, the header checks and the one-session test of dispatch.py `_dispatch`;
         then the length check and short-packet widening of `_handle`, then `on_results`
         (`_verified`, `in_bounds`, `_compiled_results`), which are its references
-        (tests/engine/test_checked_results.py). False, with nothing changed, wherever a row would
-        not pass all of them (a corrupted, foreign, stale or SATURATED one...): the caller then
-        runs the references, which count and drop exactly as ever."""
+        (tests/engine/test_checked_results.py). False wherever a row would not pass all of them (a
+        corrupted, foreign, stale or SATURATED one...): the caller then runs the references, which
+        count and drop exactly as ever. Nothing has changed then but, after a failed check word,
+        the decoded output of rows before it that passed every check, which the references decode
+        again with the same bits (the kernel's docstring)."""
         if not self.ops or not use_numba():
             return False
         op = next(iter(self.ops.values()))  # the oldest op: the one whose RESULTs come first

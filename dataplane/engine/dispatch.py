@@ -4,6 +4,9 @@
 drops packets whose header check fails (`dropped.bad_header`), then hands the common batch (one
 session's packets of one type) to `_handle` whole, or a mixed batch one group per (session,
 type); `_handle` drops wrong-sized data packets (`rx_bad`) and calls the session's `on_*` method.
+A float sum's RESULT batch, the common one, first goes whole to its session's compiled pass
+(collective.py `on_result_batch`), which makes every one of these checks itself and declines,
+for the code here to run, when any row would fail one.
 Also `Session`, what an endpoint's session id names (engine.py and loop.py use it).
 """
 

@@ -241,8 +241,8 @@ def test_whole_batch_pass_matches_the_references_state_for_state(data, numel, st
 
 def test_the_common_batch_takes_the_whole_batch_pass():
     """An in-order batch of a float sum, its short last chunk included, runs compiled in one pass
-    (else the test above compares the references with themselves); one bad row anywhere sends the
-    whole batch to the references with nothing changed first."""
+    (else the test above compares the references with themselves); one bad row sends the whole
+    batch to the references with nothing changed first but the decode of the rows before it."""
     numel = 3 * LANES + 10  # the last chunk's packet: 64 lanes of a switch's 130
     x = np.arange(numel, dtype=np.float32)
     rng = np.random.default_rng(1)
@@ -261,6 +261,7 @@ def test_the_common_batch_takes_the_whole_batch_pass():
             with _kernels("numba"):
                 assert not side.data.on_result_batch(bad_rows, bad_lens, bad_h, 0.001, checked=False), how
             assert side.data.window.ack == 0 and side.data.ops[0].got == 0 and not side.data.window.bits.any()
+            assert not side.op.tail.any(), "the spoilt row (the short last chunk) was never decoded"
         with _kernels("numba"):
             assert side.data.on_result_batch(rows, lens, h, 0.002, checked=False)
         assert side.handle.done() and side.data.window.ack == 4
