@@ -248,13 +248,14 @@ def check_words_hold(rows: np.ndarray, idx: np.ndarray, lanes: int, h: np.ndarra
     """Whether each packet `rows[idx]` (headers `h`) carries, in its 2 lanes after the first `lanes`,
     the check words of a sum of `n` (`check_words_of` compared with what it carries: compiled in
     one pass per row)."""
+    at = HEADER_LEN + 4 * lanes
+    if _ALL(h["flags"] & _MAX8):  # MAX packets' words are their header terms alone (check_words_rows'
+        got = rows[idx, at:at + 8].view(">u4").astype(np.uint64)  # answer for them, and the kernel
+        return (got == header_terms(h, dtype)).all(axis=1)  # declines them): no copy of their lanes
     done = _check_words32(rows, idx, lanes, h, dtype, n, 2)
     if done is not None:
         return done[1]
-    at = HEADER_LEN + 4 * lanes
     got = rows[idx, at:at + 8].view(">u4").astype(np.uint64)
-    if _ALL(h["flags"] & _MAX8):  # MAX packets' words are their header terms alone (check_words_rows'
-        return (got == header_terms(h, dtype)).all(axis=1)  # answer for them): no copy of their lanes
     # the kernel declined, so check_words_of's would too: its reference straight away
     return (got == check_words_rows(rows[idx, HEADER_LEN:at].view(">i4"), h, dtype, n)).all(axis=1)
 
