@@ -88,6 +88,7 @@ _HC_TABLE = np.array(HCHECK_TABLES, dtype=np.uint16)
 _HC_FLAT = _HC_TABLE.ravel()
 _HC_BASE = (np.arange(len(_HC_COLS)) * 256).astype(np.uint16)  # byte p's entries start at p * 256
 _HC_XOR = np.bitwise_xor.reduce
+HEADER_CHECK_TABLE = (_HC_FLAT, _HC_COLS)  # for a compiled twin of `header_checks` (kernels/fixed_point.py)
 
 
 def header_checks(rows: np.ndarray) -> np.ndarray:
@@ -208,6 +209,13 @@ def wire_lanes(count: Any, dtype: Any, flags: Any, lanes: int) -> Any:
     one exponent per lane, no exponent slots), then the check lanes' 8 slots. Every contributor of a slot
     computes the same from the same header; the switch checks each packet's length against it.
     Works on ints and on numpy arrays alike (the switch's classifier)."""
+    if type(count) is int and type(flags) is int:  # one packet's, on Python ints: the same arithmetic
+        if dtype == _FIXED16:
+            slots = (2 * count if flags & _MAX else count + fixed16_blocks(lanes)) + 2 * _CHECKS16
+            need = -(-slots // 2)
+        else:
+            need = count + _CHECKS32
+        return min(lanes, -(-need // LANE_CHUNK) * LANE_CHUNK)
     f16 = dtype == _FIXED16
     max_ = (flags & _MAX) != 0
     nb = fixed16_blocks(lanes)

@@ -276,6 +276,19 @@ def warm_up() -> None:
                                         1, 0, 1, 1, rows.reshape(-1).view(np.uint32), 2, 1, one, one, one, 1,
                                         np.zeros(0, np.float32), np.zeros(1, np.bool_), np.zeros(1, np.int64), 0,
                                         np.zeros(1, np.int64), np.zeros(4, np.int64))
+    # a float sum's whole RESULT batch (engine/collective.py `on_result_batch`), refused the same way
+    # (a length that is not its count's), with and without the header checks; and a fill's sealing
+    from .integrity import HEADER_CHECK_TABLE
+
+    i64 = np.zeros(1, np.int64)
+    for table in ((np.zeros(0, np.uint16), np.zeros(0, np.intp)), HEADER_CHECK_TABLE):
+        _fixed_point().absorb_checked_results(
+            np.zeros(32, np.uint8), 32, 1, i64, 8, 16, 20, 1, 6, 28, 24, 12, 4, 64, 66, np.zeros(11, np.int64),
+            np.ones(11, np.int64), np.zeros((2, 11), np.uint32), 1, 1, 2, np.zeros(1, np.bool_), 0, 0, 1, 1, 1,
+            rows.reshape(-1).view(np.uint32), 2, 8, one, one, one, 1, np.zeros(0, np.float32), np.zeros(1, np.bool_),
+            i64, 0, i64, np.zeros(4, np.int64), *table, 26, np.zeros(32, np.uint8))
+    _fixed_point().seal_rows32(np.zeros((1, 32), np.uint8), np.zeros(1, np.bool_), 1, np.uint8(4), *HEADER_CHECK_TABLE,
+                               26, np.zeros(32, np.uint8), 32)
     # FIXED16 packets' header terms (fixed16.header_terms: every fill and received batch)
     from .kernels import fixed16_rows
 

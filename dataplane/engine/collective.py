@@ -14,13 +14,14 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import fixed16
-from ..integrity import FIXED16_BLOCK, check_lanes, unpack_exponents
+from ..integrity import FIXED16_BLOCK, HEADER_CHECK_TABLE, check_lanes, unpack_exponents
 from ..kernels import use_numba
-from ..protocol import DATA_HEADER, HEADER_LEN, Dtype, Flag, MsgType
+from ..protocol import DATA_HEADER, HCHECK_OFFSET, HEADER_LEN, LANE_CHUNK, Dtype, Flag, MsgType
 from ..quantize import EXP_MIN, as_words, fixed_point_kernels, num_chunks
 from ..session import SessionSpec
 from . import agreement
 from .packets import (
+    TERM_LAYOUT,
     LanesOf,
     aggregation_fill,
     check_words_hold,
@@ -70,6 +71,8 @@ _ANY, _ALL = np.logical_or.reduce, np.logical_and.reduce  # without ndarray.any'
 _SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT = (DATA_HEADER.fields[f][1] for f in ("seq", "tensor", "offset", "flags"))
 _DTYPE_AT, _COUNT_AT, _NUMEL_AT = (DATA_HEADER.fields[f][1] for f in ("dtype", "count", "numel"))
 _MAX16 = np.uint8(Flag.MAX)
+_SKIP32 = int(Flag.SATURATED | Flag.MAX)  # RESULTs the whole-batch pass leaves to the references
+_NO_TABLE = (np.zeros(0, np.uint16), np.zeros(0, np.intp))  # its header checks made already
 _SKIP16 = np.uint8(Flag.SATURATED | Flag.MAX)  # FIXED16 RESULTs the compiled pass leaves to the reference
 
 
@@ -256,6 +259,46 @@ class CollectiveSession:
         # RESULTs are per-packet delivery news (SACK): RTT samples only from in-order ones, and
         # every hole a later RESULT reveals is resent at once (a hole is a loss: docs/protocol.md 7.1)
         self.send.on_delivered(seqs, now)
+
+    def on_result_batch(self, rows: np.ndarray, lens: np.ndarray, h: np.ndarray, now: float,
+                        checked: bool = True) -> bool:
+        """A whole received RESULT batch (`rows`, lengths `lens`, headers `h`) of the oldest op, a
+        FIXED32 float sum, in one compiled pass (kernels/fixed_point.py `absorb_checked_results`):
+        unless `checked`, the header checks and the one-session test of dispatch.py `_dispatch`;
+        then the length check and short-packet widening of `_handle`, then `on_results`
+        (`_verified`, `in_bounds`, `_compiled_results`), which are its references
+        (tests/engine/test_checked_results.py). False wherever a row would not pass all of them (a
+        corrupted, foreign, stale or SATURATED one...): the caller then runs the references, which
+        count and drop exactly as ever. Nothing has changed then but, after a failed check word,
+        the decoded output of rows before it that passed every check, which the references decode
+        again with the same bits (the kernel's docstring)."""
+        if not self.ops or not use_numba():
+            return False
+        op = next(iter(self.ops.values()))  # the oldest op: the one whose RESULTs come first
+        fixed = op.fixed
+        if fixed is None or op.dtype != Dtype.FIXED32 or op.per != self.lanes or not h.flags.c_contiguous \
+                or rows.shape[1] < HEADER_LEN + 4 * self.row_lanes:
+            return False
+        words = as_words(rows, HEADER_LEN)
+        if words is None:
+            return False
+        w = self.window
+        s1, s2, out, full, tail = fixed
+        k = len(h)
+        at, width, mult = TERM_LAYOUT
+        fresh = fixed_point_kernels().absorb_checked_results(
+            h.view(np.uint8), HEADER_LEN, k, lens, _SEQ_AT, _TENSOR_AT, _OFFSET_AT, _FLAGS_AT, _COUNT_AT, _NUMEL_AT,
+            _DTYPE_AT, _SKIP32, int(Dtype.FIXED32), LANE_CHUNK, self.row_lanes, at, width, mult, int(MsgType.GRAD),
+            int(MsgType.AGG), self.n, w.bits, w.ack, op.op_id, self.lanes, op.chunks, op.numel, words,
+            rows.shape[1] // 4, HEADER_LEN // 4, s1, s2, out, full, tail, self.send.retx, self.send.xmit_no,
+            self.send.sack_high, self._fresh, self._info, *(_NO_TABLE if checked else HEADER_CHECK_TABLE), HCHECK_OFFSET,
+            h.view(np.uint8))
+        if fresh < 0:
+            return False
+        if self._failures:  # as `_verified`: every row passed its check words
+            self._failures.passed(h["seq"].tolist())
+        self._absorbed(op, k, fresh, now)
+        return True
 
     def _verified(self, idx: np.ndarray, rows: np.ndarray, h: np.ndarray) -> np.ndarray:
         """The RESULTs among `idx` whose check words hold for a sum of `n` contributions

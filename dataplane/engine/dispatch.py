@@ -4,6 +4,9 @@
 drops packets whose header check fails (`dropped.bad_header`), then hands the common batch (one
 session's packets of one type) to `_handle` whole, or a mixed batch one group per (session,
 type); `_handle` drops wrong-sized data packets (`rx_bad`) and calls the session's `on_*` method.
+A float sum's RESULT batch, the common one, first goes whole to its session's compiled pass
+(collective.py `on_result_batch`), which makes every one of these checks itself and declines,
+for the code here to run, when any row would fail one.
 Also `Session`, what an endpoint's session id names (engine.py and loop.py use it).
 """
 
@@ -27,6 +30,7 @@ Session = CollectiveSession | NodeServerSession | WorkerNodeSession  # what an e
 _ALL, _ANY, _MIN = np.logical_and.reduce, np.logical_or.reduce, np.minimum.reduce  # without the ndarray methods' wrappers (per batch)
 # a header's first 32-bit word less its flags byte (ver_type, flags, session: bytes 0-3), in either byte order
 _SAME_BATCH = np.frombuffer(bytes([0xFF, 0x00, 0xFF, 0xFF]), dtype=np.uint32)[0]
+_RESULT_VT = (VERSION << 4) | int(MsgType.RESULT)  # a RESULT's first header byte
 
 
 def _bad_headers(hb: np.ndarray, k: int) -> np.ndarray | None:
@@ -66,6 +70,13 @@ class DispatchMixin:
         # the headers gathered once into 32-byte rows: the sessions read a dozen fields, and each
         # read of the packet rows themselves (64 KiB apart, a page each) missed cache and TLB per row
         hb = np.ascontiguousarray(rows[:, :HEADER_LEN])
+        # a float sum's RESULTs, the common batch: every check below and the session's in one
+        # compiled pass (collective.py `on_result_batch`); what it does not pass whole takes them
+        if hb[0, 0] == _RESULT_VT:
+            s = self.sessions.get((int(hb[0, 2]) << 8) | int(hb[0, 3]))
+            if isinstance(s, CollectiveSession) and s.on_result_batch(rows, lens, hb.view(DATA_HEADER)[:, 0], now,
+                                                                      checked=False):
+                return
         # the header check first (docs/protocol.md 3.5): a corrupted header is dropped, counted and
         # never read further; the sender's timeout and resend recover it like a lost packet
         ok = _bad_headers(hb, k)
@@ -102,12 +113,21 @@ class DispatchMixin:
     def _handle(self, s: Session, t: int, idx: np.ndarray, rows: np.ndarray, lens: np.ndarray, h: np.ndarray,
                 now: float) -> bool:
         if t in (MsgType.RESULT, MsgType.AGG, MsgType.GRAD):
+            # the common batch, a float sum's RESULTs, in one compiled pass; anything it would not
+            # pass whole (a bad length, a failed check...) takes the references below
+            if t == MsgType.RESULT and len(idx) == len(h) and isinstance(s, CollectiveSession) \
+                    and s.on_result_batch(rows, lens, h, now):
+                return True
             row_lanes = getattr(s, "row_lanes", s.lanes)  # (collective: with check lanes)
             if len(idx) == len(h):  # the whole batch (idx ascending: all of it, in order): no gathers
                 hs, n = h, lens
             else:
                 hs, n = h[idx], lens[idx]
-            want = wire_len(hs["count"].astype(np.int64), hs["dtype"], hs["flags"], row_lanes)
+            if len(hs) == 1:  # a lone packet (an exponent agreement's): on Python ints, as wire_len allows
+                _vt, flags, _s, _w, count, *_r, dtype, _hc, _numel = hs[0].item()
+                want = np.array([wire_len(count, dtype, flags, row_lanes)])
+            else:
+                want = wire_len(hs["count"].astype(np.int64), hs["dtype"], hs["flags"], row_lanes)
             good = n == want
             if not _ALL(good):
                 self.stats["rx_bad"] += int((~good).sum())

@@ -16,9 +16,11 @@ import numpy as np
 from .. import fixed16
 from ..integrity import _T_MULT as T_MULT
 from ..integrity import (
+    HEADER_CHECK_TABLE,
     TRAILER_LEN,
     check_lanes,
     check_words_rows,
+    header_terms,
     lane_bytes,
     seal_headers,
     sealed,
@@ -28,6 +30,7 @@ from ..integrity import (
 from ..kernels import use_numba
 from ..protocol import (
     DATA_HEADER,
+    HCHECK_OFFSET,
     HEADER_LEN,
     HEARTBEAT_HEADER,
     NODE,
@@ -53,6 +56,8 @@ from ..quantize import (
 MASK32 = 0xFFFFFFFF
 _ALL, _ANY = np.logical_and.reduce, np.logical_or.reduce  # without ndarray.all/any's Python wrappers (per batch)
 _MAX8 = np.uint8(Flag.MAX)
+_SATURATED8 = np.uint8(Flag.SATURATED)
+_FLAGS_AT = DATA_HEADER.fields["flags"][1]  # a header's flags byte
 LanesOf = Callable[[int, int], tuple[np.ndarray, np.ndarray | None]]  # chunks [i0, i1) -> (int32 lanes, saturated)
 
 
@@ -78,6 +83,7 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
     vt = ver_type(msg_type)
     template = _template(vt, session, worker, 0, tensor, int(dtype), numel)
     shared = (vt, session, worker, tensor, int(dtype), numel, seg_start, pool_base, pool_size, lanes, flags)
+    short_whole = row_lanes is not None and wire_lanes(lanes, int(dtype), flags, row_lanes) < row_lanes
 
     def fill(i0: int, i1: int, rows: np.ndarray, lens: np.ndarray) -> None:
         # a few rows (an exponent row, a small push, a resend): packed one struct call per row
@@ -89,8 +95,9 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
         lens[:] = row_len
         checked = False
         if isinstance(lanes_of, QuantizedLanes):  # quantise straight into the rows, one pass
-            saturated = lanes_of.write_checked(i0, i1, rows, hrows, int(dtype)) if row_lanes is not None else None
-            checked = saturated is not None  # check words written in the same pass
+            saturated = lanes_of.write_checked(i0, i1, rows, hrows, int(dtype), seal=True) \
+                if row_lanes is not None else None
+            checked = saturated is not None  # check words written in the same pass, the headers sealed after it
             if saturated is None:
                 saturated = lanes_of.write(i0, i1, rows, HEADER_LEN)
         else:
@@ -104,14 +111,18 @@ def aggregation_fill(*, seg_start: int, msg_type: MsgType, session: int, worker:
                 payload[nz] = block[nz]
                 h["flags"] |= np.where(nz, np.uint8(0), np.uint8(Flag.ZERO))
                 lens[~nz] = HEADER_LEN
-        if saturated is not None and saturated.any():
+        if not checked and saturated is not None and saturated.any():
             h["flags"] |= np.where(saturated, np.uint8(Flag.SATURATED), np.uint8(0))
         if row_lanes is not None:  # the check words, over the lanes as they go (docs/protocol.md 3.6)
             if not checked:
                 write_check_words(rows, lanes, h, int(dtype))
-            shorten_rows(rows, lens, h["count"], int(dtype), h["flags"], row_lanes)
-        seal_headers(hrows)  # the header check (docs/protocol.md 3.5), over the final headers
-        rows[:, :HEADER_LEN] = hrows
+            # only a chunk of fewer than `lanes` elements (the buffer's last) can travel short: a
+            # whole one's count + 2 check lanes is all `row_lanes` (wire_lanes of a 32-bit dtype)
+            if i1 * lanes > numel or short_whole:
+                shorten_rows(rows, lens, h["count"], int(dtype), h["flags"], row_lanes)
+        if not checked:  # (a checked fill's headers: flagged, sealed and copied by its compiled pass)
+            seal_headers(hrows)  # the header check (docs/protocol.md 3.5), over the final headers
+            rows[:, :HEADER_LEN] = hrows
 
     return fill
 
@@ -190,8 +201,12 @@ def shorten_rows(rows: np.ndarray, lens: np.ndarray, counts: np.ndarray, dtype: 
     of those chunks and its length `lens` set to match. The check words are unchanged by the move:
     they weigh the lanes before them, and every lane cut was padding (zero; checked, a bug
     otherwise). Header-only rows (ZERO, length 32) stay as they are."""
-    n = wire_lanes(counts.astype(np.int64), dtype, flags, lanes)
-    short = np.flatnonzero((n < lanes) & (lens != HEADER_LEN))
+    if len(counts) == 1:  # a lone row (an exponent agreement's): on Python ints, as wire_lanes allows
+        m = wire_lanes(int(counts[0]), dtype, int(flags[0]), lanes)
+        n, short = np.array([m]), np.array([0] if m < lanes and lens[0] != HEADER_LEN else [], dtype=np.int64)
+    else:
+        n = wire_lanes(counts.astype(np.int64), dtype, flags, lanes)
+        short = np.flatnonzero((n < lanes) & (lens != HEADER_LEN))
     if not len(short):
         return
     w = lane_bytes(dtype)
@@ -233,10 +248,13 @@ def check_words_hold(rows: np.ndarray, idx: np.ndarray, lanes: int, h: np.ndarra
     """Whether each packet `rows[idx]` (headers `h`) carries, in its 2 lanes after the first `lanes`,
     the check words of a sum of `n` (`check_words_of` compared with what it carries: compiled in
     one pass per row)."""
+    at = HEADER_LEN + 4 * lanes
+    if _ALL(h["flags"] & _MAX8):  # MAX packets' words are their header terms alone (check_words_rows'
+        got = rows[idx, at:at + 8].view(">u4").astype(np.uint64)  # answer for them, and the kernel
+        return (got == header_terms(h, dtype)).all(axis=1)  # declines them): no copy of their lanes
     done = _check_words32(rows, idx, lanes, h, dtype, n, 2)
     if done is not None:
         return done[1]
-    at = HEADER_LEN + 4 * lanes
     got = rows[idx, at:at + 8].view(">u4").astype(np.uint64)
     # the kernel declined, so check_words_of's would too: its reference straight away
     return (got == check_words_rows(rows[idx, HEADER_LEN:at].view(">i4"), h, dtype, n)).all(axis=1)
@@ -272,6 +290,7 @@ _TERM_WIDTH = np.array([int(_FIELDS[f][0].itemsize) for f in ("session", "seq", 
                                                               "numel")] + [1, int(Flag.SET | Flag.MAX), 1, 1],
                        dtype=np.int64)
 _TERM_MULT = (T_MULT[:2] & 0xFFFFFFFF).astype(np.uint32)
+TERM_LAYOUT = (_TERM_AT, _TERM_WIDTH, _TERM_MULT)  # for the compiled RESULT pass (collective.py), which checks too
 
 
 def _nonzero_rows(block: np.ndarray) -> np.ndarray:
@@ -367,13 +386,16 @@ class QuantizedLanes:
         self._told(sat)
         return sat
 
-    def write_checked(self, i0: int, i1: int, rows: np.ndarray, hrows: np.ndarray, dtype: int) -> np.ndarray | None:
+    def write_checked(self, i0: int, i1: int, rows: np.ndarray, hrows: np.ndarray, dtype: int,
+                      seal: bool = False) -> np.ndarray | None:
         """`write` at column HEADER_LEN plus each row's 2 check words after its lanes (headers
         `hrows`, their SET and MAX flags final), in one compiled pass per row (kernels/fixed_point.py
         `quantize_rows_checked`); None, with nothing written, where that cannot run (then `write`
-        and `write_check_words`: the same bytes)."""
+        and `write_check_words`: the same bytes). `seal`: then, also compiled (`seal_rows32`), what
+        `aggregation_fill` does next: SATURATED into the flags of `hrows` where a row saturated,
+        the header checks (`seal_headers`), and the headers copied into the rows."""
         if (not use_numba() or check_lanes(dtype) != 2 or (self.live is not None and not self.live())
-                or not hrows.flags.c_contiguous or (hrows[:, 1] & int(Flag.MAX)).any()):
+                or not hrows.flags.c_contiguous or _ANY(hrows[:, 1] & _MAX8)):
             return None
         words = as_words(rows, HEADER_LEN)
         if words is None:
@@ -387,6 +409,9 @@ class QuantizedLanes:
             x, s1[i0:i1], s2[i0:i1], np.float32(2 ** (31 - contributor_bits(self.n)) - 1), words, rows.shape[1] // 4,
             HEADER_LEN // 4, self.lanes, sat, hrows, _TERM_AT, _TERM_WIDTH, _TERM_MULT,
             0 if dtype == Dtype.INT32 else dtype, int(MsgType.GRAD), int(MsgType.AGG))
+        if seal:
+            fixed_point_kernels().seal_rows32(hrows, sat, _FLAGS_AT, _SATURATED8, *HEADER_CHECK_TABLE, HCHECK_OFFSET,
+                                              words.view(np.uint8), rows.shape[1])
         self._told(sat)
         return sat
 

@@ -58,18 +58,46 @@ def _quantize_chunk(x, r, a, b, limf, words, off, lanes):
     count = min(lanes, max(0, x.size - i0))
     bad = _quantize_row(x, i0, count, a, b, limf, words, off, lanes)
     if bad:  # rare: the careful scalar pass over this row
-        dst = words[off:off + lanes]
-        for j in range(count):
-            v = np.rint((x[i0 + j] * a) * b)
-            if not (abs(v) <= limf):
-                if np.isnan(v):
-                    v = np.float32(0.0)
-                elif v > limf:
-                    v = limf
-                else:
-                    v = -limf
-            dst[j] = np.uint32(_bswap32(np.uint32(np.int32(v))))
+        _clip_row(x, i0, count, a, b, limf, words[off:off + lanes])
     return bad
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _clip_row(x, i0, count, a, b, limf, dst):
+    """The careful scalar pass over a row that saturated: NaN -> 0, the rest clipped to +-limf."""
+    for j in range(count):
+        v = np.rint((x[i0 + j] * a) * b)
+        if not (abs(v) <= limf):
+            if np.isnan(v):
+                v = np.float32(0.0)
+            elif v > limf:
+                v = limf
+            else:
+                v = -limf
+        dst[j] = np.uint32(_bswap32(np.uint32(np.int32(v))))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _quantize_row_sums(x, i0, count, a, b, limf, words, off, lanes):
+    """`_quantize_row` that also returns the row's `_lane_sums32`, summed as its lanes are made
+    (the same uint32 values the words hold, byte-swapped back; the zero lanes past `count` add
+    nothing): (saturated, s0, s1). Where it saturated the sums are of unclipped values: the caller
+    clips the row and sums it again."""
+    src = x[i0:i0 + count]
+    dst = words[off:off + lanes]
+    bad = 0
+    s0 = np.uint32(0)
+    s1 = np.uint32(0)
+    for j in range(count):
+        v = np.rint((src[j] * a) * b)
+        bad |= np.int32(not (abs(v) <= limf))
+        u = np.uint32(np.int32(v))
+        s0 = np.uint32(s0 + u)
+        s1 = np.uint32(s1 + np.uint32(u * np.uint32(j + 1)))
+        dst[j] = np.uint32(_bswap32(u))
+    for j in range(count, lanes):
+        dst[j] = 0
+    return bad != 0, s0, s1
 
 
 @njit(cache=True, nogil=True)
@@ -214,6 +242,121 @@ def absorb_fixed_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_at,
 
 
 @njit(cache=True, nogil=True)
+def absorb_checked_results(hb, hstride, k, lens, seq_at, tensor_at, offset_at, flags_at, count_at, numel_at, dtype_at,
+                           skip_flags, dtype, chunk_lanes, row_lanes, at, width, mult, grad, agg, n, bits, ack, op_id,
+                           lanes, chunks, numel, words, row_words, col, s1, s2, out, full, tail, retx, xmit_no, sack_high,
+                           fresh_seqs, info, hc_flat, hc_cols, hc_at, first):
+    """A whole received RESULT batch of one FIXED32 float-sum op in one pass, what the engine's
+    numpy code does to it one call at a time (the references: dataplane/engine/dispatch.py
+    `_dispatch`'s header check and grouping, `_handle`'s length check and `widened`,
+    dataplane/engine/collective.py `_verified` (check_words_hold), packets.py `in_bounds` and
+    `absorb_fixed_results`; tests/engine/test_checked_results.py). Headers `hb`: k rows of
+    `hstride` (= HEADER_LEN) bytes, fields at the given byte offsets, big-endian.
+
+    First checks, changing nothing, that every row passes all of them: where `hc_flat` is not
+    empty, its header check (integrity.py `header_checks`: the xor of table `hc_flat` at each
+    byte `hc_cols` holds, against the big-endian word at `hc_at`) and its first 4 bytes those of
+    `first` but for the flags byte (dispatch.py `_SAME_BATCH`: the same version, type, session);
+    its length `lens[i]` is header + 4 * wire lanes of its count (integrity.py `wire_lanes` of a
+    32-bit dtype: count + 2 check lanes, in whole `chunk_lanes`, at most `row_lanes`), its dtype
+    is `dtype`, no flag of `skip_flags` (SATURATED, MAX) is set, its numel is `numel`, its offset
+    a whole chunk below numel, its count at most `lanes`, every condition of
+    `absorb_fixed_results`, and then its check words (after its own data lanes, a short packet's
+    included: the lanes a switch pads with are zero and weigh nothing) those of a sum of `n`
+    (`check_words32` mode 2, header term from `at`, `width`, `mult`). Anything else returns -1:
+    the caller runs the references, which count and drop what fails exactly as ever. Otherwise
+    absorbs the rows as `absorb_fixed_results` does, a short row's lanes past its packet taken as
+    the zeros `widened` gives them, and returns how many were fresh (info as there).
+
+    A new row is decoded into `out` right after its check words held (its lanes still in cache),
+    so a -1 for a later row's failed check words may leave the decode of earlier rows in `out`:
+    rows that passed every check, which the references then absorb with the same bits (the
+    decode reads nothing else), into chunks not yet received; a row that fails is never decoded,
+    and nothing else changes (the window, the counts and the send stream's state are written
+    only once every row passed)."""
+    size = bits.size
+    prev = np.int64(-1)
+    for i in range(k):
+        b = i * hstride
+        if hc_flat.size:
+            crc = np.uint16(0)
+            for p in range(hc_cols.size):
+                crc ^= hc_flat[p * 256 + hb[b + hc_cols[p]]]
+            if (np.uint16(hb[b + hc_at]) << np.uint16(8)) | np.uint16(hb[b + hc_at + 1]) != crc:
+                return -1
+            if hb[b] != first[0] or hb[b + 2] != first[2] or hb[b + 3] != first[3]:
+                return -1
+        cnt = (np.int64(hb[b + count_at]) << 8) | np.int64(hb[b + count_at + 1])
+        need = cnt + 2
+        wl = min(row_lanes, -(-need // chunk_lanes) * chunk_lanes)
+        if lens[i] != hstride + 4 * wl or hb[b + dtype_at] != dtype or hb[b + flags_at] & skip_flags:
+            return -1
+        off = _be32(hb, b + offset_at)
+        if _be32(hb, b + numel_at) != numel or off % lanes != 0 or off >= numel or cnt > lanes:
+            return -1
+        d = (_be32(hb, b + seq_at) - ack) & 0xFFFFFFFF
+        if d >= size or d <= prev or _be32(hb, b + tensor_at) != op_id or off // lanes >= chunks:
+            return -1
+        prev = d
+    mask = size - 1
+    for i in range(k):  # the check words; a new row decoded right after its own (see the docstring)
+        b = i * hstride
+        base = i * row_words + col
+        nl = (lens[i] - hstride) // 4 - 2
+        src = words[base:base + nl]
+        s0, s1_ = _lane_sums32(src)
+        t0, t1 = _term32(hb[b:b + hstride], at, width, mult, dtype, grad, agg)
+        w0 = (np.uint64(s0) + np.uint64(t0) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
+        w1 = (np.uint64(s1_) + np.uint64(t1) * np.uint64(n)) & np.uint64(0xFFFFFFFF)
+        if np.uint64(_bswap32(words[base + nl])) != w0 or np.uint64(_bswap32(words[base + nl + 1])) != w1:
+            return -1
+        if bits[_be32(hb, b + seq_at) & mask]:
+            continue  # a duplicate: checked, not decoded
+        c = _be32(hb, b + offset_at) // lanes
+        dst = out[c * lanes:(c + 1) * lanes] if c < full else tail[:lanes]
+        a = s1[c]
+        f = s2[c]
+        for m in range(nl):
+            dst[m] = (np.float32(np.int32(_bswap32(src[m]))) * a) * f
+        for m in range(nl, lanes):
+            dst[m] = (np.float32(0) * a) * f
+    fresh = 0
+    smask = retx.size - 1
+    in_order = 1
+    newest = np.int64(-1)
+    newest_d = np.int64(-1)
+    rack = np.int64(-1)
+    for i in range(k):
+        b = i * hstride
+        seq = _be32(hb, b + seq_at)
+        j = seq & mask
+        if bits[j]:
+            continue  # a duplicate
+        bits[j] = True
+        fresh_seqs[fresh] = seq
+        fresh += 1
+        d = (seq - sack_high) & 0xFFFFFFFF
+        if d >= 0x80000000 or retx[seq & smask]:
+            in_order = 0
+        elif d > newest_d:
+            newest_d = d
+            newest = seq
+        x = xmit_no[seq & smask]
+        rack = x if x > rack else rack
+    pos = ack & mask
+    m = 0
+    while m < size and bits[(pos + m) & mask]:
+        m += 1
+    for q in range(m):
+        bits[(pos + q) & mask] = False
+    info[0] = m
+    info[1] = in_order
+    info[2] = newest
+    info[3] = rack
+    return fresh
+
+
+@njit(cache=True, nogil=True)
 def widen_bf16_rows(half, s0, n, col, epp, out, o0, numel):
     """PARAM packets half[s0:s0 + n] (the rows as native uint16 words; `epp` big-endian bf16
     values each from word `col`) into float32 bits: packet i's values to out[o0 + i * epp:],
@@ -328,13 +471,41 @@ def check_words32(words, row_words, col, lanes, rows, hb, hsel, at, width, mult,
 def quantize_rows_checked(x, s1, s2, limf, words, row_words, col, lanes, saturated, hb, at, width, mult, dtype, grad,
                           agg):
     """`quantize_rows` (dataplane/quantize.py `quantize_into_rows` is the reference) followed, per
-    row while its lanes are still in cache, by `check_words32`'s mode 1: the row's 2 check words
-    (header term from header row r of `hb`) written big-endian after its `lanes` lanes."""
+    row by `check_words32`'s mode 1: the row's 2 check words (header term from header row r of
+    `hb`) written big-endian after its `lanes` lanes, their lane sums made in the quantising loop
+    itself (`_quantize_row_sums`: no second read of the row)."""
     for r in range(s1.size):
         off = r * row_words + col
-        saturated[r] = _quantize_chunk(x, r, s1[r], s2[r], limf, words, off, lanes)
-        s0, s1_ = _lane_sums32(words[off:off + lanes])
+        i0 = r * lanes
+        count = min(lanes, max(0, x.size - i0))
+        bad, s0, s1_ = _quantize_row_sums(x, i0, count, s1[r], s2[r], limf, words, off, lanes)
+        saturated[r] = bad
+        if bad:  # rare: the careful pass (as `_quantize_chunk`), then the sums of what it wrote
+            _clip_row(x, i0, count, s1[r], s2[r], limf, words[off:off + lanes])
+            s0, s1_ = _lane_sums32(words[off:off + lanes])
         t0, t1 = _term32(hb[r], at, width, mult, dtype, grad, agg)
         words[off + lanes] = _bswap32(np.uint32(s0 + t0))
         words[off + lanes + 1] = _bswap32(np.uint32(s1_ + t1))
     return saturated
+
+
+@njit(cache=True, nogil=True)
+def seal_rows32(hb, saturated, flags_at, sat_flag, hc_flat, hc_cols, hc_at, rows, row_bytes):
+    """After `quantize_rows_checked`, the rest of a sender's fill (dataplane/engine/packets.py
+    `aggregation_fill` is the reference): header row r of `hb` (K, HEADER_LEN) gets `sat_flag` in
+    its flags byte where `saturated[r]`, then its header check (integrity.py `seal_headers`: the
+    xor of table `hc_flat` at each byte `hc_cols` holds, big-endian at `hc_at`), then is copied
+    into the first bytes of packet row r of the flat uint8 `rows` (rows `row_bytes` apart)."""
+    hlen = hb.shape[1]
+    for r in range(hb.shape[0]):
+        h = hb[r]
+        if saturated[r]:
+            h[flags_at] |= sat_flag
+        crc = np.uint16(0)
+        for p in range(hc_cols.size):
+            crc ^= hc_flat[p * 256 + h[hc_cols[p]]]
+        h[hc_at] = np.uint8(crc >> np.uint16(8))
+        h[hc_at + 1] = np.uint8(crc & np.uint16(0xFF))
+        dst = rows[r * row_bytes:r * row_bytes + hlen]
+        for j in range(hlen):
+            dst[j] = h[j]

@@ -404,10 +404,11 @@ def test_the_compiled_fill_and_check_are_the_reference(kernels, monkeypatch):
             assert not check_words_hold(rows, idx[:1], lanes, hs[:1], int(dtype), 2).any()  # the wrong n
 
 
-def test_the_fused_quantise_and_check_fill_is_the_reference(monkeypatch):
+@pytest.mark.parametrize("cut", [17, 100])  # 100: the last chunk's packet is short (256 of 303 lanes)
+def test_the_fused_quantise_and_check_fill_is_the_reference(monkeypatch, cut):
     """A FIXED32 fill with check lanes (packets.aggregation_fill over QuantizedLanes): compiled, the
-    check words are written in the quantising pass (kernels/fixed_point.py `quantize_rows_checked`);
-    every byte of every row (saturated, NaN and short-tail chunks included) is the reference's."""
+    check words are written in the quantising pass (kernels/fixed_point.py `quantize_rows_checked`),
+    the headers flagged, sealed and copied by `seal_rows32`; every byte of every row (saturated, NaN and short-tail chunks included) is the reference's."""
     import functools
 
     from luwu.dataplane.engine.packets import QuantizedLanes, aggregation_fill
@@ -419,7 +420,7 @@ def test_the_fused_quantise_and_check_fill_is_the_reference(monkeypatch):
 
     lanes, chunks = 301, 9
     rng = np.random.default_rng(5)
-    x = (rng.standard_normal(lanes * chunks - 17) * 50).astype(np.float32)
+    x = (rng.standard_normal(lanes * chunks - cut) * 50).astype(np.float32)
     x[lanes + 3] = np.nan
     x[2 * lanes + 8] = 1e9  # past the agreed exponent: the chunk saturates
     x[4 * lanes + 1] = -np.inf
@@ -440,7 +441,9 @@ def test_the_fused_quantise_and_check_fill_is_the_reference(monkeypatch):
         out[mode] = (rows, lens, len(told))
     np.testing.assert_array_equal(out["numba"][0], out["reference"][0])
     np.testing.assert_array_equal(out["numba"][1], out["reference"][1])
+    assert (out["numba"][1][-1] < 32 + 4 * (lanes + 2)) == (cut == 100)
     assert out["numba"][2] == out["reference"][2] > 0
     sat = (header_view(out["numba"][0])["flags"] & int(Flag.SATURATED)) != 0
     np.testing.assert_array_equal(np.flatnonzero(sat), [1, 2, 4])
     assert fixed_point.quantize_rows_checked.signatures, "the compiled fill ran the fused pass"
+    assert fixed_point.seal_rows32.signatures, "and sealed its headers compiled"

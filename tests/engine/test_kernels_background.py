@@ -100,7 +100,7 @@ from luwu.dataplane.protocol import HEADER_LEN, Dtype, MsgType, header_view
 
 quantize.warm_up()
 names = ("quantize_rows", "dequantize_rows", "chunk_exponents", "absorb_fixed_results", "check_words32",
-         "quantize_rows_checked")
+         "quantize_rows_checked", "absorb_checked_results", "seal_rows32")
 before = {n: len(getattr(fp, n).signatures) for n in names}
 lanes = 300
 rows = np.zeros((4, HEADER_LEN + 4 * (lanes + 2)), dtype=np.uint8)
@@ -110,6 +110,28 @@ idx = np.array([0, 2])
 check_words_of(rows, idx, lanes, h[idx], int(Dtype.FIXED32), 3)  # the engine's check of every RESULT
 check_words_hold(rows, idx, lanes, h[idx], int(Dtype.FIXED32), 3)
 write_check_words(rows, lanes, h, int(Dtype.FIXED32))  # a fill's
+# a float sum's fill (quantised, checked and sealed compiled) and its RESULT batches (refused: zeros)
+from luwu.dataplane.engine.collective import CollectiveSession
+from luwu.dataplane.engine.packets import QuantizedLanes, aggregation_fill
+from luwu.dataplane.engine.send_stream import RtoEstimator, RtoPolicy
+from luwu.dataplane.net.mmsg import BatchSocket, udp_socket
+from luwu.dataplane.quantize import chunk_exponents, pow2_split
+from luwu.dataplane.session import SessionSpec
+x = np.ones(3 * lanes, np.float32)
+exps = chunk_exponents(x, lanes)
+fill = aggregation_fill(seg_start=0, msg_type=MsgType.ALLREDUCE, session=2, worker=0, pool_base=0, pool_size=16,
+                        lanes=lanes, tensor=0, numel=x.size, dtype=Dtype.FIXED32,
+                        lanes_of=QuantizedLanes(x, exps, lanes, 3), exponents=exps, row_lanes=lanes + 2)
+fill(0, 3, rows[:3], np.zeros(3, np.int64))
+sock = BatchSocket(udp_socket(), batch=8, max_len=rows.shape[1], peers=1)
+s = CollectiveSession(SessionSpec(2, "collective", 1, 0, 16, 3, lanes + 2, purpose="data"), 0, sock,
+                      RtoEstimator(RtoPolicy()), 0.0)
+op = s.new_op(x.size, Dtype.FIXED32, False, lambda o: None, lambda *a: None)
+op.fixed = (*pow2_split(np.zeros(3, np.int64))[:2], np.zeros(3 * lanes, np.float32), 3, np.zeros(0, np.float32))
+lens = np.zeros(8, np.int64)[:4]
+for checked in (False, True):
+    assert not s.on_result_batch(rows, lens, h, 0.0, checked=checked)
+sock.close()
 after = {n: len(getattr(fp, n).signatures) for n in names}
 print("LOADED", sorted(n for n in names if before[n]), "NEW", sorted(n for n in names if after[n] != before[n]))
 """
@@ -125,8 +147,8 @@ def test_the_engines_warm_up_loads_the_kernels_of_its_datapath():
                          timeout=600)
     assert out.returncode == 0, out.stderr
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("LOADED"))
-    assert line == ("LOADED ['absorb_fixed_results', 'check_words32', 'chunk_exponents', 'dequantize_rows', "
-                    "'quantize_rows', 'quantize_rows_checked'] NEW []"), line
+    assert line == ("LOADED ['absorb_checked_results', 'absorb_fixed_results', 'check_words32', 'chunk_exponents', "
+                    "'dequantize_rows', 'quantize_rows', 'quantize_rows_checked', 'seal_rows32'] NEW []"), line
 
 
 def test_a_load_waits_for_another_processs_load_of_the_same_kernels(monkeypatch):
