@@ -1,5 +1,6 @@
 """numba kernels for the software switch's aggregation: the compiled twins of the aggregation
-fast path (dataplane/switch/fast/aggregate_groups.py `plan` + `apply`: `phase_groups`), of one round of
+fast path (dataplane/switch/fast/aggregate_groups.py `plan` + `apply`: `phase_groups`; `groups_qualify`,
+its qualification alone, for fast/aggregate_turn.py), of one round of
 dataplane/switch/controls/aggregation_lanes.py (`apply_rows`) and of its emission of stored lanes
 alone (`put_rows`: dataplane/switch/batch.py `write_results`).
 
@@ -95,11 +96,10 @@ def _add_rows(acc, a, b, c, d, k, assign):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _enter_group(order, lo, m, s, other, epoch, is_max, bit, nw, exponent, saturated, slot_owner, bitmap,
-                 contributors, exponents, slot_flags, fast, remaining, out_exponent, out_saturated, last):
-    """The slot state machine of the group order[lo:lo + m] (one slot's packets; `phase_groups`):
-    returns (qualifies, first, remaining after its last packet); a group that qualifies has its
-    registers (all but the lanes) and its packets' outcome written, one that does not is untouched."""
+def _group_ok(order, lo, m, s, epoch, is_max, bit, nw, slot_owner, bitmap, contributors):
+    """Whether the group order[lo:lo + m] (one slot's packets) qualifies (fast/aggregate_groups.py),
+    reading the registers only: (qualifies, first, the countdown after its first packet, its
+    bits, the bitmap it finds)."""
     h = order[lo]
     g = s[h]
     gbits = np.uint32(0)
@@ -107,18 +107,52 @@ def _enter_group(order, lo, m, s, other, epoch, is_max, bit, nw, exponent, satur
     for q in range(lo, lo + m):
         p = order[q]
         if s[p] != g or epoch[p] != epoch[h] or is_max[p] != is_max[h]:
-            return False, False, np.int64(0)
+            return False, False, np.int64(0), gbits, gbits
         gbits |= bit[p]
         bsum += np.int64(bit[p])
     if np.int64(gbits) != bsum:
-        return False, False, np.int64(0)
+        return False, False, np.int64(0), gbits, gbits
     before = np.uint32(0) if slot_owner[g] != epoch[h] else bitmap[g]
     if (before & gbits) != 0:
-        return False, False, np.int64(0)
+        return False, False, np.int64(0), gbits, before
     first = before == 0
     rem0 = np.int64(nw[h]) - 1 if first else np.int64(contributors[g]) - 1
     if rem0 < m - 1:
+        return False, False, np.int64(0), gbits, before
+    return True, first, rem0, gbits, before
+
+
+@njit(cache=True, nogil=True)
+def groups_qualify(order, slot, s, epoch, is_max, bit, nw, slot_owner, bitmap, contributors):
+    """Whether every group of the packets on one slot qualifies, so that `phase_groups` with the
+    same arguments handles every packet (a group's registers are its slot's own: what one group
+    writes no other group reads). Reads only."""
+    n = order.size
+    i = 0
+    while i < n:
+        h = order[i]
+        j = i + 1
+        while j < n and slot[order[j]] == slot[h]:
+            j += 1
+        ok = _group_ok(order, i, j - i, s, epoch, is_max, bit, nw, slot_owner, bitmap, contributors)[0]
+        if not ok:
+            return False
+        i = j
+    return True
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _enter_group(order, lo, m, s, other, epoch, is_max, bit, nw, exponent, saturated, slot_owner, bitmap,
+                 contributors, exponents, slot_flags, fast, remaining, out_exponent, out_saturated, last):
+    """The slot state machine of the group order[lo:lo + m] (one slot's packets; `phase_groups`):
+    returns (qualifies, first, remaining after its last packet); a group that qualifies has its
+    registers (all but the lanes) and its packets' outcome written, one that does not is untouched."""
+    ok, first, rem0, gbits, before = _group_ok(order, lo, m, s, epoch, is_max, bit, nw, slot_owner, bitmap,
+                                               contributors)
+    if not ok:
         return False, False, np.int64(0)
+    h = order[lo]
+    g = s[h]
     # slot_owner, worker_bitmap, contributor_counter
     slot_owner[g] = epoch[h]
     bitmap[g] = before | gbits
@@ -250,6 +284,8 @@ def warm_up() -> None:
     put_rows(regs, payload, stride, one, one)
     two = np.zeros(2, dtype=np.int64)
     u32, b2 = np.zeros(2, dtype=np.uint32), np.zeros(2, dtype=np.bool_)
+    groups_qualify(np.arange(2), two, two, u32, b2, np.array([1, 2], np.uint32), u32 + 2, np.zeros(2, np.uint32),
+                   np.zeros(2, np.uint32), np.zeros(2, np.uint32))
     phase_groups(np.arange(2), two, two, two, u32, b2, np.array([1, 2], np.uint32), u32 + 2, np.zeros(2, np.int8), b2,
                  np.arange(2), np.zeros(2, np.uint32), np.zeros(2, np.uint32), np.zeros(2, np.uint32),
                  np.zeros(2, np.int8), np.zeros(2, np.uint8), regs, payload, stride, b2.copy(), u32.copy(),

@@ -52,7 +52,7 @@ from .controls.next_step_selector import AggregationResult, HeartbeatResult, Rou
 from .controls.parser import parse
 from .controls.sender import FrameTemplate, deparse_frames, expand
 from .counters import Counters
-from .fast import aggregate_groups, route_few
+from .fast import aggregate_groups, aggregate_turn, route_few
 from .fast.classify_few import classify_rows
 from .registers import Registers
 from .stragglers import Stragglers
@@ -176,6 +176,10 @@ class Pipeline:
     # -- one batch ---------------------------------------------------------------------------
     def run(self, b: Batch) -> Emission:
         t = self.tables.compiled()
+        if len(b) > SMALL_TURN and b.prow is not None:  # a shared-memory turn of contributions (fast/aggregate_turn.py)
+            em = aggregate_turn.run(self, b, t)
+            if em is not None:
+                return em
         cnt = self.counters
         parse(b, self.config.udp_port)
         if len(b) <= SMALL_TURN:  # a few packets: counted on Python ints (no fancy-indexed temporaries)

@@ -1,0 +1,172 @@
+"""Mirrors: dataplane/switch/pipeline.py `Pipeline.run` for a shared-memory turn of more than
+`pipeline.SMALL_TURN` packets, every one a contribution that aggregates: the parser
+(dataplane/switch/controls/parser.py `parse`), dataplane/switch/controls/classifier.py `classify`,
+dataplane/switch/controls/zero_lanes.py `apply` (short packets padded), dataplane/switch/pipeline.py
+`Pipeline._aggregation` (every slot's group folded in one pass by the kernel of fast/aggregate_groups.py
+`fold`), dataplane/switch/controls/next_step_selector.py `select`,
+dataplane/switch/controls/sender.py `expand` (called as it is) and dataplane/switch/pipeline.py `reseal`.
+
+Declines: `run` returns None with nothing changed, and the turn takes `Pipeline.run`, for kernels
+off, loss simulated, straggler records kept, an Ethernet or whole (not split) batch, a packet
+dropped before the pipeline, one no longer than its header (a runt, a ZERO contribution), a
+header check that fails, a packet the classifier drops or does not send down the aggregation path
+(heartbeats, PULLs, PARAMs, FALLBACK GRADs, foreign slots...), a completion for a multicast group
+without replicas, or a slot whose contributions the one-pass fold does not take (a duplicate, a
+countdown past zero, mixed epochs or operations: the rounds' cases; kernels.switch_lanes
+`groups_qualify` asks the fold's own test before anything is written).
+
+On shared-memory ports a 4-worker 16 MiB allreduce is some sixteen turns of 64 to 192
+contributions per call. Through `Pipeline.run` each such turn pays some 0.6 ms of numpy calls
+(the classifier's sixty-odd arrays, `_AggInputs`, the selector's masks, the counters' bincounts)
+around 0.3 ms of lane arithmetic. The packets of such a turn share a handful of header keys (one
+endpoint sends one session's packets, differing only in slot, SET and exponent): this path
+classifies each distinct key once (fast/classify_few.py `decision`, the small classifier's own),
+checks every slot against the pool and the fold's test, then runs the very kernel the general path
+runs, counts on Python ints per key, and routes the completions through the reference `expand`.
+tests/switch/test_switch_aggregate_turns.py runs it side by side with the general path.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from ...integrity import headers_ok, seal_rows
+from ...kernels import use_numba
+from ...protocol import HEADER_LEN, NODE, Event, Flag, MsgType, NextStep, aggregation_packet_len
+from ..batch import Batch, Emission
+from ..controls.next_step_selector import KEEP_FLAGS, ROUTE_MULTICAST, ROUTE_UNICAST, Routes
+from ..controls.sender import expand
+from ..lookup import SESSION_PARAMS, CompiledTables
+from .classify_few import decision
+
+SET, SATURATED, MAX, ZERO, FALLBACK = (int(f) for f in (Flag.SET, Flag.SATURATED, Flag.MAX, Flag.ZERO, Flag.FALLBACK))
+GRAD, ALLREDUCE, AGG, RESULT = (int(m) for m in (MsgType.GRAD, MsgType.ALLREDUCE, MsgType.AGG, MsgType.RESULT))
+ROOT = int(NextStep.ROOT)
+COMPLETED, ABSORBED, SATURATED_EV = int(Event.COMPLETED), int(Event.ABSORBED), int(Event.SATURATED)
+UNICAST, MULTICAST = int(Event.UNICAST), int(Event.MULTICAST)
+POOL_BASE, POOL_SIZE, NUM_WORKERS, EPOCH, MCAST_GRP, NEXT_STEP, UP_PORT, UP_WORKER = (
+    SESSION_PARAMS.index(f) for f in ("pool_base", "pool_size", "num_workers", "epoch", "mcast_grp", "next_step",
+                                      "up_port", "up_worker"))
+
+
+def run(pipe, b: Batch, t: CompiledTables) -> Emission | None:
+    """`pipe.run(b)` (pipeline.Pipeline) for a split turn of contributions that all fold in one
+    pass, with `t` its compiled tables; None (nothing done) for any other turn."""
+    h = b.hdr  # (a split turn's header views come with it: ShmTurn.headers)
+    if (h is None or b.framed or b.prow is None or b.arena is None or pipe.stragglers is not None or t.any_ingress_drop
+            or t.any_egress_drop or not use_numba() or b.drop.any()):
+        return None
+    n = len(b)
+    lanes = pipe.lanes
+    full = aggregation_packet_len(lanes)
+    lens = b.length.tolist()
+    if min(lens) <= HEADER_LEN:  # (a runt is MALFORMED, a header-only ZERO packet grows: the general path)
+        return None
+    if not headers_ok(b.rows[:, b.off:b.off + HEADER_LEN]).all():  # (BAD_CHECKSUM drops: the general path)
+        return None
+    vt, flags = h["ver_type"].tolist(), h["flags"].tolist()
+    keys = list(zip(vt, flags, h["session"].tolist(), h["worker"].tolist(), h["count"].tolist(), h["dtype"].tolist(),
+                    b.port.tolist(), lens, [lanes] * n))
+    sc = t.scalar()
+    counts = collections.Counter(keys)  # the turn's distinct header keys (a few), in arrival order
+    rows = []  # per key: bit, epoch, workers, pool base, pool size, aggregation at the root, session, up port, up worker, group
+    for key in counts:
+        drop, _, _, bit, _, srow, _, pooled = decision(sc, key, full)
+        if drop or not pooled or key[1] & (ZERO | FALLBACK):  # (a FALLBACK GRAD passes through unaggregated)
+            return None
+        multicast = srow[NEXT_STEP] == ROOT and key[0] & 0xF != GRAD  # completions go to every worker
+        if multicast and not t.g_len[srow[MCAST_GRP]]:  # (the group's NO_ROUTE drop: the general path)
+            return None
+        rows.append((bit, srow[EPOCH], srow[NUM_WORKERS], srow[POOL_BASE], srow[POOL_SIZE], srow[NEXT_STEP] == ROOT,
+                     key[2], srow[UP_PORT], srow[UP_WORKER], srow[MCAST_GRP], multicast))
+    per_key = np.array(rows, dtype=np.int64)
+    if len(rows) == 1:
+        kid = np.zeros(n, dtype=np.int64)
+    else:
+        at = {key: i for i, key in enumerate(counts)}
+        kid = np.array([at[key] for key in keys], dtype=np.int64)
+    per = per_key[kid].T  # one row per field, one column per packet
+    slot = h["slot"].astype(np.int64)
+    if not (((slot - per[3]) & 0xFFFFFFFF) < per[4]).all():  # (outside the pool: FALLBACK or FOREIGN_SLOT)
+        return None
+    flags_a = np.array(flags, dtype=np.int64)
+    regs = pipe.registers
+    set_ = flags_a & SET != 0
+    s = np.where(set_, regs.slots, 0) + slot  # (pipeline._AggInputs: the register index, and the other set's)
+    other = np.where(set_, 0, regs.slots) + slot
+    epoch, bit, nw = per[1].astype(np.uint32), per[0].astype(np.uint32), per[2].astype(np.uint32)
+    is_max, saturated = flags_a & MAX != 0, flags_a & SATURATED != 0
+    exponent = np.ascontiguousarray(h["exponent"])
+    prow = np.ascontiguousarray(b.prow)
+    order = np.argsort(slot, kind="stable")
+    flat = pipe.arena_lanes(b.arena)[1]
+    from ...kernels.switch_lanes import groups_qualify, phase_groups
+
+    if flat is None or not groups_qualify(order, slot, s, epoch, is_max, bit, nw, regs.slot_owner, regs.bitmap,
+                                          regs.contributors):
+        return None
+    # -- taken: from here on, what Pipeline.run does ----------------------------------------------------
+    b.luwu_len = b.length  # the parser's
+    b.luwu = np.ones(n, dtype=bool)
+    b.ipv4 = np.zeros(n, dtype=bool)
+    cnt = pipe.counters
+    for key, k in counts.items():  # received types and sessions (every packet passed the session check)
+        cnt.rx_types[key[0] & 0xF, 0] += k
+        cnt.rx_types[key[0] & 0xF, 1] += k * key[7]
+        cnt.session_packets[key[2], 0] += k
+        cnt.session_packets[key[2], 1] += k * key[7]
+    if min(lens) < full:  # short contributions (protocol.md 3.3): their rows' lanes past the end sum as zeros
+        for r, m in zip(prow.tolist(), lens):
+            if m < full:
+                b.arena[r, b.off + m:b.off + full] = 0
+    fast, last = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    remaining, out_exponent, out_saturated = np.zeros(n, dtype=np.uint32), np.zeros(n, dtype=np.int8), np.zeros(n, dtype=bool)
+    handled = phase_groups(order, slot, s, other, epoch, is_max, bit, nw, exponent, saturated, prow, regs.slot_owner,
+                           regs.bitmap, regs.contributors, regs.exponents, regs.slot_flags, regs.lanes.view(np.uint32),
+                           flat[0], flat[1], fast, remaining, out_exponent, out_saturated, last, False)
+    if handled != n:
+        raise AssertionError(f"phase_groups took {handled} of {n} packets that groups_qualify passed")
+    done = np.flatnonzero(remaining == 0)  # completions: only a group's last packet can complete
+    total = sum(lens)
+    if not len(done):
+        cnt.events[ABSORBED, 0] += n
+        cnt.events[ABSORBED, 1] += total
+        return Emission.empty()
+    # the sums stay in their lane registers until emission writes them where they leave (Batch.results)
+    b.results = np.full(n, -1, dtype=np.int64)
+    b.results[done] = s[done]
+    b.result_lanes = regs.lanes
+    # next_step_selector: events, routes and the emitted headers of the completions
+    d = done.tolist()
+    done_bytes = sum(lens[p] for p in d)
+    sat = out_saturated[done]
+    mc = per[10][done] != 0
+    n_sat, n_mc = int(np.count_nonzero(sat)), int(np.count_nonzero(mc))
+    ev = cnt.events
+    for code, k, nbytes in ((COMPLETED, len(d), done_bytes), (ABSORBED, n - len(d), total - done_bytes),
+                            (SATURATED_EV, n_sat, sum(lens[p] for p, x in zip(d, sat.tolist()) if x)),
+                            (MULTICAST, n_mc, sum(lens[p] for p, x in zip(d, mc.tolist()) if x)),
+                            (UNICAST, len(d) - n_mc, sum(lens[p] for p, x in zip(d, mc.tolist()) if not x))):
+        ev[code, 0] += k
+        ev[code, 1] += nbytes
+    routes = Routes(n)
+    routes.kind[done] = np.where(mc, ROUTE_MULTICAST, ROUTE_UNICAST)
+    routes.port[done] = np.where(mc, 0, per[7][done])
+    routes.dst[done] = np.where(mc, 0, NODE)
+    routes.group[done] = np.where(mc, per[9][done], 0)
+    routes.session[done] = per[6][done]
+    root = per[5][done] != 0
+    vt_d = h["ver_type"][done]
+    mtype = vt_d & 0xF
+    h["ver_type"][done] = (vt_d & 0xF0) | np.where(root, np.where(mtype == GRAD, AGG, RESULT), mtype)
+    h["worker"][done] = np.where(root, NODE, per[8][done])
+    h["exponent"][done] = out_exponent[done]
+    h["flags"][done] = (flags_a[done] & KEEP_FLAGS) | np.where(sat, SATURATED, 0)
+    drops: list = []
+    em = expand(routes, t, drops)
+    if drops:  # (groups were checked to have replicas)
+        raise AssertionError(f"expand dropped completions the turn's check let through: {drops}")
+    seal_rows(b.rows, done, b.off)  # pipeline.reseal: every emitted packet is a completion
+    return em

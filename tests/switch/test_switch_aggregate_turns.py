@@ -1,0 +1,175 @@
+"""A shared-memory turn of more than `pipeline.SMALL_TURN` contributions that all fold in one pass
+takes dataplane/switch/fast/aggregate_turn.py's path: on random rounds of several sessions' phases
+(ALLREDUCEs completed at a root to every worker, GRADs to the node, an UPSTREAM switch's sums to
+its parent; phases spread over turns, MAX, SATURATED, exponents, FIXED16, sums that wrap) mixed now
+and then with what the path declines (duplicates, another epoch on the same slots, a heartbeat,
+a spoofed port, a FALLBACK GRAD, a corrupted header, a packet outside the pool), a switch taking
+it gives exactly what a switch without it gives -- every port's ring contents (bytes and order),
+ring entries (pool references or inline) and pool rows turn by turn, also when the endpoints fall
+behind (the multicast pool full, the down rings full), then every counter (per port too),
+register and no errors -- and it is taken, and declines what it must."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import test_switch_shm_arena as arena_tests
+from switch_setup import LANES, SESSIONS, agg_packet, heartbeat, worker_port
+from test_switch_lone_turns import drain, pools, rings
+from test_switch_small_turns import REGISTERS
+
+from luwu.dataplane.net.shm_ring import supported
+from luwu.dataplane.protocol import Dtype, Flag, MsgType
+from luwu.dataplane.switch.attach_shm import MulticastPools, shm_row_bytes
+from luwu.dataplane.switch.fast import aggregate_turn
+
+pytestmark = pytest.mark.skipif(not supported(), reason="shared-memory rings need Linux on x86-64 with /dev/shm")
+
+RING_SLOTS = 64  # a round's packets of one port (up to 16) and a turn's results fit the rings
+ROUND_SESSIONS = (1, 2, 3)  # disjoint pools (slots 0-3, 4-7, 8-15): up to 40 contributions a round
+
+
+@pytest.fixture(autouse=True)
+def _big_rings(monkeypatch):
+    monkeypatch.setattr(arena_tests, "RING_SLOTS", RING_SLOTS)
+
+
+def rig(pool_slots: int | None):
+    r = arena_tests.ShmRig()
+    r.sw._pools = MulticastPools(shm_row_bytes(LANES))
+    if pool_slots is not None:  # a small multicast pool: endpoints that fall behind fill it
+        r.sw._pools.slots = pool_slots
+    return r
+
+
+def contribution(rnd: random.Random, session: int, rank: int, seq: int, phase: dict) -> tuple[int, bytes]:
+    """Rank `rank`'s packet of `seq` in `session`, with the phase's operation and dtype (`phase`:
+    what every contributor of that phase shares) and its own lanes, exponent and SATURATED."""
+    mtype, flags, dtype = phase["mtype"], phase["flags"], phase["dtype"]
+    if rnd.random() < 0.1:
+        flags |= Flag.SATURATED
+    values = [rnd.choice([rnd.randint(-(1 << 31), (1 << 31) - 1), rnd.randint(-9, 9)]) for _ in range(LANES)]
+    data = agg_packet(session, rank, seq, values, mtype=mtype, flags=flags, exponent=rnd.randint(-4, 4), dtype=dtype)
+    return worker_port(rank), data
+
+
+def rounds(seed: int, n_rounds: int) -> list[tuple[list, bool]]:
+    """Turns of contributions: each round every session's ranks send a window (the pool's size) of
+    sequence numbers, some ranks' packets held back to a later turn of the round; now and then a
+    turn gets what the fast path must leave to the general one."""
+    rnd = random.Random(seed)
+    turns: list[tuple[list, bool]] = []
+    for k in range(n_rounds):
+        phases = {}
+        for sid in ROUND_SESSIONS:
+            mtype = MsgType.GRAD if sid == 2 and rnd.random() < 0.5 else MsgType.ALLREDUCE
+            flags = Flag.MAX if rnd.random() < 0.15 else 0
+            dtype = rnd.choice([int(Dtype.FIXED32)] * 3 + [int(Dtype.INT32), int(Dtype.FIXED16)])
+            phases[sid] = {"mtype": mtype, "flags": int(flags), "dtype": dtype}
+        now, later = [], []
+        for sid in ROUND_SESSIONS:
+            _, size, ranks, *_ = SESSIONS[sid]
+            for rank in ranks:
+                items = [contribution(rnd, sid, rank, k * size + j, phases[sid]) for j in range(size)]
+                (later if rnd.random() < 0.3 else now).extend(items)
+        for items in (now, later):
+            if not items:
+                continue
+            by_port: dict[int, list] = {}
+            for port, data in items:
+                by_port.setdefault(port, []).append((port, data))
+            turn = [it for p in rnd.sample(sorted(by_port), len(by_port)) for it in by_port[p]]
+            spoil = rnd.random()
+            if spoil < 0.06:  # a resent packet: a duplicate
+                turn.append(rnd.choice(turn))
+            elif spoil < 0.1:  # a heartbeat among the contributions
+                turn.append((worker_port(0), heartbeat(1, 0, 5, 9)))
+            elif spoil < 0.13:  # a packet off its rank's port (SPOOFED)
+                port, data = turn[0]
+                turn[0] = (worker_port(2) if port != worker_port(2) else worker_port(0), data)
+            elif spoil < 0.16:  # a corrupted header (BAD_CHECKSUM)
+                port, data = turn[-1]
+                turn[-1] = (port, data[:6] + bytes([data[6] ^ 1]) + data[7:])
+            elif spoil < 0.19:  # session 5's ranks on session 1's slots, another epoch
+                turn.append(contribution(rnd, 5, 0, k * 4, {"mtype": MsgType.ALLREDUCE, "flags": 0, "dtype": 4}))
+            elif spoil < 0.22:  # a GRAD already marked FALLBACK
+                turn.append(contribution(rnd, 2, 1, k * 4 + 1, {"mtype": MsgType.GRAD, "flags": int(Flag.FALLBACK),
+                                                               "dtype": 4}))
+            elif spoil < 0.25:  # an ALLREDUCE outside its session's pool (FOREIGN_SLOT)
+                port, _ = turn[0]
+                rank = port - 1
+                turn.append((port, agg_packet(1, rank, 0, [1] * LANES, slot=20, dtype=4)))
+            # the rings' rows hold a port's 16 packets; a turn takes at most 64 rows
+            turns.append((turn, rnd.random() < 0.8))
+    return turns
+
+
+def side_by_side(turns: list[tuple[list, bool]], pool_slots: int | None = None) -> list[bool]:
+    """Run `turns` ((items, whether the endpoints read after it)) on two switches, one taking the
+    fast path and one never, checking that they stay alike (outputs, pools and rings every turn;
+    then what is left unread, counters, registers, errors). Returns whether each turn took it."""
+    fast, general = rig(pool_slots), rig(pool_slots)
+    real = aggregate_turn.run
+    taken: list[bool] = []
+
+    def counted(*a):  # (asked only for a turn of more than SMALL_TURN packets)
+        em = real(*a)
+        taken[-1] = taken[-1] or em is not None
+        return em
+
+    try:
+        for items, read in turns:
+            taken.append(False)
+            aggregate_turn.run = counted
+            got = fast.run_turn(items, read=read)
+            aggregate_turn.run = lambda *a: None
+            want = general.run_turn(items, read=read)
+            assert got == want, items
+            assert pools(fast) == pools(general), items
+            assert rings(fast) == rings(general), items
+        assert drain(fast) == drain(general)
+    finally:
+        aggregate_turn.run = real
+        fast_counters, general_counters = fast.sw.counters(), general.sw.counters()
+        regs = [(getattr(fast.sw.pipeline.registers, n), getattr(general.sw.pipeline.registers, n)) for n in REGISTERS]
+        errors = (fast.sw.errors, general.sw.errors)
+        fast.close()
+        general.close()
+    assert fast_counters == general_counters
+    for (a, b), name in zip(regs, REGISTERS):
+        assert np.array_equal(a, b), name
+    assert errors == (0, 0)
+    return taken
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_aggregate_turns_equal_the_general_path(seed):
+    turns = rounds(seed, 12)
+    taken = side_by_side(turns, pool_slots=None if seed % 2 else 2)
+    big = [len(items) > 16 for items, _ in turns]
+    assert sum(taken) >= sum(big) // 2  # most big turns are clean rounds
+    assert not any(t and not b for t, b in zip(taken, big))  # never a small turn
+
+
+def test_taken_and_declined():
+    """A clean round of 40 contributions is taken (absorbed, then completed); the same round with a
+    duplicate, a heartbeat or a foreign slot in it is not; a turn of 16 packets is left to the small
+    turns' path."""
+    def clean(k: int, sessions=ROUND_SESSIONS) -> list:
+        rnd = random.Random(k)
+        phase = {"mtype": MsgType.ALLREDUCE, "flags": 0, "dtype": 4}
+        return [contribution(rnd, sid, rank, k * SESSIONS[sid][1] + j, phase)
+                for sid in sessions for rank in SESSIONS[sid][2] for j in range(SESSIONS[sid][1])]
+
+    first = clean(0)
+    half = [it for it in first if it[0] != worker_port(2)]  # rank 2's share in a later turn
+    rest = [it for it in first if it[0] == worker_port(2)]
+    turns = [(half, True), (rest + clean(1, (3,)), True),  # 32 contributions, then 8 + 16 completing
+             (clean(1, (1, 2)) + [clean(1, (1,))[0]], True),  # a duplicate
+             (clean(2) + [(worker_port(0), heartbeat(1, 0, 5, 9))], True),
+             (clean(3) + [(worker_port(1), agg_packet(1, 1, 0, [1] * LANES, slot=20, dtype=4))], True),
+             (clean(4, (3,)), True),  # 16 packets: a small turn
+             (clean(4, (1, 2)) + clean(5, (3,)), True)]
+    assert side_by_side(turns) == [True, True, False, False, False, False, True]
