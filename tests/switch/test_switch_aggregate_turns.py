@@ -173,3 +173,25 @@ def test_taken_and_declined():
              (clean(4, (3,)), True),  # 16 packets: a small turn
              (clean(4, (1, 2)) + clean(5, (3,)), True)]
     assert side_by_side(turns) == [True, True, False, False, False, False, True]
+
+
+def test_header_check_kernel_equals_integrity():
+    """kernels.switch_lanes.headers_all_ok (the path's header check) says what integrity.headers_ok
+    says of every row: sealed rows pass, a row with any one bit flipped fails."""
+    pytest.importorskip("numba")
+    from luwu.dataplane.integrity import headers_ok, seal_headers
+    from luwu.dataplane.kernels.switch_lanes import headers_all_ok
+    from luwu.dataplane.protocol import HCHECK_OFFSET
+
+    rng = np.random.default_rng(3)
+    rows = rng.integers(0, 256, (40, 64), dtype=np.uint8)
+    seal_headers(rows)
+    assert headers_ok(rows[:, :32]).all()
+    assert headers_all_ok(rows, aggregate_turn._HCHECK, HCHECK_OFFSET)
+    for _ in range(200):
+        bad = rows.copy()
+        r, byte, bit = int(rng.integers(0, 40)), int(rng.integers(0, 32)), int(rng.integers(0, 8))
+        bad[r, byte] ^= 1 << bit
+        assert not headers_ok(bad[:, :32]).all()
+        assert not headers_all_ok(bad, aggregate_turn._HCHECK, HCHECK_OFFSET)
+    assert headers_all_ok(rows[:0], aggregate_turn._HCHECK, HCHECK_OFFSET)

@@ -28,13 +28,22 @@ tests/switch/test_switch_aggregate_turns.py runs it side by side with the genera
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 
-from ...integrity import headers_ok, seal_rows
+from ...integrity import seal_rows
 from ...kernels import use_numba
-from ...protocol import HEADER_LEN, NODE, Event, Flag, MsgType, NextStep, aggregation_packet_len
+from ...protocol import (
+    DATA_HEADER,
+    HCHECK_OFFSET,
+    HCHECK_TABLES,
+    HEADER_LEN,
+    NODE,
+    Event,
+    Flag,
+    MsgType,
+    NextStep,
+    aggregation_packet_len,
+)
 from ..batch import Batch, Emission
 from ..controls.next_step_selector import KEEP_FLAGS, ROUTE_MULTICAST, ROUTE_UNICAST, Routes
 from ..controls.sender import expand
@@ -50,6 +59,23 @@ POOL_BASE, POOL_SIZE, NUM_WORKERS, EPOCH, MCAST_GRP, NEXT_STEP, UP_PORT, UP_WORK
     SESSION_PARAMS.index(f) for f in ("pool_base", "pool_size", "num_workers", "epoch", "mcast_grp", "next_step",
                                       "up_port", "up_worker"))
 
+_HCHECK = np.array(HCHECK_TABLES, dtype=np.uint16)  # kernels.switch_lanes.headers_all_ok's tables
+_AT = {name: int(field[1]) for name, field in (DATA_HEADER.fields or {}).items()}  # header byte offsets
+_DTYPE_AT, _SLOT_AT, _EXPONENT_AT = _AT["dtype"], _AT["slot"], _AT["exponent"]
+MAX_KEYS = 16  # distinct header keys a turn may have (more: the general path)
+# the key's first int is header bytes 0-7 read big-endian: ver_type, flags, session, worker, count
+if [_AT[f] for f in ("ver_type", "flags", "session", "worker", "count", "seq")] != [0, 1, 2, 4, 6, 8]:
+    raise AssertionError("aggregate_turn reads header bytes 0-7 as ver_type, flags, session, worker, count")
+_KERNELS: list = []  # kernels.switch_lanes, once imported (it imports numba: only when kernels are on)
+
+
+def _kernels():
+    if not _KERNELS:
+        from ...kernels import switch_lanes
+
+        _KERNELS.append(switch_lanes)
+    return _KERNELS[0]
+
 
 def run(pipe, b: Batch, t: CompiledTables) -> Emission | None:
     """`pipe.run(b)` (pipeline.Pipeline) for a split turn of contributions that all fold in one
@@ -64,47 +90,43 @@ def run(pipe, b: Batch, t: CompiledTables) -> Emission | None:
     lens = b.length.tolist()
     if min(lens) <= HEADER_LEN:  # (a runt is MALFORMED, a header-only ZERO packet grows: the general path)
         return None
-    if not headers_ok(b.rows[:, b.off:b.off + HEADER_LEN]).all():  # (BAD_CHECKSUM drops: the general path)
+    k = _kernels()
+    # every header's check, then what the classifier reads of it: bytes 0-7 (ver_type, flags,
+    # session, worker, count) as one word and the dtype byte; with the port and the length a
+    # packet's key (classify_few.decision), of which a turn has a few (one endpoint, one session)
+    kid, found, per_turn = np.empty(n, dtype=np.int64), np.empty((MAX_KEYS, 4), dtype=np.uint64), np.empty(MAX_KEYS, np.int64)
+    m = k.scan_turn(b.rows, _HCHECK, HCHECK_OFFSET, _DTYPE_AT, b.port, b.length, kid, found, per_turn)
+    if m < 0:  # (a header check that fails: BAD_CHECKSUM drops, the general path; or many keys)
         return None
-    vt, flags = h["ver_type"].tolist(), h["flags"].tolist()
-    keys = list(zip(vt, flags, h["session"].tolist(), h["worker"].tolist(), h["count"].tolist(), h["dtype"].tolist(),
-                    b.port.tolist(), lens, [lanes] * n))
     sc = t.scalar()
-    counts = collections.Counter(keys)  # the turn's distinct header keys (a few), in arrival order
-    rows = []  # per key: bit, epoch, workers, pool base, pool size, aggregation at the root, session, up port, up worker, group
-    for key in counts:
+    keys = []  # the distinct keys' decision keys, in arrival order
+    rows = []  # per key: bit, epoch, workers, pool base, pool size, at the root, session, up port, up worker, group, multicast
+    for w, dtype, port, length in found[:m].tolist():
+        key = (w >> 56, (w >> 48) & 0xFF, (w >> 32) & 0xFFFF, (w >> 16) & 0xFFFF, w & 0xFFFF, dtype, port, length,
+               lanes)
         drop, _, _, bit, _, srow, _, pooled = decision(sc, key, full)
         if drop or not pooled or key[1] & (ZERO | FALLBACK):  # (a FALLBACK GRAD passes through unaggregated)
             return None
         multicast = srow[NEXT_STEP] == ROOT and key[0] & 0xF != GRAD  # completions go to every worker
         if multicast and not t.g_len[srow[MCAST_GRP]]:  # (the group's NO_ROUTE drop: the general path)
             return None
+        keys.append(key)
         rows.append((bit, srow[EPOCH], srow[NUM_WORKERS], srow[POOL_BASE], srow[POOL_SIZE], srow[NEXT_STEP] == ROOT,
                      key[2], srow[UP_PORT], srow[UP_WORKER], srow[MCAST_GRP], multicast))
     per_key = np.array(rows, dtype=np.int64)
-    if len(rows) == 1:
-        kid = np.zeros(n, dtype=np.int64)
-    else:
-        at = {key: i for i, key in enumerate(counts)}
-        kid = np.array([at[key] for key in keys], dtype=np.int64)
-    per = per_key[kid].T  # one row per field, one column per packet
-    slot = h["slot"].astype(np.int64)
-    if not (((slot - per[3]) & 0xFFFFFFFF) < per[4]).all():  # (outside the pool: FALLBACK or FOREIGN_SLOT)
-        return None
-    flags_a = np.array(flags, dtype=np.int64)
     regs = pipe.registers
-    set_ = flags_a & SET != 0
-    s = np.where(set_, regs.slots, 0) + slot  # (pipeline._AggInputs: the register index, and the other set's)
-    other = np.where(set_, 0, regs.slots) + slot
-    epoch, bit, nw = per[1].astype(np.uint32), per[0].astype(np.uint32), per[2].astype(np.uint32)
-    is_max, saturated = flags_a & MAX != 0, flags_a & SATURATED != 0
-    exponent = np.ascontiguousarray(h["exponent"])
+    i64, u32 = (np.empty(n, dtype=np.int64) for _ in range(3)), (np.empty(n, dtype=np.uint32) for _ in range(3))
+    slot, s, other = i64
+    epoch, bit, nw = u32
+    is_max, saturated, exponent = np.empty(n, dtype=bool), np.empty(n, dtype=bool), np.empty(n, dtype=np.int8)
+    # (pipeline._AggInputs: the register index set * slots + slot, and the other set's)
+    if not k.turn_inputs(b.rows, _SLOT_AT, _EXPONENT_AT, kid, per_key, regs.slots, SET, MAX, SATURATED, slot, s, other,
+                         epoch, bit, nw, is_max, saturated, exponent):
+        return None  # (a slot outside its pool: FALLBACK or FOREIGN_SLOT, the general path)
     prow = np.ascontiguousarray(b.prow)
     order = np.argsort(slot, kind="stable")
     flat = pipe.arena_lanes(b.arena)[1]
-    from ...kernels.switch_lanes import groups_qualify, phase_groups
-
-    if flat is None or not groups_qualify(order, slot, s, epoch, is_max, bit, nw, regs.slot_owner, regs.bitmap,
+    if flat is None or not k.groups_qualify(order, slot, s, epoch, is_max, bit, nw, regs.slot_owner, regs.bitmap,
                                           regs.contributors):
         return None
     # -- taken: from here on, what Pipeline.run does ----------------------------------------------------
@@ -112,18 +134,18 @@ def run(pipe, b: Batch, t: CompiledTables) -> Emission | None:
     b.luwu = np.ones(n, dtype=bool)
     b.ipv4 = np.zeros(n, dtype=bool)
     cnt = pipe.counters
-    for key, k in counts.items():  # received types and sessions (every packet passed the session check)
-        cnt.rx_types[key[0] & 0xF, 0] += k
-        cnt.rx_types[key[0] & 0xF, 1] += k * key[7]
-        cnt.session_packets[key[2], 0] += k
-        cnt.session_packets[key[2], 1] += k * key[7]
+    for key, many in zip(keys, per_turn[:m].tolist()):  # received types and sessions (all passed the session check)
+        cnt.rx_types[key[0] & 0xF, 0] += many
+        cnt.rx_types[key[0] & 0xF, 1] += many * key[7]
+        cnt.session_packets[key[2], 0] += many
+        cnt.session_packets[key[2], 1] += many * key[7]
     if min(lens) < full:  # short contributions (protocol.md 3.3): their rows' lanes past the end sum as zeros
-        for r, m in zip(prow.tolist(), lens):
-            if m < full:
-                b.arena[r, b.off + m:b.off + full] = 0
+        for r, got in zip(prow.tolist(), lens):
+            if got < full:
+                b.arena[r, b.off + got:b.off + full] = 0
     fast, last = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     remaining, out_exponent, out_saturated = np.zeros(n, dtype=np.uint32), np.zeros(n, dtype=np.int8), np.zeros(n, dtype=bool)
-    handled = phase_groups(order, slot, s, other, epoch, is_max, bit, nw, exponent, saturated, prow, regs.slot_owner,
+    handled = k.phase_groups(order, slot, s, other, epoch, is_max, bit, nw, exponent, saturated, prow, regs.slot_owner,
                            regs.bitmap, regs.contributors, regs.exponents, regs.slot_flags, regs.lanes.view(np.uint32),
                            flat[0], flat[1], fast, remaining, out_exponent, out_saturated, last, False)
     if handled != n:
@@ -142,28 +164,29 @@ def run(pipe, b: Batch, t: CompiledTables) -> Emission | None:
     d = done.tolist()
     done_bytes = sum(lens[p] for p in d)
     sat = out_saturated[done]
-    mc = per[10][done] != 0
+    per = per_key[kid[done]].T  # the completions' key rows, one row per field
+    mc = per[10] != 0
     n_sat, n_mc = int(np.count_nonzero(sat)), int(np.count_nonzero(mc))
     ev = cnt.events
-    for code, k, nbytes in ((COMPLETED, len(d), done_bytes), (ABSORBED, n - len(d), total - done_bytes),
+    for code, many, nbytes in ((COMPLETED, len(d), done_bytes), (ABSORBED, n - len(d), total - done_bytes),
                             (SATURATED_EV, n_sat, sum(lens[p] for p, x in zip(d, sat.tolist()) if x)),
                             (MULTICAST, n_mc, sum(lens[p] for p, x in zip(d, mc.tolist()) if x)),
                             (UNICAST, len(d) - n_mc, sum(lens[p] for p, x in zip(d, mc.tolist()) if not x))):
-        ev[code, 0] += k
+        ev[code, 0] += many
         ev[code, 1] += nbytes
     routes = Routes(n)
     routes.kind[done] = np.where(mc, ROUTE_MULTICAST, ROUTE_UNICAST)
-    routes.port[done] = np.where(mc, 0, per[7][done])
+    routes.port[done] = np.where(mc, 0, per[7])
     routes.dst[done] = np.where(mc, 0, NODE)
-    routes.group[done] = np.where(mc, per[9][done], 0)
-    routes.session[done] = per[6][done]
-    root = per[5][done] != 0
+    routes.group[done] = np.where(mc, per[9], 0)
+    routes.session[done] = per[6]
+    root = per[5] != 0
     vt_d = h["ver_type"][done]
     mtype = vt_d & 0xF
     h["ver_type"][done] = (vt_d & 0xF0) | np.where(root, np.where(mtype == GRAD, AGG, RESULT), mtype)
-    h["worker"][done] = np.where(root, NODE, per[8][done])
+    h["worker"][done] = np.where(root, NODE, per[8])
     h["exponent"][done] = out_exponent[done]
-    h["flags"][done] = (flags_a[done] & KEEP_FLAGS) | np.where(sat, SATURATED, 0)
+    h["flags"][done] = (h["flags"][done] & KEEP_FLAGS) | np.where(sat, SATURATED, 0)
     drops: list = []
     em = expand(routes, t, drops)
     if drops:  # (groups were checked to have replicas)
