@@ -7,7 +7,9 @@ a spoofed port, a FALLBACK GRAD, a corrupted header, a packet outside the pool),
 it gives exactly what a switch without it gives -- every port's ring contents (bytes and order),
 ring entries (pool references or inline) and pool rows turn by turn, also when the endpoints fall
 behind (the multicast pool full, the down rings full), then every counter (per port too),
-register and no errors -- and it is taken, and declines what it must."""
+register and no errors -- and it is taken, and declines what it must. With wider pools a turn's
+completions are more copies than fast/emit_shm.py `emit_small` takes: `emit_pooled` emits them into
+one multicast pool, side by side with `SoftwareSwitch.emit` (the general switch runs neither)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,15 @@ import random
 import numpy as np
 import pytest
 import test_switch_shm_arena as arena_tests
-from switch_setup import LANES, SESSIONS, agg_packet, heartbeat, worker_port
+from switch_setup import LANES, NODE_PORT, PARENT_PORT, SESSIONS, agg_packet, heartbeat, worker_port
 from test_switch_lone_turns import drain, pools, rings
 from test_switch_small_turns import REGISTERS
 
 from luwu.dataplane.net.shm_ring import supported
-from luwu.dataplane.protocol import Dtype, Flag, MsgType
+from luwu.dataplane.protocol import Dtype, Flag, MsgType, NextStep
+from luwu.dataplane.switch import switch as switch_module
 from luwu.dataplane.switch.attach_shm import MulticastPools, shm_row_bytes
-from luwu.dataplane.switch.fast import aggregate_turn
+from luwu.dataplane.switch.fast import aggregate_turn, emit_shm
 
 pytestmark = pytest.mark.skipif(not supported(), reason="shared-memory rings need Linux on x86-64 with /dev/shm")
 
@@ -55,22 +58,27 @@ def contribution(rnd: random.Random, session: int, rank: int, seq: int, phase: d
     return worker_port(rank), data
 
 
-def rounds(seed: int, n_rounds: int) -> list[tuple[list, bool]]:
+def rounds(seed: int, n_rounds: int, groups: tuple = (ROUND_SESSIONS,)) -> list[tuple[list, bool]]:
     """Turns of contributions: each round every session's ranks send a window (the pool's size) of
     sequence numbers, some ranks' packets held back to a later turn of the round; now and then a
-    turn gets what the fast path must leave to the general one."""
+    turn gets what the fast path must leave to the general one. `groups`: the sessions a round
+    may hold (one set drawn per round)."""
     rnd = random.Random(seed)
     turns: list[tuple[list, bool]] = []
-    for k in range(n_rounds):
+    step = dict.fromkeys(SESSIONS, 0)  # each session's rounds so far: its sequence numbers go on from there
+    for _ in range(n_rounds):
+        sessions = rnd.choice(groups)
         phases = {}
-        for sid in ROUND_SESSIONS:
+        for sid in sessions:
             mtype = MsgType.GRAD if sid == 2 and rnd.random() < 0.5 else MsgType.ALLREDUCE
             flags = Flag.MAX if rnd.random() < 0.15 else 0
             dtype = rnd.choice([int(Dtype.FIXED32)] * 3 + [int(Dtype.INT32), int(Dtype.FIXED16)])
             phases[sid] = {"mtype": mtype, "flags": int(flags), "dtype": dtype}
         now, later = [], []
-        for sid in ROUND_SESSIONS:
+        for sid in sessions:
             _, size, ranks, *_ = SESSIONS[sid]
+            k = step[sid]
+            step[sid] += 1
             for rank in ranks:
                 items = [contribution(rnd, sid, rank, k * size + j, phases[sid]) for j in range(size)]
                 (later if rnd.random() < 0.3 else now).extend(items)
@@ -111,7 +119,7 @@ def side_by_side(turns: list[tuple[list, bool]], pool_slots: int | None = None) 
     fast path and one never, checking that they stay alike (outputs, pools and rings every turn;
     then what is left unread, counters, registers, errors). Returns whether each turn took it."""
     fast, general = rig(pool_slots), rig(pool_slots)
-    real = aggregate_turn.run
+    real, real_pooled = aggregate_turn.run, switch_module.emit_pooled
     taken: list[bool] = []
 
     def counted(*a):  # (asked only for a turn of more than SMALL_TURN packets)
@@ -122,16 +130,16 @@ def side_by_side(turns: list[tuple[list, bool]], pool_slots: int | None = None) 
     try:
         for items, read in turns:
             taken.append(False)
-            aggregate_turn.run = counted
+            aggregate_turn.run, switch_module.emit_pooled = counted, real_pooled
             got = fast.run_turn(items, read=read)
-            aggregate_turn.run = lambda *a: None
+            aggregate_turn.run, switch_module.emit_pooled = (lambda *a: None), (lambda *a: False)
             want = general.run_turn(items, read=read)
             assert got == want, items
             assert pools(fast) == pools(general), items
             assert rings(fast) == rings(general), items
         assert drain(fast) == drain(general)
     finally:
-        aggregate_turn.run = real
+        aggregate_turn.run, switch_module.emit_pooled = real, real_pooled
         fast_counters, general_counters = fast.sw.counters(), general.sw.counters()
         regs = [(getattr(fast.sw.pipeline.registers, n), getattr(general.sw.pipeline.registers, n)) for n in REGISTERS]
         errors = (fast.sw.errors, general.sw.errors)
@@ -151,6 +159,41 @@ def test_aggregate_turns_equal_the_general_path(seed):
     big = [len(items) > 16 for items, _ in turns]
     assert sum(taken) >= sum(big) // 2  # most big turns are clean rounds
     assert not any(t and not b for t, b in zip(taken, big))  # never a small turn
+
+
+# wider pools on the same 32 slots: a round's completions are more copies than emit_small takes
+# (up to 16 slots x 3 workers), which fast/emit_shm.py `emit_pooled` puts into one multicast pool
+WIDE = {1: (0, 16, (0, 1, 2), 11, NextStep.ROOT, 0, 1), 2: (16, 8, (0, 1, 2), 22, NextStep.ROOT, NODE_PORT, 2),
+        3: (24, 8, (0, 1), 33, NextStep.UPSTREAM, PARENT_PORT, 3)}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_wide_rounds_equal_the_general_path(seed, monkeypatch):
+    import switch_setup
+
+    for sid, row in WIDE.items():
+        monkeypatch.setitem(switch_setup.SESSIONS, sid, row)
+    turns = rounds(100 + seed, 10, groups=((1,), (2, 3), (1,)))
+    real = emit_shm.emit_pooled
+    pooled = []
+
+    def counted(*a):
+        pooled.append(real(*a))
+        return pooled[-1]
+
+    taken = side_by_side_pooled(turns, counted, pool_slots=None if seed % 2 else 64)
+    assert sum(taken) >= len(turns) // 3
+    assert any(pooled)
+
+
+def side_by_side_pooled(turns, counted, pool_slots):
+    """`side_by_side` with the fast switch's emission through `counted` (emit_pooled, counting)."""
+    real = switch_module.emit_pooled
+    switch_module.emit_pooled = counted
+    try:
+        return side_by_side(turns, pool_slots)
+    finally:
+        switch_module.emit_pooled = real
 
 
 def test_taken_and_declined():
