@@ -4,7 +4,8 @@
 dataplane/switch/controls/zero_lanes.py `apply` (short packets padded), dataplane/switch/pipeline.py
 `Pipeline._aggregation` (every slot's group folded in one pass by the kernel of fast/aggregate_groups.py
 `fold`), dataplane/switch/controls/next_step_selector.py `select`,
-dataplane/switch/controls/sender.py `expand` (called as it is) and dataplane/switch/pipeline.py `reseal`.
+dataplane/switch/controls/sender.py `expand` (called as it is; completions all to one multicast
+group get its copies built directly) and dataplane/switch/pipeline.py `reseal`.
 
 Declines: `run` returns None with nothing changed, and the turn takes `Pipeline.run`, for kernels
 off, loss simulated, straggler records kept, an Ethernet or whole (not split) batch, a packet
@@ -20,9 +21,12 @@ contributions per call. Through `Pipeline.run` each such turn pays some 0.6 ms o
 (the classifier's sixty-odd arrays, `_AggInputs`, the selector's masks, the counters' bincounts)
 around 0.3 ms of lane arithmetic. The packets of such a turn share a handful of header keys (one
 endpoint sends one session's packets, differing only in slot, SET and exponent): this path
+checks the headers and finds their keys in one kernel (kernels.switch_lanes `scan_turn`),
 classifies each distinct key once (fast/classify_few.py `decision`, the small classifier's own),
-checks every slot against the pool and the fold's test, then runs the very kernel the general path
-runs, counts on Python ints per key, and routes the completions through the reference `expand`.
+gathers the slot state machine's inputs and checks every slot against its pool in another
+(`turn_inputs`), asks the fold's test (`groups_qualify`), then runs the very kernel the general path
+runs, counts on Python ints per key, and routes the completions through the reference `expand` (all to
+one multicast group, the most common turn: the same copies built in five calls).
 tests/switch/test_switch_aggregate_turns.py runs it side by side with the general path.
 """
 
@@ -161,25 +165,38 @@ def run(pipe, b: Batch, t: CompiledTables) -> Emission | None:
     b.results[done] = s[done]
     b.result_lanes = regs.lanes
     # next_step_selector: events, routes and the emitted headers of the completions
-    d = done.tolist()
-    done_bytes = sum(lens[p] for p in d)
+    n_done = len(done)
     sat = out_saturated[done]
     per = per_key[kid[done]].T  # the completions' key rows, one row per field
     mc = per[10] != 0
     n_sat, n_mc = int(np.count_nonzero(sat)), int(np.count_nonzero(mc))
+    sizes = b.length[done]
+    done_bytes = int(sizes.sum())
+    mc_bytes = done_bytes if n_mc == n_done else int(sizes[mc].sum())
     ev = cnt.events
-    for code, many, nbytes in ((COMPLETED, len(d), done_bytes), (ABSORBED, n - len(d), total - done_bytes),
-                            (SATURATED_EV, n_sat, sum(lens[p] for p, x in zip(d, sat.tolist()) if x)),
-                            (MULTICAST, n_mc, sum(lens[p] for p, x in zip(d, mc.tolist()) if x)),
-                            (UNICAST, len(d) - n_mc, sum(lens[p] for p, x in zip(d, mc.tolist()) if not x))):
+    for code, many, nbytes in ((COMPLETED, n_done, done_bytes), (ABSORBED, n - n_done, total - done_bytes),
+                               (SATURATED_EV, n_sat, int(sizes[sat].sum()) if n_sat else 0),
+                               (MULTICAST, n_mc, mc_bytes), (UNICAST, n_done - n_mc, done_bytes - mc_bytes)):
         ev[code, 0] += many
         ev[code, 1] += nbytes
-    routes = Routes(n)
-    routes.kind[done] = np.where(mc, ROUTE_MULTICAST, ROUTE_UNICAST)
-    routes.port[done] = np.where(mc, 0, per[7])
-    routes.dst[done] = np.where(mc, 0, NODE)
-    routes.group[done] = np.where(mc, per[9], 0)
-    routes.session[done] = per[6]
+    group = per[9]
+    if n_mc == n_done and bool((group == group[0]).all()):
+        # every completion to one multicast group: `expand`'s copies, packet by packet in group order
+        g = int(group[0])
+        a, r = int(t.g_start[g]), int(t.g_len[g])
+        em = Emission(np.repeat(done, r), np.tile(t.rep_port[a:a + r], n_done), np.tile(t.rep_instance[a:a + r], n_done),
+                      np.repeat(per[6], r), np.zeros(n_done * r, dtype=bool))
+    else:
+        routes = Routes(n)
+        routes.kind[done] = np.where(mc, ROUTE_MULTICAST, ROUTE_UNICAST)
+        routes.port[done] = np.where(mc, 0, per[7])
+        routes.dst[done] = np.where(mc, 0, NODE)
+        routes.group[done] = np.where(mc, group, 0)
+        routes.session[done] = per[6]
+        drops: list = []
+        em = expand(routes, t, drops)
+        if drops:  # (groups were checked to have replicas)
+            raise AssertionError(f"expand dropped completions the turn's check let through: {drops}")
     root = per[5] != 0
     vt_d = h["ver_type"][done]
     mtype = vt_d & 0xF
@@ -187,9 +204,5 @@ def run(pipe, b: Batch, t: CompiledTables) -> Emission | None:
     h["worker"][done] = np.where(root, NODE, per[8])
     h["exponent"][done] = out_exponent[done]
     h["flags"][done] = (h["flags"][done] & KEEP_FLAGS) | np.where(sat, SATURATED, 0)
-    drops: list = []
-    em = expand(routes, t, drops)
-    if drops:  # (groups were checked to have replicas)
-        raise AssertionError(f"expand dropped completions the turn's check let through: {drops}")
     seal_rows(b.rows, done, b.off)  # pipeline.reseal: every emitted packet is a completion
     return em
