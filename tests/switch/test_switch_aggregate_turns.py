@@ -1,4 +1,4 @@
-"""A shared-memory turn of more than `pipeline.SMALL_TURN` contributions that all fold in one pass
+"""A shared-memory turn of two or more contributions (`pipeline.AGGREGATE_TURN`) that all fold in one pass
 takes dataplane/switch/fast/aggregate_turn.py's path: on random rounds of several sessions' phases
 (ALLREDUCEs completed at a root to every worker, GRADs to the node, an UPSTREAM switch's sums to
 its parent; phases spread over turns, MAX, SATURATED, exponents, FIXED16, sums that wrap) mixed now
@@ -122,7 +122,7 @@ def side_by_side(turns: list[tuple[list, bool]], pool_slots: int | None = None) 
     real, real_pooled = aggregate_turn.run, switch_module.emit_pooled
     taken: list[bool] = []
 
-    def counted(*a):  # (asked only for a turn of more than SMALL_TURN packets)
+    def counted(*a):  # (asked for a turn of 2+ packets: pipeline.AGGREGATE_TURN)
         em = real(*a)
         taken[-1] = taken[-1] or em is not None
         return em
@@ -158,7 +158,7 @@ def test_aggregate_turns_equal_the_general_path(seed):
     taken = side_by_side(turns, pool_slots=None if seed % 2 else 2)
     big = [len(items) > 16 for items, _ in turns]
     assert sum(taken) >= sum(big) // 2  # most big turns are clean rounds
-    assert not any(t and not b for t, b in zip(taken, big))  # never a small turn
+    assert not any(t and len(items) < 2 for t, (items, _) in zip(taken, turns))  # never a lone packet
 
 
 # wider pools on the same 32 slots: a round's completions are more copies than emit_small takes
@@ -198,8 +198,7 @@ def side_by_side_pooled(turns, counted, pool_slots):
 
 def test_taken_and_declined():
     """A clean round of 40 contributions is taken (absorbed, then completed); the same round with a
-    duplicate, a heartbeat or a foreign slot in it is not; a turn of 16 packets is left to the small
-    turns' path."""
+    duplicate, a heartbeat or a foreign slot in it is not; a turn of 16 packets is taken as well."""
     def clean(k: int, sessions=ROUND_SESSIONS) -> list:
         rnd = random.Random(k)
         phase = {"mtype": MsgType.ALLREDUCE, "flags": 0, "dtype": 4}
@@ -213,9 +212,9 @@ def test_taken_and_declined():
              (clean(1, (1, 2)) + [clean(1, (1,))[0]], True),  # a duplicate
              (clean(2) + [(worker_port(0), heartbeat(1, 0, 5, 9))], True),
              (clean(3) + [(worker_port(1), agg_packet(1, 1, 0, [1] * LANES, slot=20, dtype=4))], True),
-             (clean(4, (3,)), True),  # 16 packets: a small turn
+             (clean(4, (3,)), True),  # 16 packets: a small turn, taken too
              (clean(4, (1, 2)) + clean(5, (3,)), True)]
-    assert side_by_side(turns) == [True, True, False, False, False, False, True]
+    assert side_by_side(turns) == [True, True, False, False, False, True, True]
 
 
 def test_header_check_kernel_equals_integrity():

@@ -11,7 +11,7 @@ then takes the reference. The reference is the pipeline of `../pipeline.py` and 
 | `classify_few` | `controls/classifier.py` `classify` | turns of up to `pipeline.SMALL_TURN` packets |
 | `route_few` | `pipeline.py` `Pipeline.run` after the slot registers (`heartbeat_table.apply`, `next_step_selector.select`, `sender.expand`) | the same small turns, no fallback GRAD, no Ethernet frame, no egress loss |
 | `aggregate_groups` | `pipeline.py` `Pipeline._aggregate` (the slot state machine, in rounds) | the contributions to one slot in a batch, folded in one pass when that equals the rounds |
-| `aggregate_turn` | `pipeline.py` `Pipeline.run` (parser, classifier, zero_lanes, `Pipeline._aggregation`, `select`, `expand`) | a shm turn of more than `pipeline.SMALL_TURN` contributions that all fold in one pass (`aggregate_groups`' kernel) |
+| `aggregate_turn` | `pipeline.py` `Pipeline.run` (parser, classifier, zero_lanes, `Pipeline._aggregation`, `select`, `expand`) | a shm turn of 2+ contributions (`pipeline.AGGREGATE_TURN`) that all fold in one pass (`aggregate_groups`' kernel) |
 | `forward_one` | `pipeline.py` `Pipeline.run` + `switch.py` `SoftwareSwitch.emit` | a shm turn of one heartbeat, PULL or multicast |
 | `aggregate_one` | `pipeline.py` `Pipeline.run` (with `Pipeline._aggregate`) + `switch.py` `SoftwareSwitch.emit` | a shm turn of one GRAD or ALLREDUCE |
 | `emit_shm` | `switch.py` `SoftwareSwitch.emit` | a shm turn's up to 32 copies, all to shm ports without impairments; or more, all into one multicast pool |

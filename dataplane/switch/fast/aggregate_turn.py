@@ -1,5 +1,5 @@
-"""Mirrors: dataplane/switch/pipeline.py `Pipeline.run` for a shared-memory turn of more than
-`pipeline.SMALL_TURN` packets, every one a contribution that aggregates: the parser
+"""Mirrors: dataplane/switch/pipeline.py `Pipeline.run` for a shared-memory turn of two or more
+packets (`pipeline.AGGREGATE_TURN`), every one a contribution that aggregates: the parser
 (dataplane/switch/controls/parser.py `parse`), dataplane/switch/controls/classifier.py `classify`,
 dataplane/switch/controls/zero_lanes.py `apply` (short packets padded), dataplane/switch/pipeline.py
 `Pipeline._aggregation` (every slot's group folded in one pass by the kernel of fast/aggregate_groups.py
@@ -17,7 +17,7 @@ countdown past zero, mixed epochs or operations: the rounds' cases; kernels.swit
 `groups_qualify` asks the fold's own test before anything is written).
 
 On shared-memory ports a 4-worker 16 MiB allreduce is some sixteen turns of 64 to 192
-contributions per call. Through `Pipeline.run` each such turn pays some 0.6 ms of numpy calls
+contributions per call, and a few of 2-16 (the meta session's rows). Through `Pipeline.run` each such turn pays some 0.6 ms of numpy calls
 (the classifier's sixty-odd arrays, `_AggInputs`, the selector's masks, the counters' bincounts)
 around 0.3 ms of lane arithmetic. The packets of such a turn share a handful of header keys (one
 endpoint sends one session's packets, differing only in slot, SET and exponent): this path
