@@ -237,3 +237,36 @@ def test_header_check_kernel_equals_integrity():
         assert not headers_ok(bad[:, :32]).all()
         assert not headers_all_ok(bad, aggregate_turn._HCHECK, HCHECK_OFFSET)
     assert headers_all_ok(rows[:0], aggregate_turn._HCHECK, HCHECK_OFFSET)
+
+
+def test_short_contributions_in_turns(monkeypatch):
+    """Short contributions (docs/protocol.md 3.3, the workers' exponent-agreement rows) on a wider
+    switch whose rings' rows hold other packets' lanes first: whole phases of session 1 in one turn
+    (every rank's packets of four slots), each dtype and MAX, their lanes past each packet's end
+    summed as zeros (zero_lanes._pad_short), as the general path has it -- and taken."""
+    from switch_setup import runtime
+    from test_switch_short_packets import LANES as WIDE_LANES
+    from test_switch_short_packets import contribution as lanes_of
+    from test_switch_short_packets import packet
+
+    from luwu.dataplane.switch import SoftwareSwitch, SwitchConfig
+
+    def wide_switch() -> SoftwareSwitch:
+        sw = SoftwareSwitch(SwitchConfig(lanes=WIDE_LANES, slots=arena_tests.SLOTS, seed=1))
+        sw.load_runtime(runtime())
+        return sw
+
+    monkeypatch.setattr(arena_tests, "make_switch", wide_switch)
+    rng = np.random.default_rng(11)
+    # every ring's rows first hold full packets (session 3 phases that rank 2 is not part of: dropped)
+    dirty = [([(worker_port(r), agg_packet(3, r, 16 * k + j, rng.integers(-99, 99, size=WIDE_LANES),
+                                           lanes=WIDE_LANES, dtype=0)) for r in (0, 1, 2) for j in range(16)], True)
+             for k in range(RING_SLOTS // 16)]
+    turns = []
+    for k, (count, dtype, flags) in enumerate([(10, Dtype.FIXED32, 0), (190, Dtype.INT32, 0), (30, Dtype.FIXED16, 0),
+                                               (40, Dtype.INT32, int(Flag.MAX)), (7, Dtype.FIXED32, 0)]):
+        turn = [(worker_port(r), packet(r, 4 * k + j, count, lanes_of(rng, count, dtype, flags), dtype=dtype,
+                                        flags=flags)) for j in range(4) for r in (0, 1, 2)]
+        turns.append((turn, k != 2))
+    taken = side_by_side([*dirty, *turns])
+    assert taken[len(dirty):] == [True] * len(turns)
