@@ -22,6 +22,7 @@ from switch_setup import LANES, NODE_PORT, PARENT_PORT, SESSIONS, agg_packet, he
 from test_switch_lone_turns import drain, pools, rings
 from test_switch_small_turns import REGISTERS
 
+from luwu.dataplane.kernels import use_numba
 from luwu.dataplane.net.shm_ring import supported
 from luwu.dataplane.protocol import Dtype, Flag, MsgType, NextStep
 from luwu.dataplane.switch import switch as switch_module
@@ -41,7 +42,7 @@ def _big_rings(monkeypatch):
 
 def rig(pool_slots: int | None):
     r = arena_tests.ShmRig()
-    r.sw._pools = MulticastPools(shm_row_bytes(LANES))
+    r.sw._pools = MulticastPools(shm_row_bytes(r.sw.config.lanes))
     if pool_slots is not None:  # a small multicast pool: endpoints that fall behind fill it
         r.sw._pools.slots = pool_slots
     return r
@@ -157,7 +158,7 @@ def test_aggregate_turns_equal_the_general_path(seed):
     turns = rounds(seed, 12)
     taken = side_by_side(turns, pool_slots=None if seed % 2 else 2)
     big = [len(items) > 16 for items, _ in turns]
-    assert sum(taken) >= sum(big) // 2  # most big turns are clean rounds
+    assert sum(taken) >= sum(big) // 2 or not use_numba()  # most big turns are clean rounds (kernels off: none)
     assert not any(t and len(items) < 2 for t, (items, _) in zip(taken, turns))  # never a lone packet
 
 
@@ -182,8 +183,8 @@ def test_wide_rounds_equal_the_general_path(seed, monkeypatch):
         return pooled[-1]
 
     taken = side_by_side_pooled(turns, counted, pool_slots=None if seed % 2 else 64)
-    assert sum(taken) >= len(turns) // 3
-    assert any(pooled)
+    assert sum(taken) >= len(turns) // 3 or not use_numba()
+    assert any(pooled)  # (the pooled emission needs no kernels)
 
 
 def side_by_side_pooled(turns, counted, pool_slots):
@@ -214,7 +215,7 @@ def test_taken_and_declined():
              (clean(3) + [(worker_port(1), agg_packet(1, 1, 0, [1] * LANES, slot=20, dtype=4))], True),
              (clean(4, (3,)), True),  # 16 packets: a small turn, taken too
              (clean(4, (1, 2)) + clean(5, (3,)), True)]
-    assert side_by_side(turns) == [True, True, False, False, False, True, True]
+    assert side_by_side(turns) == [use_numba() and x for x in (True, True, False, False, False, True, True)]
 
 
 def test_header_check_kernel_equals_integrity():
@@ -269,4 +270,4 @@ def test_short_contributions_in_turns(monkeypatch):
                                         flags=flags)) for j in range(4) for r in (0, 1, 2)]
         turns.append((turn, k != 2))
     taken = side_by_side([*dirty, *turns])
-    assert taken[len(dirty):] == [True] * len(turns)
+    assert taken[len(dirty):] == [use_numba()] * len(turns)
