@@ -271,3 +271,17 @@ def test_short_contributions_in_turns(monkeypatch):
         turns.append((turn, k != 2))
     taken = side_by_side([*dirty, *turns])
     assert taken[len(dirty):] == [use_numba()] * len(turns)
+
+
+def test_a_turn_of_more_keys_than_kept_is_declined(monkeypatch):
+    """More distinct header keys than `MAX_KEYS` (kernels.switch_lanes.scan_turn stops): the turn
+    goes the general way, with the same outcome; within the bound it is taken."""
+    rnd = random.Random(5)
+    phase = {"mtype": MsgType.ALLREDUCE, "flags": 0, "dtype": 4}
+    rounds_ = [[contribution(rnd, 1, rank, k * 4 + j, phase) for rank in (0, 1, 2) for j in range(4)] for k in range(2)]
+    keys = len({(port, data[:8], len(data)) for port, data in rounds_[0]})  # (a key: port, header bytes 0-7, length)
+    assert keys >= 3  # three ranks at least
+    monkeypatch.setattr(aggregate_turn, "MAX_KEYS", keys - 1)
+    assert side_by_side([(rounds_[0], True)]) == [False]
+    monkeypatch.setattr(aggregate_turn, "MAX_KEYS", keys)
+    assert side_by_side([(rounds_[0], True)]) == [use_numba()]

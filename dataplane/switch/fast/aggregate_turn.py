@@ -66,7 +66,7 @@ POOL_BASE, POOL_SIZE, NUM_WORKERS, EPOCH, MCAST_GRP, NEXT_STEP, UP_PORT, UP_WORK
 _HCHECK = np.array(HCHECK_TABLES, dtype=np.uint16)  # kernels.switch_lanes.headers_all_ok's tables
 _AT = {name: int(field[1]) for name, field in (DATA_HEADER.fields or {}).items()}  # header byte offsets
 _DTYPE_AT, _SLOT_AT, _EXPONENT_AT = _AT["dtype"], _AT["slot"], _AT["exponent"]
-MAX_KEYS = 16  # distinct header keys a turn may have (more: the general path)
+MAX_KEYS = 64  # distinct header keys a turn may have (ports x sets x sessions x lengths; more: the general path)
 # the key's first int is header bytes 0-7 read big-endian: ver_type, flags, session, worker, count
 if [_AT[f] for f in ("ver_type", "flags", "session", "worker", "count", "seq")] != [0, 1, 2, 4, 6, 8]:
     raise AssertionError("aggregate_turn reads header bytes 0-7 as ver_type, flags, session, worker, count")
