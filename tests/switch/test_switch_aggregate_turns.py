@@ -1,7 +1,7 @@
 """A shared-memory turn of two or more contributions (`pipeline.AGGREGATE_TURN`) that all fold in one pass
 takes dataplane/switch/fast/aggregate_turn.py's path: on random rounds of several sessions' phases
 (ALLREDUCEs completed at a root to every worker, GRADs to the node, an UPSTREAM switch's sums to
-its parent; phases spread over turns, MAX, SATURATED, exponents, FIXED16, sums that wrap) mixed now
+its parent; phases spread over turns, MAX, SATURATED, ZERO, exponents, FIXED16, sums that wrap) mixed now
 and then with what the path declines (duplicates, another epoch on the same slots, a heartbeat,
 a spoofed port, a FALLBACK GRAD, a corrupted header, a packet outside the pool), a switch taking
 it gives exactly what a switch without it gives -- every port's ring contents (bytes and order),
@@ -55,6 +55,9 @@ def contribution(rnd: random.Random, session: int, rank: int, seq: int, phase: d
     if rnd.random() < 0.1:
         flags |= Flag.SATURATED
     values = [rnd.choice([rnd.randint(-(1 << 31), (1 << 31) - 1), rnd.randint(-9, 9)]) for _ in range(LANES)]
+    if dtype == int(Dtype.INT32) and rnd.random() < 0.2:  # a header-only ZERO contribution (INT32 only)
+        return worker_port(rank), agg_packet(session, rank, seq, [0] * LANES, mtype=mtype, flags=flags | Flag.ZERO,
+                                             exponent=rnd.randint(-4, 4), dtype=dtype)[:32]
     data = agg_packet(session, rank, seq, values, mtype=mtype, flags=flags, exponent=rnd.randint(-4, 4), dtype=dtype)
     return worker_port(rank), data
 
@@ -285,3 +288,19 @@ def test_a_turn_of_more_keys_than_kept_is_declined(monkeypatch):
     assert side_by_side([(rounds_[0], True)]) == [False]
     monkeypatch.setattr(aggregate_turn, "MAX_KEYS", keys)
     assert side_by_side([(rounds_[0], True)]) == [use_numba()]
+
+
+def test_zero_contributions_in_turns():
+    """Header-only ZERO contributions (docs/protocol.md 3.2) stand for zero lanes whatever their ring
+    rows held: every ring's rows first hold full packets, then a turn has rank 0's whole window as
+    ZERO packets (its rows keep the old lanes) beside ranks 1 and 2's full ones, completing four
+    slots of session 1; taken, and equal to the general path (sums, lengths, flags)."""
+    rnd = random.Random(9)
+    phase = {"mtype": MsgType.GRAD, "flags": 0, "dtype": 4}
+    dirty = [([contribution(rnd, 2, r, k * 4 + j, phase) for r in (0, 1, 2) for j in range(4)], True)
+             for k in range(RING_SLOTS // 4)]  # (session 2's GRADs: every row of every worker's ring)
+    zero = [(worker_port(0), agg_packet(1, 0, j, [0] * LANES, flags=Flag.ZERO, dtype=0, exponent=1)[:32])
+            for j in range(4)]
+    full = [(worker_port(r), agg_packet(1, r, j, [rnd.randint(-(1 << 31), (1 << 31) - 1) for _ in range(LANES)],
+                                        dtype=0, exponent=-r)) for r in (1, 2) for j in range(4)]
+    assert side_by_side([*dirty, (zero + full, True)])[-1] == use_numba()

@@ -1,7 +1,8 @@
 """Mirrors: dataplane/switch/pipeline.py `Pipeline.run` for a shared-memory turn of two or more
 packets (`pipeline.AGGREGATE_TURN`), every one a contribution that aggregates: the parser
 (dataplane/switch/controls/parser.py `parse`), dataplane/switch/controls/classifier.py `classify`,
-dataplane/switch/controls/zero_lanes.py `apply` (short packets padded), dataplane/switch/pipeline.py
+dataplane/switch/controls/zero_lanes.py `apply` (short packets padded, ZERO ones expanded),
+dataplane/switch/pipeline.py
 `Pipeline._aggregation` (every slot's group folded in one pass by the kernel of fast/aggregate_groups.py
 `fold`), dataplane/switch/controls/next_step_selector.py `select`,
 dataplane/switch/controls/sender.py `expand` (called as it is; completions all to one multicast
@@ -9,7 +10,7 @@ group get its copies built directly) and dataplane/switch/pipeline.py `reseal`.
 
 Declines: `run` returns None with nothing changed, and the turn takes `Pipeline.run`, for kernels
 off, loss simulated, straggler records kept, an Ethernet or whole (not split) batch, a packet
-dropped before the pipeline, one no longer than its header (a runt, a ZERO contribution), a
+dropped before the pipeline, a runt, a ZERO contribution whose row cannot hold its lanes, a
 header check that fails, a packet the classifier drops or does not send down the aggregation path
 (heartbeats, PULLs, PARAMs, FALLBACK GRADs, foreign slots...), a completion for a multicast group
 without replicas, or a slot whose contributions the one-pass fold does not take (a duplicate, a
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...integrity import seal_rows
+from ...integrity import seal_rows, wire_len
 from ...kernels import use_numba
 from ...protocol import (
     DATA_HEADER,
@@ -42,6 +43,7 @@ from ...protocol import (
     HCHECK_TABLES,
     HEADER_LEN,
     NODE,
+    Dtype,
     Event,
     Flag,
     MsgType,
@@ -57,6 +59,8 @@ from .classify_few import decision
 SET, SATURATED, MAX, ZERO, FALLBACK = (int(f) for f in (Flag.SET, Flag.SATURATED, Flag.MAX, Flag.ZERO, Flag.FALLBACK))
 GRAD, ALLREDUCE, AGG, RESULT = (int(m) for m in (MsgType.GRAD, MsgType.ALLREDUCE, MsgType.AGG, MsgType.RESULT))
 ROOT = int(NextStep.ROOT)
+INT32 = int(Dtype.INT32)
+KEEP_UNZERO = 0xFF ^ ZERO  # a ZERO contribution's flags once it stands as its zero lanes
 COMPLETED, ABSORBED, SATURATED_EV = int(Event.COMPLETED), int(Event.ABSORBED), int(Event.SATURATED)
 UNICAST, MULTICAST = int(Event.UNICAST), int(Event.MULTICAST)
 POOL_BASE, POOL_SIZE, NUM_WORKERS, EPOCH, MCAST_GRP, NEXT_STEP, UP_PORT, UP_WORKER = (
@@ -92,7 +96,7 @@ def run(pipe, b: Batch, t: CompiledTables) -> Emission | None:
     lanes = pipe.lanes
     full = aggregation_packet_len(lanes)
     lens = b.length.tolist()
-    if min(lens) <= HEADER_LEN:  # (a runt is MALFORMED, a header-only ZERO packet grows: the general path)
+    if min(lens) < HEADER_LEN:  # (a runt: MALFORMED, the general path)
         return None
     k = _kernels()
     # every header's check, then what the classifier reads of it: bytes 0-7 (ver_type, flags,
@@ -109,7 +113,11 @@ def run(pipe, b: Batch, t: CompiledTables) -> Emission | None:
         key = (w >> 56, (w >> 48) & 0xFF, (w >> 32) & 0xFFFF, (w >> 16) & 0xFFFF, w & 0xFFFF, dtype, port, length,
                lanes)
         drop, _, _, bit, _, srow, _, pooled = decision(sc, key, full)
-        if drop or not pooled or key[1] & (ZERO | FALLBACK):  # (a FALLBACK GRAD passes through unaggregated)
+        if drop or not pooled or key[1] & FALLBACK:  # (a FALLBACK GRAD passes through unaggregated)
+            return None
+        # a header-only ZERO contribution (INT32: `decision` checked it) grows into its row: one too
+        # narrow for the lanes is dropped MALFORMED by zero_lanes.apply (the general path)
+        if key[1] & ZERO and b.arena.shape[1] < b.off + full:
             return None
         multicast = srow[NEXT_STEP] == ROOT and key[0] & 0xF != GRAD  # completions go to every worker
         if multicast and not t.g_len[srow[MCAST_GRP]]:  # (the group's NO_ROUTE drop: the general path)
@@ -135,6 +143,11 @@ def run(pipe, b: Batch, t: CompiledTables) -> Emission | None:
         return None
     # -- taken: from here on, what Pipeline.run does ----------------------------------------------------
     b.luwu_len = b.length  # the parser's
+    if any(key[1] & ZERO for key in keys):  # zero_lanes.apply: the INT32 packet of zero lanes it stands for
+        zero = np.flatnonzero(h["flags"] & ZERO)
+        b.luwu_len = b.length.copy()  # (the received length stays what the counters count)
+        b.luwu_len[zero] = wire_len(h["count"][zero].astype(np.int64), INT32, 0, lanes)
+        h["flags"][zero] &= KEEP_UNZERO
     b.luwu = np.ones(n, dtype=bool)
     b.ipv4 = np.zeros(n, dtype=bool)
     cnt = pipe.counters
@@ -143,7 +156,9 @@ def run(pipe, b: Batch, t: CompiledTables) -> Emission | None:
         cnt.rx_types[key[0] & 0xF, 1] += many * key[7]
         cnt.session_packets[key[2], 0] += many
         cnt.session_packets[key[2], 1] += many * key[7]
-    if min(lens) < full:  # short contributions (protocol.md 3.3): their rows' lanes past the end sum as zeros
+    # short contributions (protocol.md 3.3): their rows' lanes past the end sum as zeros (a ZERO
+    # contribution's are all zeros, whatever its row held)
+    if min(lens) < full:
         for r, got in zip(prow.tolist(), lens):
             if got < full:
                 b.arena[r, b.off + got:b.off + full] = 0
