@@ -1,5 +1,7 @@
 """numba kernels for the software switch's aggregation: the compiled twins of the aggregation
-fast path (dataplane/switch/fast/aggregate_groups.py `plan` + `apply`: `phase_groups`), of one round of
+fast path (dataplane/switch/fast/aggregate_groups.py `plan` + `apply`: `phase_groups`; `groups_qualify`,
+its qualification alone, and `headers_all_ok`, the header check of integrity.headers_ok, `scan_turn` and `turn_inputs` for
+fast/aggregate_turn.py), of one round of
 dataplane/switch/controls/aggregation_lanes.py (`apply_rows`) and of its emission of stored lanes
 alone (`put_rows`: dataplane/switch/batch.py `write_results`).
 
@@ -95,11 +97,10 @@ def _add_rows(acc, a, b, c, d, k, assign):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _enter_group(order, lo, m, s, other, epoch, is_max, bit, nw, exponent, saturated, slot_owner, bitmap,
-                 contributors, exponents, slot_flags, fast, remaining, out_exponent, out_saturated, last):
-    """The slot state machine of the group order[lo:lo + m] (one slot's packets; `phase_groups`):
-    returns (qualifies, first, remaining after its last packet); a group that qualifies has its
-    registers (all but the lanes) and its packets' outcome written, one that does not is untouched."""
+def _group_ok(order, lo, m, s, epoch, is_max, bit, nw, slot_owner, bitmap, contributors):
+    """Whether the group order[lo:lo + m] (one slot's packets) qualifies (fast/aggregate_groups.py),
+    reading the registers only: (qualifies, first, the countdown after its first packet, its
+    bits, the bitmap it finds)."""
     h = order[lo]
     g = s[h]
     gbits = np.uint32(0)
@@ -107,18 +108,52 @@ def _enter_group(order, lo, m, s, other, epoch, is_max, bit, nw, exponent, satur
     for q in range(lo, lo + m):
         p = order[q]
         if s[p] != g or epoch[p] != epoch[h] or is_max[p] != is_max[h]:
-            return False, False, np.int64(0)
+            return False, False, np.int64(0), gbits, gbits
         gbits |= bit[p]
         bsum += np.int64(bit[p])
     if np.int64(gbits) != bsum:
-        return False, False, np.int64(0)
+        return False, False, np.int64(0), gbits, gbits
     before = np.uint32(0) if slot_owner[g] != epoch[h] else bitmap[g]
     if (before & gbits) != 0:
-        return False, False, np.int64(0)
+        return False, False, np.int64(0), gbits, before
     first = before == 0
     rem0 = np.int64(nw[h]) - 1 if first else np.int64(contributors[g]) - 1
     if rem0 < m - 1:
+        return False, False, np.int64(0), gbits, before
+    return True, first, rem0, gbits, before
+
+
+@njit(cache=True, nogil=True)
+def groups_qualify(order, slot, s, epoch, is_max, bit, nw, slot_owner, bitmap, contributors):
+    """Whether every group of the packets on one slot qualifies, so that `phase_groups` with the
+    same arguments handles every packet (a group's registers are its slot's own: what one group
+    writes no other group reads). Reads only."""
+    n = order.size
+    i = 0
+    while i < n:
+        h = order[i]
+        j = i + 1
+        while j < n and slot[order[j]] == slot[h]:
+            j += 1
+        ok = _group_ok(order, i, j - i, s, epoch, is_max, bit, nw, slot_owner, bitmap, contributors)[0]
+        if not ok:
+            return False
+        i = j
+    return True
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _enter_group(order, lo, m, s, other, epoch, is_max, bit, nw, exponent, saturated, slot_owner, bitmap,
+                 contributors, exponents, slot_flags, fast, remaining, out_exponent, out_saturated, last):
+    """The slot state machine of the group order[lo:lo + m] (one slot's packets; `phase_groups`):
+    returns (qualifies, first, remaining after its last packet); a group that qualifies has its
+    registers (all but the lanes) and its packets' outcome written, one that does not is untouched."""
+    ok, first, rem0, gbits, before = _group_ok(order, lo, m, s, epoch, is_max, bit, nw, slot_owner, bitmap,
+                                               contributors)
+    if not ok:
         return False, False, np.int64(0)
+    h = order[lo]
+    g = s[h]
     # slot_owner, worker_bitmap, contributor_counter
     slot_owner[g] = epoch[h]
     bitmap[g] = before | gbits
@@ -235,6 +270,86 @@ def put_rows(regs, payload, stride, slots, rows):
             out[j] = _bswap32(acc[j])
 
 
+@njit(cache=True, nogil=True)
+def headers_all_ok(rows, tables, offset):
+    """Whether every row of `rows` (K, >=32 uint8) carries its header check (docs/protocol.md 3.5)
+    big-endian at `offset`: the xor of `tables[p][byte]` over the other 30 header bytes, p counting
+    them in order (protocol.HCHECK_TABLES, as integrity.header_checks gathers them)."""
+    for r in range(rows.shape[0]):
+        c = np.uint16(0)
+        p = 0
+        for j in range(32):
+            if j == offset or j == offset + 1:
+                continue
+            c ^= tables[p, rows[r, j]]
+            p += 1
+        if c != (np.uint16(rows[r, offset]) << np.uint16(8) | np.uint16(rows[r, offset + 1])):
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def scan_turn(rows, tables, offset, dtype_at, port, length, kid, keys, counts):
+    """A turn's headers for fast/aggregate_turn.py: False-like -1 unless every row passes
+    `headers_all_ok`; else the number of distinct keys (header bytes 0-7 as one big-endian word,
+    the dtype byte at `dtype_at`, the port, the length), written in order of first arrival into
+    `keys` (at most its rows: -1 past them), each row's key position into `kid` and the rows per
+    key into `counts`."""
+    if not headers_all_ok(rows, tables, offset):
+        return -1
+    m = 0
+    for r in range(rows.shape[0]):
+        w = np.uint64(0)
+        for j in range(8):
+            w = (w << np.uint64(8)) | np.uint64(rows[r, j])
+        d = np.uint64(rows[r, dtype_at])
+        p = np.uint64(port[r])
+        n = np.uint64(length[r])
+        found = -1
+        for q in range(m):
+            if keys[q, 0] == w and keys[q, 1] == d and keys[q, 2] == p and keys[q, 3] == n:
+                found = q
+                break
+        if found < 0:
+            if m == keys.shape[0]:
+                return -1
+            keys[m, 0], keys[m, 1], keys[m, 2], keys[m, 3] = w, d, p, n
+            counts[m] = 0
+            found = m
+            m += 1
+        kid[r] = found
+        counts[found] += 1
+    return m
+
+
+@njit(cache=True, nogil=True)
+def turn_inputs(rows, slot_at, exponent_at, kid, per_key, slots, set_flag, max_flag, saturated_flag,
+                slot, s, other, epoch, bit, nw, is_max, saturated, exponent):
+    """The slot state machine's per-packet inputs of a turn for fast/aggregate_turn.py (as
+    pipeline._AggInputs gathers them), from the header rows (flags at byte 1, the big-endian slot
+    at `slot_at`, the exponent at `exponent_at`) and each packet's key row of `per_key` (bit, epoch,
+    workers, pool base, pool size): False, as soon as a slot lies outside its session's pool."""
+    for r in range(rows.shape[0]):
+        q = kid[r]
+        sl = ((np.int64(rows[r, slot_at]) << 24) | (np.int64(rows[r, slot_at + 1]) << 16)
+              | (np.int64(rows[r, slot_at + 2]) << 8) | np.int64(rows[r, slot_at + 3]))
+        if ((sl - per_key[q, 3]) & 0xFFFFFFFF) >= per_key[q, 4]:
+            return False
+        f = rows[r, 1]
+        in_set = (f & set_flag) != 0
+        slot[r] = sl
+        s[r] = (slots if in_set else 0) + sl
+        other[r] = (0 if in_set else slots) + sl
+        bit[r] = np.uint32(per_key[q, 0])
+        epoch[r] = np.uint32(per_key[q, 1])
+        nw[r] = np.uint32(per_key[q, 2])
+        is_max[r] = (f & max_flag) != 0
+        saturated[r] = (f & saturated_flag) != 0
+        e = np.int64(rows[r, exponent_at])
+        exponent[r] = np.int8(e - 256 if e > 127 else e)
+    return True
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) the kernels on tiny inputs of the pipeline's dtypes,
     so that the switch's first aggregation batch does not wait for it while the endpoints'
@@ -250,6 +365,15 @@ def warm_up() -> None:
     put_rows(regs, payload, stride, one, one)
     two = np.zeros(2, dtype=np.int64)
     u32, b2 = np.zeros(2, dtype=np.uint32), np.zeros(2, dtype=np.bool_)
+    hdr, i64 = np.zeros((2, 64), dtype=np.uint8), np.zeros(2, dtype=np.int64)
+    headers_all_ok(hdr, np.zeros((30, 256), dtype=np.uint16), 26)
+    scan_turn(hdr, np.zeros((30, 256), dtype=np.uint16), 26, 25, i64, i64, i64.copy(), np.zeros((2, 4), np.uint64),
+              i64.copy())
+    turn_inputs(hdr, 12, 24, i64, np.zeros((1, 5), np.int64), 4, 1, 2, 4, i64.copy(), i64.copy(), i64.copy(),
+                np.zeros(2, np.uint32), np.zeros(2, np.uint32), np.zeros(2, np.uint32), np.zeros(2, np.bool_),
+                np.zeros(2, np.bool_), np.zeros(2, np.int8))
+    groups_qualify(np.arange(2), two, two, u32, b2, np.array([1, 2], np.uint32), u32 + 2, np.zeros(2, np.uint32),
+                   np.zeros(2, np.uint32), np.zeros(2, np.uint32))
     phase_groups(np.arange(2), two, two, two, u32, b2, np.array([1, 2], np.uint32), u32 + 2, np.zeros(2, np.int8), b2,
                  np.arange(2), np.zeros(2, np.uint32), np.zeros(2, np.uint32), np.zeros(2, np.uint32),
                  np.zeros(2, np.int8), np.zeros(2, np.uint8), regs, payload, stride, b2.copy(), u32.copy(),

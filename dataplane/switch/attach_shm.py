@@ -214,7 +214,8 @@ class _Pool:
     def lanes_view(self, lanes: int) -> tuple[np.ndarray, tuple[np.ndarray, int] | None]:
         """The `payload` and `flat` arguments of batch.write_results for this pool's rows (packets
         at offset 0), made once (`flat` None: kernels off when they were made)."""
-        if self._lanes is None or self._lanes[0].shape[1] != lanes:
+        # (remade once kernels are on: a pool made while they loaded would otherwise stride anew per fill)
+        if self._lanes is None or self._lanes[0].shape[1] != lanes or (self._lanes[1] is None and use_numba()):
             payload = self.shm.rows[:, HEADER_LEN:HEADER_LEN + 4 * lanes].view(">i4")
             flat = None
             if use_numba():

@@ -106,6 +106,9 @@ class Batch:
         return cls(rows, [len(b) for _, b in items], [p for p, _ in items], framed)
 
 
+_KERNELS: list = []  # kernels.switch_lanes once imported (it imports numba: only when kernels are on)
+
+
 def write_results(lanes: np.ndarray, reg: np.ndarray, payload: np.ndarray, rows: np.ndarray,
                   flat: tuple[np.ndarray, int] | None = None) -> None:
     """payload[rows[i]] = lane register reg[i] of `lanes`, big-endian (`payload` a (K, lanes)
@@ -113,12 +116,15 @@ def write_results(lanes: np.ndarray, reg: np.ndarray, payload: np.ndarray, rows:
     caller keeps them): aggregation_lanes' emission of the stored lanes, one write per result.
     Compiled when kernels are on (`put_rows`)."""
     if use_numba():
-        from ..kernels.switch_lanes import lane_rows, put_rows
+        if not _KERNELS:  # (an import statement per call costs the import machinery's lookups)
+            from ..kernels import switch_lanes
 
-        flat = flat or lane_rows(payload.view(np.uint32))
+            _KERNELS.append(switch_lanes)
+        k = _KERNELS[0]
+        flat = flat or k.lane_rows(payload.view(np.uint32))
         if flat is not None:
-            put_rows(lanes.view(np.uint32), flat[0], flat[1], np.asarray(reg, dtype=np.int64),
-                     np.asarray(rows, dtype=np.int64))
+            k.put_rows(lanes.view(np.uint32), flat[0], flat[1], np.asarray(reg, dtype=np.int64),
+                       np.asarray(rows, dtype=np.int64))
             return
     payload[rows] = lanes[reg]
 

@@ -17,6 +17,9 @@ worker_bitmap.py, contributor_counter.py, exponent_max.py and aggregation_lanes.
 controls/next_step_selector.py `select` routes. This module and controls/ are the reference; the
 fast paths that mirror parts of it live in fast/ (fast/__init__.py lists them and what each mirrors).
 
+A shared-memory turn of contributions that all fold in one pass (most of an allreduce's packets)
+takes fast/aggregate_turn.py first, which declines any other turn.
+
 Turns of up to SMALL_TURN packets (most shared-memory turns) take the same stages on Python ints
 where that is cheaper: the classifier (fast/classify_few.py), the stages after the slot registers
 (fast/route_few.py); the slot registers are always this module's fold (fast/aggregate_groups.py)
@@ -52,7 +55,7 @@ from .controls.next_step_selector import AggregationResult, HeartbeatResult, Rou
 from .controls.parser import parse
 from .controls.sender import FrameTemplate, deparse_frames, expand
 from .counters import Counters
-from .fast import aggregate_groups, route_few
+from .fast import aggregate_groups, aggregate_turn, route_few
 from .fast.classify_few import classify_rows
 from .registers import Registers
 from .stragglers import Stragglers
@@ -64,6 +67,8 @@ HEARTBEAT = int(MsgType.HEARTBEAT)
 # turns of up to this many packets are classified one packet at a time (fast/classify_few.py: the
 # vectorised classifier's numpy calls cost the same for one packet as for hundreds); 0: never
 SMALL_TURN = 16
+AGGREGATE_TURN = 2  # shared-memory turns of this many packets or more try fast/aggregate_turn.py first
+CONTRIBUTIONS = (int(MsgType.GRAD), int(MsgType.ALLREDUCE))
 
 
 def reseal(b: Batch, pkt: np.ndarray) -> None:
@@ -176,6 +181,13 @@ class Pipeline:
     # -- one batch ---------------------------------------------------------------------------
     def run(self, b: Batch) -> Emission:
         t = self.tables.compiled()
+        # a shared-memory turn of contributions (fast/aggregate_turn.py); a small one only when it
+        # starts with one (most small turns of heartbeats and PULLs are not worth its look)
+        if b.prow is not None and len(b) >= AGGREGATE_TURN and (
+                len(b) > SMALL_TURN or int(b.rows[0, b.off]) & 0xF in CONTRIBUTIONS):
+            em = aggregate_turn.run(self, b, t)
+            if em is not None:
+                return em
         cnt = self.counters
         parse(b, self.config.udp_port)
         if len(b) <= SMALL_TURN:  # a few packets: counted on Python ints (no fancy-indexed temporaries)

@@ -33,7 +33,7 @@ from .config import ConfigError, SwitchConfig
 from .controls.drop_simulator import threshold_for
 from .counters import Counters
 from .fast import aggregate_one, forward_one
-from .fast.emit_shm import emit_small
+from .fast.emit_shm import emit_pooled, emit_small
 from .impairments import Link
 from .loop import EventLoop
 from .peers import peers_from_tables
@@ -363,7 +363,8 @@ class SoftwareSwitch:
                 self._send_bytes(port, [d for _, d in items])
 
     def emit(self, b: Batch, em: Emission) -> None:
-        if not len(em) or emit_small(self, b, em):  # (a shm turn's few copies to shm ports: fast/emit_shm.py)
+        # (a shm turn's few copies to shm ports, or many into one multicast pool: fast/emit_shm.py)
+        if not len(em) or emit_small(self, b, em) or emit_pooled(self, b, em):
             return
         ports = em.port
         # a few copies (most turns): np.unique's sort costs more than a set's

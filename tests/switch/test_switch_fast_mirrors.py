@@ -40,7 +40,7 @@ def resolve(module: str, name: str) -> object:
 
 
 def test_the_folder_holds_the_fast_paths():
-    assert MODULES == ["aggregate_groups", "aggregate_one", "classify_few", "emit_shm", "forward_one", "route_few"]
+    assert MODULES == ["aggregate_groups", "aggregate_one", "aggregate_turn", "classify_few", "emit_shm", "forward_one", "route_few"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -198,3 +198,20 @@ def test_rows_not_a_whole_number_of_words_apart_run_the_reference(monkeypatch):
     payload = odd[:, HEADER_LEN:HEADER_LEN + 4 * LANES].view(">i4")
     assert aggregate_groups.fold(z + 1, a, regs, payload, agg) is not None
     assert payload[2].tolist() == lanes.sum(axis=0).tolist() == regs.lanes[1].tolist()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches())
+def test_groups_qualify_says_whether_every_packet_folds(monkeypatch, batch):
+    """`groups_qualify` (fast/aggregate_turn.py's check before it writes anything) is True exactly
+    when the fold takes every packet, and it changes no register."""
+    from luwu.dataplane.kernels.switch_lanes import groups_qualify
+
+    slot, a, regs, rows = batch
+    before = _copy(regs)
+    ok = groups_qualify(np.argsort(slot, kind="stable"), slot, a.s, a.epoch, a.is_max, a.bit, a.nw, regs.slot_owner,
+                        regs.bitmap, regs.contributors)
+    for k in ("slot_owner", "bitmap", "contributors", "exponents", "slot_flags", "lanes"):
+        assert getattr(regs, k).tobytes() == getattr(before, k).tobytes(), k
+    fast = _run(monkeypatch, "numba", slot, a, regs, rows)[0]
+    assert ok == (fast is not None and bool(fast.all()))

@@ -60,6 +60,7 @@ INT32 = int(Dtype.INT32)
 COMPLETED, ABSORBED, SATURATED_EV = int(Event.COMPLETED), int(Event.ABSORBED), int(Event.SATURATED)
 UNICAST, MULTICAST = int(Event.UNICAST), int(Event.MULTICAST)
 NUM_WORKERS = SESSION_PARAMS.index("num_workers")
+_KERNELS: list = []  # kernels.switch_lanes once imported (it imports numba: only when kernels are on)
 
 
 class Scratch:
@@ -133,9 +134,11 @@ def turn(sw, rx, att) -> bool:
     k.epoch[0], k.bit[0], k.nw[0] = row[EPOCH], bit, row[NUM_WORKERS]
     k.is_max[0], k.saturated[0], k.exponent[0] = flags & MAX, flags & SATURATED, head[9]
     k.fast[0] = k.last[0] = False
-    from ...kernels.switch_lanes import phase_groups
+    if not _KERNELS:  # (an import statement per turn costs the import machinery's lookups)
+        from ...kernels import switch_lanes
 
-    if not phase_groups(k.order, k.slot, k.s, k.other, k.epoch, k.is_max, k.bit, k.nw, k.exponent, k.saturated,
+        _KERNELS.append(switch_lanes)
+    if not _KERNELS[0].phase_groups(k.order, k.slot, k.s, k.other, k.epoch, k.is_max, k.bit, k.nw, k.exponent, k.saturated,
                         k.rows, regs.slot_owner, regs.bitmap, regs.contributors, regs.exponents, regs.slot_flags,
                         regs.lanes.view(np.uint32), flat[0], flat[1], k.fast, k.remaining, k.out_exponent,
                         k.out_saturated, k.last, False):

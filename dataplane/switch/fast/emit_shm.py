@@ -1,9 +1,13 @@
 """Mirrors: dataplane/switch/switch.py `SoftwareSwitch.emit`, for a shared-memory turn's few copies
-(up to SMALL_EMIT) that all go to shared-memory ports without impairments, on Python ints.
+(up to SMALL_EMIT) that all go to shared-memory ports without impairments, on Python ints
+(`emit_small`), and for a turn's many copies that all go into one multicast pool (`emit_pooled`).
 
 Declines: `emit_small` returns False, having done nothing observable, for a batch that is not a
 split shm batch, more than SMALL_EMIT copies, a copy to a port that is not shared memory or has
 impairments, or two replicas of a packet on one port; `SoftwareSwitch.emit` then emits the turn.
+`emit_pooled` (more than SMALL_EMIT copies) declines the same way, and for copies that do not all
+go by reference into one existing multicast pool with room for them (having freed, as the general
+path's `_Pool.alloc` would first, the pool rows every reader is done with).
 
 `SoftwareSwitch.emit` handles every kind of port, impairments, routed frames and any number of
 copies with whole-array operations (a mask and a selection per port, np.unique, the multicast
@@ -125,6 +129,58 @@ def emit_small(sw, b: Batch, em: Emission) -> bool:
     if holders:
         sw._pools.claim(holders)
     for att in atts.values():
+        att.notify()
+    return True
+
+
+def emit_pooled(sw, b: Batch, em: Emission) -> bool:
+    """Emit `em` of split batch `b` when it is more than SMALL_EMIT copies that all go by
+    reference into one existing multicast pool with room for them: every packet to the same 2+
+    shared-memory ports without impairments, its copies side by side (a turn's RESULTs to every
+    worker: `MulticastPools._uniform`). Returns False, having done nothing observable, otherwise.
+
+    What `SoftwareSwitch.emit` does with such a turn, without its per-port masks and selections:
+    the rewritten headers into the packets' rows (`Batch.write_back`), one pool row per packet
+    (`MulticastPools.fill`: the header, then the deferred sum from its register), each port's
+    references in emission order (`ShmAttachment.send_refs`), the counters, the pool's claim."""
+    n = len(em)
+    prows, arena, luwu_len = b.prow, b.arena, b.luwu_len
+    if prows is None or arena is None or luwu_len is None or n <= SMALL_EMIT or sw._pools is None or em.l3.any():
+        return False
+    ent = MulticastPools._uniform(em.pkt, em.port, np.ones(n, dtype=bool))  # (every copy eligible: no l3)
+    if ent is None:
+        return False
+    ports = sorted(em.port[ent[0]].tolist())
+    atts = []
+    for p in ports:
+        att = sw.ports.get(p)
+        link = sw.links_out.get(p)
+        if att is None or att.kind != "shm" or att.peer is None or (link is not None and link.active):
+            return False
+        atts.append(att)
+    pool = sw._pools._pools.get(tuple(ports))  # (made by the general path's first such turn)
+    pkts = em.pkt[ent[:, 0]]
+    if pool is None:
+        return False
+    if pool.slots - (pool.head - pool.tail) < len(pkts):
+        # short of rows: free those every reader is done with, as `alloc` does first (the same rows
+        # whoever does it); still short, the general path goes on (dead readers' rows, or inline)
+        pool.reclaim(check_dead=False)
+        if pool.slots - (pool.head - pool.tail) < len(pkts):
+            return False
+    b.write_back(pkts)
+    pos = MulticastPools.fill(pool, pkts, arena, b.off, luwu_len, prows, b.results, b.result_lanes)
+    if len(pos) != len(pkts):
+        raise AssertionError(f"a pool with {len(pkts)} free rows gave {len(pos)}")
+    lengths = luwu_len[pkts]
+    holders: list = []
+    for p, att in zip(ports, atts):
+        sent = att.send_refs(pool.id, pos, lengths)
+        holders.append((att, att.tx.published()))
+        sw._count_port(p, "tx_ring_full", len(pkts) - sent)
+        sw._count_port(p, "tx_packets", sent)
+    sw._pools.claim({pool.id: holders})
+    for att in atts:
         att.notify()
     return True
 
