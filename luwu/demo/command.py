@@ -279,6 +279,9 @@ def run(args) -> int:
                   f"(--steps), node memory {human_bytes(args.node_memory)}"
                   + (f", {args.drop:.1%} simulated loss" if args.drop else ""))
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a terminated demo still stops what it started
+    # and an interrupted one, even when started with SIGINT ignored (a shell's background job, nohup
+    # from a script): Python then leaves it ignored, and a SIGINT sent to the demo did nothing at all
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with tempfile.TemporaryDirectory(prefix="luwu-demo-") as tmp:
             try:
@@ -295,6 +298,7 @@ def run(args) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     paths = report.pop("_paths")
     _summary(console, report, paths, out)
     return 0

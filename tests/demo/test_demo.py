@@ -219,9 +219,13 @@ def _group(pgid: int) -> list[int]:
 
 
 def test_an_interrupted_demo_stops_every_process_it_started(tmp_path):
+    """SIGINT stops the demo and everything it started, even a demo started with SIGINT ignored
+    (a script's background job, nohup: Python keeps an inherited SIG_IGN, and the demo then went on
+    training, its workers, switch, node and controller with it)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
     proc = subprocess.Popen([str(LUWU), "demo", "--out", str(tmp_path / "out"), *TINY, "--steps", "100000",
-                             "--no-baseline", "--engine", "process"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                             "--no-baseline", "--engine", "process"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         port = None
         deadline = time.monotonic() + RUN_TIMEOUT
