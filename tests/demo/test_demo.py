@@ -223,9 +223,12 @@ def test_an_interrupted_demo_stops_every_process_it_started(tmp_path):
     (a script's background job, nohup: Python keeps an inherited SIG_IGN, and the demo then went on
     training, its workers, switch, node and controller with it)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
-    proc = subprocess.Popen([str(LUWU), "demo", "--out", str(tmp_path / "out"), *TINY, "--steps", "100000",
-                             "--no-baseline", "--engine", "process"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    argv = [str(LUWU), "demo", "--out", str(tmp_path / "out"), *TINY, "--steps", "100000", "--no-baseline",
+            "--engine", "process"]
+    # SIGINT ignored, then exec (which keeps SIG_IGN): not preexec_fn, unsafe in this threaded process
+    ignoring = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])"
+    proc = subprocess.Popen([sys.executable, "-c", ignoring, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
     try:
         port = None
         deadline = time.monotonic() + RUN_TIMEOUT
