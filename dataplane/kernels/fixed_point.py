@@ -167,6 +167,23 @@ def _be32(b, at):
     return (np.int64(b[at]) << 24) | (np.int64(b[at + 1]) << 16) | (np.int64(b[at + 2]) << 8) | np.int64(b[at + 3])
 
 
+@njit(cache=True, inline="always")
+def _advance_window(bits, ack, mask, size, info, in_order, newest, rack):
+    """The end of a RESULT pass: the window's contiguous received prefix from `ack` (its bits
+    cleared, as RecvWindow.advance does) into info[0], and the send stream's delivery news
+    (in order, newest seq, RACK's latest transmission) into info[1:4]."""
+    pos = ack & mask
+    n = 0
+    while n < size and bits[(pos + n) & mask]:
+        n += 1
+    for m in range(n):
+        bits[(pos + m) & mask] = False
+    info[0] = n
+    info[1] = in_order
+    info[2] = newest
+    info[3] = rack
+
+
 @njit(cache=True, nogil=True)
 def absorb_fixed_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_at, sat_flag, bits, ack, op_id, lanes,
                          chunks, words, row_words, col, s1, s2, out, full, tail, retx, xmit_no, sack_high, fresh_seqs,
@@ -228,16 +245,7 @@ def absorb_fixed_results(hb, hstride, k, seq_at, tensor_at, offset_at, flags_at,
             newest = seq
         x = xmit_no[seq & smask]
         rack = x if x > rack else rack
-    pos = ack & mask
-    n = 0
-    while n < size and bits[(pos + n) & mask]:
-        n += 1
-    for m in range(n):
-        bits[(pos + m) & mask] = False
-    info[0] = n
-    info[1] = in_order
-    info[2] = newest
-    info[3] = rack
+    _advance_window(bits, ack, mask, size, info, in_order, newest, rack)
     return fresh
 
 
@@ -343,16 +351,7 @@ def absorb_checked_results(hb, hstride, k, lens, seq_at, tensor_at, offset_at, f
             newest = seq
         x = xmit_no[seq & smask]
         rack = x if x > rack else rack
-    pos = ack & mask
-    m = 0
-    while m < size and bits[(pos + m) & mask]:
-        m += 1
-    for q in range(m):
-        bits[(pos + q) & mask] = False
-    info[0] = m
-    info[1] = in_order
-    info[2] = newest
-    info[3] = rack
+    _advance_window(bits, ack, mask, size, info, in_order, newest, rack)
     return fresh
 
 
